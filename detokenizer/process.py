@@ -1,0 +1,82 @@
+"""The detokenizer process: token deltas in, text deltas out, one IncrementalDecoder per request."""
+from __future__ import annotations
+
+import os
+import traceback
+from pathlib import Path
+
+import zmq
+from tokenizers import Tokenizer
+
+from detokenizer.incremental import IncrementalDecoder
+from protocol.codec import detok_in_decoder, encode
+from protocol.engine_config import EngineConfig
+from protocol.ipc import Endpoints, exit_with_parent, make_socket
+from protocol.messages import (
+    DetokRegister,
+    Failed,
+    OutputBatch,
+    Ready,
+    RequestFailed,
+    RequestOutput,
+    TokenBatch,
+)
+
+
+class Detokenizer:
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.decoders: dict[str, IncrementalDecoder] = {}
+
+    def register(self, msg: DetokRegister) -> None:
+        self.decoders[msg.rid] = IncrementalDecoder(self.tokenizer, msg.prompt_tail, msg.skip_special_tokens)
+
+    def process(self, batch: TokenBatch) -> OutputBatch:
+        outs: list[RequestOutput] = []
+        for d in batch.deltas:
+            dec = self.decoders.get(d.rid)
+            if dec is None:
+                continue  # never registered (failed early): nothing to say
+            text = dec.push(d.token_ids) if d.token_ids else ""
+            finished = d.finish_reason is not None
+            if finished:
+                text += dec.flush()
+                del self.decoders[d.rid]
+            outs.append(
+                RequestOutput(
+                    d.rid, text, d.token_ids, finished, d.finish_reason, d.matched_stop,
+                    d.prompt_tokens, d.completion_tokens,
+                )
+            )
+        return OutputBatch(outs)
+
+    def drop(self, rid: str) -> None:
+        self.decoders.pop(rid, None)
+
+
+def run_detokenizer(cfg_bytes: bytes, ep_bytes: bytes) -> None:
+    exit_with_parent()
+    cfg = EngineConfig.decode(cfg_bytes)
+    ep = Endpoints.decode(ep_bytes)
+    ctx = zmq.Context()
+    launcher = make_socket(ctx, zmq.PUSH, ep.launcher, bind=False)
+    try:
+        detok = Detokenizer(Tokenizer.from_file(str(Path(cfg.model) / "tokenizer.json")))
+        inbox = make_socket(ctx, zmq.PULL, ep.detok_in, bind=True)
+        frontend = make_socket(ctx, zmq.PUSH, ep.frontend_in, bind=False)
+        launcher.send(encode(Ready("detokenizer", 0, f"pid={os.getpid()}")))
+    except Exception as e:  # noqa: BLE001 - report any startup failure to the launcher, then die
+        launcher.send(encode(Failed("detokenizer", f"{e}\n{traceback.format_exc()}")))
+        raise SystemExit(1) from e
+    decode = detok_in_decoder()
+    while True:
+        msg = decode(inbox.recv())
+        if isinstance(msg, DetokRegister):
+            detok.register(msg)
+        elif isinstance(msg, TokenBatch):
+            out = detok.process(msg)
+            if out.outputs:
+                frontend.send(encode(out))
+        elif isinstance(msg, RequestFailed):
+            detok.drop(msg.rid)
+            frontend.send(encode(msg))

@@ -1,0 +1,40 @@
+"""The client's socket to the frontend, with engine-death detection.
+
+A DEALER socket plus a monitor: when the frontend's end goes away (the launcher tears every process
+down when any dies), every waiting request gets EngineDeadError instead of hanging.
+"""
+from __future__ import annotations
+
+import zmq
+import zmq.utils.monitor
+
+from protocol.codec import encode, frontend_decoder
+from protocol.messages import ClientMsg, FrontendMsg
+
+_DEAD_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED | zmq.EVENT_MONITOR_STOPPED
+
+
+def open_dealer(ctx: zmq.Context, endpoint: str) -> tuple[zmq.Socket, zmq.Socket]:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | _DEAD_EVENTS)
+    sock.connect(endpoint)
+    return sock, monitor
+
+
+def is_dead_event(monitor_frames: list[bytes]) -> bool:
+    ev = zmq.utils.monitor.parse_monitor_message(monitor_frames)
+    return bool(ev["event"] & _DEAD_EVENTS)
+
+
+_decode = frontend_decoder()
+
+
+def encode_msg(msg: ClientMsg) -> bytes:
+    return encode(msg)
+
+
+def decode_msg(data: bytes) -> FrontendMsg:
+    return _decode(data)

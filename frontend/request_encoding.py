@@ -1,0 +1,41 @@
+"""Client side of the wire: a prompt and parameters into a GenerateRequest."""
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from protocol.errors import InvalidRequestError
+from protocol.messages import ChatMessage, GenerateRequest
+from protocol.sampling_params import SamplingParams
+
+Prompt = str | Sequence[int] | Sequence[Mapping[str, str]] | Sequence[ChatMessage]
+Params = SamplingParams | Mapping[str, Any] | None
+
+
+def new_rid() -> str:
+    return uuid.uuid4().hex
+
+
+def build_request(prompt: Prompt, params: Params, rid: str | None = None) -> GenerateRequest:
+    rid = rid or new_rid()
+    # Parameters travel raw: the frontend decodes and validates them, so bad ones are one typed error.
+    raw = msgspec.Raw(msgspec.msgpack.encode(params if params is not None else {}))
+    if isinstance(prompt, str):
+        return GenerateRequest(rid, text=prompt, params=raw)
+    if not isinstance(prompt, Sequence):
+        raise InvalidRequestError(f"prompt must be a string, token ids or chat messages, not {type(prompt).__name__}")
+    items = list(prompt)
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+        return GenerateRequest(rid, token_ids=items, params=raw)
+    if all(isinstance(m, ChatMessage) for m in items):
+        return GenerateRequest(rid, messages=items, params=raw)
+    if all(isinstance(m, Mapping) for m in items):
+        try:
+            msgs = [ChatMessage(str(m["role"]), str(m["content"])) for m in items]
+        except KeyError as e:
+            raise InvalidRequestError(f"chat message without {e.args[0]!r}", "invalid_request.messages") from e
+        return GenerateRequest(rid, messages=msgs, params=raw)
+    raise InvalidRequestError("prompt list must hold only token ids or only chat messages", "invalid_request.prompt")

@@ -1,0 +1,66 @@
+"""The `tandem` command: serve, generate, make-model, bench."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from launch.cli_options import add_engine_flags, config_from_args
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tandem", description="tandem LLM inference engine", allow_abbrev=False)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("serve", help="start the engine and print the endpoint clients connect to", allow_abbrev=False)
+    add_engine_flags(s)
+
+    g = sub.add_parser("generate", help="one prompt, streamed to stdout", allow_abbrev=False)
+    add_engine_flags(g)
+    g.add_argument("prompt")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+
+    sub.add_parser("make-model", help="write a seeded random model directory", add_help=False)
+    sub.add_parser("bench", help="benchmarks: offline, latency", add_help=False)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # make-model and bench own their flags; hand them the rest of the line.
+    if argv and argv[0] == "make-model":
+        from launch.make_model import main as make_model_main
+
+        return make_model_main(argv[1:]) or 0
+    if argv and argv[0] == "bench":
+        from benchmarks.cli import main as bench_main
+
+        return bench_main(argv[1:]) or 0
+    args = _parser().parse_args(argv)
+    if args.cmd == "serve":
+        from launch.serve import serve
+
+        return serve(config_from_args(args))
+    if args.cmd == "generate":
+        return _generate(args)
+    return 2
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from frontend import Client
+    from launch.cli_options import config_to_argv  # noqa: F401  (keeps flags and options in step)
+    from protocol.sampling_params import SamplingParams
+
+    cfg = config_from_args(args)
+    opts = {k: v for k, v in vars(cfg).items() if k != "model"}
+    with Client.launch(cfg.model, **opts) as client:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
+        for delta in client.stream(args.prompt, params):
+            sys.stdout.write(delta.text)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

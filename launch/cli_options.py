@@ -1,0 +1,54 @@
+"""EngineConfig <-> command-line flags. The dataclass is the one source of names and defaults."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from typing import Any
+
+from protocol.engine_config import EngineConfig
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _base_type(tp: Any) -> type:
+    if isinstance(tp, (types.UnionType,)) or typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0]
+    return tp
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    hints = typing.get_type_hints(EngineConfig)
+    for f in dataclasses.fields(EngineConfig):
+        tp = _base_type(hints[f.name])
+        help_ = f.metadata.get("help", "")
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if f.name == "model":
+            parser.add_argument("--model", required=True, help="model directory (Hugging Face layout)")
+        elif tp is bool:
+            parser.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, default=default, help=help_)
+        else:
+            parser.add_argument(_flag(f.name), type=tp, default=default, help=f"{help_} (default: {default})")
+    parser.add_argument("--tp", dest="tp_size", type=int, help="alias of --tp-size")
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    names = {f.name for f in dataclasses.fields(EngineConfig)}
+    return EngineConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
+
+
+def config_to_argv(cfg: EngineConfig) -> list[str]:
+    argv: list[str] = []
+    for f in dataclasses.fields(EngineConfig):
+        v = getattr(cfg, f.name)
+        if v is None:
+            continue
+        if isinstance(v, bool):
+            argv.append(_flag(f.name) if v else "--no-" + f.name.replace("_", "-"))
+        else:
+            argv += [_flag(f.name), str(v)]
+    return argv

@@ -1,0 +1,42 @@
+"""An engine owned by a client: `tandem serve` as a child process, stopped with the client."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections import deque
+
+from launch.cli_options import config_to_argv
+from launch.serve import READY_PREFIX
+from protocol.engine_config import EngineConfig
+
+
+def start_engine_process(model: str, **options: object) -> tuple[subprocess.Popen, str]:
+    cfg = EngineConfig.from_options(model, **options)  # unknown options fail here, in the caller
+    cmd = [sys.executable, "-m", "launch.cli", "serve", *config_to_argv(cfg)]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    err_tail: deque[str] = deque(maxlen=40)
+    # Drain stderr in the background so a chatty engine never blocks on a full pipe.
+    threading.Thread(target=lambda: [err_tail.append(line) for line in proc.stderr], daemon=True).start()  # type: ignore[union-attr]
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith(READY_PREFIX):
+            endpoint = line[len(READY_PREFIX) :].strip()
+            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+            return proc, endpoint
+    proc.wait()
+    raise RuntimeError(f"engine exited with code {proc.returncode} before it was ready:\n{''.join(err_tail)}")
+
+
+def stop_engine_process(proc: subprocess.Popen, timeout_s: float = 15.0) -> int:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode

@@ -1,0 +1,97 @@
+"""Starts every process (spawn), waits for each to report ready, and tears all down together.
+
+If any child dies, everything stops: the frontend's socket closes and clients waiting on requests
+get an error instead of hanging.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.connection
+import shutil
+import time
+from multiprocessing.process import BaseProcess
+
+import zmq
+
+from protocol.codec import launcher_decoder
+from protocol.engine_config import EngineConfig
+from protocol.ipc import Endpoints, make_socket
+from protocol.messages import Failed, Ready
+
+
+class EngineStartError(RuntimeError):
+    pass
+
+
+class Launcher:
+    def __init__(self, cfg: EngineConfig) -> None:
+        self.cfg = cfg
+        self.endpoints = Endpoints.create()
+        self.procs: list[BaseProcess] = []
+        self._ctx = zmq.Context()
+
+    def start(self) -> str:
+        """Start all processes; returns the endpoint a client connects to."""
+        from detokenizer.process import run_detokenizer
+        from frontend.process import run_frontend
+        from scheduler.process import run_scheduler
+        from worker.process import run_worker
+
+        ready = make_socket(self._ctx, zmq.PULL, self.endpoints.launcher, bind=True)
+        spawn = mp.get_context("spawn")
+        c, e = self.cfg.encode(), self.endpoints.encode()
+        targets = [(f"tandem-worker{r}", run_worker, (c, e, r)) for r in range(self.cfg.tp_size)]
+        targets += [
+            ("tandem-scheduler", run_scheduler, (c, e)),
+            ("tandem-detokenizer", run_detokenizer, (c, e)),
+            ("tandem-frontend", run_frontend, (c, e)),
+        ]
+        for name, fn, args in targets:
+            p = spawn.Process(target=fn, args=args, name=name, daemon=False)
+            p.start()
+            self.procs.append(p)
+        try:
+            self._wait_ready(ready, len(targets))
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            ready.close(0)
+        return self.endpoints.client
+
+    def _wait_ready(self, ready: zmq.Socket, expected: int) -> None:
+        decode = launcher_decoder()
+        deadline = time.monotonic() + self.cfg.startup_timeout_s
+        seen: set[str] = set()
+        while len(seen) < expected:
+            if time.monotonic() > deadline:
+                raise EngineStartError(f"engine not ready after {self.cfg.startup_timeout_s}s: ready {sorted(seen)}")
+            dead = [p for p in self.procs if p.exitcode is not None]
+            if ready.poll(200) == 0:
+                if dead:
+                    raise EngineStartError(f"{dead[0].name} exited with code {dead[0].exitcode} during startup")
+                continue
+            msg = decode(ready.recv())
+            if isinstance(msg, Failed):
+                raise EngineStartError(f"{msg.role} failed to start: {msg.message}")
+            assert isinstance(msg, Ready)
+            seen.add(f"{msg.role}{msg.rank}")
+
+    def wait(self, poll_s: float | None = None) -> BaseProcess | None:
+        """Block until a child exits (returns it) or poll_s passes (returns None)."""
+        sentinels = {p.sentinel: p for p in self.procs}
+        done = multiprocessing.connection.wait(list(sentinels), timeout=poll_s)
+        return sentinels[done[0]] if done else None  # type: ignore[index]
+
+    def stop(self, grace_s: float = 3.0) -> None:
+        for p in self.procs:
+            if p.exitcode is None:
+                p.terminate()
+        deadline = time.monotonic() + grace_s
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.exitcode is None:
+                p.kill()
+                p.join(1.0)
+        self._ctx.term()
+        shutil.rmtree(self.endpoints.root, ignore_errors=True)

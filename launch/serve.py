@@ -1,0 +1,41 @@
+"""`tandem serve`: run the engine until a signal or the death of any process."""
+from __future__ import annotations
+
+import signal
+import sys
+
+from launch.launcher import EngineStartError, Launcher
+from protocol.engine_config import EngineConfig
+
+READY_PREFIX = "tandem: ready at "
+
+
+def serve(cfg: EngineConfig) -> int:
+    launcher = Launcher(cfg)
+    stopping = {"signal": None}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stopping["signal"] = signum  # type: ignore[assignment]
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        endpoint = launcher.start()
+    except EngineStartError as e:
+        print(f"tandem: engine failed to start: {e}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        launcher.stop()
+        return 0
+    print(f"{READY_PREFIX}{endpoint}", flush=True)
+    try:
+        dead = None
+        while dead is None:
+            dead = launcher.wait(1.0)
+        print(f"tandem: {dead.name} exited with code {dead.exitcode}; stopping the engine", file=sys.stderr, flush=True)
+        launcher.stop()
+        return 1
+    except KeyboardInterrupt:
+        launcher.stop()
+        return 0

@@ -1,0 +1,62 @@
+"""Engine configuration: one frozen dataclass; the CLI flags and `Client.launch(**options)` derive from it.
+
+It crosses process boundaries msgspec-encoded (never pickled).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import msgspec
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    # KV pool size in tokens; None: derive from kv_memory_fraction.
+    kv_cache_tokens: int | None = None
+    kv_memory_fraction: float = field(default=0.1, metadata={"help": "of device memory (RAM on CPU) for KV"})
+    max_running_requests: int = 256
+    max_num_batched_tokens: int = field(default=2048, metadata={"help": "per-step token budget"})
+    max_model_len: int | None = field(default=None, metadata={"help": "context limit; default: the model's"})
+    page_size: int = 1
+    tp_size: int = 1
+    device: str = field(default="auto", metadata={"help": "auto, cpu or cuda"})
+    dtype: str = field(default="auto", metadata={"help": "auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16"})
+    torch_threads: int | None = field(default=None, metadata={"help": "worker's torch intra-op threads"})
+    async_scheduling: bool = True
+    seed: int = 0
+    debug_integrity: bool = field(default=False, metadata={"help": "check allocator invariants every step"})
+    startup_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"invalid engine option {name}={getattr(self, name)!r}: {why}")
+
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < 16:
+            raise bad("kv_cache_tokens", "must be >= 16")
+        if not 0.0 < self.kv_memory_fraction <= 0.95:
+            raise bad("kv_memory_fraction", "must be in (0, 0.95]")
+        for name in ("max_running_requests", "max_num_batched_tokens", "page_size", "tp_size"):
+            if getattr(self, name) < 1:
+                raise bad(name, "must be >= 1")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise bad("device", "must be auto, cpu or cuda")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise bad("dtype", "must be auto, float32, bfloat16 or float16")
+
+    @classmethod
+    def from_options(cls, model: str, **options: object) -> EngineConfig:
+        """Build from keyword options; an unknown option is an error, never silently dropped."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"unknown engine option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(model=model, **options)  # type: ignore[arg-type]
+
+    def encode(self) -> bytes:
+        return msgspec.json.encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> EngineConfig:
+        return msgspec.json.decode(data, type=cls)

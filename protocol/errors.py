@@ -1,0 +1,40 @@
+"""Typed errors that reach the client. The code is stable and machine-readable; the message is for people."""
+from __future__ import annotations
+
+
+class TandemError(Exception):
+    code = "internal_error"
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidRequestError(TandemError):
+    """The request itself is wrong (bad parameter, empty or too long prompt, ...)."""
+
+    code = "invalid_request"
+
+
+class RequestFailedError(TandemError):
+    """The engine accepted the request but could not complete it."""
+
+    code = "request_failed"
+
+
+class EngineDeadError(TandemError):
+    """The engine went away while a request was waiting on it."""
+
+    code = "engine_dead"
+
+
+def error_from_code(code: str, message: str) -> TandemError:
+    for cls in (InvalidRequestError, RequestFailedError, EngineDeadError):
+        if code == cls.code or code.startswith(cls.code + "."):
+            return cls(message, code)
+    return TandemError(message, code)

@@ -1,0 +1,190 @@
+"""Every message that crosses a process boundary. One tagged union per socket (see `codec.py`).
+
+Socket map (DESIGN.md §1):
+  client  -> frontend     ClientMsg      frontend -> client     FrontendMsg
+  frontend-> scheduler    SchedulerInMsg worker   -> scheduler  WorkerMsg
+  scheduler-> worker      WorkerInMsg    scheduler-> detok      DetokInMsg
+  detok   -> frontend     FrontendInMsg  any child -> launcher  Ready
+Messages carry diffs: a new request once, then per step only what changed.
+"""
+from __future__ import annotations
+
+import msgspec
+
+from protocol.sampling_params import SamplingParams
+
+
+class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
+    role: str
+    content: str
+
+
+# ---- client <-> frontend -------------------------------------------------------------------
+class GenerateRequest(msgspec.Struct, tag="generate"):
+    rid: str
+    # Exactly one of text / token_ids / messages is set (msgspec unions allow one array type).
+    text: str | None = None
+    token_ids: list[int] | None = None
+    messages: list[ChatMessage] | None = None
+    # Raw so that a bad parameter is reported against this rid rather than dropping the message.
+    params: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+class AbortRequest(msgspec.Struct, tag="abort"):
+    rid: str
+
+
+class RequestOutput(msgspec.Struct, array_like=True):
+    """A delta of one request: text and token ids since the previous one."""
+
+    rid: str
+    text: str
+    token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None
+    matched_stop: int | str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class OutputBatch(msgspec.Struct, tag="outputs"):
+    outputs: list[RequestOutput]
+
+
+class RequestError(msgspec.Struct, tag="error"):
+    rid: str
+    code: str
+    message: str
+
+
+ClientMsg = GenerateRequest | AbortRequest
+FrontendMsg = OutputBatch | RequestError
+
+
+# ---- frontend -> scheduler ------------------------------------------------------------------
+class TokenizedRequest(msgspec.Struct, tag="req"):
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+
+
+class AbortReq(msgspec.Struct, tag="abort"):
+    rid: str
+
+
+SchedulerInMsg = TokenizedRequest | AbortReq
+
+
+# ---- scheduler -> worker ---------------------------------------------------------------------
+class WorkerSampling(msgspec.Struct, array_like=True):
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    seed: int | None
+
+
+class NewReqData(msgspec.Struct, array_like=True):
+    """A request's data, sent once when it (re)enters the running set."""
+
+    req_idx: int  # its row in the worker's persistent request state and req_to_token table
+    token_ids: list[int]  # fill_ids at admission: prompt (+ outputs kept across a retraction)
+    num_prompt: int
+    sampling: WorkerSampling
+
+
+class ScheduledReq(msgspec.Struct, array_like=True):
+    """One request in one step: compute `num_tokens` tokens after the ones already computed."""
+
+    req_idx: int
+    num_tokens: int
+    # KV slots for req_to_token[req_idx, slot_start : slot_start + len(slots)]; covers at least
+    # the tokens computed this step (and a prefix-cache hit when the request is new).
+    slot_start: int
+    slots: list[int]
+    sample: bool  # the step reaches the end of the known tokens: sample the next one
+
+
+class SchedulerOutput(msgspec.Struct, tag="step"):
+    step_id: int
+    # Rows of requests finished or retracted since the previous step: freed before new_reqs are added.
+    finished_req_idxs: list[int]
+    new_reqs: list[NewReqData]
+    scheduled: list[ScheduledReq]
+
+
+class Shutdown(msgspec.Struct, tag="shutdown"):
+    reason: str = ""
+
+
+WorkerInMsg = SchedulerOutput | Shutdown
+
+
+# ---- worker -> scheduler ---------------------------------------------------------------------
+class ModelRunnerOutput(msgspec.Struct, tag="result"):
+    step_id: int
+    sampled: list[int]  # one per scheduled request with sample=True, in scheduled order
+    busy_s: float = 0.0  # worker time spent on this step (input prep + forward + sample)
+    idle_s: float = 0.0  # worker idle gap before this step (the bubble)
+
+
+class WorkerFailure(msgspec.Struct, tag="failure"):
+    message: str
+
+
+class WorkerReady(msgspec.Struct, tag="ready"):
+    """First message from rank 0: the memory the scheduler may hand out."""
+
+    num_kv_slots: int  # usable slots 1..num_kv_slots (slot 0 is the padding slot)
+    max_reqs: int
+    max_context: int
+
+
+WorkerMsg = ModelRunnerOutput | WorkerFailure | WorkerReady
+
+
+# ---- scheduler -> detokenizer -> frontend ---------------------------------------------------------
+class DetokRegister(msgspec.Struct, tag="register"):
+    rid: str
+    prompt_tail: list[int]  # last prompt tokens: left context for decoders that need it
+    skip_special_tokens: bool = True
+
+
+class TokenDelta(msgspec.Struct, array_like=True):
+    rid: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    matched_stop: int | str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class TokenBatch(msgspec.Struct, tag="tokens"):
+    deltas: list[TokenDelta]
+
+
+class RequestFailed(msgspec.Struct, tag="failed"):
+    """A request the scheduler ended with an error; passed through to the client."""
+
+    rid: str
+    code: str
+    message: str
+
+
+DetokInMsg = DetokRegister | TokenBatch | RequestFailed
+FrontendInMsg = OutputBatch | RequestFailed
+
+
+# ---- child -> launcher -------------------------------------------------------------------------------
+class Ready(msgspec.Struct, tag="ready"):
+    role: str
+    rank: int = 0
+    info: str = ""
+
+
+class Failed(msgspec.Struct, tag="failed"):
+    role: str
+    message: str
+
+
+LauncherMsg = Ready | Failed

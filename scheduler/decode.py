@@ -1,0 +1,43 @@
+"""Scheduling the running requests: each catches up with its tokens (a decode is the case of one),
+and retraction when the KV pool cannot give a running request its next tokens."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from scheduler.kv_cache import KVCacheManager
+from scheduler.req import Req
+from scheduler.step_plan import StepPlan
+
+
+def schedule_running(
+    running: list[Req], kv: KVCacheManager, plan: StepPlan, retract: Callable[[Req], None]
+) -> None:
+    for req in list(running):
+        if plan.budget <= 0:
+            break
+        if req.finished() or req.to_finish is not None or req.req_pool_idx is None:
+            continue
+        # Outputs already in flight reach max_tokens: scheduling more would only be dropped.
+        if req.num_outputs_optimistic >= req.max_new_tokens:
+            continue
+        n = min(req.num_tokens_to_compute, plan.budget)
+        if n <= 0:
+            continue
+        slots = kv.grow(req, n)
+        while slots is None:
+            victim = pick_victim(running, exclude=req)
+            if victim is None:
+                return  # nothing left to retract: req waits for in-flight steps to free memory
+            retract(victim)
+            slots = kv.grow(req, n)
+        plan.add(req, n, slots)
+
+
+def pick_victim(running: list[Req], exclude: Req) -> Req | None:
+    """Fewest outputs first: it has the least work to redo. Only requests with nothing in flight."""
+    candidates = [
+        r for r in running if r is not exclude and r.num_inflight_steps == 0 and r.req_pool_idx is not None
+    ]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda r: (len(r.output_ids), -r.arrival))

@@ -1,0 +1,27 @@
+"""Why a request ended. `kind` is what the client sees as finish_reason."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FinishReason:
+    kind: str  # "stop" | "length" | "abort" | "error"
+    matched: int | str | None = None  # the stop token id or stop string that ended it
+    message: str = ""  # for abort/error: why
+
+    @classmethod
+    def stop(cls, matched: int | str | None = None) -> FinishReason:
+        return cls("stop", matched)
+
+    @classmethod
+    def length(cls) -> FinishReason:
+        return cls("length")
+
+    @classmethod
+    def abort(cls, message: str = "aborted by client") -> FinishReason:
+        return cls("abort", message=message)
+
+    @classmethod
+    def error(cls, message: str, code: str = "request_failed") -> FinishReason:
+        return cls("error", matched=code, message=message)

@@ -1,0 +1,135 @@
+"""The scheduler process: requests from the frontend, steps to the workers, tokens to the detokenizer.
+
+A batch queue of depth 2 (async scheduling) keeps the next step queued at the worker while the
+previous result comes back; depth 1 is synchronous scheduling with the same code.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+import zmq
+
+from protocol.codec import encode, scheduler_in_decoder, worker_out_decoder
+from protocol.engine_config import EngineConfig
+from protocol.ipc import Endpoints, exit_with_parent, make_socket
+from protocol.messages import (
+    AbortReq,
+    Failed,
+    ModelRunnerOutput,
+    Ready,
+    RequestFailed,
+    TokenizedRequest,
+    WorkerFailure,
+    WorkerReady,
+)
+from protocol.model_info import read_model_info
+from scheduler.scheduler import Scheduler
+from scheduler.step_stats import StepStats
+
+
+def run_scheduler(cfg_bytes: bytes, ep_bytes: bytes) -> None:
+    exit_with_parent()
+    cfg = EngineConfig.decode(cfg_bytes)
+    ep = Endpoints.decode(ep_bytes)
+    ctx = zmq.Context()
+    launcher = make_socket(ctx, zmq.PUSH, ep.launcher, bind=False)
+    try:
+        info = read_model_info(cfg.model, cfg.max_model_len)
+        reqs_in = make_socket(ctx, zmq.PULL, ep.scheduler_in, bind=True)
+        results = make_socket(ctx, zmq.PULL, ep.scheduler_results, bind=True)
+        workers = [make_socket(ctx, zmq.PUSH, ep.worker_in(r), bind=False) for r in range(cfg.tp_size)]
+        detok = make_socket(ctx, zmq.PUSH, ep.detok_in, bind=False)
+        hello = worker_out_decoder()(results.recv())
+        if not isinstance(hello, WorkerReady):
+            raise RuntimeError(f"expected WorkerReady from rank 0, got {type(hello).__name__}")
+        sched = Scheduler(cfg, info, hello.num_kv_slots)
+        launcher.send(encode(Ready("scheduler", 0, f"pid={os.getpid()}")))
+    except Exception as e:  # noqa: BLE001 - report any startup failure to the launcher, then die
+        launcher.send(encode(Failed("scheduler", f"{e}\n{traceback.format_exc()}")))
+        raise SystemExit(1) from e
+    SchedulerLoop(cfg, sched, reqs_in, results, workers, detok).run()
+
+
+class SchedulerLoop:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        sched: Scheduler,
+        reqs_in: zmq.Socket,
+        results: zmq.Socket,
+        workers: list[zmq.Socket],
+        detok: zmq.Socket,
+    ) -> None:
+        self.sched = sched
+        self.depth = 2 if cfg.async_scheduling else 1
+        self.reqs_in, self.results, self.workers, self.detok = reqs_in, results, workers, detok
+        self.poller = zmq.Poller()
+        self.poller.register(reqs_in, zmq.POLLIN)
+        self.poller.register(results, zmq.POLLIN)
+        self.decode_req = scheduler_in_decoder()
+        self.decode_result = worker_out_decoder()
+        self.stats = StepStats()
+        self._stalled = False  # the last schedule() found nothing to run: don't spin on it
+
+    def run(self) -> None:
+        while True:
+            busy = self.sched.has_work or self.sched.inflight
+            timeout = None if not busy else (0 if self._can_schedule() and not self._stalled else 50)
+            events = dict(self.poller.poll(timeout))
+            if self.reqs_in in events:
+                self._drain_requests()
+            if self.results in events:
+                self._drain_results()
+            while self._can_schedule():
+                t0 = time.perf_counter()
+                out = self.sched.schedule()
+                self._stalled = out is None
+                if out is None:
+                    break
+                data = encode(out)
+                for w in self.workers:
+                    w.send(data)
+                self.stats.on_schedule(time.perf_counter() - t0)
+            self._flush()
+
+    def _can_schedule(self) -> bool:
+        return self.sched.has_work and len(self.sched.inflight) < self.depth
+
+    def _drain_requests(self) -> None:
+        while True:
+            try:
+                data = self.reqs_in.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            msg = self.decode_req(data)
+            if isinstance(msg, TokenizedRequest):
+                self.sched.add_request(msg)
+            elif isinstance(msg, AbortReq):
+                self.sched.abort(msg.rid)
+
+    def _drain_results(self) -> None:
+        while True:
+            try:
+                data = self.results.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            msg = self.decode_result(data)
+            if isinstance(msg, WorkerFailure):
+                self._fail_all(msg.message)
+                print(f"scheduler: worker failed: {msg.message}", file=sys.stderr)
+                raise SystemExit(1)
+            if isinstance(msg, ModelRunnerOutput):
+                t0 = time.perf_counter()
+                self.sched.commit(msg)
+                self.stats.on_result(msg, time.perf_counter() - t0)
+
+    def _flush(self) -> None:
+        for msg in self.sched.take_outbox():
+            self.detok.send(encode(msg))
+
+    def _fail_all(self, why: str) -> None:
+        for rid in list(self.sched.reqs):
+            self.detok.send(encode(RequestFailed(rid, "engine_dead", f"worker failed: {why.splitlines()[0]}")))

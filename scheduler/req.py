@@ -1,0 +1,133 @@
+"""`Req`: one request as the scheduler sees it, a state machine with counters (DESIGN.md §2).
+
+Derived values are properties, never stored twice.
+"""
+from __future__ import annotations
+
+from protocol.sampling_params import SamplingParams
+from scheduler.finish import FinishReason
+
+
+class KVPopError(RuntimeError):
+    """A KV range was handed over twice: always a bug."""
+
+
+class Req:
+    def __init__(
+        self,
+        rid: str,
+        input_ids: list[int],
+        params: SamplingParams,
+        eos_token_ids: frozenset[int],
+        max_new_tokens: int,
+        arrival: int = 0,
+    ) -> None:
+        self.rid = rid
+        self.origin_input_ids = input_ids
+        # No padding is ever added today; kept apart because the detokenizer starts from it.
+        self.origin_input_ids_unpadded = input_ids
+        self.output_ids: list[int] = []
+        self.params = params
+        self.eos_token_ids = eos_token_ids
+        self.stop_token_ids = frozenset(params.stop_token_ids)
+        self.max_new_tokens = max_new_tokens
+        self.arrival = arrival
+
+        # Memory: the request's row in the ReqToTokenPool and the KV it owns there.
+        self.req_pool_idx: int | None = None
+        self.prefix_indices: list[int] = []  # KV slots of a cached prefix (prefix cache: next issue)
+        self.cache_protected_len = 0  # tokens of the row owned by the tree, not by this request
+        self.kv_committed_len = 0  # KV that is fact: computed by a finished step
+        self.kv_allocated_len = 0  # KV handed out, >= committed (in-flight tokens)
+        self._popped_committed = False
+        self._popped_overallocated = False
+
+        # Token accounting: the scheduler moves these before results are known.
+        self.num_computed_tokens = 0  # optimistic: includes tokens of steps still in flight
+        self.num_output_placeholders = 0  # sampled tokens in flight, not yet committed
+        self.num_inflight_steps = 0
+        self.needs_new_data = True  # the worker hasn't seen this request (or re-seen it after a retraction)
+        self.epoch = 0  # bumped by each retraction, so results of steps from before it are dropped
+
+        self.to_finish: FinishReason | None = None
+        self.finished_reason: FinishReason | None = None
+
+    # ---- views -------------------------------------------------------------------------------
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens the request holds, counting outputs still in flight."""
+        return len(self.origin_input_ids) + len(self.output_ids) + self.num_output_placeholders
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        return self.seq_len - self.num_computed_tokens
+
+    @property
+    def num_outputs_optimistic(self) -> int:
+        return len(self.output_ids) + self.num_output_placeholders
+
+    @property
+    def output_ids_through_stop(self) -> list[int]:
+        return self.output_ids
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    # ---- finishing ---------------------------------------------------------------------------
+    def check_finished(self) -> None:
+        """The only place that sets finished_reason: from to_finish, length, or a stop token."""
+        if self.finished_reason is not None:
+            return
+        if self.to_finish is not None:
+            self.finished_reason = self.to_finish
+            return
+        if not self.output_ids:
+            return
+        last = self.output_ids[-1]
+        if last in self.stop_token_ids:
+            self.finished_reason = FinishReason.stop(last)
+        elif last in self.eos_token_ids and not self.params.ignore_eos:
+            self.finished_reason = FinishReason.stop(last)
+        elif len(self.output_ids) >= self.max_new_tokens:
+            self.finished_reason = FinishReason.length()
+
+    # ---- KV ownership --------------------------------------------------------------------------
+    def pop_committed_kv_cache(self) -> tuple[int, int]:
+        """Row range [cache_protected_len, kv_committed_len) of KV that is fact, handed over once."""
+        if self._popped_committed:
+            raise KVPopError(f"{self.rid}: committed KV popped twice")
+        self._popped_committed = True
+        return self.cache_protected_len, self.kv_committed_len
+
+    def pop_overallocated_kv_cache(self) -> tuple[int, int]:
+        """Row range [kv_committed_len, kv_allocated_len) handed out but never committed, once."""
+        if self._popped_overallocated:
+            raise KVPopError(f"{self.rid}: over-allocated KV popped twice")
+        self._popped_overallocated = True
+        return self.kv_committed_len, self.kv_allocated_len
+
+    def reset_for_retract(self) -> None:
+        """Back to waiting with no KV and its output kept; it re-prefills fill_ids."""
+        self.req_pool_idx = None
+        self.prefix_indices = []
+        self.cache_protected_len = 0
+        self.kv_committed_len = 0
+        self.kv_allocated_len = 0
+        self._popped_committed = False
+        self._popped_overallocated = False
+        self.num_computed_tokens = 0
+        self.num_output_placeholders = 0
+        self.num_inflight_steps = 0
+        self.needs_new_data = True
+        self.epoch += 1
+
+    def __repr__(self) -> str:
+        return (
+            f"Req({self.rid}, prompt={len(self.origin_input_ids)}, out={len(self.output_ids)}, "
+            f"computed={self.num_computed_tokens}, kv={self.kv_committed_len}/{self.kv_allocated_len}, "
+            f"finished={self.finished_reason})"
+        )

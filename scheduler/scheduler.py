@@ -1,0 +1,220 @@
+"""The scheduler's state machine, free of sockets: requests in, steps out, results committed in order.
+
+`schedule()` may be called again before the previous step's result is back (the async pipeline):
+counters move optimistically, and `commit()` applies results in step order.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import msgspec
+
+from protocol.engine_config import EngineConfig
+from protocol.messages import (
+    DetokRegister,
+    ModelRunnerOutput,
+    RequestFailed,
+    SchedulerOutput,
+    TokenBatch,
+    TokenDelta,
+    TokenizedRequest,
+)
+from protocol.model_info import ModelInfo
+from scheduler.decode import schedule_running
+from scheduler.finish import FinishReason
+from scheduler.kv_cache import KVCacheManager
+from scheduler.prefill import admit_waiting
+from scheduler.req import Req
+from scheduler.step_plan import InflightStep, StepPlan, to_output
+
+
+@dataclass
+class SchedulerStats:
+    steps: int = 0
+    prefill_tokens: int = 0  # tokens computed for prompts (and re-prefills)
+    decode_tokens: int = 0
+    retractions: int = 0
+    finished: int = 0
+    aborted: int = 0
+    failed: int = 0
+
+
+class Scheduler:
+    def __init__(self, cfg: EngineConfig, info: ModelInfo, num_kv_slots: int) -> None:
+        self.cfg = cfg
+        self.info = info
+        self.kv = KVCacheManager(num_kv_slots, cfg.max_running_requests, info.max_model_len)
+        self.eos = frozenset(info.eos_token_ids)
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.reqs: dict[str, Req] = {}
+        self.inflight: deque[InflightStep] = deque()
+        self.freed_rows: list[int] = []  # rows the worker must drop at the next step
+        self.outbox: list[msgspec.Struct] = []  # for the detokenizer, in order
+        self._deltas: list[TokenDelta] = []
+        self.stats = SchedulerStats()
+        self._next_step = 0
+        self._arrivals = 0
+
+    # ---- requests in ------------------------------------------------------------------------
+    def add_request(self, msg: TokenizedRequest) -> None:
+        n_prompt = len(msg.input_ids)
+        if msg.rid in self.reqs:
+            self.outbox.append(RequestFailed(msg.rid, "invalid_request.duplicate_rid", "request id in use"))
+            return
+        room = self.info.max_model_len - n_prompt
+        if n_prompt == 0 or room <= 0:
+            self.outbox.append(
+                RequestFailed(msg.rid, "invalid_request.prompt_too_long", f"prompt has {n_prompt} tokens")
+            )
+            return
+        if n_prompt + 1 > self.kv.allocator.size:
+            self.outbox.append(
+                RequestFailed(
+                    msg.rid,
+                    "request_failed.kv_capacity",
+                    f"prompt of {n_prompt} tokens can never fit the KV pool of {self.kv.allocator.size}",
+                )
+            )
+            return
+        max_new = min(msg.params.max_tokens or room, room)
+        req = Req(msg.rid, msg.input_ids, msg.params, self.eos, max_new, arrival=self._arrivals)
+        self._arrivals += 1
+        self.reqs[req.rid] = req
+        self.waiting.append(req)
+        self.outbox.append(DetokRegister(req.rid, msg.input_ids[-8:], msg.params.skip_special_tokens))
+
+    def abort(self, rid: str, message: str = "aborted by client") -> None:
+        req = self.reqs.get(rid)
+        if req is None or req.finished():
+            return  # already ended: an abort racing a finish is not an error
+        req.to_finish = FinishReason.abort(message)
+        if req.num_inflight_steps == 0:
+            req.check_finished()
+            self._finalize(req)
+            self._flush_deltas()
+
+    # ---- steps out ----------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput | None:
+        plan = StepPlan(budget=self.cfg.max_num_batched_tokens)
+        schedule_running(self.running, self.kv, plan, self._retract)
+        admit_waiting(self.waiting, self.running, self.kv, plan, self.cfg.max_running_requests)
+        if not plan.items:
+            self._fail_unschedulable()
+            return None
+        for req, it in zip(plan.reqs, plan.items):
+            if it.num_tokens > 1 or it.slot_start < len(req.origin_input_ids):
+                self.stats.prefill_tokens += it.num_tokens
+            else:
+                self.stats.decode_tokens += it.num_tokens
+        out, record = to_output(self._next_step, self.freed_rows, plan)
+        self.freed_rows = []
+        self._next_step += 1
+        self.stats.steps += 1
+        self.inflight.append(record)
+        return out
+
+    # ---- results in ----------------------------------------------------------------------------
+    def commit(self, result: ModelRunnerOutput) -> None:
+        step = self.inflight.popleft()
+        if step.step_id != result.step_id:
+            raise RuntimeError(f"result for step {result.step_id} while step {step.step_id} was expected")
+        for req, epoch, n in zip(step.reqs, step.epochs, step.num_tokens):
+            if epoch == req.epoch and not req.finished():
+                req.num_inflight_steps -= 1
+                req.kv_committed_len += n
+        for i, tok in zip(step.samplers, result.sampled):
+            req = step.reqs[i]
+            if req.finished() or step.epochs[i] != req.epoch:
+                continue  # the overrun of a request that already ended (or was retracted): dropped
+            req.num_output_placeholders -= 1
+            if req.to_finish is None:
+                req.output_ids.append(tok)
+                self._deltas.append(TokenDelta(req.rid, [tok]))
+            req.check_finished()
+            if req.finished():
+                self._finalize(req)
+        for req, epoch in zip(step.reqs, step.epochs):
+            if epoch == req.epoch and req.to_finish is not None and not req.finished():
+                if req.num_inflight_steps == 0:
+                    req.check_finished()
+                    self._finalize(req)
+        self._flush_deltas()
+        if self.cfg.debug_integrity:
+            self.check_integrity()
+
+    # ---- internals ------------------------------------------------------------------------------
+    def _finalize(self, req: Req) -> None:
+        """The one end of every request: release its memory, tell the worker and the client."""
+        reason = req.finished_reason
+        assert reason is not None
+        worker_knows = not req.needs_new_data
+        row = self.kv.release(req)
+        if row is not None and worker_knows:
+            self.freed_rows.append(row)
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        del self.reqs[req.rid]
+        if reason.kind == "error":
+            self.stats.failed += 1
+            self._flush_deltas()
+            self.outbox.append(RequestFailed(req.rid, str(reason.matched), reason.message))
+            return
+        self.stats.finished += 1
+        self.stats.aborted += reason.kind == "abort"
+        completion = len(req.output_ids)
+        if self._deltas and self._deltas[-1].rid == req.rid:
+            d = self._deltas[-1]
+        else:
+            d = TokenDelta(req.rid, [])
+            self._deltas.append(d)
+        d.finish_reason = reason.kind
+        d.matched_stop = reason.matched
+        d.prompt_tokens = len(req.origin_input_ids)
+        d.completion_tokens = completion
+
+    def _flush_deltas(self) -> None:
+        if self._deltas:
+            self.outbox.append(TokenBatch(self._deltas))
+            self._deltas = []
+
+    def _retract(self, req: Req) -> None:
+        row = self.kv.release(req)
+        if row is not None and not req.needs_new_data:
+            self.freed_rows.append(row)
+        req.reset_for_retract()
+        self.running.remove(req)
+        self.waiting.appendleft(req)
+        self.stats.retractions += 1
+
+    def _fail_unschedulable(self) -> None:
+        """Nothing could be scheduled and nothing is in flight: a request that cannot fit even alone."""
+        if self.inflight or not (self.running or self.waiting):
+            return
+        victim = self.running[0] if self.running else self.waiting[0]
+        if len(self.running) > 1:
+            return  # retraction will make room on the next call
+        victim.to_finish = FinishReason.error(
+            f"request needs more KV than the pool of {self.kv.allocator.size} slots holds",
+            "request_failed.kv_capacity",
+        )
+        victim.check_finished()
+        self._finalize(victim)
+
+    def take_outbox(self) -> list[msgspec.Struct]:
+        out, self.outbox = self.outbox, []
+        return out
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def check_integrity(self) -> None:
+        live = list(self.running) + list(self.waiting)
+        self.kv.check_integrity(live)
+        for r in self.waiting:
+            if r.req_pool_idx is not None:
+                raise AssertionError(f"waiting {r.rid} holds a row")
