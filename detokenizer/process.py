@@ -14,6 +14,7 @@ from protocol.engine_config import EngineConfig
 from protocol.ipc import Endpoints, exit_with_parent, make_socket
 from protocol.messages import (
     DetokRegister,
+    EngineStats,
     Failed,
     OutputBatch,
     Ready,
@@ -79,4 +80,6 @@ def run_detokenizer(cfg_bytes: bytes, ep_bytes: bytes) -> None:
                 frontend.send(encode(out))
         elif isinstance(msg, RequestFailed):
             detok.drop(msg.rid)
+            frontend.send(encode(msg))
+        elif isinstance(msg, EngineStats):
             frontend.send(encode(msg))

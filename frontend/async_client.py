@@ -11,9 +11,16 @@ from tqdm import tqdm
 
 from frontend.completion import Completion, CompletionDelta, to_delta
 from frontend.connection import decode_msg, encode_msg, is_dead_event, open_dealer
-from frontend.request_encoding import Params, Prompt, build_request
+from frontend.request_encoding import Params, Prompt, build_request, new_rid
 from protocol.errors import EngineDeadError, TandemError, error_from_code
-from protocol.messages import AbortRequest, OutputBatch, RequestError, RequestOutput
+from protocol.messages import (
+    AbortRequest,
+    EngineStats,
+    OutputBatch,
+    RequestError,
+    RequestOutput,
+    StatsRequest,
+)
 
 _Item = RequestOutput | TandemError
 
@@ -25,6 +32,7 @@ class AsyncClient:
         self._ctx = zmq.asyncio.Context()
         self._sock, self._monitor = open_dealer(self._ctx, endpoint)
         self._queues: dict[str, asyncio.Queue[_Item]] = {}
+        self._stats: dict[str, asyncio.Future[EngineStats]] = {}
         self._receiver: asyncio.Task | None = None
         self._dead: str | None = None
 
@@ -66,6 +74,16 @@ class AsyncClient:
             return list(await asyncio.gather(*(one(p, sp) for p, sp in zip(prompts, plist))))
         finally:
             bar.close()
+
+    async def stats(self) -> EngineStats:
+        self._check_alive()
+        if self._receiver is None:
+            self._receiver = asyncio.get_running_loop().create_task(self._receive())
+        rid = new_rid()
+        fut: asyncio.Future[EngineStats] = asyncio.get_running_loop().create_future()
+        self._stats[rid] = fut
+        await self._sock.send(encode_msg(StatsRequest(rid)))
+        return await fut
 
     async def abort(self, request_id: str) -> None:
         self._check_alive()
@@ -136,6 +154,10 @@ class AsyncClient:
                     q = self._queues.get(out.rid)
                     if q is not None:
                         q.put_nowait(out)
+            elif isinstance(msg, EngineStats):
+                fut = self._stats.pop(msg.rid, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
             elif isinstance(msg, RequestError):
                 q = self._queues.get(msg.rid)
                 if q is not None:
@@ -149,3 +171,6 @@ class AsyncClient:
         self._dead = why
         for q in self._queues.values():
             q.put_nowait(EngineDeadError(why))
+        for fut in self._stats.values():
+            if not fut.done():
+                fut.set_exception(EngineDeadError(why))

@@ -5,6 +5,7 @@ Single-threaded: each call pumps the socket until its own request is done, buffe
 from __future__ import annotations
 
 import subprocess
+import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 
@@ -13,9 +14,16 @@ from tqdm import tqdm
 
 from frontend.completion import Completion, CompletionDelta, to_delta
 from frontend.connection import decode_msg, encode_msg, is_dead_event, open_dealer
-from frontend.request_encoding import Params, Prompt, build_request
+from frontend.request_encoding import Params, Prompt, build_request, new_rid
 from protocol.errors import EngineDeadError, TandemError, error_from_code
-from protocol.messages import AbortRequest, OutputBatch, RequestError, RequestOutput
+from protocol.messages import (
+    AbortRequest,
+    EngineStats,
+    OutputBatch,
+    RequestError,
+    RequestOutput,
+    StatsRequest,
+)
 
 
 class _Pending:
@@ -37,6 +45,7 @@ class Client:
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
         self._pending: dict[str, _Pending] = {}
+        self._stats: dict[str, EngineStats] = {}
         self._dead: str | None = None
         self._closed = False
 
@@ -85,6 +94,17 @@ class Client:
                         bar.update(1)
         return [comps[r] for r in rids]
 
+    def stats(self, timeout_s: float = 30.0) -> EngineStats:
+        """The engine's counters; the scheduler runs its integrity check to answer."""
+        rid = self._submit_stats()
+        deadline = time.monotonic() + timeout_s
+        while rid not in self._stats:
+            if time.monotonic() > deadline:
+                raise TimeoutError("no stats reply")
+            self._check_alive()
+            self._pump(100)
+        return self._stats.pop(rid)
+
     def abort(self, request_id: str) -> None:
         self._check_alive()
         self._sock.send(encode_msg(AbortRequest(request_id)))
@@ -114,6 +134,12 @@ class Client:
         self._pending[req.rid] = _Pending()
         self._sock.send(encode_msg(req))
         return req.rid
+
+    def _submit_stats(self) -> str:
+        self._check_alive()
+        rid = new_rid()
+        self._sock.send(encode_msg(StatsRequest(rid)))
+        return rid
 
     def _outputs(self, rid: str) -> Iterator[RequestOutput]:
         p = self._pending[rid]
@@ -158,6 +184,8 @@ class Client:
                     if p is not None:
                         p.outputs.append(out)
                         p.done = p.done or out.finished
+            elif isinstance(msg, EngineStats):
+                self._stats[msg.rid] = msg
             elif isinstance(msg, RequestError):
                 p = self._pending.get(msg.rid)
                 if p is not None:

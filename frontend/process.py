@@ -15,6 +15,7 @@ from protocol.ipc import Endpoints, exit_with_parent, make_socket
 from protocol.messages import (
     AbortReq,
     AbortRequest,
+    EngineStats,
     Failed,
     GenerateRequest,
     OutputBatch,
@@ -22,6 +23,7 @@ from protocol.messages import (
     RequestError,
     RequestFailed,
     RequestOutput,
+    StatsRequest,
     TokenizedRequest,
 )
 from protocol.model_info import read_model_info
@@ -54,6 +56,7 @@ class Frontend:
         self.info = info
         self.clients, self.inbox, self.scheduler = clients, inbox, scheduler
         self.owner: dict[str, bytes] = {}  # rid -> client identity
+        self.stats_owner: dict[str, bytes] = {}
         self.decode_client = client_decoder()
         self.decode_inbox = frontend_in_decoder()
 
@@ -89,6 +92,10 @@ class Frontend:
             if msg.rid in self.owner:
                 self.scheduler.send(encode(AbortReq(msg.rid)))
             return
+        if isinstance(msg, StatsRequest):
+            self.stats_owner[msg.rid] = ident
+            self.scheduler.send(encode(msg))
+            return
         assert isinstance(msg, GenerateRequest)
         try:
             if msg.rid in self.owner:
@@ -102,7 +109,13 @@ class Frontend:
         self.owner[msg.rid] = ident
         self.scheduler.send(encode(TokenizedRequest(msg.rid, ids, params)))
 
-    def on_engine(self, msg: OutputBatch | RequestFailed) -> None:
+    def on_engine(self, msg: OutputBatch | RequestFailed | EngineStats) -> None:
+        if isinstance(msg, EngineStats):
+            ident = self.stats_owner.pop(msg.rid, None)
+            if ident is not None:
+                msg.frontend_pending = len(self.owner)
+                self.clients.send_multipart([ident, encode(msg)])
+            return
         if isinstance(msg, RequestFailed):
             ident = self.owner.pop(msg.rid, None)
             if ident is not None:

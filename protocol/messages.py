@@ -57,8 +57,35 @@ class RequestError(msgspec.Struct, tag="error"):
     message: str
 
 
-ClientMsg = GenerateRequest | AbortRequest
-FrontendMsg = OutputBatch | RequestError
+class StatsRequest(msgspec.Struct, tag="stats"):
+    """Ask the engine for its counters; the scheduler also runs its integrity check."""
+
+    rid: str
+
+
+class EngineStats(msgspec.Struct, tag="stats"):
+    rid: str
+    kv_pool_size: int
+    kv_free: int
+    running: int
+    waiting: int
+    inflight_steps: int
+    requests_finished: int
+    requests_aborted: int
+    requests_failed: int
+    retractions: int
+    steps: int
+    prefill_tokens: int
+    decode_tokens: int
+    schedule_s: float  # scheduler CPU time spent forming steps
+    worker_busy_s: float
+    worker_idle_s: float  # worker idle gaps between steps (the bubble)
+    integrity: str  # "ok" or what check_integrity() found
+    frontend_pending: int = 0  # filled in by the frontend
+
+
+ClientMsg = GenerateRequest | AbortRequest | StatsRequest
+FrontendMsg = OutputBatch | RequestError | EngineStats
 
 
 # ---- frontend -> scheduler ------------------------------------------------------------------
@@ -72,7 +99,7 @@ class AbortReq(msgspec.Struct, tag="abort"):
     rid: str
 
 
-SchedulerInMsg = TokenizedRequest | AbortReq
+SchedulerInMsg = TokenizedRequest | AbortReq | StatsRequest
 
 
 # ---- scheduler -> worker ---------------------------------------------------------------------
@@ -171,8 +198,8 @@ class RequestFailed(msgspec.Struct, tag="failed"):
     message: str
 
 
-DetokInMsg = DetokRegister | TokenBatch | RequestFailed
-FrontendInMsg = OutputBatch | RequestFailed
+DetokInMsg = DetokRegister | TokenBatch | RequestFailed | EngineStats
+FrontendInMsg = OutputBatch | RequestFailed | EngineStats
 
 
 # ---- child -> launcher -------------------------------------------------------------------------------

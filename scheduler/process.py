@@ -17,10 +17,12 @@ from protocol.engine_config import EngineConfig
 from protocol.ipc import Endpoints, exit_with_parent, make_socket
 from protocol.messages import (
     AbortReq,
+    EngineStats,
     Failed,
     ModelRunnerOutput,
     Ready,
     RequestFailed,
+    StatsRequest,
     TokenizedRequest,
     WorkerFailure,
     WorkerReady,
@@ -109,6 +111,22 @@ class SchedulerLoop:
                 self.sched.add_request(msg)
             elif isinstance(msg, AbortReq):
                 self.sched.abort(msg.rid)
+            elif isinstance(msg, StatsRequest):
+                self.detok.send(encode(self._stats(msg.rid)))
+
+    def _stats(self, rid: str) -> EngineStats:
+        s, st = self.sched.stats, self.stats
+        try:
+            self.sched.check_integrity()
+            integrity = "ok"
+        except AssertionError as e:
+            integrity = str(e)
+        return EngineStats(
+            rid, self.sched.kv.allocator.size, self.sched.kv.num_free_slots, len(self.sched.running),
+            len(self.sched.waiting), len(self.sched.inflight), s.finished, s.aborted, s.failed, s.retractions,
+            s.steps, s.prefill_tokens, s.decode_tokens, st.schedule_s, st.worker_busy_s, st.worker_idle_s,
+            integrity,
+        )
 
     def _drain_results(self) -> None:
         while True:

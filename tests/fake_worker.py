@@ -1,0 +1,68 @@
+"""A worker without a model: the same persistent row state and step semantics as ModelRunner, with a
+toy next-token function, so scheduler behaviour can be checked step by step on CPU in milliseconds."""
+from __future__ import annotations
+
+from protocol.messages import ModelRunnerOutput, SchedulerOutput
+
+VOCAB = 97
+
+
+def toy_next(prev: int, pos: int) -> int:
+    """Depends on the previous token and the position, so a wrong input or position shows."""
+    return (prev * 31 + pos * 7 + 3) % VOCAB
+
+
+class FakeWorker:
+    def __init__(self, num_slots: int) -> None:
+        self.tokens: dict[int, list[int]] = {}
+        self.computed: dict[int, int] = {}
+        self.kv: dict[int, dict[int, int]] = {}  # row -> position -> slot
+        self.slot_owner: dict[int, tuple[int, int]] = {}  # slot -> (row, position) written last
+        self.num_slots = num_slots
+        self.steps: list[SchedulerOutput] = []
+
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        self.steps.append(so)
+        for row in so.finished_req_idxs:
+            del self.tokens[row], self.computed[row], self.kv[row]
+        for r in so.new_reqs:
+            if r.req_idx in self.tokens:
+                raise AssertionError(f"row {r.req_idx} added while live")
+            self.tokens[r.req_idx] = list(r.token_ids)
+            self.computed[r.req_idx] = 0
+            self.kv[r.req_idx] = {}
+        sampled = []
+        for s in so.scheduled:
+            row = s.req_idx
+            start = self.computed[row]
+            if s.slot_start > start:
+                raise AssertionError("slots start past the computed tokens")
+            for i, slot in enumerate(s.slots):
+                if not 1 <= slot <= self.num_slots:
+                    raise AssertionError(f"slot {slot} out of range")
+                self.kv[row][s.slot_start + i] = slot
+            end = start + s.num_tokens
+            if end > len(self.tokens[row]):
+                raise AssertionError(f"row {row}: computing to {end} but only {len(self.tokens[row])} known")
+            for pos in range(start, end):
+                self.slot_owner[self.kv[row][pos]] = (row, pos)
+            self.computed[row] = end
+            if s.sample:
+                if end != len(self.tokens[row]):
+                    raise AssertionError("sample before the end of the known tokens")
+                tok = toy_next(self.tokens[row][-1], end)
+                self.tokens[row].append(tok)
+                sampled.append(tok)
+        return ModelRunnerOutput(so.step_id, sampled)
+
+
+def expected_output(prompt: list[int], n: int, stop: set[int] | None = None) -> list[int]:
+    out: list[int] = []
+    seq = list(prompt)
+    while len(out) < n:
+        t = toy_next(seq[-1], len(seq))
+        out.append(t)
+        seq.append(t)
+        if stop and t in stop:
+            break
+    return out

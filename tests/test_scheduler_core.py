@@ -1,0 +1,190 @@
+"""The scheduler's state machine against a fake worker: token accounting, finishing, aborts,
+retraction and KV integrity, step by step, synchronous and with a step in flight."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from protocol.engine_config import EngineConfig
+from protocol.messages import RequestFailed, TokenBatch, TokenizedRequest
+from protocol.model_info import ModelInfo
+from protocol.sampling_params import SamplingParams
+from scheduler.req import KVPopError
+from scheduler.scheduler import Scheduler
+from tests.fake_worker import VOCAB, FakeWorker, expected_output
+
+
+def make(slots: int = 4096, depth: int = 1, budget: int = 256, max_running: int = 64, max_len: int = 512):
+    cfg = EngineConfig(model="x", max_num_batched_tokens=budget, max_running_requests=max_running,
+                       async_scheduling=depth == 2)
+    info = ModelInfo(vocab_size=VOCAB, max_model_len=max_len, eos_token_ids=[0], architecture="fake")
+    return Scheduler(cfg, info, slots), FakeWorker(slots)
+
+
+def run(sched: Scheduler, worker: FakeWorker, depth: int, on_step=None, max_steps: int = 10_000):
+    """Drive the pipeline like the scheduler process: up to `depth` steps in flight, in-order commits."""
+    outputs: dict[str, list[int]] = {}
+    ends: dict[str, tuple[str, object]] = {}
+    queue = []
+    for step in range(max_steps):
+        while sched.has_work and len(sched.inflight) < depth:
+            so = sched.schedule()
+            if so is None:
+                break
+            queue.append(worker.execute(so))
+        if on_step:
+            on_step(step)
+        if queue:
+            sched.commit(queue.pop(0))
+        sched.check_integrity()
+        for msg in sched.take_outbox():
+            if isinstance(msg, TokenBatch):
+                for d in msg.deltas:
+                    outputs.setdefault(d.rid, []).extend(d.token_ids)
+                    if d.finish_reason is not None:
+                        assert d.rid not in ends, f"{d.rid} ended twice"
+                        ends[d.rid] = (d.finish_reason, d.matched_stop)
+            elif isinstance(msg, RequestFailed):
+                assert msg.rid not in ends, f"{msg.rid} ended twice"
+                ends[msg.rid] = ("error", msg.code)
+        if not sched.has_work and not sched.inflight and not queue:
+            break
+    assert sched.kv.num_free_slots == sched.kv.allocator.size, "KV leaked"
+    assert sched.kv.req_table.num_free == sched.kv.req_table.max_reqs, "request rows leaked"
+    return outputs, ends
+
+
+def req(rid: str, prompt: list[int], **kw) -> TokenizedRequest:
+    kw.setdefault("ignore_eos", True)
+    return TokenizedRequest(rid, prompt, SamplingParams(**kw))
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 5])
+def test_max_tokens_schedules_exactly_prompt_plus_max_minus_one(depth: int, max_tokens: int) -> None:
+    sched, worker = make(depth=depth)
+    prompt = [5, 6, 7, 8]
+    sched.add_request(req("a", prompt, max_tokens=max_tokens))
+    outputs, ends = run(sched, worker, depth)
+    assert outputs["a"] == expected_output(prompt, max_tokens)
+    assert ends["a"] == ("length", None)
+    total = sum(s.num_tokens for so in worker.steps for s in so.scheduled)
+    assert total == len(prompt) + max_tokens - 1
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_eos_overrun_is_dropped(depth: int) -> None:
+    sched, worker = make(depth=depth)
+    prompt = [11, 12, 13]
+    want = expected_output(prompt, 40)
+    stop = want[4]
+    sched.add_request(req("a", prompt, max_tokens=40, stop_token_ids=[stop]))
+    outputs, ends = run(sched, worker, depth)
+    assert outputs["a"] == want[: want.index(stop) + 1]
+    assert ends["a"] == ("stop", stop)
+    computed = sum(s.num_tokens for so in worker.steps for s in so.scheduled)
+    # At most one step past the stop token is computed, never returned.
+    assert computed - (len(prompt) + len(outputs["a"]) - 1) <= (depth - 1)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_many_requests_chunked_budget_match_reference(depth: int) -> None:
+    rng = random.Random(0)
+    sched, worker = make(depth=depth, budget=64, max_running=8)
+    want = {}
+    for i in range(30):
+        prompt = [rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 150))]
+        n = rng.randrange(1, 20)
+        sched.add_request(req(f"r{i}", prompt, max_tokens=n))
+        want[f"r{i}"] = expected_output(prompt, n)
+    outputs, ends = run(sched, worker, depth)
+    assert outputs == want
+    assert all(e[0] == "length" for e in ends.values()) and len(ends) == 30
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("abort_at", [0, 1, 2, 3, 5, 8])
+def test_abort_at_staggered_steps(depth: int, abort_at: int) -> None:
+    sched, worker = make(depth=depth, budget=16)
+    sched.add_request(req("long", list(range(1, 40)), max_tokens=30))  # prefills over 3 steps
+    sched.add_request(req("other", [3, 4], max_tokens=12))
+
+    def on_step(step: int) -> None:
+        if step == abort_at:
+            sched.abort("long")
+
+    outputs, ends = run(sched, worker, depth, on_step)
+    assert ends["long"][0] == "abort"
+    assert outputs.get("long", []) == expected_output(list(range(1, 40)), 30)[: len(outputs.get("long", []))]
+    assert outputs["other"] == expected_output([3, 4], 12)
+
+
+def test_abort_while_queued_and_unknown_rid() -> None:
+    sched, worker = make(max_running=1)
+    sched.add_request(req("a", [1, 2], max_tokens=5))
+    sched.add_request(req("b", [1, 2], max_tokens=5))
+    sched.abort("b")  # still waiting: ends at once
+    sched.abort("nope")  # unknown: ignored
+    outputs, ends = run(sched, worker, 1)
+    assert ends["b"][0] == "abort" and "b" not in outputs or outputs["b"] == []
+    assert ends["a"] == ("length", None)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_kv_pressure_retracts_and_matches_unconstrained(depth: int) -> None:
+    rng = random.Random(1)
+    prompts = [[rng.randrange(1, VOCAB) for _ in range(rng.randrange(5, 40))] for _ in range(40)]
+    want = {f"r{i}": expected_output(p, 24) for i, p in enumerate(prompts)}
+    need = sum(len(p) + 24 for p in prompts)
+    sched, worker = make(slots=need // 8, depth=depth, budget=128)
+    for i, p in enumerate(prompts):
+        sched.add_request(req(f"r{i}", p, max_tokens=24))
+    outputs, ends = run(sched, worker, depth)
+    assert outputs == want
+    assert sched.stats.retractions > 0
+    assert all(e == ("length", None) for e in ends.values())
+
+
+def test_request_that_cannot_fit_alone_errors_instead_of_looping() -> None:
+    sched, worker = make(slots=32)
+    sched.add_request(req("big", list(range(1, 20)), max_tokens=100))
+    sched.add_request(req("huge", list(range(1, 60)), max_tokens=5))
+    outputs, ends = run(sched, worker, 1)
+    assert ends["huge"] == ("error", "request_failed.kv_capacity")
+    assert ends["big"] == ("error", "request_failed.kv_capacity")
+    assert len(outputs["big"]) == 32 - 19 + 1
+
+
+def test_kv_pop_twice_raises() -> None:
+    sched, _ = make()
+    sched.add_request(req("a", [1, 2, 3], max_tokens=2))
+    r = sched.reqs["a"]
+    r.pop_committed_kv_cache()
+    with pytest.raises(KVPopError):
+        r.pop_committed_kv_cache()
+    r.pop_overallocated_kv_cache()
+    with pytest.raises(KVPopError):
+        r.pop_overallocated_kv_cache()
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_new_request_joins_next_step(depth: int) -> None:
+    sched, worker = make(depth=depth)
+    sched.add_request(req("a", [1, 2, 3], max_tokens=10))
+    first = sched.schedule()
+    assert first is not None
+    results = [worker.execute(first)]
+    sched.add_request(req("b", [4, 5], max_tokens=3))
+    if depth == 2:
+        # Arrived before N+1 was scheduled: joins N+1 while N is still in flight, beside a's decode.
+        second = sched.schedule()
+        assert second is not None
+        assert [r.req_idx for r in second.new_reqs] == [sched.reqs["b"].req_pool_idx]
+        assert sched.reqs["a"].req_pool_idx in [s.req_idx for s in second.scheduled]
+        results.append(worker.execute(second))
+    for r in results:
+        sched.commit(r)
+    outputs, ends = run(sched, worker, depth)
+    assert outputs["a"] == expected_output([1, 2, 3], 10)
+    assert outputs["b"] == expected_output([4, 5], 3)
