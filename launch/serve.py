@@ -8,6 +8,7 @@ from launch.launcher import EngineStartError, Launcher
 from protocol.engine_config import EngineConfig
 
 READY_PREFIX = "tandem: ready at "
+PROCESS_PREFIX = "tandem: process "
 
 
 def serve(cfg: EngineConfig) -> int:
@@ -28,6 +29,8 @@ def serve(cfg: EngineConfig) -> int:
     except KeyboardInterrupt:
         launcher.stop()
         return 0
+    for p in launcher.procs:
+        print(f"{PROCESS_PREFIX}{p.name} {p.pid}", flush=True)
     print(f"{READY_PREFIX}{endpoint}", flush=True)
     try:
         dead = None

@@ -14,7 +14,7 @@ Prob = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 PosInt = Annotated[int, msgspec.Meta(ge=1)]
 TopK = Annotated[int, msgspec.Meta(ge=-1)]
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
-Seed = Annotated[int, msgspec.Meta(ge=0, lt=2**63)]
+Seed = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 
 MAX_STOP_TOKEN_IDS = 64
 

@@ -1,0 +1,63 @@
+"""Shared fixtures: seeded tiny models made once per session, and engines launched through the client."""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ARCHS = ("llama", "qwen2", "qwen3")
+
+
+@pytest.fixture(scope="session")
+def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+def _model(root: Path, arch: str, size: str = "tiny", **kw: object) -> Path:
+    from launch.make_model import make_model
+
+    name = f"{arch}-{size}" + "".join(f"-{k}{v}" for k, v in sorted(kw.items()))
+    out = root / name
+    if not (out / "config.json").exists():
+        make_model(arch, size, out, seed=0, **kw)  # type: ignore[arg-type]
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model(model_root: Path):  # noqa: ANN201 - a factory
+    def get(arch: str = "llama", **kw: object) -> Path:
+        return _model(model_root, arch, **kw)
+
+    return get
+
+
+def check_idle_engine(client) -> None:  # noqa: ANN001
+    """Every scenario ends here: nothing running, every request ended, no KV slot leaked."""
+    st = client.stats()
+    assert st.integrity == "ok", st.integrity
+    assert st.running == 0 and st.waiting == 0 and st.inflight_steps == 0, st
+    assert st.kv_free == st.kv_pool_size, f"KV leak: {st.kv_free} free of {st.kv_pool_size}"
+    assert st.frontend_pending == 0, st
+
+
+@pytest.fixture
+def launch_client() -> Iterator:
+    from frontend import Client
+
+    clients: list = []
+
+    def launch(model: Path, **opts: object) -> Client:
+        opts.setdefault("kv_cache_tokens", 8192)
+        opts.setdefault("max_running_requests", 64)
+        c = Client.launch(str(model), **opts)
+        clients.append(c)
+        return c
+
+    yield launch
+    for c in clients:
+        c.close()

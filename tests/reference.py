@@ -1,0 +1,60 @@
+"""transformers as the reference: greedy continuation with the top-2 logit gap at every step."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+NEAR_TIE = 1e-3
+
+
+@dataclass
+class RefRun:
+    tokens: list[int]
+    gaps: list[float]  # top-1 minus top-2 logit at each generated position
+
+
+_cache: dict[str, object] = {}
+
+
+def hf_model(model_dir: Path):  # noqa: ANN201
+    key = str(model_dir)
+    if key not in _cache:
+        from transformers import AutoModelForCausalLM
+
+        m = AutoModelForCausalLM.from_pretrained(key, torch_dtype=torch.float32)
+        m.eval()
+        _cache[key] = m
+    return _cache[key]
+
+
+@torch.inference_mode()
+def greedy(model_dir: Path, prompt: list[int], n: int) -> RefRun:
+    # Full recompute each step: slow but free of any cache API, so it is the plainest reference.
+    model = hf_model(model_dir)
+    seq = list(prompt)
+    tokens: list[int] = []
+    gaps: list[float] = []
+    for _ in range(n):
+        logits = model(input_ids=torch.tensor([seq]), use_cache=False).logits[0, -1].float()
+        top = torch.topk(logits, 2)
+        gaps.append(float(top.values[0] - top.values[1]))
+        t = int(torch.argmax(logits))
+        tokens.append(t)
+        seq.append(t)
+    return RefRun(tokens, gaps)
+
+
+def assert_greedy_parity(got: list[int], ref: RefRun, what: str) -> bool:
+    """Equal, or first different at a near-tie of the reference's own logits. Returns True if equal."""
+    n = min(len(got), len(ref.tokens))
+    for i in range(n):
+        if got[i] != ref.tokens[i]:
+            assert ref.gaps[i] < NEAR_TIE, (
+                f"{what}: token {i} differs ({got[i]} vs transformers {ref.tokens[i]}) and the reference's "
+                f"top-2 gap there is {ref.gaps[i]:.3g}, not a near-tie"
+            )
+            return False
+    assert len(got) == len(ref.tokens), f"{what}: {len(got)} tokens vs {len(ref.tokens)}"
+    return True

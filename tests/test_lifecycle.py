@@ -1,0 +1,93 @@
+"""Start, stop and death: no orphan process, waiting clients get an error, the launcher exits non-zero."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from frontend import Client
+from launch.serve import PROCESS_PREFIX, READY_PREFIX
+from protocol import EngineDeadError, SamplingParams
+
+
+def _serve(model, *flags: str) -> tuple[subprocess.Popen, str, dict[str, int]]:  # noqa: ANN001
+    pids: dict[str, int] = {}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launch.cli", "serve", "--model", str(model), "--kv-cache-tokens", "4096", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith(PROCESS_PREFIX):
+            name, pid = line[len(PROCESS_PREFIX):].split()
+            pids[name] = int(pid)
+        if line.startswith(READY_PREFIX):
+            return proc, line[len(READY_PREFIX):].strip(), pids
+    raise AssertionError(f"engine did not start: {proc.stderr.read() if proc.stderr else ''}")
+
+
+def _children(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float = 10.0) -> list[psutil.Process]:
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    return alive
+
+
+def test_sigterm_stops_everything_with_no_orphans(tiny_model) -> None:
+    proc, endpoint, pids = _serve(tiny_model("llama"))
+    kids = _children(proc.pid)
+    assert {"tandem-worker0", "tandem-scheduler", "tandem-detokenizer", "tandem-frontend"} <= set(pids)
+    assert len(kids) >= 4  # worker, scheduler, detokenizer, frontend
+    with Client(endpoint) as c:
+        assert c.generate([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True)).completion_tokens == 4
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+    assert _wait_gone(kids) == []
+
+
+def test_killing_the_worker_fails_waiting_clients_and_launcher_exits_nonzero(tiny_model) -> None:
+    proc, endpoint, pids = _serve(tiny_model("llama"))
+    kids = _children(proc.pid)
+    worker = psutil.Process(pids["tandem-worker0"])
+    client = Client(endpoint)
+    errors: list[BaseException] = []
+    started = threading.Event()
+
+    def wait_on_long_request() -> None:
+        try:
+            for _ in client.stream([5, 6, 7], SamplingParams(max_tokens=2000, ignore_eos=True)):
+                started.set()
+        except BaseException as e:  # noqa: BLE001 - the test inspects it
+            errors.append(e)
+        started.set()
+
+    t = threading.Thread(target=wait_on_long_request)
+    t.start()
+    assert started.wait(30)
+    t0 = time.monotonic()
+    worker.kill()
+    t.join(15)
+    assert not t.is_alive(), "client still waiting after the worker died"
+    assert errors and isinstance(errors[0], EngineDeadError), errors
+    assert time.monotonic() - t0 < 10
+    assert proc.wait(15) != 0
+    assert _wait_gone(kids) == []
+    client.close()
+
+
+def test_unknown_engine_option_is_an_error(tiny_model) -> None:
+    with pytest.raises(TypeError, match="unknown engine option"):
+        Client.launch(str(tiny_model("llama")), kv_cache_tokenz=100)
+    r = subprocess.run(
+        [sys.executable, "-m", "launch.cli", "serve", "--model", str(tiny_model("llama")), "--no-such-flag"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert r.returncode != 0 and "unrecognized arguments" in r.stderr
