@@ -1,0 +1,237 @@
+"""Write a small, randomly initialised Hugging Face model directory that loads offline.
+
+    python -m launch.make_model --arch llama --size tiny --out models/tiny-llama [--seed 0]
+
+The weights are random but deliberately "decisive": logits at a position are spread widely enough
+that the top-1/top-2 gap is far above float rounding noise, so greedy outputs of the engine and of
+transformers can be compared token for token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save
+from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
+
+from launch.tokenizer_maker import EOS_TOKEN, IM_END, special_token_ids, write_tokenizer_files
+
+
+@dataclass(frozen=True)
+class SizeSpec:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    max_positions: int
+
+
+SIZES: dict[str, SizeSpec] = {
+    "tiny": SizeSpec(
+        hidden=64,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        intermediate=128,
+        vocab=1024,
+        max_positions=2048,
+    ),
+    "small": SizeSpec(
+        hidden=256,
+        layers=4,
+        heads=8,
+        kv_heads=4,
+        head_dim=32,
+        intermediate=768,
+        vocab=4096,
+        max_positions=4096,
+    ),
+    # ~29-34M parameters depending on tying: big enough to be GPU-bound in benchmarks, quick to write.
+    "bench": SizeSpec(
+        hidden=512,
+        layers=8,
+        heads=8,
+        kv_heads=4,
+        head_dim=64,
+        intermediate=1536,
+        vocab=8192,
+        max_positions=4096,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    config_cls: type[PretrainedConfig]
+    architecture: str
+    rope_theta: float
+    tie_embeddings: bool
+
+
+# One tied and two untied archs, so the engine's weight loader sees both layouts. Qwen2's q/k/v bias
+# and Qwen3's q_norm/k_norm come from the architectures themselves.
+ARCHS: dict[str, ArchSpec] = {
+    "llama": ArchSpec(LlamaConfig, "LlamaForCausalLM", rope_theta=10_000.0, tie_embeddings=False),
+    "qwen2": ArchSpec(Qwen2Config, "Qwen2ForCausalLM", rope_theta=1_000_000.0, tie_embeddings=False),
+    "qwen3": ArchSpec(Qwen3Config, "Qwen3ForCausalLM", rope_theta=1_000_000.0, tie_embeddings=True),
+}
+
+RMS_NORM_EPS = 1e-6
+
+# Init scales, tuned with transformers on the tiny/small/bench models (fp32 on corpus text):
+# median top-1/top-2 logit gap ~0.6, top-1 probability ~0.2, bf16 keeps the fp32 argmax at ~95% of
+# positions, and greedy decoding wanders for tens of tokens before it (sometimes) loops.
+LOGIT_STD = 3.0  # target std of the final logits: the gap scales with it; 3 keeps sampling non-trivial
+# std = gain / sqrt(fan_in) keeps activations O(1). Also for q/k: sharper attention (gain 1.5-2) made
+# the 8-layer model chaotic, with bf16 flipping the fp32 argmax at 20-45% of positions (5% at gain 1).
+LINEAR_GAIN = 1.0
+EMBED_SCALE = 0.1  # embed std = scale / sqrt(hidden): see _embed_std
+NORM_JITTER = 0.1  # RMSNorm weights ~ 1 + N(0, jitter), so a loader that ignores them is caught
+BIAS_STD = 0.1  # Qwen2 q/k/v bias: nonzero for the same reason
+
+
+def build_config(
+    arch: str, size: str, vocab_size: int, eos_id: int, num_kv_heads: int | None = None
+) -> PretrainedConfig:
+    spec, sz = ARCHS[arch], SIZES[size]
+    kv_heads = sz.kv_heads if num_kv_heads is None else num_kv_heads
+    if kv_heads < 1 or sz.heads % kv_heads:
+        raise ValueError(f"num_kv_heads={kv_heads} must divide num_attention_heads={sz.heads}")
+    kwargs: dict[str, object] = {
+        "architectures": [spec.architecture],
+        "vocab_size": vocab_size,
+        "hidden_size": sz.hidden,
+        "intermediate_size": sz.intermediate,
+        "num_hidden_layers": sz.layers,
+        "num_attention_heads": sz.heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": sz.head_dim,
+        "max_position_embeddings": sz.max_positions,
+        "rms_norm_eps": RMS_NORM_EPS,
+        "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
+        "tie_word_embeddings": spec.tie_embeddings,
+        "bos_token_id": None,
+        "eos_token_id": eos_id,
+        "pad_token_id": eos_id,
+        "dtype": "float32",
+    }
+    if arch == "qwen2":
+        kwargs.pop("head_dim")  # Qwen2 derives it as hidden // heads
+        kwargs["attention_bias"] = True  # informational: Qwen2 always has q/k/v bias
+    return spec.config_cls(**kwargs)
+
+
+def _embed_std(config: PretrainedConfig) -> float:
+    # The residual stream carries the current token's embedding up to the output. With tied weights that
+    # makes the same token's logit large, and greedy decoding repeated its input within a few tokens at
+    # scale 1.0; at 0.1 the tied model loops about as rarely as the untied ones. Layer 0 normalises its
+    # input, so the small scale costs nothing else.
+    return EMBED_SCALE / config.hidden_size**0.5
+
+
+def _std_for(name: str, shape: torch.Size, config: PretrainedConfig) -> tuple[float, float]:
+    """(mean, std) for one parameter, chosen by its role."""
+    if name.endswith("norm.weight"):  # RMSNorm, incl. Qwen3's per-head q_norm/k_norm
+        return 1.0, NORM_JITTER
+    if name.endswith(".bias"):
+        return 0.0, BIAS_STD
+    if name == "model.embed_tokens.weight":
+        return 0.0, _embed_std(config)
+    if name == "lm_head.weight":
+        # The final norm makes hidden RMS ~1, so logits have std ~ sqrt(hidden) * std.
+        return 0.0, LOGIT_STD / config.hidden_size**0.5
+    return 0.0, LINEAR_GAIN / shape[-1] ** 0.5
+
+
+def init_weights(config: PretrainedConfig, seed: int) -> dict[str, torch.Tensor]:
+    """Seeded random weights for every persistent parameter, generated in sorted-name order."""
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    shapes = {name: t.shape for name, t in skeleton.state_dict().items()}
+    if config.tie_word_embeddings:
+        shapes.pop("lm_head.weight", None)  # shares embed_tokens; checkpoints omit it
+    gen = torch.Generator().manual_seed(seed)
+    weights: dict[str, torch.Tensor] = {}
+    for name in sorted(shapes):
+        mean, std = _std_for(name, shapes[name], config)
+        weights[name] = torch.randn(shapes[name], generator=gen, dtype=torch.float32) * std + mean
+    if config.tie_word_embeddings:
+        # Tied logits are embed . norm(h): scale the final norm (not the embedding) to reach LOGIT_STD.
+        final_norm = weights["model.norm.weight"]
+        weights["model.norm.weight"] = final_norm * (
+            LOGIT_STD / (_embed_std(config) * config.hidden_size**0.5)
+        )
+    return weights
+
+
+def make_model(arch: str, size: str, out: str | Path, seed: int = 0, num_kv_heads: int | None = None) -> Path:
+    """Write config, weights, tokenizer and generation config for one model into `out`."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; choose from {sorted(ARCHS)}")
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; choose from {sorted(SIZES)}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    sz = SIZES[size]
+    tok = write_tokenizer_files(out, sz.vocab, sz.max_positions)
+    eos_id = special_token_ids(tok)[EOS_TOKEN]
+    # Real checkpoints pad the embedding past the tokenizer too; never let it be smaller.
+    vocab_size = max(sz.vocab, tok.get_vocab_size())
+    config = build_config(arch, size, vocab_size, eos_id, num_kv_heads)
+    config.save_pretrained(out)
+    _add_legacy_config_keys(out / "config.json", ARCHS[arch].rope_theta)
+    # save() + write_bytes rather than save_file: same bytes, but the file honours the umask (save_file
+    # creates it 0600, which trips up a server running as another user).
+    (out / "model.safetensors").write_bytes(save(init_weights(config, seed), metadata={"format": "pt"}))
+    # Like real chat models: generation also stops at the end of an assistant turn.
+    im_end = special_token_ids(tok)[IM_END]
+    gen_config = {"eos_token_id": [eos_id, im_end], "pad_token_id": eos_id, "do_sample": False}
+    (out / "generation_config.json").write_text(json.dumps(gen_config, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def _add_legacy_config_keys(path: Path, rope_theta: float) -> None:
+    # transformers 5 writes rope_parameters/dtype; most published checkpoints (and simple readers)
+    # still use top-level rope_theta/torch_dtype, so write both spellings.
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    cfg.setdefault("rope_theta", rope_theta)
+    cfg.setdefault("torch_dtype", "float32")
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--arch", choices=sorted(ARCHS), required=True)
+    parser.add_argument("--size", choices=list(SIZES), required=True)
+    parser.add_argument("--out", type=Path, required=True, help="output model directory")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-kv-heads", type=int, default=None, help="override the size's KV head count")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="make-model", description="Write a random HF model directory.")
+    add_arguments(parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    out = make_model(args.arch, args.size, args.out, seed=args.seed, num_kv_heads=args.num_kv_heads)
+    print(f"wrote {args.arch}/{args.size} (seed {args.seed}) to {out}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
