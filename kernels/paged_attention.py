@@ -1,0 +1,158 @@
+"""Paged attention over a slot-addressed KV pool, in plain torch (the CPU path and the reference).
+
+Layout: q [T, H, D] holds the new tokens of B requests back to back; request i has extend_lens[i] new
+tokens that sit at positions seq_lens[i]-extend_lens[i] .. seq_lens[i]-1 and attend (causally) over the
+KV slots req_to_token[req_pool_indices[i], :seq_lens[i]], which already include this step's K/V.
+
+Speed: everything that does not depend on the layer (which slots to gather, masks, grouping) is worked
+out once per step in an AttentionPlan and reused by every layer. Single-token requests (decodes) run as
+padded batches -- grouped by similar length so padding costs at most ~2x -- with GQA handled by viewing
+the G query heads of a KV head as G query rows (no K/V repeat). Multi-token requests run one SDPA each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class DecodeGroup:
+    token_idx: torch.Tensor | None  # [Bd] rows of q / out; None = all of q, in order
+    slots: torch.Tensor  # [Bd * L] KV slots, padded with slot 0
+    mask: torch.Tensor | None  # [Bd, 1, 1, L] bool, True = attend; None when nothing is padded
+    size: int
+    max_len: int
+
+
+@dataclass
+class ExtendSeg:
+    start: int  # first row in q
+    length: int  # new tokens
+    slots: torch.Tensor  # [seq_len] KV slots of the whole sequence
+    mask: torch.Tensor | None  # [length, seq_len] bool, or None for a fresh prefill (plain causal)
+
+
+@dataclass
+class AttentionPlan:
+    num_tokens: int
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
+    extends: list[ExtendSeg] = field(default_factory=list)
+
+
+def _group_decodes(reqs: list[int], seq_lens: Sequence[int]) -> list[list[int]]:
+    """Split decode requests into groups whose lengths are within 2x of the group's longest."""
+    if not reqs or min(seq_lens[i] for i in reqs) * 2 > max(seq_lens[i] for i in reqs):
+        return [reqs] if reqs else []  # one group keeps the original order (no scatter needed)
+    groups: list[list[int]] = []
+    for i in sorted(reqs, key=lambda r: -seq_lens[r]):
+        if groups and seq_lens[i] * 2 > seq_lens[groups[-1][0]]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def build_attention_plan(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    *,
+    seq_lens_cpu: Sequence[int] | None = None,
+    extend_lens_cpu: Sequence[int] | None = None,
+    req_pool_indices_cpu: Sequence[int] | None = None,
+) -> AttentionPlan:
+    seq_l = list(seq_lens_cpu) if seq_lens_cpu is not None else seq_lens.tolist()
+    ext_l = list(extend_lens_cpu) if extend_lens_cpu is not None else extend_lens.tolist()
+    rows = list(req_pool_indices_cpu) if req_pool_indices_cpu is not None else req_pool_indices.tolist()
+    dev = req_to_token.device
+    starts, t = [], 0
+    for e in ext_l:
+        starts.append(t)
+        t += e
+    plan = AttentionPlan(num_tokens=t)
+
+    decodes = [i for i, e in enumerate(ext_l) if e == 1]
+    for grp in _group_decodes(decodes, seq_l):
+        lens = [seq_l[i] for i in grp]
+        max_len = max(lens)
+        table = req_to_token[torch.tensor([rows[i] for i in grp], device=dev), :max_len]
+        mask = None
+        if min(lens) != max_len:
+            mask = torch.arange(max_len, device=dev)[None, :] < torch.tensor(lens, device=dev)[:, None]
+            # Slots past a request's length may hold anything; point them at slot 0 (masked anyway).
+            table = table.masked_fill(~mask, 0)
+            mask = mask[:, None, None, :]
+        tok = [starts[i] for i in grp]
+        identity = len(tok) == t and tok == list(range(t))
+        plan.decode_groups.append(
+            DecodeGroup(
+                token_idx=None if identity else torch.tensor(tok, device=dev),
+                slots=table.reshape(-1),
+                mask=mask,
+                size=len(grp),
+                max_len=max_len,
+            )
+        )
+
+    for i, e in enumerate(ext_l):
+        if e <= 1:  # decodes are grouped above; e == 0 contributes no queries
+            continue
+        s, prefix = seq_l[i], seq_l[i] - e
+        mask = None
+        if prefix > 0:  # query j sits at position prefix + j and sees keys 0 .. prefix + j
+            mask = torch.arange(s, device=dev)[None, :] <= torch.arange(prefix, s, device=dev)[:, None]
+        plan.extends.append(ExtendSeg(starts[i], e, req_to_token[rows[i], :s], mask))
+    return plan
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    scale: float,
+    plan: AttentionPlan | None = None,
+) -> torch.Tensor:
+    """q [T, H, D]; k_pool/v_pool [num_slots, Hkv, D] -> out [T, H, D]. Pass `plan` (from
+    build_attention_plan) to share the per-step bookkeeping across layers."""
+    if plan is None:
+        plan = build_attention_plan(req_to_token, req_pool_indices, seq_lens, extend_lens)
+    T, H, D = q.shape
+    hkv = k_pool.shape[1]
+    group = H // hkv
+    out = None
+
+    for g in plan.decode_groups:
+        qd = q if g.token_idx is None else q.index_select(0, g.token_idx)
+        # [Bd, L, Hkv, D] -> [Bd, Hkv, L, D]; the G query heads of each KV head act as G query rows.
+        k = k_pool.index_select(0, g.slots).view(g.size, g.max_len, hkv, D).transpose(1, 2)
+        v = v_pool.index_select(0, g.slots).view(g.size, g.max_len, hkv, D).transpose(1, 2)
+        o = F.scaled_dot_product_attention(
+            qd.view(g.size, hkv, group, D), k, v, attn_mask=g.mask, scale=scale
+        )
+        o = o.reshape(g.size, H, D)
+        if g.token_idx is None:
+            return o  # the whole batch was one decode group
+        if out is None:
+            out = q.new_empty(T, H, D)
+        out.index_copy_(0, g.token_idx, o)
+
+    if out is None:
+        out = q.new_empty(T, H, D)
+    for seg in plan.extends:
+        qs = q[seg.start : seg.start + seg.length].transpose(0, 1).unsqueeze(0)  # [1, H, E, D]
+        k = k_pool.index_select(0, seg.slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, D]
+        v = v_pool.index_select(0, seg.slots).transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(
+            qs, k, v, attn_mask=seg.mask, is_causal=seg.mask is None, scale=scale, enable_gqa=group > 1
+        )
+        out[seg.start : seg.start + seg.length] = o[0].transpose(0, 1)
+    return out

@@ -1,0 +1,134 @@
+"""Sampler: greedy, top-k / top-p / min-p support, seeded reproducibility, logprobs."""
+
+from __future__ import annotations
+
+import torch
+
+from worker.sampler import compute_logprobs, sample
+
+V = 100
+
+
+def _params(b: int, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0, min_p: float = 0.0):
+    return (
+        torch.full((b,), temperature),
+        torch.full((b,), top_k, dtype=torch.int64),
+        torch.full((b,), top_p),
+        torch.full((b,), min_p),
+    )
+
+
+def _known_dist(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits whose softmax is [0.5, 0.2, 0.15, 0.1, 0.05 - tail, tail...] on a shuffled vocabulary.
+    Returns (logits [V], token ids ordered by probability)."""
+    probs = torch.full((V,), 0.01 / (V - 5))
+    probs[:5] = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.04])
+    perm = torch.randperm(V, generator=torch.Generator().manual_seed(seed))
+    logits = torch.empty(V)
+    logits[perm] = probs.log()
+    return logits, perm
+
+
+def _draw(logits: torch.Tensor, n: int, **kw) -> torch.Tensor:
+    torch.manual_seed(123)  # unseeded rows use the global generator
+    return sample(logits.expand(n, V).contiguous(), *_params(n, **kw), [None] * n)
+
+
+def test_greedy_is_argmax_with_lowest_index_ties() -> None:
+    logits = torch.randn(16, V, generator=torch.Generator().manual_seed(0))
+    logits[3, 7] = logits[3, 50] = logits[3].max() + 1.0  # tie: the lower index wins
+    out = sample(logits, *_params(16, temperature=0.0), [None] * 16)
+    assert torch.equal(out, logits.argmax(-1)) and out[3] == 7
+    out_k1 = sample(logits, *_params(16, temperature=0.7, top_k=1), [torch.Generator()] * 16)
+    assert torch.equal(out_k1, out)
+
+
+def test_mixed_greedy_and_sampled_rows() -> None:
+    logits = torch.randn(6, V, generator=torch.Generator().manual_seed(1))
+    temp = torch.tensor([0.0, 1.0, 0.0, 0.8, 1.2, 0.0])
+    out = sample(logits, temp, *_params(6)[1:], [None] * 6)
+    greedy = temp == 0
+    assert torch.equal(out[greedy], logits[greedy].argmax(-1))
+    assert out.dtype == torch.int64 and ((out >= 0) & (out < V)).all()
+
+
+def test_plain_sampling_frequencies_follow_softmax() -> None:
+    logits, order = _known_dist()
+    for temperature in (1.0, 0.5):
+        counts = torch.bincount(_draw(logits, 20000, temperature=temperature), minlength=V).float()
+        expected = (logits / temperature).softmax(-1)
+        assert (counts / counts.sum() - expected).abs().max() < 0.015
+
+
+def test_top_k_support() -> None:
+    logits, order = _known_dist(1)
+    out = _draw(logits, 5000, top_k=3)
+    assert set(out.tolist()) == set(order[:3].tolist())
+    freq = torch.bincount(out, minlength=V).float()[order[:3]] / 5000
+    assert (freq - torch.tensor([0.5, 0.2, 0.15]) / 0.85).abs().max() < 0.03
+
+
+def test_top_p_support() -> None:
+    logits, order = _known_dist(2)
+    # cumulative mass 0.5, 0.7, 0.85: the smallest prefix reaching 0.8 is the top 3 tokens
+    assert set(_draw(logits, 5000, top_p=0.8).tolist()) == set(order[:3].tolist())
+    assert set(_draw(logits, 2000, top_p=0.45).tolist()) == {int(order[0])}  # top-1 always kept
+    # top-k first, then top-p over the renormalised top-k: [0.5, 0.2]/0.7 -> 0.71 < 0.9, keep both
+    assert set(_draw(logits, 2000, top_k=2, top_p=0.9).tolist()) == set(order[:2].tolist())
+    assert set(_draw(logits, 2000, top_k=4, top_p=0.6).tolist()) == set(order[:2].tolist())
+
+
+def test_min_p_support() -> None:
+    logits, order = _known_dist(3)
+    # threshold = min_p * 0.5: 0.175 keeps {0.5, 0.2}; 0.09 keeps down to 0.1
+    assert set(_draw(logits, 5000, min_p=0.35).tolist()) == set(order[:2].tolist())
+    assert set(_draw(logits, 5000, min_p=0.18).tolist()) == set(order[:4].tolist())
+
+
+def test_seeded_rows_ignore_batch_composition() -> None:
+    g = torch.Generator().manual_seed(5)
+    target = torch.randn(V, generator=g)
+    others = torch.randn(5, V, generator=g)
+
+    def run(position: int, batch_size: int, steps: int = 8) -> list[int]:
+        gens = [torch.Generator().manual_seed(s) for s in range(100, 100 + batch_size)]
+        gens[position] = torch.Generator().manual_seed(42)
+        if batch_size > 2:
+            gens[(position + 1) % batch_size] = None  # an unseeded neighbour
+        rows = [others[i % 5] for i in range(batch_size)]
+        rows[position] = target
+        logits = torch.stack(rows)
+        temp, top_k, top_p, min_p = _params(batch_size, temperature=0.9)
+        temp[(position + 2) % batch_size] = 0.0 if batch_size > 2 else temp[0]
+        top_k[(position + 3) % batch_size] = 5 if batch_size > 3 else -1
+        top_p[position] = 0.95
+        return [int(sample(logits, temp, top_k, top_p, min_p, gens)[position]) for _ in range(steps)]
+
+    alone = run(0, 1)
+    assert run(2, 4) == alone
+    assert run(4, 5) == alone
+    assert run(0, 3) == alone
+
+
+def test_different_seeds_differ() -> None:
+    logits = torch.zeros(1, V)  # uniform: 20 draws from two seeds colliding everywhere is ~impossible
+
+    def draws(seed: int) -> list[int]:
+        gen = torch.Generator().manual_seed(seed)
+        return [int(sample(logits, *_params(1), [gen])[0]) for _ in range(20)]
+
+    assert draws(1) == draws(1)
+    assert draws(1) != draws(2)
+
+
+def test_compute_logprobs() -> None:
+    logits = torch.randn(4, V, generator=torch.Generator().manual_seed(6)) * 3
+    tokens = torch.tensor([0, 5, 99, 42])
+    chosen, top_ids, top_lp = compute_logprobs(logits, tokens, top_n=5)
+    ref = torch.log_softmax(logits, -1)
+    torch.testing.assert_close(chosen, ref[torch.arange(4), tokens])
+    ref_vals, ref_ids = ref.topk(5, dim=-1)
+    assert torch.equal(top_ids, ref_ids)
+    torch.testing.assert_close(top_lp, ref_vals)
+    _, ids0, lp0 = compute_logprobs(logits, tokens, top_n=0)
+    assert ids0.shape == (4, 0) and lp0.shape == (4, 0)

@@ -1,0 +1,45 @@
+"""Build a model from a HF-format directory (config.json + *.safetensors), reading weights with safetensors."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Iterator
+
+import torch
+from safetensors import safe_open
+
+from worker.model_config import ModelConfig
+from worker.models import CausalLM, get_model_class
+
+
+def safetensors_files(model_dir: str) -> list[str]:
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(index):  # sharded checkpoint: the index names the files
+        with open(index) as f:
+            names = sorted(set(json.load(f)["weight_map"].values()))
+        return [os.path.join(model_dir, n) for n in names]
+    files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
+    return files
+
+
+def iter_weights(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+    for path in safetensors_files(model_dir):
+        with safe_open(path, framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 -- safe_open is not a dict
+                yield name, f.get_tensor(name)
+
+
+def load_model(
+    model_dir: str, dtype: torch.dtype, device: torch.device | str, tp_rank: int = 0, tp_size: int = 1
+) -> CausalLM:
+    hf = ModelConfig.read_json(model_dir)
+    arch = (hf.get("architectures") or [None])[0]
+    cls = get_model_class(arch)
+    cfg = ModelConfig.from_hf(hf, **cls.arch_flags(hf))
+    model = cls(cfg, dtype, device, tp_rank=tp_rank, tp_size=tp_size)
+    model.load_weights(iter_weights(model_dir))
+    return model.eval()

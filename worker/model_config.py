@@ -1,0 +1,80 @@
+"""Model hyper-parameters read from a HF ``config.json`` (without importing transformers)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    # rope_parameters minus rope_theta, e.g. {"rope_type": "llama3", "factor": 8.0, ...}; {} = plain RoPE.
+    rope_scaling: dict[str, Any] = field(default_factory=dict)
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    hidden_act: str = "silu"
+    # Architecture-specific switches; the model class fills them in (see models/llama.py).
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any], **arch_flags: Any) -> ModelConfig:
+        archs = hf.get("architectures") or []
+        num_heads = hf["num_attention_heads"]
+        # Some configs carry "head_dim": null; fall back to hidden / heads then.
+        head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
+        rope_theta, rope_scaling = _rope_params(hf)
+        if hf.get("use_sliding_window") or any(t != "full_attention" for t in hf.get("layer_types") or []):
+            raise NotImplementedError("sliding-window attention layers are not supported")
+        return cls(
+            architecture=archs[0] if archs else "",
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            num_hidden_layers=hf["num_hidden_layers"],
+            num_attention_heads=num_heads,
+            num_key_value_heads=hf.get("num_key_value_heads") or num_heads,
+            head_dim=head_dim,
+            intermediate_size=hf["intermediate_size"],
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=hf.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            hidden_act=hf.get("hidden_act", "silu"),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_id=hf.get("eos_token_id"),
+            **arch_flags,
+        )
+
+    @staticmethod
+    def read_json(model_dir: str) -> dict[str, Any]:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            return json.load(f)
+
+
+def _rope_params(hf: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """transformers 5 saves ``rope_parameters`` (theta inside); older configs use ``rope_theta`` +
+    ``rope_scaling``. Accept both."""
+    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = params.pop("rope_theta", None) or hf.get("rope_theta") or 10000.0
+    # Old configs spell the type "type"; "default" means no scaling.
+    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    if rope_type == "default":
+        return float(theta), {}
+    return float(theta), {"rope_type": rope_type, **params}
