@@ -1,0 +1,72 @@
+"""`tandem bench offline|latency`: workload flags plus every engine flag (from launch.cli_options).
+
+`--seed` is the engine's seed flag; the benchmarks also seed their random prompts with it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from launch.cli_options import add_engine_flags, config_from_args
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tandem bench", description="tandem benchmarks", allow_abbrev=False)
+    sub = p.add_subparsers(dest="bench", required=True)
+
+    o = sub.add_parser("offline", help="throughput: all prompts at once, vs transformers and the roofline",
+                       allow_abbrev=False)
+    add_engine_flags(o)
+    o.add_argument("--num-requests", type=int, default=64)
+    o.add_argument("--input-len", default="64:512", help="prompt length range LOW:HIGH, inclusive")
+    o.add_argument("--output-len", type=int, default=128)
+    o.add_argument("--hf-batch-size", type=int, default=16, help="transformers baseline batch size")
+
+    lat = sub.add_parser("latency", help="one request at a time: TTFT and decode tok/s, vs transformers",
+                         allow_abbrev=False)
+    add_engine_flags(lat)
+    lat.add_argument("--prompt-len", type=int, default=64)
+    lat.add_argument("--output-len", type=int, default=256)
+    lat.add_argument("--num-requests", type=int, default=3, help="sequential requests; medians are reported")
+
+    for s in (o, lat):
+        s.add_argument("--json", type=Path, help="also write the results here")
+        s.add_argument("--skip-baseline", action="store_true", help="do not run transformers")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.num_requests < 1 or args.output_len < 1:
+        raise SystemExit("--num-requests and --output-len must be >= 1")
+    cfg = config_from_args(args)
+    result: dict[str, Any]
+    if args.bench == "offline":
+        from benchmarks.offline import run as run_offline
+        from benchmarks.workload import parse_range
+
+        try:
+            input_len = parse_range(args.input_len)
+        except ValueError as e:
+            raise SystemExit(f"--input-len: {e}") from e
+        result = run_offline(cfg, args.num_requests, input_len, args.output_len, cfg.seed,
+                             args.hf_batch_size, args.skip_baseline)
+    else:
+        from benchmarks.latency import run as run_latency
+
+        result = run_latency(cfg, args.prompt_len, args.output_len, args.num_requests, cfg.seed,
+                             args.skip_baseline)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

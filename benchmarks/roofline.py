@@ -1,0 +1,188 @@
+"""A roofline for this machine and model: measured fp32 GEMM rates on the model's own shapes plus memory
+bandwidth, and from them the least time a workload could take.
+
+Measured in the benchmark's process before the engine starts (the engine's worker runs in its own process
+with its own threads, so the two never compete for the cores).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.workload import cpu_cores
+
+BYTES_FP32 = 4
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> ModelDims:
+        hf = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+        heads = hf["num_attention_heads"]
+        return cls(
+            hidden=hf["hidden_size"], layers=hf["num_hidden_layers"], heads=heads,
+            kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            intermediate=hf["intermediate_size"], vocab=hf["vocab_size"],
+        )
+
+    def linears(self) -> dict[str, tuple[int, int, int]]:
+        """name -> (in_features, out_features, how many per forward)."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {
+            "qkv": (self.hidden, q + 2 * kv, self.layers),
+            "o": (q, self.hidden, self.layers),
+            "gate_up": (self.hidden, 2 * self.intermediate, self.layers),
+            "down": (self.intermediate, self.hidden, self.layers),
+            "lm_head": (self.hidden, self.vocab, 1),
+        }
+
+    @property
+    def layer_params(self) -> int:
+        """Matmul weights in all decoder layers (what every token passes through)."""
+        return sum(k * n * c for name, (k, n, c) in self.linears().items() if name != "lm_head")
+
+    @property
+    def matmul_params(self) -> int:
+        return self.layer_params + self.hidden * self.vocab
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes a decode step must stream from memory: every matmul weight, fp32 (the engine's CPU dtype)."""
+        return self.matmul_params * BYTES_FP32
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.layers * 2 * self.kv_heads * self.head_dim * BYTES_FP32
+
+    @property
+    def attn_flops_per_pair(self) -> int:
+        """QK^T and PV, 2 FLOPs per multiply-add, over every query head and layer, per (query, key) pair."""
+        return 2 * 2 * self.layers * self.heads * self.head_dim
+
+
+@dataclass
+class Machine:
+    prefill_m: int
+    decode_m: int
+    prefill_gflops: float  # time-weighted over one forward's linears at M = prefill_m
+    decode_gflops: float
+    bandwidth_gbs: float  # bytes read + written per second by a large copy
+    prefill_gflops_by_linear: dict[str, float]
+    decode_gflops_by_linear: dict[str, float]
+    threads: int
+
+
+@torch.inference_mode()
+def _linear_rates(dims: ModelDims, m: int, min_time_s: float) -> tuple[float, dict[str, float]]:
+    by_linear: dict[str, float] = {}
+    total_flops = total_time = 0.0
+    for name, (k, n, count) in dims.linears().items():
+        x, w = torch.randn(m, k), torch.randn(n, k)  # F.linear layout, as the engine's layers use it
+        F.linear(x, w)  # warm-up: first-call allocation and kernel selection
+        # The fastest call: a peak rate is what a floor needs, and it shrugs off other processes' bursts.
+        reps, per_call, start = 0, float("inf"), time.perf_counter()
+        while reps < 5 or time.perf_counter() - start < min_time_s:
+            t0 = time.perf_counter()
+            F.linear(x, w)
+            per_call = min(per_call, time.perf_counter() - t0)
+            reps += 1
+        flops = 2.0 * m * k * n
+        by_linear[name] = flops / per_call / 1e9
+        total_flops += flops * count
+        total_time += per_call * count
+    return total_flops / total_time / 1e9, by_linear
+
+
+@torch.inference_mode()
+def _copy_bandwidth(nbytes: int = 256 << 20, reps: int = 8) -> float:
+    src = torch.ones(nbytes // BYTES_FP32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # touch every page first
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * nbytes / best / 1e9
+
+
+def measure(dims: ModelDims, prefill_m: int, decode_m: int, min_time_s: float = 0.2) -> Machine:
+    threads = cpu_cores()
+    torch.set_num_threads(threads)
+    pre, pre_by = _linear_rates(dims, prefill_m, min_time_s)
+    dec, dec_by = _linear_rates(dims, decode_m, min_time_s)
+    return Machine(prefill_m, decode_m, pre, dec, _copy_bandwidth(), pre_by, dec_by, threads)
+
+
+@dataclass
+class OfflineFloor:
+    prefill_s: float
+    decode_s: float
+    output_tokens: int
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_s + self.decode_s
+
+    @property
+    def tok_s(self) -> float:
+        return self.output_tokens / self.total_s
+
+
+def offline_floor(dims: ModelDims, mach: Machine, prompt_lens: list[int], output_len: int) -> OfflineFloor:
+    """Least time for: every prompt prefilled (its first output token from the prefill's logits), then
+    groups of decode_m requests decoding together for the remaining output_len - 1 steps."""
+    pairs = sum(n * (n + 1) // 2 for n in prompt_lens)  # causal (query, key) pairs
+    # lm_head runs only at each prompt's last position; every prompt token goes through the layers.
+    prefill_flops = (2 * dims.layer_params * sum(prompt_lens) + 2 * dims.hidden * dims.vocab * len(prompt_lens)
+                     + dims.attn_flops_per_pair * pairs)
+    prefill_s = prefill_flops / (mach.prefill_gflops * 1e9)
+    dec_rate, bw = mach.decode_gflops * 1e9, mach.bandwidth_gbs * 1e9
+    decode_s = 0.0
+    for g in range(0, len(prompt_lens), mach.decode_m):
+        group = prompt_lens[g : g + mach.decode_m]
+        b = len(group)
+        for step in range(1, output_len):
+            ctx = sum(group) + b * step  # keys each query attends to, summed over the batch
+            linears = max(2 * dims.matmul_params * b / dec_rate, dims.weight_bytes / bw)
+            attention = max(dims.attn_flops_per_pair * ctx / dec_rate, dims.kv_bytes_per_token * ctx / bw)
+            decode_s += linears + attention
+    return OfflineFloor(prefill_s, decode_s, len(prompt_lens) * output_len)
+
+
+def batch1_decode_floor_tok_s(dims: ModelDims, mach: Machine, prompt_len: int, output_len: int) -> float:
+    """Memory roofline for one sequence decoding: all weights plus its mean KV read once per token."""
+    mean_ctx = prompt_len + output_len / 2
+    step_bytes = dims.weight_bytes + dims.kv_bytes_per_token * mean_ctx
+    return mach.bandwidth_gbs * 1e9 / step_bytes
+
+
+def describe(mach: Machine) -> str:
+    def rates(d: dict[str, float]) -> str:
+        return ", ".join(f"{k} {v:.1f}" for k, v in d.items())
+
+    return (
+        f"roofline ({mach.threads} threads): fp32 GEMM prefill M={mach.prefill_m}: {mach.prefill_gflops:.1f} "
+        f"GFLOP/s [{rates(mach.prefill_gflops_by_linear)}]\n"
+        f"  decode M={mach.decode_m}: {mach.decode_gflops:.1f} GFLOP/s [{rates(mach.decode_gflops_by_linear)}]\n"
+        f"  memory bandwidth (copy, read+write): {mach.bandwidth_gbs:.1f} GB/s"
+    )
+
+
+def machine_dict(mach: Machine) -> dict[str, object]:
+    return asdict(mach)

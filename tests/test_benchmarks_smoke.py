@@ -1,0 +1,58 @@
+"""`tandem bench offline|latency` end to end on a tiny model: the reports hold every field, with sane values.
+
+No timing assertions: this machine's speed is not the test's business.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.cli import main
+
+
+def _positive(result: dict, *fields: str) -> None:
+    for f in fields:
+        assert isinstance(result[f], (int, float)) and result[f] > 0, f"{f}={result.get(f)!r}"
+
+
+def test_offline_benchmark_reports(tiny_model, tmp_path: Path) -> None:
+    out = tmp_path / "offline.json"
+    rc = main(["offline", "--model", str(tiny_model("llama")), "--num-requests", "4", "--input-len", "8:16",
+               "--output-len", "8", "--hf-batch-size", "2", "--kv-cache-tokens", "1024", "--json", str(out)])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    _positive(r, "engine_tok_s", "baseline_tok_s", "ratio", "roofline_tok_s", "roofline_fraction",
+              "roofline_prefill_s", "roofline_decode_s", "engine_s", "baseline_s")
+    assert r["expected_output_tokens"] == 4 * 8
+    assert r["engine_output_tokens"] == 4 * 8 and r["baseline_output_tokens"] == 4 * 8
+    assert 4 * 8 <= r["prompt_tokens"] <= 4 * 16
+    m = r["machine"]
+    _positive(m, "prefill_gflops", "decode_gflops", "bandwidth_gbs")
+    s = r["engine_stats"]
+    _positive(s, "steps", "schedule_ms_per_step", "worker_busy_ms_per_step")
+    assert s["worker_idle_ms_per_step"] >= 0
+    # Each request's first token comes from its prefill; the rest are decode tokens.
+    assert s["prefill_tokens"] == r["prompt_tokens"] and s["decode_tokens"] == 4 * (8 - 1)
+
+
+def test_latency_benchmark_reports(tiny_model, tmp_path: Path) -> None:
+    out = tmp_path / "latency.json"
+    rc = main(["latency", "--model", str(tiny_model("llama")), "--prompt-len", "16", "--output-len", "16",
+               "--num-requests", "1", "--kv-cache-tokens", "1024", "--json", str(out)])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    _positive(r, "engine_ttft_ms", "engine_decode_tok_s", "baseline_decode_tok_s", "ratio",
+              "roofline_decode_tok_s", "roofline_fraction", "weight_bytes")
+    assert r["engine_output_tokens"] == r["expected_output_tokens"] == 16
+    assert len(r["engine_ttft_ms_all"]) == 1 and len(r["baseline_decode_tok_s_all"]) == 1
+    _positive(r["engine_stats"], "steps", "worker_busy_ms_per_step")
+    assert r["engine_stats"]["decode_tokens"] == 16 - 1
+
+
+def test_unknown_and_abbreviated_flags_are_rejected(tiny_model) -> None:
+    model = str(tiny_model("llama"))
+    for extra in (["--bogus", "1"], ["--num-req", "4"]):
+        with pytest.raises(SystemExit):
+            main(["offline", "--model", model, *extra])
