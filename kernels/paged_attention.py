@@ -8,15 +8,51 @@ Speed: everything that does not depend on the layer (which slots to gather, mask
 out once per step in an AttentionPlan and reused by every layer. Single-token requests (decodes) run as
 padded batches -- grouped by similar length so padding costs at most ~2x -- with GQA handled by viewing
 the G query heads of a KV head as G query rows (no K/V repeat). Multi-token requests run one SDPA each.
+Gathered K/V go into persistent workspace buffers (GatherWorkspace), a cache-sized chunk of decodes at a
+time; the buffers are module-global, so calls must not run concurrently from several threads.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+
+class GatherWorkspace:
+    """Persistent buffers the gathered K/V are written into.
+
+    A fresh multi-MB tensor per gather comes from mmap and is page-faulted in on every call, which on CPU
+    costs as much as the gather itself; reusing one buffer (grown on demand, never shrunk) halves it.
+    Layers run one after another, so one K and one V buffer serve all of them.
+    """
+
+    def __init__(self) -> None:
+        self._bufs: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        key = (name, like.dtype, like.device)
+        numel = math.prod(shape)
+        buf = self._bufs.get(key)
+        if buf is None or buf.numel() < numel:
+            # A normal (not inference-mode) tensor, so callers inside and outside inference_mode can share it.
+            with torch.inference_mode(False):
+                buf = torch.empty(int(numel * 1.25), dtype=like.dtype, device=like.device)
+            self._bufs[key] = buf
+        return buf[:numel].view(shape)
+
+
+WORKSPACE = GatherWorkspace()
+# Gathered K+V per decode chunk: well inside a server L3, so SDPA re-reads it from cache, not DRAM.
+DECODE_CHUNK_BYTES = 8 << 20
+
+
+def _gather(name: str, pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    out = WORKSPACE.get(name, (slots.numel(), *pool.shape[1:]), pool)
+    return torch.index_select(pool, 0, slots, out=out)
 
 
 @dataclass
@@ -131,14 +167,22 @@ def paged_attention_ref(
     out = None
 
     for g in plan.decode_groups:
-        qd = q if g.token_idx is None else q.index_select(0, g.token_idx)
-        # [Bd, L, Hkv, D] -> [Bd, Hkv, L, D]; the G query heads of each KV head act as G query rows.
-        k = k_pool.index_select(0, g.slots).view(g.size, g.max_len, hkv, D).transpose(1, 2)
-        v = v_pool.index_select(0, g.slots).view(g.size, g.max_len, hkv, D).transpose(1, 2)
-        o = F.scaled_dot_product_attention(
-            qd.view(g.size, hkv, group, D), k, v, attn_mask=g.mask, scale=scale
-        )
-        o = o.reshape(g.size, H, D)
+        qd = (q if g.token_idx is None else q.index_select(0, g.token_idx)).view(g.size, hkv, group, D)
+        o = qd.new_empty(g.size, hkv, group, D)
+        # Gather a few requests at a time so their K/V is still in cache when SDPA reads it back.
+        row_bytes = 2 * g.max_len * hkv * D * k_pool.element_size()
+        chunk = max(1, DECODE_CHUNK_BYTES // row_bytes)
+        for c0 in range(0, g.size, chunk):
+            n = min(chunk, g.size - c0)
+            slots = g.slots[c0 * g.max_len : (c0 + n) * g.max_len]
+            # [n, L, Hkv, D] -> [n, Hkv, L, D]; the G query heads of each KV head act as G query rows.
+            k = _gather("k", k_pool, slots).view(n, g.max_len, hkv, D).transpose(1, 2)
+            v = _gather("v", v_pool, slots).view(n, g.max_len, hkv, D).transpose(1, 2)
+            mask = None if g.mask is None else g.mask[c0 : c0 + n]
+            o[c0 : c0 + n] = F.scaled_dot_product_attention(
+                qd[c0 : c0 + n], k, v, attn_mask=mask, scale=scale
+            )
+        o = o.view(g.size, H, D)
         if g.token_idx is None:
             return o  # the whole batch was one decode group
         if out is None:
@@ -149,8 +193,8 @@ def paged_attention_ref(
         out = q.new_empty(T, H, D)
     for seg in plan.extends:
         qs = q[seg.start : seg.start + seg.length].transpose(0, 1).unsqueeze(0)  # [1, H, E, D]
-        k = k_pool.index_select(0, seg.slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, D]
-        v = v_pool.index_select(0, seg.slots).transpose(0, 1).unsqueeze(0)
+        k = _gather("k", k_pool, seg.slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, D]
+        v = _gather("v", v_pool, seg.slots).transpose(0, 1).unsqueeze(0)
         o = F.scaled_dot_product_attention(
             qs, k, v, attn_mask=seg.mask, is_causal=seg.mask is None, scale=scale, enable_gqa=group > 1
         )

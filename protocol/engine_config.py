@@ -18,8 +18,12 @@ class EngineConfig:
     kv_memory_fraction: float = field(default=0.1, metadata={"help": "of device memory (RAM on CPU) for KV"})
     max_running_requests: int = 256
     max_num_batched_tokens: int = field(default=2048, metadata={"help": "per-step token budget"})
+    chunked_prefill_tokens: int | None = field(
+        default=None, metadata={"help": "prefill tokens per step, chunking long prompts; default: the step budget"}
+    )
     max_model_len: int | None = field(default=None, metadata={"help": "context limit; default: the model's"})
-    page_size: int = 1
+    page_size: int = field(default=1, metadata={"help": "KV page size in tokens; prefix cache keys are page-aligned"})
+    prefix_cache: bool = field(default=True, metadata={"help": "radix prefix cache"})
     tp_size: int = 1
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda"})
     dtype: str = field(default="auto", metadata={"help": "auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16"})
@@ -37,6 +41,8 @@ class EngineConfig:
             raise bad("kv_cache_tokens", "must be >= 16")
         if not 0.0 < self.kv_memory_fraction <= 0.95:
             raise bad("kv_memory_fraction", "must be in (0, 0.95]")
+        if self.chunked_prefill_tokens is not None and self.chunked_prefill_tokens < 1:
+            raise bad("chunked_prefill_tokens", "must be >= 1")
         for name in ("max_running_requests", "max_num_batched_tokens", "page_size", "tp_size"):
             if getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")

@@ -67,6 +67,8 @@ class EngineStats(msgspec.Struct, tag="stats"):
     rid: str
     kv_pool_size: int
     kv_free: int
+    kv_cached: int  # slots held by the prefix cache, unlocked (evictable)
+    kv_cache_locked: int  # slots of the prefix cache locked by running requests
     running: int
     waiting: int
     inflight_steps: int
@@ -117,6 +119,7 @@ class NewReqData(msgspec.Struct, array_like=True):
     req_idx: int  # its row in the worker's persistent request state and req_to_token table
     token_ids: list[int]  # fill_ids at admission: prompt (+ outputs kept across a retraction)
     num_prompt: int
+    num_cached: int  # leading tokens whose KV comes from the prefix cache: computed already
     sampling: WorkerSampling
 
 

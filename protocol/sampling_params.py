@@ -26,6 +26,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     top_p: Prob = 1.0
     # -1 disables top-k; 0 is rejected in validate() (vLLM treats it as a mistake).
     top_k: TopK = -1
+    min_p: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
     seed: Seed | None = None
     stop_token_ids: Annotated[list[TokenId], msgspec.Meta(max_length=MAX_STOP_TOKEN_IDS)] = []
     ignore_eos: bool = False

@@ -20,7 +20,10 @@ def schedule_running(
         # Outputs already in flight reach max_tokens: scheduling more would only be dropped.
         if req.num_outputs_optimistic >= req.max_new_tokens:
             continue
-        n = min(req.num_tokens_to_compute, plan.budget)
+        todo = req.num_tokens_to_compute
+        # A request still prefilling (chunked) draws on the prefill budget; a decode on the step's.
+        prefilling = todo > 1 or req.num_computed_tokens < len(req.origin_input_ids)
+        n = min(todo, plan.prefill_budget if prefilling else plan.budget)
         if n <= 0:
             continue
         slots = kv.grow(req, n)

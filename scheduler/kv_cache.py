@@ -1,23 +1,35 @@
-"""KV memory of requests: the slot allocator and the ReqToTokenPool behind one ownership API.
-
-One release path (`release`) serves finish, abort and retraction.
+"""KV memory of requests: the page allocator, the ReqToTokenPool and the radix prefix cache behind
+one ownership API. A request owns row positions [cache_protected_len, kv_allocated_len); the tree owns
+the prefix before that (locked while the request runs). One release path (`release`) serves finish,
+abort and retraction.
 """
 from __future__ import annotations
 
 from scheduler.kv_allocator import KVAllocator
+from scheduler.radix_cache import RadixCache
 from scheduler.req import Req
 from scheduler.req_table import ReqToTokenPool
 
 
 class KVCacheManager:
-    def __init__(self, num_slots: int, max_reqs: int, max_context: int) -> None:
-        self.allocator = KVAllocator(num_slots)
+    def __init__(
+        self, num_slots: int, max_reqs: int, max_context: int, page_size: int = 1, prefix_cache: bool = True
+    ) -> None:
+        self.allocator = KVAllocator(num_slots, page_size)
         self.req_table = ReqToTokenPool(max_reqs, max_context)
+        self.tree = RadixCache(self.allocator.free, page_size, disabled=not prefix_cache)
+        self.page_size = page_size
 
     @property
     def num_free_slots(self) -> int:
         return self.allocator.num_free
 
+    @property
+    def available_slots(self) -> int:
+        """Free now, or freeable by evicting unlocked cache."""
+        return self.allocator.num_free + self.tree.evictable_size
+
+    # ---- admission ----------------------------------------------------------------------------
     def assign_row(self, req: Req) -> bool:
         row = self.req_table.alloc()
         if row is None:
@@ -25,48 +37,140 @@ class KVCacheManager:
         req.req_pool_idx = row
         return True
 
-    def grow(self, req: Req, n: int) -> list[int] | None:
-        """Allocate KV for the next n tokens of req (positions kv_allocated_len ..); None if short."""
-        slots = self.allocator.alloc(n)
-        if slots is None:
-            return None
+    def match_prefix(self, req: Req) -> None:
+        """Attach the longest cached prefix of req's tokens (always leaving one token to compute)."""
+        fill = req.fill_ids
+        m = self.tree.match_prefix(fill[: len(fill) - 1])
+        self.tree.inc_lock_ref(m.last_node)
+        req.last_node = m.last_node
+        req.prefix_indices = m.indices
+        n = len(m.indices)
+        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = n
+        req.num_computed_tokens = n
         assert req.req_pool_idx is not None
-        self.req_table.write(req.req_pool_idx, req.kv_allocated_len, slots)
+        self.req_table.write(req.req_pool_idx, 0, m.indices)
+
+    def unmatch_prefix(self, req: Req) -> None:
+        """Undo match_prefix for a request that could not be admitted after all."""
+        if req.last_node is not None:
+            self.tree.dec_lock_ref(req.last_node)
+        req.last_node = None
+        req.prefix_indices = []
+        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = req.num_computed_tokens = 0
+
+    # ---- growth -------------------------------------------------------------------------------
+    def pages_needed(self, req: Req, n: int) -> int:
+        p = self.page_size
+        room = (-req.kv_allocated_len) % p  # free slots left in the request's last page
+        return max(0, -(-(n - room) // p))
+
+    def ensure_free(self, slots_needed: int) -> bool:
+        """Evict unlocked cache until slots_needed slots are free; False if even that is not enough."""
+        short = slots_needed - self.allocator.num_free
+        if short > 0:
+            self.tree.evict(short)
+        return self.allocator.num_free >= slots_needed
+
+    def grow(self, req: Req, n: int) -> list[int] | None:
+        """KV slots for req's next n positions (from kv_allocated_len), evicting cache if needed; None if short."""
+        p = self.page_size
+        k = self.pages_needed(req, n)
+        if not self.ensure_free(k * p):
+            return None
+        pages = self.allocator.alloc_pages(k)
+        assert pages is not None and req.req_pool_idx is not None
+        start = req.kv_allocated_len
+        slots: list[int] = []
+        if start % p:  # continue in the last page
+            last = int(self.req_table.table[req.req_pool_idx, start - 1])
+            take = min(n, p - start % p)
+            slots = list(range(last + 1, last + 1 + take))
+        for pg in pages:
+            slots.extend(range(pg * p, pg * p + p))
+        slots = slots[:n]
+        self.req_table.write(req.req_pool_idx, start, slots)
         req.kv_allocated_len += n
         return slots
 
+    # ---- caching and release -----------------------------------------------------------------------
+    def cache_unfinished(self, req: Req) -> None:
+        """Chunked prefill inserts as it goes: hand the committed, page-aligned prefix to the tree.
+
+        Done only when the tree holds nothing beyond what req already locks, so no slot of req's row
+        changes owner mid-flight (the worker's copy of the row stays valid)."""
+        if self.tree.disabled or req.req_pool_idx is None:
+            return
+        aligned = req.kv_committed_len // self.page_size * self.page_size
+        if aligned <= req.cache_protected_len:
+            return
+        key = req.fill_ids[:aligned]
+        if len(self.tree.match_prefix(key).indices) != req.cache_protected_len:
+            return  # another request cached more of this prefix meanwhile: settle at finish
+        row = req.req_pool_idx
+        self.tree.insert(key, self.req_table.slots(row, 0, aligned))
+        m = self.tree.match_prefix(key)
+        self.tree.inc_lock_ref(m.last_node)
+        if req.last_node is not None:
+            self.tree.dec_lock_ref(req.last_node)
+        req.last_node = m.last_node
+        req.prefix_indices = m.indices
+        req.cache_protected_len = aligned
+
     def release(self, req: Req) -> int | None:
-        """Free everything req owns; returns its row (the worker must drop it too), or None."""
+        """Free everything req owns, caching its committed prefix; returns its row (the worker drops it)."""
         row = req.req_pool_idx
         if row is None:
             return None
-        for start, end in (req.pop_committed_kv_cache(), req.pop_overallocated_kv_cache()):
-            if end > start:
-                self.allocator.free(self.req_table.slots(row, start, end))
+        protected, committed = req.pop_committed_kv_cache()
+        _, allocated = req.pop_overallocated_kv_cache()
+        p = self.page_size
+        aligned = committed // p * p
+        to_free: list[int] = []
+        if not self.tree.disabled and aligned > protected:
+            slots = self.req_table.slots(row, 0, aligned)
+            already = self.tree.insert(req.fill_ids[:aligned], slots)
+            to_free += slots[protected:already]  # computed here but cached by another request first
+        else:
+            aligned = protected
+        if allocated > aligned:
+            to_free += self.req_table.slots(row, aligned, allocated)
+        if to_free:
+            self.allocator.free(to_free)
+        if req.last_node is not None:
+            self.tree.dec_lock_ref(req.last_node)
+        req.last_node = None
         self.req_table.free(row)
         req.req_pool_idx = None
         req.kv_committed_len = req.kv_allocated_len = 0
         return row
 
+    # ---- invariants ------------------------------------------------------------------------------
     def check_integrity(self, live: list[Req]) -> None:
-        """free + owned by requests == pool, with no slot in two places."""
+        """free + tree-owned + request-owned == pool (in pages), with no page in two places."""
         self.allocator.check_integrity()
-        owned: list[int] = []
+        self.tree.check_integrity()
+        p = self.page_size
+        owners: dict[int, str] = {}
+
+        def claim(pages: list[int], who: str) -> None:
+            for pg in pages:
+                if pg in owners:
+                    raise AssertionError(f"KV page {pg} owned by {owners[pg]} and {who}")
+                owners[pg] = who
+
+        claim(self.allocator.free_page_set(), "free list")
+        claim(list(dict.fromkeys(s // p for s in self.tree.all_slots())), "tree")
         rows: set[int] = set()
         for req in live:
             if req.req_pool_idx is None:
-                if req.kv_allocated_len:
-                    raise AssertionError(f"{req.rid} holds KV without a row")
+                if req.kv_allocated_len or req.last_node is not None:
+                    raise AssertionError(f"{req.rid} holds KV or a lock without a row")
                 continue
-            if not req.kv_committed_len <= req.kv_allocated_len:
-                raise AssertionError(f"{req.rid}: committed {req.kv_committed_len} > allocated")
+            if not req.cache_protected_len <= req.kv_committed_len <= req.kv_allocated_len:
+                raise AssertionError(f"{req.rid}: KV counters out of order {req!r}")
             rows.add(req.req_pool_idx)
-            owned += self.req_table.slots(req.req_pool_idx, req.cache_protected_len, req.kv_allocated_len)
-        free = self.allocator.free_slots()
-        everything = owned + free
-        if len(everything) != self.allocator.size or len(set(everything)) != len(everything):
-            raise AssertionError(
-                f"KV accounting broken: {len(free)} free + {len(owned)} owned != {self.allocator.size} "
-                f"or a slot is in two places"
-            )
+            own = self.req_table.slots(req.req_pool_idx, req.cache_protected_len, req.kv_allocated_len)
+            claim(list(dict.fromkeys(s // p for s in own)), req.rid)
+        if len(owners) != self.allocator.num_pages:
+            raise AssertionError(f"KV pages leaked: {len(owners)} accounted of {self.allocator.num_pages}")
         self.req_table.check_integrity(rows)

@@ -1,4 +1,8 @@
-"""Admitting waiting requests into the step, first come first served, under the token budget."""
+"""Admitting waiting requests into the step, first come first served, under the prefill budget.
+
+A request is matched against the prefix cache first, so only its uncached suffix is computed;
+a long prompt is split over steps (chunked prefill) by the same token accounting.
+"""
 from __future__ import annotations
 
 from collections import deque
@@ -12,22 +16,34 @@ from scheduler.step_plan import StepPlan
 def admit_waiting(
     waiting: deque[Req], running: list[Req], kv: KVCacheManager, plan: StepPlan, max_running: int
 ) -> None:
-    while waiting and plan.budget > 0 and len(running) < max_running:
+    while waiting and plan.prefill_budget > 0 and len(running) < max_running:
         req = waiting[0]
-        n = min(req.num_tokens_to_compute, plan.budget)
-        # Leave one slot per running request so the admitted prefill doesn't force a retraction
-        # at the very next decode.
-        if kv.num_free_slots < n + len(running):
-            break
         if not kv.assign_row(req):
             break
+        kv.match_prefix(req)
+        n = min(req.num_tokens_to_compute, plan.prefill_budget)
+        # Keep a page per running request in reserve so the admitted prefill doesn't force a
+        # retraction at the very next decode.
+        reserve = len(running) * kv.page_size
+        if kv.available_slots < kv.pages_needed(req, n) * kv.page_size + reserve:
+            release_unadmitted(req, kv)
+            break
         slots = kv.grow(req, n)
-        assert slots is not None  # checked above
+        if slots is None:
+            release_unadmitted(req, kv)
+            break
         waiting.popleft()
         running.append(req)
         plan.new_reqs.append(new_req_data(req))
         req.needs_new_data = False
-        plan.add(req, n, slots)
+        plan.add(req, n, slots, slot_start=0, prefix=req.prefix_indices)
+
+
+def release_unadmitted(req: Req, kv: KVCacheManager) -> None:
+    kv.unmatch_prefix(req)
+    assert req.req_pool_idx is not None
+    kv.req_table.free(req.req_pool_idx)
+    req.req_pool_idx = None
 
 
 def new_req_data(req: Req) -> NewReqData:
@@ -37,5 +53,6 @@ def new_req_data(req: Req) -> NewReqData:
         req_idx=req.req_pool_idx,
         token_ids=req.fill_ids,
         num_prompt=len(req.origin_input_ids),
-        sampling=WorkerSampling(p.temperature, p.top_k, p.top_p, 0.0, p.seed),
+        num_cached=req.num_computed_tokens,
+        sampling=WorkerSampling(p.temperature, p.top_k, p.top_p, p.min_p, p.seed),
     )

@@ -122,7 +122,8 @@ class SchedulerLoop:
         except AssertionError as e:
             integrity = str(e)
         return EngineStats(
-            rid, self.sched.kv.allocator.size, self.sched.kv.num_free_slots, len(self.sched.running),
+            rid, self.sched.kv.allocator.size, self.sched.kv.num_free_slots, self.sched.kv.tree.evictable_size,
+            self.sched.kv.tree.protected_size, len(self.sched.running),
             len(self.sched.waiting), len(self.sched.inflight), s.finished, s.aborted, s.failed, s.retractions,
             s.steps, s.prefill_tokens, s.decode_tokens, st.schedule_s, st.worker_busy_s, st.worker_idle_s,
             integrity,

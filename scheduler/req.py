@@ -4,6 +4,8 @@ Derived values are properties, never stored twice.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from protocol.sampling_params import SamplingParams
 from scheduler.finish import FinishReason
 
@@ -35,7 +37,8 @@ class Req:
 
         # Memory: the request's row in the ReqToTokenPool and the KV it owns there.
         self.req_pool_idx: int | None = None
-        self.prefix_indices: list[int] = []  # KV slots of a cached prefix (prefix cache: next issue)
+        self.prefix_indices: list[int] = []  # KV slots of the cached prefix it was admitted with
+        self.last_node: Any = None  # the radix node it holds a lock on
         self.cache_protected_len = 0  # tokens of the row owned by the tree, not by this request
         self.kv_committed_len = 0  # KV that is fact: computed by a finished step
         self.kv_allocated_len = 0  # KV handed out, >= committed (in-flight tokens)
@@ -114,6 +117,7 @@ class Req:
         """Back to waiting with no KV and its output kept; it re-prefills fill_ids."""
         self.req_pool_idx = None
         self.prefix_indices = []
+        self.last_node = None
         self.cache_protected_len = 0
         self.kv_committed_len = 0
         self.kv_allocated_len = 0

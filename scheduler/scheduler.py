@@ -44,7 +44,9 @@ class Scheduler:
     def __init__(self, cfg: EngineConfig, info: ModelInfo, num_kv_slots: int) -> None:
         self.cfg = cfg
         self.info = info
-        self.kv = KVCacheManager(num_kv_slots, cfg.max_running_requests, info.max_model_len)
+        self.kv = KVCacheManager(
+            num_kv_slots, cfg.max_running_requests, info.max_model_len, cfg.page_size, cfg.prefix_cache
+        )
         self.eos = frozenset(info.eos_token_ids)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
@@ -97,17 +99,15 @@ class Scheduler:
 
     # ---- steps out ----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput | None:
-        plan = StepPlan(budget=self.cfg.max_num_batched_tokens)
+        budget = self.cfg.max_num_batched_tokens
+        plan = StepPlan(budget=budget, prefill_cap=self.cfg.chunked_prefill_tokens or budget)
         schedule_running(self.running, self.kv, plan, self._retract)
         admit_waiting(self.waiting, self.running, self.kv, plan, self.cfg.max_running_requests)
         if not plan.items:
             self._fail_unschedulable()
             return None
-        for req, it in zip(plan.reqs, plan.items):
-            if it.num_tokens > 1 or it.slot_start < len(req.origin_input_ids):
-                self.stats.prefill_tokens += it.num_tokens
-            else:
-                self.stats.decode_tokens += it.num_tokens
+        self.stats.prefill_tokens += plan.prefill_used
+        self.stats.decode_tokens += sum(it.num_tokens for it in plan.items) - plan.prefill_used
         out, record = to_output(self._next_step, self.freed_rows, plan)
         self.freed_rows = []
         self._next_step += 1
@@ -136,10 +136,13 @@ class Scheduler:
             if req.finished():
                 self._finalize(req)
         for req, epoch in zip(step.reqs, step.epochs):
-            if epoch == req.epoch and req.to_finish is not None and not req.finished():
-                if req.num_inflight_steps == 0:
-                    req.check_finished()
-                    self._finalize(req)
+            if epoch != req.epoch or req.finished():
+                continue
+            if req.to_finish is not None and req.num_inflight_steps == 0:
+                req.check_finished()
+                self._finalize(req)
+            elif req.kv_committed_len < len(req.origin_input_ids):
+                self.kv.cache_unfinished(req)  # a prefill chunk: cache it for others as it goes
         self._flush_deltas()
         if self.cfg.debug_integrity:
             self.check_integrity()

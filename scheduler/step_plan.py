@@ -9,14 +9,26 @@ from scheduler.req import Req
 
 @dataclass
 class StepPlan:
-    budget: int
+    budget: int  # tokens this step, all requests together
+    prefill_cap: int  # of which at most this many for prefill chunks (--chunked-prefill-tokens)
     reqs: list[Req] = field(default_factory=list)
     items: list[ScheduledReq] = field(default_factory=list)
     new_reqs: list[NewReqData] = field(default_factory=list)
 
-    def add(self, req: Req, n: int, slots: list[int]) -> None:
-        """Schedule n tokens of req whose KV slots were just allocated."""
+    prefill_used: int = 0
+
+    @property
+    def prefill_budget(self) -> int:
+        return min(self.budget, self.prefill_cap - self.prefill_used)
+
+    def add(
+        self, req: Req, n: int, slots: list[int], slot_start: int | None = None, prefix: list[int] | None = None
+    ) -> None:
+        """Schedule n tokens of req whose KV slots were just allocated (a new request also sends its
+        cached prefix's slots, from position 0)."""
         start = req.num_computed_tokens
+        if n > 1 or start < len(req.origin_input_ids):
+            self.prefill_used += n
         req.num_computed_tokens += n
         sample = req.num_computed_tokens == req.seq_len
         if sample:
@@ -24,7 +36,11 @@ class StepPlan:
         req.num_inflight_steps += 1
         self.budget -= n
         self.reqs.append(req)
-        self.items.append(ScheduledReq(req.req_pool_idx or 0, n, start, slots, sample))
+        if slot_start is None:
+            slot_start = start
+        all_slots = (prefix or []) + slots
+        assert req.req_pool_idx is not None
+        self.items.append(ScheduledReq(req.req_pool_idx, n, slot_start, all_slots, sample))
 
 
 @dataclass

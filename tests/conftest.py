@@ -48,7 +48,8 @@ def check_idle_engine(client) -> None:  # noqa: ANN001
         st = client.stats()
     assert st.integrity == "ok", st.integrity
     assert st.running == 0 and st.waiting == 0 and st.inflight_steps == 0, st
-    assert st.kv_free == st.kv_pool_size, f"KV leak: {st.kv_free} free of {st.kv_pool_size}"
+    assert st.kv_cache_locked == 0, "a finished request still locks the prefix cache"
+    assert st.kv_free + st.kv_cached == st.kv_pool_size, f"KV leak: {st.kv_free} free + {st.kv_cached} cached"
     assert st.frontend_pending == 0, st
 
 

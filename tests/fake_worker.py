@@ -17,7 +17,9 @@ class FakeWorker:
         self.tokens: dict[int, list[int]] = {}
         self.computed: dict[int, int] = {}
         self.kv: dict[int, dict[int, int]] = {}  # row -> position -> slot
-        self.slot_owner: dict[int, tuple[int, int]] = {}  # slot -> (row, position) written last
+        # What each KV slot holds: a hash of the token prefix it was computed for. A wrong slot in a
+        # request's row (a prefix-cache or release bug) shows as a mismatch, like wrong KV would.
+        self.slot_content: dict[int, int] = {}
         self.num_slots = num_slots
         self.steps: list[SchedulerOutput] = []
 
@@ -29,7 +31,7 @@ class FakeWorker:
             if r.req_idx in self.tokens:
                 raise AssertionError(f"row {r.req_idx} added while live")
             self.tokens[r.req_idx] = list(r.token_ids)
-            self.computed[r.req_idx] = 0
+            self.computed[r.req_idx] = r.num_cached
             self.kv[r.req_idx] = {}
         sampled = []
         for s in so.scheduled:
@@ -44,8 +46,12 @@ class FakeWorker:
             end = start + s.num_tokens
             if end > len(self.tokens[row]):
                 raise AssertionError(f"row {row}: computing to {end} but only {len(self.tokens[row])} known")
+            toks = self.tokens[row]
             for pos in range(start, end):
-                self.slot_owner[self.kv[row][pos]] = (row, pos)
+                self.slot_content[self.kv[row][pos]] = hash(tuple(toks[: pos + 1]))
+            for pos in range(end):
+                if self.slot_content.get(self.kv[row][pos]) != hash(tuple(toks[: pos + 1])):
+                    raise AssertionError(f"row {row} position {pos}: its KV slot holds another prefix's KV")
             self.computed[row] = end
             if s.sample:
                 if end != len(self.tokens[row]):

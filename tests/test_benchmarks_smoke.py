@@ -34,7 +34,8 @@ def test_offline_benchmark_reports(tiny_model, tmp_path: Path) -> None:
     _positive(s, "steps", "schedule_ms_per_step", "worker_busy_ms_per_step")
     assert s["worker_idle_ms_per_step"] >= 0
     # Each request's first token comes from its prefill; the rest are decode tokens.
-    assert s["prefill_tokens"] == r["prompt_tokens"] and s["decode_tokens"] == 4 * (8 - 1)
+    # The prefix cache may serve part of the prompts (the warm-up shares their first tokens).
+    assert 0 < s["prefill_tokens"] <= r["prompt_tokens"] and s["decode_tokens"] == 4 * (8 - 1)
 
 
 def test_latency_benchmark_reports(tiny_model, tmp_path: Path) -> None:

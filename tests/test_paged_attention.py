@@ -95,3 +95,10 @@ def test_random_batches() -> None:
             e = 1 if torch.rand(1, generator=g) < 0.5 else int(torch.randint(1, s + 1, (1,), generator=g))
             reqs.append((s, e))
         run_case(reqs, hkv=int(torch.randint(1, 4, (1,), generator=g)), group=[1, 2, 4][i % 3], seed=i)
+
+
+def test_chunked_decode_gather(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A tiny chunk budget makes every decode group run in several gather chunks.
+    monkeypatch.setattr("kernels.paged_attention.DECODE_CHUNK_BYTES", 1)
+    run_case(CASES["mixed"], hkv=2, group=2, seed=11)
+    run_case(CASES["decodes-one-group"], hkv=1, group=4, seed=12)

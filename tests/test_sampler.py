@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from worker.sampler import compute_logprobs, sample
+from worker.sampler import _top_k_top_p, compute_logprobs, sample
 
 V = 100
 
@@ -60,7 +61,14 @@ def test_plain_sampling_frequencies_follow_softmax() -> None:
         assert (counts / counts.sum() - expected).abs().max() < 0.015
 
 
-def test_top_k_support() -> None:
+@pytest.fixture(params=[4, 1024], ids=["partial-topk", "full-sort"])
+def candidates(request, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Run top-k/top-p tests both through the partial top-k path and the full-sort path."""
+    monkeypatch.setattr("worker.sampler.TOP_CANDIDATES", request.param)
+    return request.param
+
+
+def test_top_k_support(candidates: int) -> None:
     logits, order = _known_dist(1)
     out = _draw(logits, 5000, top_k=3)
     assert set(out.tolist()) == set(order[:3].tolist())
@@ -68,7 +76,18 @@ def test_top_k_support() -> None:
     assert (freq - torch.tensor([0.5, 0.2, 0.15]) / 0.85).abs().max() < 0.03
 
 
-def test_top_p_support() -> None:
+def test_unfiltered_rows_next_to_filtered_rows_keep_full_support(candidates: int) -> None:
+    logits, order = _known_dist(4)
+    n = 4000
+    temp, top_k, top_p, min_p = _params(n)
+    top_k[0::2] = 2
+    torch.manual_seed(0)
+    out = sample(logits.expand(n, V).contiguous(), temp, top_k, top_p, min_p, [None] * n)
+    assert set(out[0::2].tolist()) == set(order[:2].tolist())
+    assert len(set(out[1::2].tolist())) > 5  # the 5th-ranked token alone has p = 0.04
+
+
+def test_top_p_support(candidates: int) -> None:
     logits, order = _known_dist(2)
     # cumulative mass 0.5, 0.7, 0.85: the smallest prefix reaching 0.8 is the top 3 tokens
     assert set(_draw(logits, 5000, top_p=0.8).tolist()) == set(order[:3].tolist())
@@ -76,6 +95,21 @@ def test_top_p_support() -> None:
     # top-k first, then top-p over the renormalised top-k: [0.5, 0.2]/0.7 -> 0.71 < 0.9, keep both
     assert set(_draw(logits, 2000, top_k=2, top_p=0.9).tolist()) == set(order[:2].tolist())
     assert set(_draw(logits, 2000, top_k=4, top_p=0.6).tolist()) == set(order[:2].tolist())
+    # nucleus of 5 tokens (mass before the 5th: 0.95 < 0.97): more than 4 candidates, falls back to a sort
+    assert set(_draw(logits, 5000, top_p=0.97).tolist()) == set(order[:5].tolist())
+
+
+def test_partial_and_full_filtering_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(9)
+    vocab = 3000
+    x = torch.randn(32, vocab, generator=g) * 3
+    ks = [int(k) for k in torch.randint(1, 50, (32,), generator=g)]
+    ks = [vocab if i % 3 == 0 else k for i, k in enumerate(ks)]
+    ps = [float(p) for p in torch.rand(32, generator=g) * 0.4 + 0.5]
+    ps = [1.0 if i % 4 == 1 and ks[i] < vocab else p for i, p in enumerate(ps)]  # every row filters
+    partial = torch.isfinite(_top_k_top_p(x, ks, ps))
+    monkeypatch.setattr("worker.sampler.TOP_CANDIDATES", vocab)
+    assert torch.equal(partial, torch.isfinite(_top_k_top_p(x, ks, ps)))
 
 
 def test_min_p_support() -> None:

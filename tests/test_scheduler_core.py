@@ -15,11 +15,12 @@ from scheduler.scheduler import Scheduler
 from tests.fake_worker import VOCAB, FakeWorker, expected_output
 
 
-def make(slots: int = 4096, depth: int = 1, budget: int = 256, max_running: int = 64, max_len: int = 512):
+def make(slots: int = 4096, depth: int = 1, budget: int = 256, max_running: int = 64, max_len: int = 512,
+         page: int = 1, cache: bool = True, chunk: int | None = None):
     cfg = EngineConfig(model="x", max_num_batched_tokens=budget, max_running_requests=max_running,
-                       async_scheduling=depth == 2)
+                       async_scheduling=depth == 2, page_size=page, prefix_cache=cache, chunked_prefill_tokens=chunk)
     info = ModelInfo(vocab_size=VOCAB, max_model_len=max_len, eos_token_ids=[0], architecture="fake")
-    return Scheduler(cfg, info, slots), FakeWorker(slots)
+    return Scheduler(cfg, info, slots), FakeWorker(slots + page - 1)
 
 
 def run(sched: Scheduler, worker: FakeWorker, depth: int, on_step=None, max_steps: int = 10_000):
@@ -50,7 +51,9 @@ def run(sched: Scheduler, worker: FakeWorker, depth: int, on_step=None, max_step
                 ends[msg.rid] = ("error", msg.code)
         if not sched.has_work and not sched.inflight and not queue:
             break
-    assert sched.kv.num_free_slots == sched.kv.allocator.size, "KV leaked"
+    # At idle every slot is free or in the prefix cache, unlocked (evictable).
+    assert sched.kv.tree.protected_size == 0, "a finished request still locks the cache"
+    assert sched.kv.available_slots == sched.kv.allocator.size, "KV leaked"
     assert sched.kv.req_table.num_free == sched.kv.req_table.max_reqs, "request rows leaked"
     return outputs, ends
 
@@ -132,12 +135,13 @@ def test_abort_while_queued_and_unknown_rid() -> None:
 
 
 @pytest.mark.parametrize("depth", [1, 2])
-def test_kv_pressure_retracts_and_matches_unconstrained(depth: int) -> None:
+@pytest.mark.parametrize("page,cache", [(1, True), (16, True), (1, False), (16, False)])
+def test_kv_pressure_retracts_and_matches_unconstrained(depth: int, page: int, cache: bool) -> None:
     rng = random.Random(1)
     prompts = [[rng.randrange(1, VOCAB) for _ in range(rng.randrange(5, 40))] for _ in range(40)]
     want = {f"r{i}": expected_output(p, 24) for i, p in enumerate(prompts)}
     need = sum(len(p) + 24 for p in prompts)
-    sched, worker = make(slots=need // 8, depth=depth, budget=128)
+    sched, worker = make(slots=max(need // 8, 16 * page), depth=depth, budget=128, page=page, cache=cache)
     for i, p in enumerate(prompts):
         sched.add_request(req(f"r{i}", p, max_tokens=24))
     outputs, ends = run(sched, worker, depth)
@@ -188,3 +192,57 @@ def test_new_request_joins_next_step(depth: int) -> None:
     outputs, ends = run(sched, worker, depth)
     assert outputs["a"] == expected_output([1, 2, 3], 10)
     assert outputs["b"] == expected_output([4, 5], 3)
+
+
+@pytest.mark.parametrize("page", [1, 16])
+@pytest.mark.parametrize("depth", [1, 2])
+def test_shared_prefix_is_prefilled_once(page: int, depth: int) -> None:
+    rng = random.Random(2)
+    system = [rng.randrange(1, VOCAB) for _ in range(200)]
+    sched, worker = make(page=page, depth=depth)
+    sched.add_request(req("first", system + [5, 6, 7], max_tokens=4))
+    run(sched, worker, depth)
+    before = sched.stats.prefill_tokens
+    sched.add_request(req("second", system + [9, 9, 9, 9], max_tokens=4))
+    outputs, _ = run(sched, worker, depth)
+    cached = 200 // page * page
+    assert sched.stats.prefill_tokens - before == len(system) + 4 - cached
+    assert outputs["second"] == expected_output(system + [9, 9, 9, 9], 4)
+
+
+def test_prefix_cache_off_prefills_everything() -> None:
+    system = list(range(1, 90))
+    sched, worker = make(cache=False)
+    for i in range(2):
+        sched.add_request(req(f"r{i}", system + [i + 1], max_tokens=2))
+        run(sched, worker, 1)
+    assert sched.stats.prefill_tokens == 2 * 90
+    assert sched.kv.num_free_slots == sched.kv.allocator.size
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_chunked_prefill_keeps_decodes_going_every_step(depth: int) -> None:
+    sched, worker = make(slots=8192, depth=depth, budget=512, chunk=256, max_len=4096)
+    for i in range(16):
+        sched.add_request(req(f"d{i}", [i + 1, 2, 3], max_tokens=40))
+    for _ in range(4):  # the decoders are running
+        so = sched.schedule()
+        assert so is not None
+        sched.commit(worker.execute(so))
+    long_prompt = [(i * 7) % (VOCAB - 1) + 1 for i in range(2000)]
+    sched.add_request(req("long", long_prompt, max_tokens=3))
+    while sched.reqs.get("long") is not None and len(sched.reqs["long"].output_ids) == 0:
+        so = sched.schedule()
+        assert so is not None
+        rows = {s.req_idx: s.num_tokens for s in so.scheduled}
+        decoders = [r for r in sched.running if r.rid.startswith("d") and not r.finished()]
+        assert all(rows.get(r.req_pool_idx) == 1 for r in decoders), "a decode skipped a step"
+        long_row = sched.reqs["long"].req_pool_idx
+        assert rows.get(long_row, 0) <= 256
+        sched.commit(worker.execute(so))
+        while len(sched.inflight):
+            break
+    outputs, _ = run(sched, worker, depth)
+    assert outputs["long"] == expected_output(long_prompt, 3)
+    # Chunks were cached as they went: the whole prompt but the last partial chunk is in the tree.
+    assert sched.kv.tree.total_size() >= 2000 - 256

@@ -52,6 +52,9 @@ def prepare_inputs(sched: list[ScheduledReq], state: RequestState, kv: KVCache) 
         seq_lens=seq_lens.to(device),
         extend_lens=extend.to(device),
         logits_indices=torch.tensor(logits_idx, dtype=torch.int64, device=device),
+        seq_lens_cpu=[s + n for s, n in zip(starts, lens)],
+        extend_lens_cpu=lens,
+        req_pool_indices_cpu=rows,
     )
 
 

@@ -27,10 +27,10 @@ class ModelRunner:
         max_reqs = cfg.max_running_requests
         self.max_context = info.max_model_len
         self.num_kv_slots = kv_pool_tokens(cfg, mc, self.dtype, self.device, max_reqs * self.max_context)
-        # +1: slot 0 is the padding slot, never handed out by the scheduler.
+        # + a page: page 0 (slot 0 is the padding slot) is never handed out by the scheduler.
         self.kv = KVCache(
             mc.num_hidden_layers,
-            self.num_kv_slots + 1,
+            self.num_kv_slots + cfg.page_size,
             mc.num_key_value_heads,
             mc.head_dim,
             self.dtype,

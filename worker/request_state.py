@@ -36,7 +36,7 @@ class RequestState:
         n = len(r.token_ids)
         self.tokens[i, :n] = torch.tensor(r.token_ids, dtype=torch.int64)
         self.num_tokens[i] = n
-        self.num_computed[i] = 0
+        self.num_computed[i] = r.num_cached
         self.num_prompt[i] = r.num_prompt
         self.live[i] = True
         s = r.sampling

@@ -11,6 +11,9 @@ from collections.abc import Sequence
 
 import torch
 
+# Partial top-k size tried before falling back to a full sort of the vocabulary for top-k / top-p.
+TOP_CANDIDATES = 1024
+
 
 def _as_list(x: torch.Tensor | Sequence[float] | Sequence[int]) -> list:
     return x.tolist() if isinstance(x, torch.Tensor) else list(x)
@@ -53,55 +56,80 @@ def sample(
     mps = [mps[i] for i in s_rows]
 
     x = logits[s_idx] / torch.tensor([temps[i] for i in s_rows], device=dev, dtype=logits.dtype)[:, None]
-    if any(k < vocab for k in ks) or any(p < 1.0 for p in ps):
+    filt = [j for j, (k, p) in enumerate(zip(ks, ps, strict=True)) if k < vocab or p < 1.0]
+    if len(filt) == len(ks):
         x = _top_k_top_p(x, ks, ps)
+    elif filt:
+        f_idx = torch.tensor(filt, device=dev)
+        x[f_idx] = _top_k_top_p(x[f_idx], [ks[j] for j in filt], [ps[j] for j in filt])
     probs = x.softmax(dim=-1)
     if any(m > 0 for m in mps):
         # min-p: keep tokens with p >= min_p * p_max (scale-free, so renormalising first changes nothing).
         thresh = probs.amax(dim=-1, keepdim=True) * torch.tensor(mps, device=dev, dtype=probs.dtype)[:, None]
         probs = probs.masked_fill(probs < thresh, 0.0)
 
+    # Exp(1) noise as -log(U): several times faster than exponential_() on CPU. U in [0, 1) gives
+    # E in (0, inf]; E = inf only zeroes that token's score, so no 0/0 can arise.
     noise = torch.empty_like(probs)
     shared = [j for j, i in enumerate(s_rows) if generators[i] is None]
     if len(shared) == len(s_rows):
-        noise.exponential_()
+        noise.uniform_()
     else:
         if shared:
-            sh = torch.tensor(shared, device=dev)
-            noise[sh] = torch.empty(len(shared), vocab, device=dev, dtype=probs.dtype).exponential_()
+            noise[torch.tensor(shared, device=dev)] = torch.rand(
+                len(shared), vocab, device=dev, dtype=probs.dtype
+            )
         for j, i in enumerate(s_rows):
             if generators[i] is not None:
-                noise[j].exponential_(generator=generators[i])
-    # Clamp: an exact 0 draw would make 0/0 = NaN for a filtered token, and argmax picks NaN.
-    out[s_idx] = (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
+                noise[j].uniform_(generator=generators[i])
+    out[s_idx] = (probs / noise.log_().neg_()).argmax(dim=-1)
     return out
 
 
 def _top_k_top_p(x: torch.Tensor, ks: list[int], ps: list[float]) -> torch.Tensor:
     """Set logits outside each row's top-k, then outside its top-p nucleus (of the top-k renormalised),
-    to -inf. The highest-ranked token always survives."""
-    vocab = x.shape[-1]
-    kmax = max(ks)
-    if all(p >= 1.0 for p in ps) and kmax <= 1024 and kmax < vocab:
-        # top-k only: a partial top-k is much cheaper than sorting the whole vocabulary.
-        vals, idx = x.topk(kmax, dim=-1)
-        drop = torch.arange(kmax, device=x.device)[None, :] >= torch.tensor(ks, device=x.device)[:, None]
-        return torch.full_like(x, float("-inf")).scatter_(-1, idx, vals.masked_fill(drop, float("-inf")))
+    to -inf. The highest-ranked token always survives. ks: k per row, vocab size when off; every row
+    must use top-k or top-p."""
+    vocab, dev = x.shape[-1], x.device
+    k_t = torch.tensor(ks, device=dev)[:, None]
+    p_t = torch.tensor([p if p < 1.0 else float("inf") for p in ps], device=dev, dtype=x.dtype)[:, None]
+    n = min(max(ks), TOP_CANDIDATES)
+    if n < vocab and all(k <= n or (k == vocab and p < 1.0) for k, p in zip(ks, ps, strict=True)):
+        # Sorting the whole vocabulary is slow on CPU; the top `n` usually hold every surviving token.
+        vals, idx = x.topk(n, dim=-1)
+        full_lse = x.logsumexp(dim=-1, keepdim=True) if any(k == vocab for k in ks) else None
+        kept = _filter_sorted(vals, k_t, p_t, full_lse)
+        if kept is not None:
+            return torch.full_like(x, float("-inf")).scatter_(-1, idx, kept)
     # Stable sort: among equal logits the lowest index ranks first, as with argmax.
-    sorted_x, order = x.sort(dim=-1, descending=True, stable=True)
-    rank = torch.arange(x.shape[-1], device=x.device)
-    drop = rank[None, :] >= torch.tensor(ks, device=x.device)[:, None]
-    sorted_x = sorted_x.masked_fill(drop, float("-inf"))
-    if any(p < 1.0 for p in ps):
-        probs = sorted_x.softmax(dim=-1)
-        # Mass strictly before each token; keep while it is < top_p -> smallest prefix reaching top_p.
-        before = probs.cumsum(dim=-1) - probs
-        # Rows without top-p get an infinite threshold: rounding can push the running sum past 1.0.
-        thr = torch.tensor([p if p < 1.0 else float("inf") for p in ps], device=x.device, dtype=probs.dtype)
-        drop = before >= thr[:, None]
-        drop[:, 0] = False
-        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
-    return torch.full_like(x, float("-inf")).scatter_(-1, order, sorted_x)
+    vals, idx = x.sort(dim=-1, descending=True, stable=True)
+    kept = _filter_sorted(vals, k_t, p_t, None)
+    assert kept is not None
+    return torch.full_like(x, float("-inf")).scatter_(-1, idx, kept)
+
+
+def _filter_sorted(
+    vals: torch.Tensor, k_t: torch.Tensor, p_t: torch.Tensor, full_lse: torch.Tensor | None
+) -> torch.Tensor | None:
+    """vals: each row's top logits, descending (all of them when full_lse is None, else a prefix and
+    full_lse is the log-normaliser of the whole row). Returns vals with dropped entries at -inf, or
+    None when some row's nucleus reaches past the prefix."""
+    n = vals.shape[-1]
+    vals = vals.masked_fill(torch.arange(n, device=vals.device)[None, :] >= k_t, float("-inf"))
+    if not bool(torch.isfinite(p_t).any()):
+        return vals
+    lse = vals.logsumexp(dim=-1, keepdim=True)  # normaliser of the top-k set ...
+    if full_lse is not None:  # ... unless top-k is off and the set is the whole row
+        lse = torch.where(k_t > n, full_lse, lse)
+    probs = (vals - lse).exp()
+    cum = probs.cumsum(dim=-1)
+    if full_lse is not None and bool(((cum[:, -1:] < p_t) & (k_t > n)).any()):
+        return None
+    # Mass strictly before each token; keep while it is < top_p -> smallest prefix reaching top_p.
+    # Rows without top-p have an infinite threshold (rounding can push the running sum past 1.0).
+    drop = (cum - probs) >= p_t
+    drop[:, 0] = False
+    return vals.masked_fill(drop, float("-inf"))
 
 
 def compute_logprobs(
