@@ -21,6 +21,9 @@ def run_worker(cfg_bytes: bytes, ep_bytes: bytes, rank: int) -> None:
     ctx = zmq.Context()
     launcher = make_socket(ctx, zmq.PUSH, ep.launcher, bind=False)
     try:
+        from worker.malloc_tuning import keep_freed_memory
+
+        keep_freed_memory()
         import torch
 
         if cfg.torch_threads:
