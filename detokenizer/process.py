@@ -9,6 +9,7 @@ import zmq
 from tokenizers import Tokenizer
 
 from detokenizer.incremental import IncrementalDecoder
+from detokenizer.stop_strings import StopStringMatcher
 from protocol.codec import detok_in_decoder, encode
 from protocol.engine_config import EngineConfig
 from protocol.ipc import Endpoints, exit_with_parent, make_socket
@@ -24,35 +25,53 @@ from protocol.messages import (
 )
 
 
+class _Stream:
+    """One request's text: incremental decode, then stop-string hold-back and trimming."""
+
+    def __init__(self, tokenizer: Tokenizer, msg: DetokRegister) -> None:
+        self.decoder = IncrementalDecoder(tokenizer, msg.prompt_tail, msg.skip_special_tokens)
+        self.stops = StopStringMatcher(msg.stop, msg.include_stop_str_in_output) if msg.stop else None
+
+    def push(self, ids: list[int], finished: bool) -> str:
+        text = self.decoder.push(ids) if ids else ""
+        if finished:
+            text += self.decoder.flush()
+        if self.stops is None:
+            return text
+        out, _ = self.stops.feed(text)
+        if finished and not self.stops.done:
+            out += self.stops.flush()
+        return out
+
+
 class Detokenizer:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
-        self.decoders: dict[str, IncrementalDecoder] = {}
+        self.streams: dict[str, _Stream] = {}
 
     def register(self, msg: DetokRegister) -> None:
-        self.decoders[msg.rid] = IncrementalDecoder(self.tokenizer, msg.prompt_tail, msg.skip_special_tokens)
+        self.streams[msg.rid] = _Stream(self.tokenizer, msg)
 
     def process(self, batch: TokenBatch) -> OutputBatch:
         outs: list[RequestOutput] = []
         for d in batch.deltas:
-            dec = self.decoders.get(d.rid)
-            if dec is None:
+            stream = self.streams.get(d.rid)
+            if stream is None:
                 continue  # never registered (failed early): nothing to say
-            text = dec.push(d.token_ids) if d.token_ids else ""
             finished = d.finish_reason is not None
+            text = stream.push(d.token_ids, finished)
             if finished:
-                text += dec.flush()
-                del self.decoders[d.rid]
+                del self.streams[d.rid]
             outs.append(
                 RequestOutput(
                     d.rid, text, d.token_ids, finished, d.finish_reason, d.matched_stop,
-                    d.prompt_tokens, d.completion_tokens,
+                    d.prompt_tokens, d.completion_tokens, d.logprobs, d.prompt_logprobs,
                 )
             )
         return OutputBatch(outs)
 
     def drop(self, rid: str) -> None:
-        self.decoders.pop(rid, None)
+        self.streams.pop(rid, None)
 
 
 def run_detokenizer(cfg_bytes: bytes, ep_bytes: bytes) -> None:

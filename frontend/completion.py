@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from protocol.messages import RequestOutput
+from protocol.messages import Logprobs, RequestOutput
 
 
 @dataclass
@@ -13,6 +13,8 @@ class CompletionDelta:
     token_ids: list[int]
     finished: bool = False
     finish_reason: str | None = None
+    logprobs: Logprobs | None = None
+    prompt_logprobs: Logprobs | None = None
 
 
 @dataclass
@@ -24,10 +26,17 @@ class Completion:
     matched_stop: int | str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Column-wise (see protocol.messages.Logprobs); None unless the request asked.
+    logprobs: Logprobs | None = None
+    prompt_logprobs: Logprobs | None = None
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text
         self.token_ids += out.token_ids
+        if out.logprobs is not None:
+            self.logprobs = _joined(self.logprobs, out.logprobs)
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = _joined(self.prompt_logprobs, out.prompt_logprobs)
         if out.finished:
             self.finish_reason = out.finish_reason
             self.matched_stop = out.matched_stop
@@ -35,5 +44,14 @@ class Completion:
             self.completion_tokens = out.completion_tokens
 
 
+def _joined(acc: Logprobs | None, more: Logprobs) -> Logprobs:
+    if acc is None:
+        return Logprobs(list(more.token_ids), list(more.logprobs), list(more.top_ids), list(more.top_logprobs))
+    acc.extend(more)
+    return acc
+
+
 def to_delta(out: RequestOutput) -> CompletionDelta:
-    return CompletionDelta(out.rid, out.text, out.token_ids, out.finished, out.finish_reason)
+    return CompletionDelta(
+        out.rid, out.text, out.token_ids, out.finished, out.finish_reason, out.logprobs, out.prompt_logprobs
+    )

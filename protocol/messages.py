@@ -34,6 +34,22 @@ class AbortRequest(msgspec.Struct, tag="abort"):
     rid: str
 
 
+class Logprobs(msgspec.Struct, array_like=True):
+    """Log-probabilities at a run of positions, column-wise: for each position, the token that is there
+    (sampled, or the prompt's) with its logprob, and the top-N alternatives."""
+
+    token_ids: list[int] = []
+    logprobs: list[float] = []
+    top_ids: list[list[int]] = []
+    top_logprobs: list[list[float]] = []
+
+    def extend(self, other: Logprobs) -> None:
+        self.token_ids += other.token_ids
+        self.logprobs += other.logprobs
+        self.top_ids += other.top_ids
+        self.top_logprobs += other.top_logprobs
+
+
 class RequestOutput(msgspec.Struct, array_like=True):
     """A delta of one request: text and token ids since the previous one."""
 
@@ -45,6 +61,8 @@ class RequestOutput(msgspec.Struct, array_like=True):
     matched_stop: int | str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    logprobs: Logprobs | None = None  # for this delta's token_ids
+    prompt_logprobs: Logprobs | None = None  # for prompt positions 1.. (position 0 has none)
 
 
 class OutputBatch(msgspec.Struct, tag="outputs"):
@@ -111,6 +129,13 @@ class WorkerSampling(msgspec.Struct, array_like=True):
     top_p: float
     min_p: float
     seed: int | None
+    repetition_penalty: float = 1.0  # over prompt and output tokens
+    presence_penalty: float = 0.0  # over output tokens
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0  # until this many outputs, suppress_ids can't be sampled
+    suppress_ids: list[int] = []  # EOS and stop token ids
+    logprobs: int = -1  # top-N with each sampled token; -1: none
+    prompt_logprobs: int = -1  # top-N at each prompt position; -1: none
 
 
 class NewReqData(msgspec.Struct, array_like=True):
@@ -154,6 +179,10 @@ WorkerInMsg = SchedulerOutput | Shutdown
 class ModelRunnerOutput(msgspec.Struct, tag="result"):
     step_id: int
     sampled: list[int]  # one per scheduled request with sample=True, in scheduled order
+    # Aligned with `sampled` when any sampling request asked for logprobs (None entries for the others).
+    logprobs: list[Logprobs | None] | None = None
+    # Per request row: logprobs of the prompt tokens this step's chunk predicts (rows that asked).
+    prompt_logprobs: dict[int, Logprobs] | None = None
     busy_s: float = 0.0  # worker time spent on this step (input prep + forward + sample)
     idle_s: float = 0.0  # worker idle gap before this step (the bubble)
 
@@ -178,6 +207,8 @@ class DetokRegister(msgspec.Struct, tag="register"):
     rid: str
     prompt_tail: list[int]  # last prompt tokens: left context for decoders that need it
     skip_special_tokens: bool = True
+    stop: list[str] = []  # stop strings: text that may begin one is held back, a match is trimmed
+    include_stop_str_in_output: bool = False
 
 
 class TokenDelta(msgspec.Struct, array_like=True):
@@ -187,6 +218,8 @@ class TokenDelta(msgspec.Struct, array_like=True):
     matched_stop: int | str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    logprobs: Logprobs | None = None
+    prompt_logprobs: Logprobs | None = None
 
 
 class TokenBatch(msgspec.Struct, tag="tokens"):

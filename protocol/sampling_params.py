@@ -17,6 +17,12 @@ TokenId = Annotated[int, msgspec.Meta(ge=0)]
 Seed = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 
 MAX_STOP_TOKEN_IDS = 64
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_LOGPROBS = 20
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+NumLogprobs = Annotated[int, msgspec.Meta(ge=0, le=MAX_LOGPROBS)]
+StopString = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
 
 
 class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
@@ -29,13 +35,27 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     min_p: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
     seed: Seed | None = None
     stop_token_ids: Annotated[list[TokenId], msgspec.Meta(max_length=MAX_STOP_TOKEN_IDS)] = []
+    # Stop strings end the request when they appear in the text, across token boundaries; they are
+    # trimmed from the output unless include_stop_str_in_output.
+    stop: Annotated[list[StopString], msgspec.Meta(max_length=MAX_STOP_STRINGS)] = []
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
+    # EOS and stop tokens are suppressed until this many tokens were generated.
+    min_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
+    repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=10.0)] = 1.0
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    # Top-N logprobs with each sampled token / each prompt token (None: not computed).
+    logprobs: NumLogprobs | None = None
+    prompt_logprobs: NumLogprobs | None = None
     skip_special_tokens: bool = True
 
     def validate(self) -> None:
         """Cross-field checks msgspec.Meta cannot express. Raises ValueError naming the field."""
         if self.top_k == 0:
             raise ValueError("top_k must be -1 (disabled) or >= 1, got 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
 
     @property
     def greedy(self) -> bool:

@@ -37,10 +37,10 @@ class KVCacheManager:
         req.req_pool_idx = row
         return True
 
-    def match_prefix(self, req: Req) -> None:
+    def match_prefix(self, req: Req, use_cache: bool = True) -> None:
         """Attach the longest cached prefix of req's tokens (always leaving one token to compute)."""
         fill = req.fill_ids
-        m = self.tree.match_prefix(fill[: len(fill) - 1])
+        m = self.tree.match_prefix(fill[: len(fill) - 1] if use_cache else [])
         self.tree.inc_lock_ref(m.last_node)
         req.last_node = m.last_node
         req.prefix_indices = m.indices

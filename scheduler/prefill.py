@@ -20,7 +20,8 @@ def admit_waiting(
         req = waiting[0]
         if not kv.assign_row(req):
             break
-        kv.match_prefix(req)
+        # Prompt logprobs need every prompt position computed: no prefix-cache hit for such requests.
+        kv.match_prefix(req, use_cache=req.params.prompt_logprobs is None)
         n = min(req.num_tokens_to_compute, plan.prefill_budget)
         # Keep a page per running request in reserve so the admitted prefill doesn't force a
         # retraction at the very next decode.
@@ -54,5 +55,14 @@ def new_req_data(req: Req) -> NewReqData:
         token_ids=req.fill_ids,
         num_prompt=len(req.origin_input_ids),
         num_cached=req.num_computed_tokens,
-        sampling=WorkerSampling(p.temperature, p.top_k, p.top_p, p.min_p, p.seed),
+        sampling=WorkerSampling(
+            p.temperature, p.top_k, p.top_p, p.min_p, p.seed,
+            repetition_penalty=p.repetition_penalty,
+            presence_penalty=p.presence_penalty,
+            frequency_penalty=p.frequency_penalty,
+            min_tokens=p.min_tokens,
+            suppress_ids=req.suppressed_ids if p.min_tokens else [],
+            logprobs=-1 if p.logprobs is None else p.logprobs,
+            prompt_logprobs=-1 if p.prompt_logprobs is None else p.prompt_logprobs,
+        ),
     )

@@ -81,8 +81,9 @@ class Req:
         return self.finished_reason is not None
 
     # ---- finishing ---------------------------------------------------------------------------
-    def check_finished(self) -> None:
-        """The only place that sets finished_reason: from to_finish, length, or a stop token."""
+    def check_finished(self, matched_stop_str: str | None = None) -> None:
+        """The only place that sets finished_reason: from to_finish, length, a stop token, or a stop
+        string the caller found in the text (matched_stop_str)."""
         if self.finished_reason is not None:
             return
         if self.to_finish is not None:
@@ -91,12 +92,27 @@ class Req:
         if not self.output_ids:
             return
         last = self.output_ids[-1]
-        if last in self.stop_token_ids:
-            self.finished_reason = FinishReason.stop(last)
-        elif last in self.eos_token_ids and not self.params.ignore_eos:
-            self.finished_reason = FinishReason.stop(last)
-        elif len(self.output_ids) >= self.max_new_tokens:
+        n = len(self.output_ids)
+        if n >= self.params.min_tokens:
+            if last in self.stop_token_ids:
+                self.finished_reason = FinishReason.stop(last)
+                return
+            if last in self.eos_token_ids and not self.params.ignore_eos:
+                self.finished_reason = FinishReason.stop(last)
+                return
+            if matched_stop_str is not None:
+                self.finished_reason = FinishReason.stop(matched_stop_str)
+                return
+        if n >= self.max_new_tokens:
             self.finished_reason = FinishReason.length()
+
+    @property
+    def suppressed_ids(self) -> list[int]:
+        """Tokens that may not be sampled before min_tokens outputs (EOS unless ignored, stop ids)."""
+        ids = set(self.stop_token_ids)
+        if not self.params.ignore_eos:
+            ids |= self.eos_token_ids
+        return sorted(ids)
 
     # ---- KV ownership --------------------------------------------------------------------------
     def pop_committed_kv_cache(self) -> tuple[int, int]:

@@ -13,6 +13,7 @@ import msgspec
 from protocol.engine_config import EngineConfig
 from protocol.messages import (
     DetokRegister,
+    Logprobs,
     ModelRunnerOutput,
     RequestFailed,
     SchedulerOutput,
@@ -27,6 +28,7 @@ from scheduler.kv_cache import KVCacheManager
 from scheduler.prefill import admit_waiting
 from scheduler.req import Req
 from scheduler.step_plan import InflightStep, StepPlan, to_output
+from scheduler.stop_checker import StopChecker
 
 
 @dataclass
@@ -55,7 +57,9 @@ class Scheduler:
         self.freed_rows: list[int] = []  # rows the worker must drop at the next step
         self.outbox: list[msgspec.Struct] = []  # for the detokenizer, in order
         self._deltas: list[TokenDelta] = []
+        self._delta_of: dict[str, TokenDelta] = {}
         self.stats = SchedulerStats()
+        self.stop_checker = StopChecker(cfg.model)
         self._next_step = 0
         self._arrivals = 0
 
@@ -85,7 +89,10 @@ class Scheduler:
         self._arrivals += 1
         self.reqs[req.rid] = req
         self.waiting.append(req)
-        self.outbox.append(DetokRegister(req.rid, msg.input_ids[-8:], msg.params.skip_special_tokens))
+        p = msg.params
+        self.outbox.append(
+            DetokRegister(req.rid, msg.input_ids[-8:], p.skip_special_tokens, p.stop, p.include_stop_str_in_output)
+        )
 
     def abort(self, rid: str, message: str = "aborted by client") -> None:
         req = self.reqs.get(rid)
@@ -124,15 +131,24 @@ class Scheduler:
             if epoch == req.epoch and not req.finished():
                 req.num_inflight_steps -= 1
                 req.kv_committed_len += n
-        for i, tok in zip(step.samplers, result.sampled):
+        if result.prompt_logprobs:
+            self._add_prompt_logprobs(step, result.prompt_logprobs)
+        logprobs = result.logprobs or [None] * len(result.sampled)
+        for i, tok, lp in zip(step.samplers, result.sampled, logprobs):
             req = step.reqs[i]
             if req.finished() or step.epochs[i] != req.epoch:
                 continue  # the overrun of a request that already ended (or was retracted): dropped
             req.num_output_placeholders -= 1
+            matched = None
             if req.to_finish is None:
                 req.output_ids.append(tok)
-                self._deltas.append(TokenDelta(req.rid, [tok]))
-            req.check_finished()
+                d = self._delta(req)
+                d.token_ids.append(tok)
+                if lp is not None:
+                    d.logprobs = lp if d.logprobs is None else (d.logprobs.extend(lp) or d.logprobs)
+                if req.params.stop:
+                    matched = self.stop_checker.find(req.output_ids, req.params.stop, req.params.skip_special_tokens)
+            req.check_finished(matched)
             if req.finished():
                 self._finalize(req)
         for req, epoch in zip(step.reqs, step.epochs):
@@ -148,6 +164,20 @@ class Scheduler:
             self.check_integrity()
 
     # ---- internals ------------------------------------------------------------------------------
+    def _delta(self, req: Req) -> TokenDelta:
+        """This commit's delta for req (one per request per commit)."""
+        d = self._delta_of.get(req.rid)
+        if d is None:
+            d = self._delta_of[req.rid] = TokenDelta(req.rid, [])
+            self._deltas.append(d)
+        return d
+
+    def _add_prompt_logprobs(self, step: InflightStep, by_row: dict[int, Logprobs]) -> None:
+        for req, epoch in zip(step.reqs, step.epochs):
+            lp = by_row.get(req.req_pool_idx) if epoch == req.epoch and not req.finished() else None
+            if lp is not None and lp.token_ids:
+                self._delta(req).prompt_logprobs = lp
+
     def _finalize(self, req: Req) -> None:
         """The one end of every request: release its memory, tell the worker and the client."""
         reason = req.finished_reason
@@ -169,11 +199,7 @@ class Scheduler:
         self.stats.finished += 1
         self.stats.aborted += reason.kind == "abort"
         completion = len(req.output_ids)
-        if self._deltas and self._deltas[-1].rid == req.rid:
-            d = self._deltas[-1]
-        else:
-            d = TokenDelta(req.rid, [])
-            self._deltas.append(d)
+        d = self._delta(req)
         d.finish_reason = reason.kind
         d.matched_stop = reason.matched
         d.prompt_tokens = len(req.origin_input_ids)
@@ -183,6 +209,7 @@ class Scheduler:
         if self._deltas:
             self.outbox.append(TokenBatch(self._deltas))
             self._deltas = []
+            self._delta_of = {}
 
     def _retract(self, req: Req) -> None:
         row = self.kv.release(req)
