@@ -33,7 +33,15 @@ def _parser() -> argparse.ArgumentParser:
     lat.add_argument("--output-len", type=int, default=256)
     lat.add_argument("--num-requests", type=int, default=3, help="sequential requests; medians are reported")
 
-    for s in (o, lat):
+    pre = sub.add_parser("prefix", help="TTFT with a shared system prompt: prefix cache on vs off",
+                         allow_abbrev=False)
+    add_engine_flags(pre)
+    pre.add_argument("--num-requests", type=int, default=32)
+    pre.add_argument("--system-len", type=int, default=1000)
+    pre.add_argument("--question-len", type=int, default=24)
+    pre.add_argument("--output-len", type=int, default=4, help=argparse.SUPPRESS)
+
+    for s in (o, lat, pre):
         s.add_argument("--json", type=Path, help="also write the results here")
         s.add_argument("--skip-baseline", action="store_true", help="do not run transformers")
     return p
@@ -56,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--input-len: {e}") from e
         result = run_offline(cfg, args.num_requests, input_len, args.output_len, cfg.seed,
                              args.hf_batch_size, args.skip_baseline)
+    elif args.bench == "prefix":
+        from benchmarks.prefix_ttft import run as run_prefix
+
+        result = run_prefix(cfg, args.num_requests, args.system_len, args.question_len, cfg.seed)
     else:
         from benchmarks.latency import run as run_latency
 

@@ -52,6 +52,10 @@ class Req:
         self.needs_new_data = True  # the worker hasn't seen this request (or re-seen it after a retraction)
         self.epoch = 0  # bumped by each retraction, so results of steps from before it are dropped
 
+        # Prompt logprobs: positions delivered to the client, and seen since the last retraction.
+        self.prompt_lp_delivered = 0
+        self.prompt_lp_seen_this_epoch = 0
+
         self.to_finish: FinishReason | None = None
         self.finished_reason: FinishReason | None = None
 
@@ -143,6 +147,7 @@ class Req:
         self.num_output_placeholders = 0
         self.num_inflight_steps = 0
         self.needs_new_data = True
+        self.prompt_lp_seen_this_epoch = 0
         self.epoch += 1
 
     def __repr__(self) -> str:

@@ -151,14 +151,14 @@ class Scheduler:
             req.check_finished(matched)
             if req.finished():
                 self._finalize(req)
-        for req, epoch in zip(step.reqs, step.epochs):
+        for req, epoch, n in zip(step.reqs, step.epochs, step.num_tokens):
             if epoch != req.epoch or req.finished():
                 continue
             if req.to_finish is not None and req.num_inflight_steps == 0:
                 req.check_finished()
                 self._finalize(req)
-            elif req.kv_committed_len < len(req.origin_input_ids):
-                self.kv.cache_unfinished(req)  # a prefill chunk: cache it for others as it goes
+            elif n > 1:
+                self.kv.cache_unfinished(req)  # a prefill (chunk): others can reuse it while this one runs
         self._flush_deltas()
         if self.cfg.debug_integrity:
             self.check_integrity()
@@ -175,8 +175,18 @@ class Scheduler:
     def _add_prompt_logprobs(self, step: InflightStep, by_row: dict[int, Logprobs]) -> None:
         for req, epoch in zip(step.reqs, step.epochs):
             lp = by_row.get(req.req_pool_idx) if epoch == req.epoch and not req.finished() else None
-            if lp is not None and lp.token_ids:
-                self._delta(req).prompt_logprobs = lp
+            if lp is None or not lp.token_ids:
+                continue
+            # A retracted request recomputes its prompt: deliver each position to the client once.
+            seen_before = req.prompt_lp_seen_this_epoch
+            req.prompt_lp_seen_this_epoch += len(lp.token_ids)
+            skip = max(0, req.prompt_lp_delivered - seen_before)
+            if skip >= len(lp.token_ids):
+                continue
+            if skip:
+                lp = Logprobs(lp.token_ids[skip:], lp.logprobs[skip:], lp.top_ids[skip:], lp.top_logprobs[skip:])
+            req.prompt_lp_delivered += len(lp.token_ids)
+            self._delta(req).prompt_logprobs = lp
 
     def _finalize(self, req: Req) -> None:
         """The one end of every request: release its memory, tell the worker and the client."""

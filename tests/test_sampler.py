@@ -1,10 +1,15 @@
-"""Sampler: greedy, top-k / top-p / min-p support, seeded reproducibility, logprobs."""
+"""Sampler: greedy, top-k / top-p / min-p support, seeded reproducibility, logprobs; logits processing
+(repetition / presence / frequency penalties, min_tokens) against plain reference loops."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from protocol.messages import NewReqData, ScheduledReq, WorkerSampling
+from worker.input_prep import advance_state
+from worker.penalties import process_logits
+from worker.request_state import RequestState
 from worker.sampler import _top_k_top_p, compute_logprobs, sample
 
 V = 100
@@ -166,3 +171,86 @@ def test_compute_logprobs() -> None:
     torch.testing.assert_close(top_lp, ref_vals)
     _, ids0, lp0 = compute_logprobs(logits, tokens, top_n=0)
     assert ids0.shape == (4, 0) and lp0.shape == (4, 0)
+
+
+def _ws(**kw: object) -> WorkerSampling:
+    return WorkerSampling(**{"temperature": 0.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0, "seed": None, **kw})
+
+
+def _ref_penalties(
+    logits: list[float], prompt: list[int], outputs: list[int], rp: float, presence: float, frequency: float
+) -> list[float]:
+    """vLLM's penalties, written plainly."""
+    x = list(logits)
+    for t in range(len(x)):
+        if t in prompt or t in outputs:
+            x[t] = x[t] / rp if x[t] > 0 else x[t] * rp
+    for t in range(len(x)):
+        count = sum(1 for o in outputs if o == t)
+        x[t] -= frequency * count + (presence if count > 0 else 0.0)
+    return x
+
+
+def test_penalties_match_reference_and_leave_other_rows_alone() -> None:
+    g = torch.Generator().manual_seed(11)
+    st = RequestState(max_reqs=10, max_context=64, device=torch.device("cpu"))
+    st.tokens.random_(0, V, generator=g)  # stale tokens past each row's end must not count
+    # (row, repetition, presence, frequency); rows 2 and 7 use no penalty.
+    cases = [
+        (1, 1.3, 0.0, 0.0), (2, 1.0, 0.0, 0.0), (4, 1.0, 0.6, 0.0), (5, 1.0, 0.0, 0.9),
+        (6, 0.7, -0.4, 1.5), (7, 1.0, 0.0, 0.0), (9, 2.0, 1.0, -0.5),
+    ]
+    seqs = {}
+    for row, rp, pres, freq in cases:
+        n_prompt, n_out = (int(x) for x in torch.randint(1, 20, (2,), generator=g))
+        # A small alphabet, so tokens repeat and counts exceed 1.
+        toks = torch.randint(0, 12, (n_prompt + n_out,), generator=g).tolist()
+        seqs[row] = (toks[:n_prompt], toks[n_prompt:])
+        sampling = _ws(repetition_penalty=rp, presence_penalty=pres, frequency_penalty=freq)
+        st.add(NewReqData(row, toks, n_prompt, 0, sampling))
+    rows = [r for r, *_ in cases]
+    logits = torch.randn(len(rows), V, generator=g) * 3
+    logits[:, :12] = torch.randn(len(rows), 12, generator=g)  # both signs among the repeated tokens
+    logits[:, 3] = 0.0
+    out = logits.clone()
+    process_logits(out, rows, st)
+    for j, (row, rp, pres, freq) in enumerate(cases):
+        if (rp, pres, freq) == (1.0, 0.0, 0.0):
+            assert torch.equal(out[j], logits[j])
+        else:
+            ref = _ref_penalties(logits[j].tolist(), *seqs[row], rp, pres, freq)
+            torch.testing.assert_close(out[j], torch.tensor(ref), atol=1e-5, rtol=1e-6)
+            assert not torch.equal(out[j], logits[j])
+
+
+def test_min_tokens_suppresses_until_reached() -> None:
+    st = RequestState(max_reqs=4, max_context=32, device=torch.device("cpu"))
+    suppress = [5, 17, V + 3]  # an id past the logits' width is ignored
+    st.add(NewReqData(1, [1, 2, 3], 3, 0, _ws(min_tokens=3, suppress_ids=suppress)))
+    st.add(NewReqData(3, [4, 5], 2, 0, _ws()))
+    sched = [ScheduledReq(1, 3, 0, [], True), ScheduledReq(3, 2, 0, [], True)]
+    logits = torch.randn(2, V, generator=torch.Generator().manual_seed(12))
+    logits[:, 17] = 50.0  # the argmax: greedy would pick it if it were not suppressed
+    for k in range(5):  # k outputs so far
+        out = logits.clone()
+        process_logits(out, [1, 3], st)
+        suppressed = k < 3
+        assert bool(torch.isinf(out[0, [5, 17]]).all()) == suppressed
+        keep = torch.ones(V, dtype=torch.bool)
+        keep[[5, 17]] = False
+        assert torch.equal(out[0, keep], logits[0, keep]) and torch.equal(out[1], logits[1])
+        tokens = sample(out, *_params(2, temperature=0.0), [None, None])
+        assert (int(tokens[0]) != 17) == suppressed and int(tokens[1]) == 17
+        advance_state(sched, st, [int(tokens[0]), 8])
+        sched = [ScheduledReq(1, 1, 0, [], True), ScheduledReq(3, 1, 0, [], True)]
+
+
+def test_default_rows_skip_processing() -> None:
+    st = RequestState(max_reqs=4, max_context=16, device=torch.device("cpu"))
+    st.add(NewReqData(0, [1, 2], 2, 0, _ws(min_tokens=0, suppress_ids=[1])))
+    st.add(NewReqData(1, [1, 2], 2, 0, _ws(min_tokens=5)))  # no ids to suppress: nothing to do
+    assert not (st.penalty_rows or st.min_tokens_rows or st.logprob_rows or st.prompt_logprob_rows)
+    st.add(NewReqData(2, [1, 2], 2, 0, _ws(frequency_penalty=0.1, logprobs=0, prompt_logprobs=2)))
+    assert st.penalty_rows == st.logprob_rows == st.prompt_logprob_rows == {2}
+    st.free(2)
+    assert not (st.penalty_rows or st.logprob_rows or st.prompt_logprob_rows)

@@ -5,6 +5,8 @@ tensors from the same state.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from protocol.messages import ScheduledReq
@@ -13,7 +15,54 @@ from worker.kv_cache import KVCache
 from worker.request_state import RequestState
 
 
-def prepare_inputs(sched: list[ScheduledReq], state: RequestState, kv: KVCache) -> ForwardBatch:
+@dataclass
+class PromptLogprobsPlan:
+    """Prompt positions whose logits a step must also return, for the rows that asked for prompt logprobs.
+    Their logits follow the sampling rows' logits, request after request."""
+
+    logits_indices: list[int]  # indices into the step's flattened tokens
+    rows: list[int]  # request rows, each with counts[i] consecutive logits rows
+    counts: list[int]
+    top_ns: list[int]
+    targets: torch.Tensor  # [sum(counts)] int64: the prompt token each of those logits predicts
+
+
+def plan_prompt_logprobs(sched: list[ScheduledReq], state: RequestState) -> PromptLogprobsPlan | None:
+    """The logits at positions start .. end-1 of a step's chunk predict tokens start+1 .. end; those whose
+    target is a prompt token (index < num_prompt) are reported. None when no row needs any."""
+    if not state.prompt_logprob_rows:
+        return None
+    idx: list[int] = []
+    rows: list[int] = []
+    counts: list[int] = []
+    tgt_rows: list[int] = []
+    tgt_cols: list[int] = []
+    total = 0
+    for s in sched:
+        r = s.req_idx
+        if r in state.prompt_logprob_rows:
+            start = state.num_computed[r]
+            count = min(start + s.num_tokens, state.num_prompt[r] - 1) - start
+            if count > 0:
+                idx += range(total, total + count)
+                rows.append(r)
+                counts.append(count)
+                tgt_rows += [r] * count
+                tgt_cols += range(start + 1, start + 1 + count)
+        total += s.num_tokens
+    if not rows:
+        return None
+    dev = state.device
+    targets = state.tokens[torch.tensor(tgt_rows, device=dev), torch.tensor(tgt_cols, device=dev)]
+    top_ns = [state.prompt_logprobs[r] for r in rows]
+    return PromptLogprobsPlan(idx, rows, counts, top_ns, targets)
+
+
+def prepare_inputs(
+    sched: list[ScheduledReq], state: RequestState, kv: KVCache, prompt_lp: PromptLogprobsPlan | None = None
+) -> ForwardBatch:
+    """The step's batch. Its logits_indices: the last token of every request that samples, in scheduled
+    order, then prompt_lp.logits_indices when given."""
     device = state.device
     rows: list[int] = []
     starts: list[int] = []
@@ -51,7 +100,11 @@ def prepare_inputs(sched: list[ScheduledReq], state: RequestState, kv: KVCache) 
         req_pool_indices=rows_t.to(device),
         seq_lens=seq_lens.to(device),
         extend_lens=extend.to(device),
-        logits_indices=torch.tensor(logits_idx, dtype=torch.int64, device=device),
+        logits_indices=torch.tensor(
+            logits_idx if prompt_lp is None else logits_idx + prompt_lp.logits_indices,
+            dtype=torch.int64,
+            device=device,
+        ),
         seq_lens_cpu=[s + n for s, n in zip(starts, lens)],
         extend_lens_cpu=lens,
         req_pool_indices_cpu=rows,

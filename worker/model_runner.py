@@ -6,13 +6,15 @@ import time
 import torch
 
 from protocol.engine_config import EngineConfig
-from protocol.messages import ModelRunnerOutput, SchedulerOutput
+from protocol.messages import Logprobs, ModelRunnerOutput, SchedulerOutput
 from protocol.model_info import ModelInfo
 from worker.device import resolve_device, resolve_dtype
-from worker.input_prep import advance_state, prepare_inputs
+from worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs
 from worker.kv_cache import KVCache
 from worker.loader import load_model
+from worker.logprobs import prompt_logprobs, sampled_logprobs
 from worker.memory import kv_pool_tokens
+from worker.penalties import process_logits
 from worker.request_state import RequestState
 from worker.sampler import sample
 
@@ -44,19 +46,48 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         t0 = time.perf_counter()
+        st = self.state
         for row in so.finished_req_idxs:
-            self.state.free(row)
+            st.free(row)
         for r in so.new_reqs:
-            self.state.add(r)
-        batch = prepare_inputs(so.scheduled, self.state, self.kv)
+            st.add(r)
+        plp = plan_prompt_logprobs(so.scheduled, st)
+        batch = prepare_inputs(so.scheduled, st, self.kv, plp)
         logits = self.model.forward(batch, self.kv)
+        rows = [s.req_idx for s in so.scheduled if s.sample]
+        plps = None
+        if plp is not None:  # the prompt positions' logits follow the sampling rows'
+            plps = prompt_logprobs(logits[len(rows) :], plp)
+            logits = logits[: len(rows)]
         sampled: list[int] = []
-        if logits.shape[0]:
-            rows = [s.req_idx for s in so.scheduled if s.sample]
-            st = self.state
-            idx = torch.tensor(rows, dtype=torch.int64, device=self.device)
-            gens = [st.seeded_generator(r) for r in rows]
-            tokens = sample(logits, st.temperature[idx], st.top_k[idx], st.top_p[idx], st.min_p[idx], gens)
-            sampled = tokens.tolist()
-        advance_state(so.scheduled, self.state, sampled)
-        return ModelRunnerOutput(so.step_id, sampled, busy_s=time.perf_counter() - t0)
+        lps = None
+        if rows:
+            sampled, lps = self._sample(logits, rows)
+        advance_state(so.scheduled, st, sampled)
+        return ModelRunnerOutput(
+            so.step_id, sampled, logprobs=lps, prompt_logprobs=plps, busy_s=time.perf_counter() - t0
+        )
+
+    def _sample(
+        self, logits: torch.Tensor, rows: list[int]
+    ) -> tuple[list[int], list[Logprobs | None] | None]:
+        """logits [len(rows), V] of the sampling rows (modified in place) -> tokens, and their logprobs
+        aligned with them when any row asked."""
+        st = self.state
+        dev = logits.device
+        lp_sel = [j for j, r in enumerate(rows) if r in st.logprob_rows] if st.logprob_rows else []
+        # Logprobs are of the raw logits: take a copy before the penalties write into them.
+        raw = logits[torch.tensor(lp_sel, device=dev)] if lp_sel else None
+        if st.penalty_rows or st.min_tokens_rows:
+            process_logits(logits, rows, st)
+        idx = torch.tensor(rows, dtype=torch.int64, device=dev)
+        gens = [st.seeded_generator(r) for r in rows]
+        tokens = sample(logits, st.temperature[idx], st.top_k[idx], st.top_p[idx], st.min_p[idx], gens)
+        sampled = tokens.tolist()
+        if raw is None:
+            return sampled, None
+        lps: list[Logprobs | None] = [None] * len(rows)
+        sel_tokens = tokens[torch.tensor(lp_sel, device=dev)]
+        for j, lp in zip(lp_sel, sampled_logprobs(raw, sel_tokens, [st.logprobs[rows[j]] for j in lp_sel])):
+            lps[j] = lp
+        return sampled, lps

@@ -28,6 +28,24 @@ class RequestState:
         self.min_p = torch.zeros(max_reqs, dtype=torch.float32, device=device)
         self.seed: list[int | None] = [None] * max_reqs
         self.generators: list[torch.Generator | None] = [None] * max_reqs
+        # Penalties: device tensors for the vectorised logits processing (only read for penalty_rows, so
+        # written only for those); the host copies decide which terms to compute without a device sync.
+        self.repetition_penalty = torch.ones(max_reqs, dtype=torch.float32, device=device)
+        self.presence_penalty = torch.zeros(max_reqs, dtype=torch.float32, device=device)
+        self.frequency_penalty = torch.zeros(max_reqs, dtype=torch.float32, device=device)
+        self.repetition_penalty_cpu = [1.0] * max_reqs
+        self.presence_penalty_cpu = [0.0] * max_reqs
+        self.frequency_penalty_cpu = [0.0] * max_reqs
+        self.min_tokens = [0] * max_reqs
+        self.suppress_ids: list[list[int]] = [[] for _ in range(max_reqs)]
+        self.logprobs = [-1] * max_reqs  # top-N with each sampled token; -1: none
+        self.prompt_logprobs = [-1] * max_reqs  # top-N at each prompt position; -1: none
+        # Live rows that use each feature: when these are empty (the common case) a step pays one
+        # truthiness test per feature and nothing else.
+        self.penalty_rows: set[int] = set()
+        self.min_tokens_rows: set[int] = set()
+        self.logprob_rows: set[int] = set()
+        self.prompt_logprob_rows: set[int] = set()
 
     def add(self, r: NewReqData) -> None:
         i = r.req_idx
@@ -47,11 +65,34 @@ class RequestState:
         self.seed[i] = s.seed
         if s.seed is not None and self.generators[i] is None:
             self.generators[i] = torch.Generator(device=self.device)
+        self.repetition_penalty_cpu[i] = s.repetition_penalty
+        self.presence_penalty_cpu[i] = s.presence_penalty
+        self.frequency_penalty_cpu[i] = s.frequency_penalty
+        if s.repetition_penalty != 1.0 or s.presence_penalty != 0.0 or s.frequency_penalty != 0.0:
+            self.repetition_penalty[i] = s.repetition_penalty
+            self.presence_penalty[i] = s.presence_penalty
+            self.frequency_penalty[i] = s.frequency_penalty
+            self.penalty_rows.add(i)
+        self.min_tokens[i] = s.min_tokens
+        self.suppress_ids[i] = list(s.suppress_ids)
+        if s.min_tokens > 0 and s.suppress_ids:
+            self.min_tokens_rows.add(i)
+        self.logprobs[i] = s.logprobs
+        if s.logprobs >= 0:
+            self.logprob_rows.add(i)
+        self.prompt_logprobs[i] = s.prompt_logprobs
+        if s.prompt_logprobs >= 0:
+            self.prompt_logprob_rows.add(i)
 
     def free(self, i: int) -> None:
         if not self.live[i]:
             raise RuntimeError(f"request row {i} freed but not live")
         self.live[i] = False
+        for rows in (self.penalty_rows, self.min_tokens_rows, self.logprob_rows, self.prompt_logprob_rows):
+            rows.discard(i)
+
+    def num_outputs(self, i: int) -> int:
+        return self.num_tokens[i] - self.num_prompt[i]
 
     def seeded_generator(self, i: int) -> torch.Generator | None:
         """The row's generator, seeded by (seed, output position): the draw for the k-th output of

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -16,6 +17,10 @@ class RMSNorm(nn.Module):
         self.weight.data.copy_(tensor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            # One fused op instead of six small ones; in fp32 it computes x * rsqrt(mean(x^2) + eps) * w
+            # like HF (measured bit-identical on CPU). Other dtypes keep HF's cast order below.
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
