@@ -208,3 +208,25 @@ def test_abort_while_queued_prefilling_and_decoding(tiny_model, launch_client) -
     assert sum(len(x.token_ids) for x in ends["prefilling"]) == 0
     assert 0 < sum(len(x.token_ids) for x in ends["decoding"]) < 1500
     check_idle_engine(engine)
+
+
+def test_logprobs_and_prompt_logprobs_match_transformers(qwen3_engine) -> None:
+    model, client = qwen3_engine
+    prompt = [40, 41, 42, 43, 44, 45, 46, 47, 48]
+    out = client.generate(prompt, SamplingParams(max_tokens=6, logprobs=3, prompt_logprobs=2, **GREEDY))
+    seq = prompt + out.token_ids
+    with torch.inference_mode():
+        ref = torch.log_softmax(hf_model(model)(input_ids=torch.tensor([seq])).logits[0].float(), -1)
+    lp, plp = out.logprobs, out.prompt_logprobs
+    assert lp is not None and plp is not None
+    assert lp.token_ids == out.token_ids and len(lp.top_ids[0]) == 3
+    for i, t in enumerate(out.token_ids):
+        pos = len(prompt) - 1 + i
+        assert abs(lp.logprobs[i] - float(ref[pos, t])) < 1e-4
+        top = torch.topk(ref[pos], 3)
+        assert lp.top_ids[i] == top.indices.tolist()
+        assert max(abs(a - b) for a, b in zip(lp.top_logprobs[i], top.values.tolist())) < 1e-4
+    assert plp.token_ids == prompt[1:]
+    for j, t in enumerate(prompt[1:]):
+        assert abs(plp.logprobs[j] - float(ref[j, t])) < 1e-4
+        assert plp.top_ids[j] == torch.topk(ref[j], 2).indices.tolist()
