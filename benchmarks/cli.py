@@ -41,7 +41,14 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--question-len", type=int, default=24)
     pre.add_argument("--output-len", type=int, default=4, help=argparse.SUPPRESS)
 
-    for s in (o, lat, pre):
+    asy = sub.add_parser("async", help="async scheduling on vs off at several batch sizes", allow_abbrev=False)
+    add_engine_flags(asy)
+    asy.add_argument("--batches", default="1,16,64", help="comma-separated batch sizes")
+    asy.add_argument("--input-len", default="64:128")
+    asy.add_argument("--output-len", type=int, default=64)
+    asy.add_argument("--num-requests", type=int, default=1, help=argparse.SUPPRESS)
+
+    for s in (o, lat, pre, asy):
         s.add_argument("--json", type=Path, help="also write the results here")
         s.add_argument("--skip-baseline", action="store_true", help="do not run transformers")
     return p
@@ -64,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--input-len: {e}") from e
         result = run_offline(cfg, args.num_requests, input_len, args.output_len, cfg.seed,
                              args.hf_batch_size, args.skip_baseline)
+    elif args.bench == "async":
+        from benchmarks.async_bench import run as run_async
+        from benchmarks.workload import parse_range
+
+        batches = [int(b) for b in args.batches.split(",") if b]
+        result = run_async(cfg, batches, parse_range(args.input_len), args.output_len, cfg.seed)
     elif args.bench == "prefix":
         from benchmarks.prefix_ttft import run as run_prefix
 
