@@ -167,7 +167,8 @@ def paged_attention_ref(
     out = None
 
     for g in plan.decode_groups:
-        qd = (q if g.token_idx is None else q.index_select(0, g.token_idx)).view(g.size, hkv, group, D)
+        # unflatten, not view: q may be a strided view (the model rotates q and k in one tensor).
+        qd = (q if g.token_idx is None else q.index_select(0, g.token_idx)).unflatten(1, (hkv, group))
         o = qd.new_empty(g.size, hkv, group, D)
         # Gather a few requests at a time so their K/V is still in cache when SDPA reads it back.
         row_bytes = 2 * g.max_len * hkv * D * k_pool.element_size()

@@ -1,0 +1,234 @@
+"""Llama-style decoder: Llama, Qwen2 (q/k/v bias) and Qwen3 (per-head q/k RMSNorm before RoPE).
+
+Module names follow HF's checkpoint names, except that q/k/v and gate/up are fused; `STACKED` maps the
+checkpoint names onto the fused layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.paged_attention import AttentionPlan, build_attention_plan, paged_attention_ref
+from worker.forward_batch import ForwardBatch
+from worker.kv_cache import KVCache
+from worker.layers import (
+    ColumnParallelLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    RowParallelLinear,
+    VocabEmbedding,
+    apply_rotary,
+)
+from worker.model_config import ModelConfig
+
+# checkpoint module -> (fused module, shard index within the fused output)
+STACKED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: Any, tp_rank: int, tp_size: int
+    ):
+        super().__init__()
+        self.layer_id = layer_id
+        # KV heads fewer than tp_size would need replication; not handled until TP is implemented.
+        self.num_heads = cfg.num_attention_heads // tp_size
+        self.num_kv_heads = cfg.num_key_value_heads // tp_size
+        self.head_dim = d = cfg.head_dim
+        self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
+        self.scale = d**-0.5
+        tp = {"dtype": dtype, "device": device, "tp_rank": tp_rank, "tp_size": tp_size}
+        self.qkv_proj = ColumnParallelLinear(
+            cfg.hidden_size,
+            [cfg.num_attention_heads * d, cfg.num_key_value_heads * d, cfg.num_key_value_heads * d],
+            cfg.qkv_bias,
+            **tp,
+        )
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * d, cfg.hidden_size, cfg.o_bias, **tp)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        batch: ForwardBatch,
+        kv: KVCache,
+        plan: AttentionPlan,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = self.qkv_proj(x)
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is None:
+            # q and k sit side by side in each qkv row: rotate both heads-sets with one set of ops.
+            qk = qkv[:, : self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
+            qk = apply_rotary(qk, cos, sin)
+            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        else:  # Qwen3 normalises each head (with separate weights for q and k) before RoPE
+            q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, self.num_kv_heads, self.head_dim)
+            q, k = apply_rotary(self.q_norm(q), cos, sin), apply_rotary(self.k_norm(k), cos, sin)
+        kv.write(self.layer_id, batch.out_cache_loc, k, v)
+        o = paged_attention_ref(
+            q,
+            kv.k[self.layer_id],
+            kv.v[self.layer_id],
+            kv.req_to_token,
+            batch.req_pool_indices,
+            batch.seq_lens,
+            batch.extend_lens,
+            self.scale,
+            plan=plan,
+        )
+        return self.o_proj(o.reshape(t, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: Any, tp_rank: int, tp_size: int):
+        super().__init__()
+        if cfg.hidden_act != "silu":
+            raise NotImplementedError(f"hidden_act {cfg.hidden_act!r} is not supported")
+        tp = {"dtype": dtype, "device": device, "tp_rank": tp_rank, "tp_size": tp_size}
+        inter = cfg.intermediate_size
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [inter, inter], cfg.mlp_bias, **tp)
+        self.down_proj = RowParallelLinear(inter, cfg.hidden_size, cfg.mlp_bias, **tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        # In place on the fresh gate_up output: one pass and no [T, intermediate] temporaries.
+        return self.down_proj(F.silu(gate, inplace=True).mul_(up))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(
+        self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: Any, tp_rank: int, tp_size: int
+    ):
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, layer_id, dtype, device, tp_rank, tp_size)
+        self.mlp = LlamaMLP(cfg, dtype, device, tp_rank, tp_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+
+    def forward(self, h: torch.Tensor, *attn_args: Any) -> torch.Tensor:
+        # In-place residual adds: h is this forward's own activation (the embedding output onwards).
+        h = h.add_(self.self_attn(self.input_layernorm(h), *attn_args))
+        return h.add_(self.mlp(self.post_attention_layernorm(h)))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: Any, tp_rank: int, tp_size: int):
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(cfg, i, dtype, device, tp_rank, tp_size) for i in range(cfg.num_hidden_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(
+        self, cfg: ModelConfig, dtype: torch.dtype, device: Any, tp_rank: int = 0, tp_size: int = 1
+    ) -> None:
+        super().__init__()
+        self.config, self.dtype, self.device = cfg, dtype, torch.device(device)
+        self.model = LlamaModel(cfg, dtype, device, tp_rank, tp_size)
+        # Tied: the LM head reuses the embedding matrix (see forward), so there is no lm_head module.
+        self.lm_head = (
+            None
+            if cfg.tie_word_embeddings
+            else ColumnParallelLinear(cfg.hidden_size, [cfg.vocab_size], False, dtype, device)
+        )
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, dtype, device)
+
+    @staticmethod
+    def arch_flags(hf: dict[str, Any]) -> dict[str, Any]:
+        """Architecture switches for ModelConfig, from the raw HF config."""
+        bias = bool(hf.get("attention_bias", False))
+        return {
+            "qkv_bias": bias,
+            "o_bias": bias,
+            "mlp_bias": bool(hf.get("mlp_bias", False)),
+            "qk_norm": False,
+        }
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        """Runs the step's tokens, fills their K/V, returns float32 logits [N, vocab] of batch.logits_indices."""
+        plan = build_attention_plan(
+            kv.req_to_token,
+            batch.req_pool_indices,
+            batch.seq_lens,
+            batch.extend_lens,
+            seq_lens_cpu=batch.seq_lens_cpu,
+            extend_lens_cpu=batch.extend_lens_cpu,
+            req_pool_indices_cpu=batch.req_pool_indices_cpu,
+        )
+        cos, sin = self.rotary.cos_sin(batch.positions, batch.max_seq_len)
+        h = self.model.embed_tokens(batch.input_ids)
+        for layer in self.model.layers:
+            h = layer(h, cos, sin, batch, kv, plan)
+        h = self.model.norm(h[batch.logits_indices])  # per-token norm: only the rows we need
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(h, weight).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load HF-named tensors; raises on unknown names and on anything left unloaded."""
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and self.lm_head is None):
+                continue
+            module_path, param = name.rsplit(".", 1)
+            parent, _, leaf = module_path.rpartition(".")
+            shard = 0
+            if leaf in STACKED:
+                fused, shard = STACKED[leaf]
+                module_path = f"{parent}.{fused}"
+            try:
+                module = self.get_submodule(module_path)
+            except AttributeError:
+                raise ValueError(f"unexpected weight {name!r} in checkpoint") from None
+            if not hasattr(module, "load_weight") or getattr(module, param, None) is None:
+                raise ValueError(f"unexpected weight {name!r} in checkpoint")
+            module.load_weight(tensor, shard=shard, param=param)
+            loaded.add(name)
+        missing = self._expected_weight_names() - loaded
+        if missing:
+            raise ValueError(f"checkpoint is missing {len(missing)} weights, e.g. {sorted(missing)[:5]}")
+
+    def _expected_weight_names(self) -> set[str]:
+        names: set[str] = set()
+        for name, _ in self.named_parameters():
+            module_path, param = name.rsplit(".", 1)
+            parent, _, leaf = module_path.rpartition(".")
+            parts = [ckpt for ckpt, (fused, _) in STACKED.items() if fused == leaf]
+            if parts:
+                names.update(f"{parent}.{p}.{param}" for p in parts)
+            else:
+                names.add(name)
+        return names
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    @staticmethod
+    def arch_flags(hf: dict[str, Any]) -> dict[str, Any]:
+        return {"qkv_bias": True, "o_bias": False, "mlp_bias": False, "qk_norm": False}
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    @staticmethod
+    def arch_flags(hf: dict[str, Any]) -> dict[str, Any]:
+        bias = bool(hf.get("attention_bias", False))
+        return {"qkv_bias": bias, "o_bias": bias, "mlp_bias": False, "qk_norm": True}

@@ -1,0 +1,22 @@
+"""config.json ``architectures[0]`` -> model class."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from worker.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+
+MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+}
+
+
+def get_model_class(architecture: str | None) -> type[nn.Module]:
+    try:
+        return MODEL_REGISTRY[architecture]  # type: ignore[index]
+    except KeyError:
+        raise ValueError(
+            f"unsupported model architecture {architecture!r}; supported: {', '.join(sorted(MODEL_REGISTRY))}"
+        ) from None
