@@ -1,14 +1,27 @@
 """Build a step's ForwardBatch from the persistent request state and the scheduled counts.
 
-This is the plain reference path (CPU lists -> tensors); the device path (Triton) builds the same
-tensors from the same state.
+The host only packs a few small index arrays (one H2D copy per step); the flat token arrays are
+gathered on the device from the request state (kernels/input_prep.py), and sampled tokens are written
+back there (kernels/sample_writeback.py), so the next step's input prep needs no host round trip
+(DESIGN.md §4). CPU runs the torch references, CUDA the Triton kernels; TANDEM_TRITON=0/1 forces one.
 """
+
 from __future__ import annotations
 
+import os
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from kernels.input_prep import (
+    prepare_inputs_ref,
+    prepare_inputs_triton,
+    update_table_ref,
+    update_table_triton,
+)
+from kernels.sample_writeback import write_sampled_ref, write_sampled_triton
 from protocol.messages import ScheduledReq
 from worker.forward_batch import ForwardBatch
 from worker.kv_cache import KVCache
@@ -52,10 +65,34 @@ def plan_prompt_logprobs(sched: list[ScheduledReq], state: RequestState) -> Prom
         total += s.num_tokens
     if not rows:
         return None
-    dev = state.device
-    targets = state.tokens[torch.tensor(tgt_rows, device=dev), torch.tensor(tgt_cols, device=dev)]
+    rows_t, cols_t = _to_device([tgt_rows, tgt_cols], state.device)
+    targets = state.tokens[rows_t, cols_t]
     top_ns = [state.prompt_logprobs[r] for r in rows]
     return PromptLogprobsPlan(idx, rows, counts, top_ns, targets)
+
+
+def use_triton(device: torch.device) -> bool:
+    """Triton kernels on CUDA, torch references elsewhere; TANDEM_TRITON=0/1 overrides (=1 on CPU needs
+    TRITON_INTERPRET=1)."""
+    forced = os.environ.get("TANDEM_TRITON")
+    if forced in ("0", "1"):
+        return forced == "1"
+    return device.type == "cuda"
+
+
+def _to_device(arrays: Sequence[Sequence[int]], device: torch.device) -> list[torch.Tensor]:
+    """The arrays as int64 tensors on `device`, views of one buffer: one host tensor and one H2D copy
+    (pinned, non-blocking on CUDA) per step, not one per array."""
+    buf = array("q")
+    for a in arrays:
+        buf.extend(a)  # array('q') fills ~2x faster than torch.tensor(list) for prefill-sized arrays
+    host = torch.frombuffer(buf, dtype=torch.int64) if buf else torch.empty(0, dtype=torch.int64)
+    if device.type == "cuda":
+        # The caching host allocator keeps the pinned block until the copy is done.
+        dev = host.pin_memory().to(device, non_blocking=True)
+    else:
+        dev = host.to(device)
+    return list(torch.split(dev, [len(a) for a in arrays]))
 
 
 def prepare_inputs(
@@ -67,52 +104,64 @@ def prepare_inputs(
     rows: list[int] = []
     starts: list[int] = []
     lens: list[int] = []
+    cu_lens: list[int] = []
+    seq_lens: list[int] = []
     logits_idx: list[int] = []
+    # This step's new KV slots, all requests together: table[slot_rows[k], slot_cols[k]] = slot_vals[k].
+    slot_rows = array("q")
+    slot_cols = array("q")
+    slot_vals: list[int] = []
     total = 0
     for s in sched:
         r = s.req_idx
         start = state.num_computed[r]
         if start + s.num_tokens > state.num_tokens[r]:
-            raise RuntimeError(f"row {r}: asked for tokens up to {start + s.num_tokens}, knows {state.num_tokens[r]}")
+            raise RuntimeError(
+                f"row {r}: asked for tokens up to {start + s.num_tokens}, knows {state.num_tokens[r]}"
+            )
         if s.slots:
-            kv.req_to_token[r, s.slot_start : s.slot_start + len(s.slots)] = torch.tensor(s.slots, dtype=torch.int64)
+            slot_rows.extend(array("q", [r]) * len(s.slots))
+            slot_cols.extend(range(s.slot_start, s.slot_start + len(s.slots)))
+            slot_vals += s.slots
         rows.append(r)
         starts.append(start)
         lens.append(s.num_tokens)
+        cu_lens.append(total)
+        seq_lens.append(start + s.num_tokens)
         total += s.num_tokens
         if s.sample:
             logits_idx.append(total - 1)
-    rows_t = torch.tensor(rows, dtype=torch.int64)
-    extend = torch.tensor(lens, dtype=torch.int64)
-    start_t = torch.tensor(starts, dtype=torch.int64)
-    seq_lens = start_t + extend
-    # positions: start_i + 0..len_i-1 for each request, flattened.
-    req_of_tok = torch.repeat_interleave(torch.arange(len(rows)), extend)
-    offsets = torch.arange(total) - torch.repeat_interleave(torch.cumsum(extend, 0) - extend, extend)
-    positions = start_t[req_of_tok] + offsets
-    tok_rows = rows_t[req_of_tok]
-    tokens_dev = state.tokens
-    rows_d, pos_d = tok_rows.to(device), positions.to(device)
+    if prompt_lp is not None:
+        logits_idx += prompt_lp.logits_indices
+    rows_t, starts_t, lens_t, cu_t, seq_t, logits_t, srow_t, scol_t, sval_t = _to_device(
+        [rows, starts, lens, cu_lens, seq_lens, logits_idx, slot_rows, slot_cols, slot_vals], device
+    )
+    triton = use_triton(device)
+    # The table first: this step's tokens read their slots back from it below.
+    (update_table_triton if triton else update_table_ref)(kv.req_to_token, srow_t, scol_t, sval_t)
+    prep = prepare_inputs_triton if triton else prepare_inputs_ref
+    input_ids, positions, out_cache_loc = prep(
+        state.tokens, kv.req_to_token, rows_t, starts_t, lens_t, cu_t, total
+    )
     return ForwardBatch.build(
-        input_ids=tokens_dev[rows_d, pos_d],
-        positions=pos_d,
-        out_cache_loc=kv.req_to_token[rows_d, pos_d],
-        req_pool_indices=rows_t.to(device),
-        seq_lens=seq_lens.to(device),
-        extend_lens=extend.to(device),
-        logits_indices=torch.tensor(
-            logits_idx if prompt_lp is None else logits_idx + prompt_lp.logits_indices,
-            dtype=torch.int64,
-            device=device,
-        ),
-        seq_lens_cpu=[s + n for s, n in zip(starts, lens)],
+        input_ids=input_ids,
+        positions=positions,
+        out_cache_loc=out_cache_loc,
+        req_pool_indices=rows_t,
+        seq_lens=seq_t,
+        extend_lens=lens_t,
+        logits_indices=logits_t,
+        seq_lens_cpu=seq_lens,
         extend_lens_cpu=lens,
         req_pool_indices_cpu=rows,
     )
 
 
-def advance_state(sched: list[ScheduledReq], state: RequestState, sampled: list[int]) -> None:
-    """After the step: computed counters move, sampled tokens join each row's token buffer."""
+def advance_state(
+    sched: list[ScheduledReq], state: RequestState, sampled: Sequence[int] | torch.Tensor
+) -> None:
+    """After the step: computed counters move, sampled tokens join each row's token buffer. `sampled`
+    may be the sampler's device tensor (in sampling order), which then never visits the host."""
     rows: list[int] = []
     cols: list[int] = []
     for s in sched:
@@ -125,5 +174,12 @@ def advance_state(sched: list[ScheduledReq], state: RequestState, sampled: list[
             rows.append(r)
             cols.append(n)
             state.num_tokens[r] = n + 1
-    if rows:
-        state.tokens[rows, cols] = torch.tensor(sampled, dtype=torch.int64, device=state.device)
+    if not rows:
+        return
+    if isinstance(sampled, torch.Tensor):
+        rows_t, cols_t = _to_device([rows, cols], state.device)
+        sampled_t = sampled.to(state.device)
+    else:
+        rows_t, cols_t, sampled_t = _to_device([rows, cols, sampled], state.device)
+    write = write_sampled_triton if use_triton(state.device) else write_sampled_ref
+    write(state.tokens, rows_t, cols_t, sampled_t)
