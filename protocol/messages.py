@@ -166,6 +166,8 @@ class SchedulerOutput(msgspec.Struct, tag="step"):
     finished_req_idxs: list[int]
     new_reqs: list[NewReqData]
     scheduled: list[ScheduledReq]
+    # The engine had no work before this step: the worker's idle gap before it is not a bubble.
+    after_idle: bool = False
 
 
 class Shutdown(msgspec.Struct, tag="shutdown"):

@@ -75,10 +75,13 @@ class SchedulerLoop:
         self.decode_result = worker_out_decoder()
         self.stats = StepStats()
         self._stalled = False  # the last schedule() found nothing to run: don't spin on it
+        self._idle = True  # nothing to do since the last step: the next one starts a burst
 
     def run(self) -> None:
         while True:
             busy = self.sched.has_work or self.sched.inflight
+            if not busy:
+                self._idle = True
             timeout = None if not busy else (0 if self._can_schedule() and not self._stalled else 50)
             events = dict(self.poller.poll(timeout))
             if self.reqs_in in events:
@@ -91,6 +94,7 @@ class SchedulerLoop:
                 self._stalled = out is None
                 if out is None:
                     break
+                out.after_idle, self._idle = self._idle, False
                 data = encode(out)
                 for w in self.workers:
                     w.send(data)

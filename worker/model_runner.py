@@ -1,8 +1,6 @@
 """The worker's step: free finished rows, add new requests, prepare inputs, forward, sample."""
 from __future__ import annotations
 
-import time
-
 import torch
 
 from protocol.engine_config import EngineConfig
@@ -15,6 +13,7 @@ from worker.loader import load_model
 from worker.logprobs import prompt_logprobs, sampled_logprobs
 from worker.memory import kv_pool_tokens
 from worker.penalties import process_logits
+from worker.pending_step import PendingStep, StepClock
 from worker.request_state import RequestState
 from worker.sampler import sample
 
@@ -41,11 +40,19 @@ class ModelRunner:
             max_context=self.max_context,
         )
         self.state = RequestState(max_reqs, self.max_context, self.device)
+        self.clock = StepClock(self.device)
         self.max_reqs = max_reqs
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        t0 = time.perf_counter()
+        """Run one step to completion (tests and simple callers)."""
+        return self.launch(so).result()
+
+    @torch.inference_mode()
+    def launch(self, so: SchedulerOutput) -> PendingStep:
+        """Queue one step; its sampled tokens are read with .result() (no host sync before that on CUDA,
+        unless a row asked for logprobs, which are turned into lists here)."""
+        t0, start = self.clock.begin()
         st = self.state
         for row in so.finished_req_idxs:
             st.free(row)
@@ -55,22 +62,24 @@ class ModelRunner:
         batch = prepare_inputs(so.scheduled, st, self.kv, plp)
         logits = self.model.forward(batch, self.kv)
         rows = [s.req_idx for s in so.scheduled if s.sample]
-        plps = None
+        step = PendingStep(so.step_id, None)
         if plp is not None:  # the prompt positions' logits follow the sampling rows'
-            plps = prompt_logprobs(logits[len(rows) :], plp)
+            step.prompt_logprobs = prompt_logprobs(logits[len(rows) :], plp)
             logits = logits[: len(rows)]
-        sampled: list[int] = []
-        lps = None
+        tokens = None
         if rows:
-            sampled, lps = self._sample(logits, rows)
-        advance_state(so.scheduled, st, sampled)
-        return ModelRunnerOutput(
-            so.step_id, sampled, logprobs=lps, prompt_logprobs=plps, busy_s=time.perf_counter() - t0
-        )
+            tokens, step.logprobs = self._sample(logits, rows)
+        advance_state(so.scheduled, st, tokens if tokens is not None else [])
+        if tokens is not None:
+            # Pinned + non_blocking: on CUDA the copy is queued behind the step, not waited for.
+            host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=self.device.type == "cuda")
+            step.tokens = host.copy_(tokens, non_blocking=True)
+        self.clock.finish(step, t0, start, after_idle=so.after_idle)
+        return step
 
     def _sample(
         self, logits: torch.Tensor, rows: list[int]
-    ) -> tuple[list[int], list[Logprobs | None] | None]:
+    ) -> tuple[torch.Tensor, list[Logprobs | None] | None]:
         """logits [len(rows), V] of the sampling rows (modified in place) -> tokens, and their logprobs
         aligned with them when any row asked."""
         st = self.state
@@ -80,14 +89,15 @@ class ModelRunner:
         raw = logits[torch.tensor(lp_sel, device=dev)] if lp_sel else None
         if st.penalty_rows or st.min_tokens_rows:
             process_logits(logits, rows, st)
-        idx = torch.tensor(rows, dtype=torch.int64, device=dev)
         gens = [st.seeded_generator(r) for r in rows]
-        tokens = sample(logits, st.temperature[idx], st.top_k[idx], st.top_p[idx], st.min_p[idx], gens)
-        sampled = tokens.tolist()
+        tokens = sample(
+            logits, [st.temperature[r] for r in rows], [st.top_k[r] for r in rows],
+            [st.top_p[r] for r in rows], [st.min_p[r] for r in rows], gens,
+        )
         if raw is None:
-            return sampled, None
+            return tokens, None
         lps: list[Logprobs | None] = [None] * len(rows)
         sel_tokens = tokens[torch.tensor(lp_sel, device=dev)]
         for j, lp in zip(lp_sel, sampled_logprobs(raw, sel_tokens, [st.logprobs[rows[j]] for j in lp_sel])):
             lps[j] = lp
-        return sampled, lps
+        return tokens, lps

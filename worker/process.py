@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import os
-import time
 import traceback
+from collections import deque
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -12,6 +13,9 @@ from protocol.engine_config import EngineConfig
 from protocol.ipc import Endpoints, exit_with_parent, make_socket
 from protocol.messages import Failed, Ready, SchedulerOutput, Shutdown, WorkerFailure, WorkerReady
 from protocol.model_info import read_model_info
+
+if TYPE_CHECKING:
+    from worker.pending_step import PendingStep
 
 
 def run_worker(cfg_bytes: bytes, ep_bytes: bytes, rank: int) -> None:
@@ -42,20 +46,39 @@ def run_worker(cfg_bytes: bytes, ep_bytes: bytes, rank: int) -> None:
         raise SystemExit(1) from e
 
     decode = worker_in_decoder()
-    idle_since = time.perf_counter()
     try:
-        while True:
-            msg = decode(inbox.recv())
-            if isinstance(msg, Shutdown):
-                return
-            assert isinstance(msg, SchedulerOutput)
-            idle = time.perf_counter() - idle_since
-            out = runner.execute(msg)
-            idle_since = time.perf_counter()
-            out.idle_s = idle
-            if results is not None:
-                results.send(encode(out))
+        serve_steps(runner, inbox, results, decode)
     except Exception as e:  # noqa: BLE001 - tell the scheduler why before dying
         if results is not None:
             results.send(encode(WorkerFailure(f"worker {rank}: {e}\n{traceback.format_exc()}")))
         raise SystemExit(1) from e
+
+
+def serve_steps(runner, inbox: zmq.Socket, results: zmq.Socket | None, decode) -> None:  # noqa: ANN001
+    """Launch steps in order; send each result as soon as its tokens are on the host.
+
+    On CUDA a launch only queues work, so when the next step is already waiting it is launched before
+    the previous result is read: the device runs N+1 while N's tokens travel back and are committed.
+    On CPU a launched step is complete, and its result goes out at once.
+    """
+    pending: deque[PendingStep] = deque()
+
+    def send_oldest() -> None:
+        out = pending.popleft().result()
+        if results is not None:
+            results.send(encode(out))
+
+    while True:
+        if pending and not pending[0].ready and inbox.poll(0) == 0:
+            send_oldest()  # nothing new to queue: wait for the oldest step instead
+            continue
+        while pending and pending[0].ready:
+            send_oldest()
+        if pending and inbox.poll(0) == 0:
+            continue
+        msg = decode(inbox.recv())
+        if isinstance(msg, Shutdown):
+            return
+        assert isinstance(msg, SchedulerOutput)
+        step = runner.launch(msg)
+        pending.append(step)

@@ -22,10 +22,11 @@ class RequestState:
         self.num_computed = [0] * max_reqs
         self.num_prompt = [0] * max_reqs
         self.live = [False] * max_reqs
-        self.temperature = torch.zeros(max_reqs, dtype=torch.float32, device=device)
-        self.top_k = torch.full((max_reqs,), -1, dtype=torch.int64, device=device)
-        self.top_p = torch.ones(max_reqs, dtype=torch.float32, device=device)
-        self.min_p = torch.zeros(max_reqs, dtype=torch.float32, device=device)
+        # Host lists: the sampler decides per row on the host, so reading them never waits for the device.
+        self.temperature = [0.0] * max_reqs
+        self.top_k = [-1] * max_reqs
+        self.top_p = [1.0] * max_reqs
+        self.min_p = [0.0] * max_reqs
         self.seed: list[int | None] = [None] * max_reqs
         self.generators: list[torch.Generator | None] = [None] * max_reqs
         # Penalties: device tensors for the vectorised logits processing (only read for penalty_rows, so
@@ -52,7 +53,7 @@ class RequestState:
         if self.live[i]:
             raise RuntimeError(f"request row {i} is already live")
         n = len(r.token_ids)
-        self.tokens[i, :n] = torch.tensor(r.token_ids, dtype=torch.int64)
+        self.tokens[i, :n] = torch.tensor(r.token_ids, dtype=torch.int64).to(self.device, non_blocking=True)
         self.num_tokens[i] = n
         self.num_computed[i] = r.num_cached
         self.num_prompt[i] = r.num_prompt
