@@ -246,3 +246,21 @@ def test_chunked_prefill_keeps_decodes_going_every_step(depth: int) -> None:
     assert outputs["long"] == expected_output(long_prompt, 3)
     # Chunks were cached as they went: the whole prompt but the last partial chunk is in the tree.
     assert sched.kv.tree.total_size() >= 2000 - 256
+
+
+def test_capacity_freed_by_step_n_is_used_from_n_plus_2() -> None:
+    sched, worker = make(depth=2, max_running=1)
+    sched.add_request(req("a", [1, 2, 3], max_tokens=2))
+    sched.add_request(req("b", [4, 5], max_tokens=2))
+    n = sched.schedule()  # a's prefill (samples its 1st token)
+    n1 = sched.schedule()  # a's decode (its 2nd and last token): no room for b yet
+    assert n is not None and n1 is not None and not n1.new_reqs
+    sched.commit(worker.execute(n))
+    assert sched.schedule() is None  # a is at max_tokens in flight; b still has no row
+    sched.commit(worker.execute(n1))  # a finishes: its row is free from the next step on
+    n2 = sched.schedule()
+    assert n2 is not None and [r.req_idx for r in n2.new_reqs] == [sched.reqs["b"].req_pool_idx]
+    assert n2.finished_req_idxs  # a's row is dropped before b is added
+    sched.commit(worker.execute(n2))
+    outputs, _ = run(sched, worker, 2)
+    assert outputs["b"] == expected_output([4, 5], 2)

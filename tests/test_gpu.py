@@ -1,0 +1,80 @@
+"""GPU-only checks (skipped without CUDA). Their CPU twins: tests/test_input_prep_kernels.py (Triton
+kernels under the interpreter), tests/test_e2e_parity.py and tests/test_e2e_async.py (the engine on CPU)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from protocol import SamplingParams
+from tests.conftest import check_idle_engine
+from tests.reference import assert_greedy_parity, greedy
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def test_triton_input_prep_kernels_equal_references_on_cuda() -> None:
+    from kernels.input_prep import (
+        prepare_inputs_ref,
+        prepare_inputs_triton,
+        update_table_ref,
+        update_table_triton,
+    )
+    from kernels.sample_writeback import write_sampled_ref, write_sampled_triton
+
+    g = torch.Generator().manual_seed(0)
+    dev = torch.device("cuda")
+    rows = torch.randperm(32, generator=g)[:12].to(dev)
+    lens = torch.randint(1, 600, (12,), generator=g).to(dev)
+    starts = torch.randint(0, 300, (12,), generator=g).to(dev)
+    cu = torch.cumsum(lens, 0) - lens
+    total = int(lens.sum())
+    tokens = torch.randint(0, 50_000, (32, 1024), generator=g).to(dev)
+    table = torch.randint(1, 1 << 33, (32, 1024), generator=g).to(dev)
+    a = prepare_inputs_ref(tokens, table, rows, starts, lens, cu, total)
+    b = prepare_inputs_triton(tokens, table, rows, starts, lens, cu, total)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+    r = rows.repeat_interleave(8)
+    c = torch.arange(8, device=dev).repeat(12) + 100
+    v = torch.randint(1, 1 << 20, (96,), generator=g).to(dev)
+    t1, t2 = table.clone(), table.clone()
+    update_table_ref(t1, r, c, v)
+    update_table_triton(t2, r, c, v)
+    assert torch.equal(t1, t2)
+    s = torch.randint(0, 50_000, (12,), generator=g).to(dev)
+    k1, k2 = tokens.clone(), tokens.clone()
+    write_sampled_ref(k1, rows, starts, s)
+    write_sampled_triton(k2, rows, starts, s)
+    assert torch.equal(k1, k2)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_cuda_fp32_greedy_parity_with_transformers(arch: str, tiny_model, launch_client) -> None:
+    model = tiny_model(arch)
+    client = launch_client(model, device="cuda", dtype="float32")
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (1, 7, 33, 120, 300)]
+    outs = client.generate_batch(prompts, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True),
+                                 progress=False)
+    for p, o in zip(prompts, outs):
+        assert_greedy_parity(o.token_ids, greedy(model, p, 32), f"cuda {arch} len {len(p)}")
+    check_idle_engine(client)
+
+
+def test_cuda_async_equals_sync(tiny_model, launch_client) -> None:
+    model = tiny_model("llama")
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, 1000) for _ in range(rng.randrange(1, 200))] for _ in range(24)]
+    params = [SamplingParams(max_tokens=24, temperature=0.0 if i % 2 else 0.8, seed=i, ignore_eos=True)
+              for i in range(24)]
+    res = {}
+    for mode in (True, False):
+        c = launch_client(model, device="cuda", dtype="float32", async_scheduling=mode)
+        res[mode] = [o.token_ids for o in c.generate_batch(prompts, params, progress=False)]
+        check_idle_engine(c)
+    assert res[True] == res[False]
