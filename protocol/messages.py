@@ -168,13 +168,25 @@ class SchedulerOutput(msgspec.Struct, tag="step"):
     scheduled: list[ScheduledReq]
     # The engine had no work before this step: the worker's idle gap before it is not a bubble.
     after_idle: bool = False
+    # Structured output: run input prep and the forward now, keep the logits, and sample only when the
+    # SampleStep with the grammar bitmask arrives (it needs the previous step's tokens accepted first).
+    defer_sample: bool = False
+
+
+class SampleStep(msgspec.Struct, tag="sample"):
+    """Sample a deferred step. `bitmask` is an int32 array [len(mask_rows), ceil(vocab/32)] (raw bytes),
+    one row per constrained request, `mask_rows` their positions among the step's sampling requests."""
+
+    step_id: int
+    mask_rows: list[int]
+    bitmask: bytes
 
 
 class Shutdown(msgspec.Struct, tag="shutdown"):
     reason: str = ""
 
 
-WorkerInMsg = SchedulerOutput | Shutdown
+WorkerInMsg = SchedulerOutput | SampleStep | Shutdown
 
 
 # ---- worker -> scheduler ---------------------------------------------------------------------

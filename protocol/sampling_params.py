@@ -5,7 +5,7 @@ in whatever process decodes it first (the frontend).
 """
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -49,11 +49,22 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     logprobs: NumLogprobs | None = None
     prompt_logprobs: NumLogprobs | None = None
     skip_special_tokens: bool = True
+    # Structured output (at most one): a JSON schema (a document, or a dict such as a Pydantic model's
+    # model_json_schema()), any JSON, a regular expression, an EBNF grammar, or one of fixed strings.
+    json_schema: str | dict[str, Any] | None = None
+    json_object: bool = False
+    regex: str | None = None
+    grammar: str | None = None
+    choice: Annotated[list[str], msgspec.Meta(min_length=1)] | None = None
 
     def validate(self) -> None:
         """Cross-field checks msgspec.Meta cannot express. Raises ValueError naming the field."""
         if self.top_k == 0:
             raise ValueError("top_k must be -1 (disabled) or >= 1, got 0")
+        constraints = [self.json_schema is not None, self.json_object, self.regex is not None,
+                       self.grammar is not None, self.choice is not None]
+        if sum(constraints) > 1:
+            raise ValueError("give at most one of json_schema, json_object, regex, grammar, choice")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
 

@@ -61,7 +61,8 @@ def new_req_data(req: Req) -> NewReqData:
             presence_penalty=p.presence_penalty,
             frequency_penalty=p.frequency_penalty,
             min_tokens=p.min_tokens,
-            suppress_ids=req.suppressed_ids if p.min_tokens else [],
+            # A grammar decides where a constrained request may stop: min_tokens does not hold EOS back.
+            suppress_ids=req.suppressed_ids if p.min_tokens and req.grammar is None else [],
             logprobs=-1 if p.logprobs is None else p.logprobs,
             prompt_logprobs=-1 if p.prompt_logprobs is None else p.prompt_logprobs,
         ),

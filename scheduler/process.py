@@ -83,11 +83,16 @@ class SchedulerLoop:
             if not busy:
                 self._idle = True
             timeout = None if not busy else (0 if self._can_schedule() and not self._stalled else 50)
+            if self.sched.structured.compiling:
+                timeout = 2 if timeout is None else min(timeout, 2)  # wake up for finished compilations
             events = dict(self.poller.poll(timeout))
             if self.reqs_in in events:
                 self._drain_requests()
             if self.results in events:
                 self._drain_results()
+            if self.sched.structured.compiling:
+                self.sched.admit_compiled()
+            self._send_due_samples()
             while self._can_schedule():
                 t0 = time.perf_counter()
                 out = self.sched.schedule()
@@ -99,10 +104,21 @@ class SchedulerLoop:
                 for w in self.workers:
                     w.send(data)
                 self.stats.on_schedule(time.perf_counter() - t0)
+                self._send_due_samples()
             self._flush()
 
     def _can_schedule(self) -> bool:
-        return self.sched.has_work and len(self.sched.inflight) < self.depth
+        # A deferred step's sample must reach the worker before the next step (which reads its tokens).
+        waiting_sample = any(s.needs_sample and not s.sample_sent for s in self.sched.inflight)
+        return self.sched.has_work and len(self.sched.inflight) < self.depth and not waiting_sample
+
+    def _send_due_samples(self) -> None:
+        """The oldest step in flight has everything before it committed: its bitmask can be built."""
+        inflight = self.sched.inflight
+        if inflight and inflight[0].needs_sample and not inflight[0].sample_sent:
+            data = encode(self.sched.build_sample(inflight[0]))
+            for w in self.workers:
+                w.send(data)
 
     def _drain_requests(self) -> None:
         while True:
@@ -148,6 +164,7 @@ class SchedulerLoop:
                 t0 = time.perf_counter()
                 self.sched.commit(msg)
                 self.stats.on_result(msg, time.perf_counter() - t0)
+                self._send_due_samples()
 
     def _flush(self) -> None:
         for msg in self.sched.take_outbox():

@@ -56,6 +56,8 @@ class Req:
         self.prompt_lp_delivered = 0
         self.prompt_lp_seen_this_epoch = 0
 
+        self.grammar: Any = None  # a RequestGrammar (structured output) once compiled
+
         self.to_finish: FinishReason | None = None
         self.finished_reason: FinishReason | None = None
 
@@ -85,9 +87,9 @@ class Req:
         return self.finished_reason is not None
 
     # ---- finishing ---------------------------------------------------------------------------
-    def check_finished(self, matched_stop_str: str | None = None) -> None:
-        """The only place that sets finished_reason: from to_finish, length, a stop token, or a stop
-        string the caller found in the text (matched_stop_str)."""
+    def check_finished(self, matched_stop_str: str | None = None, grammar_done: bool = False) -> None:
+        """The only place that sets finished_reason: from to_finish, length, a stop token, a stop
+        string the caller found in the text (matched_stop_str), or the grammar's termination."""
         if self.finished_reason is not None:
             return
         if self.to_finish is not None:
@@ -107,6 +109,9 @@ class Req:
             if matched_stop_str is not None:
                 self.finished_reason = FinishReason.stop(matched_stop_str)
                 return
+        if grammar_done:
+            self.finished_reason = FinishReason.stop()
+            return
         if n >= self.max_new_tokens:
             self.finished_reason = FinishReason.length()
 

@@ -16,6 +16,7 @@ from protocol.messages import (
     Logprobs,
     ModelRunnerOutput,
     RequestFailed,
+    SampleStep,
     SchedulerOutput,
     TokenBatch,
     TokenDelta,
@@ -29,6 +30,7 @@ from scheduler.prefill import admit_waiting
 from scheduler.req import Req
 from scheduler.step_plan import InflightStep, StepPlan, to_output
 from scheduler.stop_checker import StopChecker
+from scheduler.structured import StructuredOutput
 
 
 @dataclass
@@ -60,6 +62,7 @@ class Scheduler:
         self._delta_of: dict[str, TokenDelta] = {}
         self.stats = SchedulerStats()
         self.stop_checker = StopChecker(cfg.model)
+        self.structured = StructuredOutput(cfg.model, info.vocab_size)
         self._next_step = 0
         self._arrivals = 0
 
@@ -88,7 +91,10 @@ class Scheduler:
         req = Req(msg.rid, msg.input_ids, msg.params, self.eos, max_new, arrival=self._arrivals)
         self._arrivals += 1
         self.reqs[req.rid] = req
-        self.waiting.append(req)
+        if self.structured.wants_grammar(msg.params):
+            self.structured.submit(req)  # waits compiling, off the queue: others go on meanwhile
+        else:
+            self.waiting.append(req)
         p = msg.params
         self.outbox.append(
             DetokRegister(req.rid, msg.input_ids[-8:], p.skip_special_tokens, p.stop, p.include_stop_str_in_output)
@@ -105,6 +111,23 @@ class Scheduler:
             self._flush_deltas()
 
     # ---- steps out ----------------------------------------------------------------------------
+    def admit_compiled(self) -> None:
+        """Requests whose grammar finished compiling join the queue; a grammar that failed ends its request."""
+        ready, failed = self.structured.poll()
+        for req in ready:
+            if not req.finished():
+                self.waiting.append(req)
+        for req, message in failed:
+            if not req.finished():
+                req.to_finish = FinishReason.error(message, "invalid_request.grammar")
+                req.check_finished()
+                self._finalize(req)
+
+    def build_sample(self, step: InflightStep) -> SampleStep:
+        """The bitmask of a deferred step; every step before it has been committed."""
+        step.sample_sent = True
+        return self.structured.sample_step(step)
+
     def schedule(self) -> SchedulerOutput | None:
         budget = self.cfg.max_num_batched_tokens
         plan = StepPlan(budget=budget, prefill_cap=self.cfg.chunked_prefill_tokens or budget)
@@ -140,6 +163,7 @@ class Scheduler:
                 continue  # the overrun of a request that already ended (or was retracted): dropped
             req.num_output_placeholders -= 1
             matched = None
+            grammar_done = False
             if req.to_finish is None:
                 req.output_ids.append(tok)
                 d = self._delta(req)
@@ -148,7 +172,14 @@ class Scheduler:
                     d.logprobs = lp if d.logprobs is None else (d.logprobs.extend(lp) or d.logprobs)
                 if req.params.stop:
                     matched = self.stop_checker.find(req.output_ids, req.params.stop, req.params.skip_special_tokens)
-            req.check_finished(matched)
+                if req.grammar is not None:
+                    if not req.grammar.accept(tok):
+                        req.to_finish = FinishReason.error(
+                            f"the grammar cannot accept token {tok} after {len(req.output_ids) - 1} outputs",
+                            "request_failed.grammar",
+                        )
+                    grammar_done = req.grammar.is_terminated()
+            req.check_finished(matched, grammar_done)
             if req.finished():
                 self._finalize(req)
         for req, epoch, n in zip(step.reqs, step.epochs, step.num_tokens):

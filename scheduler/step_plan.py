@@ -50,15 +50,20 @@ class InflightStep:
     epochs: list[int]  # each req's retraction epoch at scheduling time: stale results are dropped
     num_tokens: list[int]
     samplers: list[int]  # indices into reqs of those that sample, in result order
+    needs_sample: bool = False  # structured output: the worker waits for a SampleStep with the bitmask
+    sample_sent: bool = False
 
 
 def to_output(step_id: int, freed_rows: list[int], plan: StepPlan) -> tuple[SchedulerOutput, InflightStep]:
-    out = SchedulerOutput(step_id, freed_rows, plan.new_reqs, plan.items)
+    samplers = [i for i, it in enumerate(plan.items) if it.sample]
+    defer = any(plan.reqs[i].grammar is not None for i in samplers)
+    out = SchedulerOutput(step_id, freed_rows, plan.new_reqs, plan.items, defer_sample=defer)
     record = InflightStep(
         step_id,
         plan.reqs,
         [r.epoch for r in plan.reqs],
         [it.num_tokens for it in plan.items],
-        [i for i, it in enumerate(plan.items) if it.sample],
+        samplers,
+        needs_sample=defer,
     )
     return out, record

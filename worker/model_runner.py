@@ -1,10 +1,13 @@
 """The worker's step: free finished rows, add new requests, prepare inputs, forward, sample."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from kernels.bitmask import apply_bitmask
 from protocol.engine_config import EngineConfig
-from protocol.messages import Logprobs, ModelRunnerOutput, SchedulerOutput
+from protocol.messages import Logprobs, ModelRunnerOutput, SampleStep, SchedulerOutput
 from protocol.model_info import ModelInfo
 from worker.device import resolve_device, resolve_dtype
 from worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs
@@ -16,6 +19,18 @@ from worker.penalties import process_logits
 from worker.pending_step import PendingStep, StepClock
 from worker.request_state import RequestState
 from worker.sampler import sample
+
+
+@dataclass
+class _Deferred:
+    """A step whose forward ran and whose sampling waits for the grammar bitmask."""
+
+    so: SchedulerOutput
+    step: PendingStep
+    logits: torch.Tensor
+    rows: list[int]
+    t0: float
+    start: torch.cuda.Event | None
 
 
 class ModelRunner:
@@ -41,6 +56,7 @@ class ModelRunner:
         )
         self.state = RequestState(max_reqs, self.max_context, self.device)
         self.clock = StepClock(self.device)
+        self._deferred: _Deferred | None = None
         self.max_reqs = max_reqs
 
     @torch.inference_mode()
@@ -49,9 +65,10 @@ class ModelRunner:
         return self.launch(so).result()
 
     @torch.inference_mode()
-    def launch(self, so: SchedulerOutput) -> PendingStep:
+    def launch(self, so: SchedulerOutput) -> PendingStep | None:
         """Queue one step; its sampled tokens are read with .result() (no host sync before that on CUDA,
-        unless a row asked for logprobs, which are turned into lists here)."""
+        unless a row asked for logprobs, which are turned into lists here). A step with defer_sample
+        stops after the forward and returns None: `sample_deferred` finishes it."""
         t0, start = self.clock.begin()
         st = self.state
         for row in so.finished_req_idxs:
@@ -66,10 +83,31 @@ class ModelRunner:
         if plp is not None:  # the prompt positions' logits follow the sampling rows'
             step.prompt_logprobs = prompt_logprobs(logits[len(rows) :], plp)
             logits = logits[: len(rows)]
+        if so.defer_sample:
+            self._deferred = _Deferred(so, step, logits, rows, t0, start)
+            return None
+        return self._finish(so, step, logits, rows, t0, start)
+
+    @torch.inference_mode()
+    def sample_deferred(self, msg: SampleStep) -> PendingStep:
+        """Sample the step whose forward already ran, with the grammar bitmask applied to its rows."""
+        d = self._deferred
+        if d is None or d.so.step_id != msg.step_id:
+            raise RuntimeError(f"sample for step {msg.step_id} but no such step is waiting")
+        self._deferred = None
+        if msg.mask_rows:
+            words = torch.frombuffer(bytearray(msg.bitmask), dtype=torch.int32).view(len(msg.mask_rows), -1)
+            apply_bitmask(d.logits, words, rows=torch.tensor(msg.mask_rows, dtype=torch.int64))
+        return self._finish(d.so, d.step, d.logits, d.rows, d.t0, d.start)
+
+    def _finish(
+        self, so: SchedulerOutput, step: PendingStep, logits: torch.Tensor, rows: list[int], t0: float,
+        start: torch.cuda.Event | None,
+    ) -> PendingStep:
         tokens = None
         if rows:
             tokens, step.logprobs = self._sample(logits, rows)
-        advance_state(so.scheduled, st, tokens if tokens is not None else [])
+        advance_state(so.scheduled, self.state, tokens if tokens is not None else [])
         if tokens is not None:
             # Pinned + non_blocking: on CUDA the copy is queued behind the step, not waited for.
             host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=self.device.type == "cuda")

@@ -11,7 +11,7 @@ import zmq
 from protocol.codec import encode, worker_in_decoder
 from protocol.engine_config import EngineConfig
 from protocol.ipc import Endpoints, exit_with_parent, make_socket
-from protocol.messages import Failed, Ready, SchedulerOutput, Shutdown, WorkerFailure, WorkerReady
+from protocol.messages import Failed, Ready, SampleStep, Shutdown, WorkerFailure, WorkerReady
 from protocol.model_info import read_model_info
 
 if TYPE_CHECKING:
@@ -79,6 +79,6 @@ def serve_steps(runner, inbox: zmq.Socket, results: zmq.Socket | None, decode) -
         msg = decode(inbox.recv())
         if isinstance(msg, Shutdown):
             return
-        assert isinstance(msg, SchedulerOutput)
-        step = runner.launch(msg)
-        pending.append(step)
+        step = runner.sample_deferred(msg) if isinstance(msg, SampleStep) else runner.launch(msg)
+        if step is not None:  # None: a deferred step, finished by its SampleStep
+            pending.append(step)
