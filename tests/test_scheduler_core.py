@@ -264,3 +264,45 @@ def test_capacity_freed_by_step_n_is_used_from_n_plus_2() -> None:
     sched.commit(worker.execute(n2))
     outputs, _ = run(sched, worker, 2)
     assert outputs["b"] == expected_output([4, 5], 2)
+
+
+class _FakeGrammar:
+    """Duck-typed RequestGrammar: records what it accepted and when its masks were filled."""
+
+    def __init__(self) -> None:
+        self.accepted: list[int] = []
+        self.filled_after: list[int] = []
+
+    def accept(self, tok: int) -> bool:
+        self.accepted.append(tok)
+        return True
+
+    def is_terminated(self) -> bool:
+        return len(self.accepted) >= 4
+
+    def fill_bitmask(self, mask, row: int) -> bool:  # noqa: ANN001
+        self.filled_after.append(len(self.accepted))
+        return True
+
+
+def test_constrained_step_forwards_early_and_samples_after_the_previous_commit() -> None:
+    sched, worker = make(depth=2)
+    sched.add_request(req("g", [1, 2, 3], max_tokens=10))
+    g = sched.reqs["g"].grammar = _FakeGrammar()
+    n = sched.schedule()
+    assert n is not None and n.defer_sample
+    sched.build_sample(sched.inflight[0])  # N is the oldest: its mask needs nothing more
+    n1 = sched.schedule()  # N+1's forward goes out before N's token is back...
+    assert n1 is not None and n1.defer_sample
+    assert g.filled_after == [0]
+    sched.commit(worker.execute(n))  # ...and its mask only after N's token was accepted
+    sched.build_sample(sched.inflight[0])
+    assert g.filled_after == [0, 1] and len(g.accepted) == 1
+    sched.commit(worker.execute(n1))
+    while sched.has_work:
+        so = sched.schedule()
+        assert so is not None
+        sched.build_sample(sched.inflight[0])
+        sched.commit(worker.execute(so))
+    assert len(g.accepted) == 4 and g.filled_after == [0, 1, 2, 3]  # ended by the grammar's termination
+    assert sched.kv.tree.protected_size == 0
