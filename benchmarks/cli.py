@@ -48,7 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     asy.add_argument("--output-len", type=int, default=64)
     asy.add_argument("--num-requests", type=int, default=1, help=argparse.SUPPRESS)
 
-    for s in (o, lat, pre, asy):
+    st = sub.add_parser("structured", help="JSON-schema share 0/50/100%%, async on vs off", allow_abbrev=False)
+    add_engine_flags(st)
+    st.add_argument("--num-requests", type=int, default=64)
+    st.add_argument("--output-len", type=int, default=128)
+
+    for s in (o, lat, pre, asy, st):
         s.add_argument("--json", type=Path, help="also write the results here")
         s.add_argument("--skip-baseline", action="store_true", help="do not run transformers")
     return p
@@ -77,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
 
         batches = [int(b) for b in args.batches.split(",") if b]
         result = run_async(cfg, batches, parse_range(args.input_len), args.output_len, cfg.seed)
+    elif args.bench == "structured":
+        from benchmarks.structured_bench import run as run_structured
+
+        result = run_structured(cfg, args.num_requests, args.output_len, cfg.seed)
     elif args.bench == "prefix":
         from benchmarks.prefix_ttft import run as run_prefix
 
