@@ -40,12 +40,15 @@ class Launcher:
         ready = make_socket(self._ctx, zmq.PULL, self.endpoints.launcher, bind=True)
         spawn = mp.get_context("spawn")
         c, e = self.cfg.encode(), self.endpoints.encode()
-        targets = [(f"tandem-worker{r}", run_worker, (c, e, r)) for r in range(self.cfg.tp_size)]
-        targets += [
-            ("tandem-scheduler", run_scheduler, (c, e)),
-            ("tandem-detokenizer", run_detokenizer, (c, e)),
-            ("tandem-frontend", run_frontend, (c, e)),
-        ]
+        per_node = self.cfg.tp_size // self.cfg.nnodes
+        first = self.cfg.node_rank * per_node
+        targets = [(f"tandem-worker{r}", run_worker, (c, e, r)) for r in range(first, first + per_node)]
+        if self.cfg.node_rank == 0:  # the scheduler, frontend and detokenizer live on node 0 only
+            targets += [
+                ("tandem-scheduler", run_scheduler, (c, e)),
+                ("tandem-detokenizer", run_detokenizer, (c, e)),
+                ("tandem-frontend", run_frontend, (c, e)),
+            ]
         for name, fn, args in targets:
             p = spawn.Process(target=fn, args=args, name=name, daemon=False)
             p.start()

@@ -31,7 +31,10 @@ def serve(cfg: EngineConfig) -> int:
         return 0
     for p in launcher.procs:
         print(f"{PROCESS_PREFIX}{p.name} {p.pid}", flush=True)
-    print(f"{READY_PREFIX}{endpoint}", flush=True)
+    if cfg.node_rank == 0:
+        print(f"{READY_PREFIX}{endpoint}", flush=True)
+    else:
+        print(f"tandem: node {cfg.node_rank} workers ready (clients connect to node 0)", flush=True)
     try:
         dead = None
         while dead is None:

@@ -24,7 +24,12 @@ class EngineConfig:
     max_model_len: int | None = field(default=None, metadata={"help": "context limit; default: the model's"})
     page_size: int = field(default=1, metadata={"help": "KV page size in tokens; prefix cache keys are page-aligned"})
     prefix_cache: bool = field(default=True, metadata={"help": "radix prefix cache"})
-    tp_size: int = 1
+    tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks (worker processes)"})
+    nnodes: int = field(default=1, metadata={"help": "nodes the tp ranks span"})
+    node_rank: int = field(default=0, metadata={"help": "this node (0 runs scheduler, frontend, detokenizer)"})
+    dist_init_addr: str | None = field(
+        default=None, metadata={"help": "host:port of node 0 for torch.distributed init across nodes"}
+    )
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda"})
     dtype: str = field(default="auto", metadata={"help": "auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16"})
     torch_threads: int | None = field(default=None, metadata={"help": "worker's torch intra-op threads"})
@@ -46,6 +51,12 @@ class EngineConfig:
         for name in ("max_running_requests", "max_num_batched_tokens", "page_size", "tp_size"):
             if getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise bad("node_rank", f"must be in [0, nnodes={self.nnodes})")
+        if self.tp_size % self.nnodes:
+            raise bad("tp_size", f"must be a multiple of nnodes={self.nnodes}")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise bad("dist_init_addr", "is required with nnodes > 1 (host:port of node 0)")
         if self.device not in ("auto", "cpu", "cuda"):
             raise bad("device", "must be auto, cpu or cuda")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

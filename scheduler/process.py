@@ -42,7 +42,9 @@ def run_scheduler(cfg_bytes: bytes, ep_bytes: bytes) -> None:
         info = read_model_info(cfg.model, cfg.max_model_len)
         reqs_in = make_socket(ctx, zmq.PULL, ep.scheduler_in, bind=True)
         results = make_socket(ctx, zmq.PULL, ep.scheduler_results, bind=True)
-        workers = [make_socket(ctx, zmq.PUSH, ep.worker_in(r), bind=False) for r in range(cfg.tp_size)]
+        # Rank 0 relays each step to the other tensor-parallel ranks (over torch.distributed), so only
+        # it needs a socket here, and ranks on other nodes need none.
+        workers = [make_socket(ctx, zmq.PUSH, ep.worker_in(0), bind=False)]
         detok = make_socket(ctx, zmq.PUSH, ep.detok_in, bind=False)
         hello = worker_out_decoder()(results.recv())
         if not isinstance(hello, WorkerReady):
