@@ -6,6 +6,7 @@ import glob
 import json
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -26,11 +27,13 @@ def safetensors_files(model_dir: str) -> list[str]:
     return files
 
 
-def iter_weights(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_weights(model_dir: str) -> Iterator[tuple[str, Any]]:
+    """(name, lazy slice) pairs: a layer indexes the slice (``w[a:b]``, ``w[:, a:b]``) and only those
+    bytes are read, so a tensor-parallel rank never materialises weights it does not hold."""
     for path in safetensors_files(model_dir):
         with safe_open(path, framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 -- safe_open is not a dict
-                yield name, f.get_tensor(name)
+                yield name, f.get_slice(name)
 
 
 def load_model(

@@ -62,6 +62,11 @@ class ModelConfig:
             **arch_flags,
         )
 
+    def local_kv_heads(self, tp_size: int) -> int:
+        """KV heads one tensor-parallel rank holds (and caches): a share, or 1 replicated head when fewer
+        KV heads than ranks."""
+        return max(1, self.num_key_value_heads // tp_size)
+
     @staticmethod
     def read_json(model_dir: str) -> dict[str, Any]:
         with open(os.path.join(model_dir, "config.json")) as f:

@@ -10,6 +10,7 @@ from protocol.engine_config import EngineConfig
 from protocol.messages import Logprobs, ModelRunnerOutput, SampleStep, SchedulerOutput
 from protocol.model_info import ModelInfo
 from worker.device import resolve_device, resolve_dtype
+from worker.distributed import Dist, local_rank
 from worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs
 from worker.kv_cache import KVCache
 from worker.loader import load_model
@@ -34,20 +35,26 @@ class _Deferred:
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, info: ModelInfo) -> None:
+    def __init__(self, cfg: EngineConfig, info: ModelInfo, rank: int = 0, dist: Dist | None = None) -> None:
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
+        if self.device.type == "cuda" and cfg.tp_size > 1:
+            self.device = torch.device("cuda", local_rank(cfg, rank))
         self.dtype = resolve_dtype(cfg.dtype, self.device)
-        self.model = load_model(cfg.model, dtype=self.dtype, device=self.device)
+        self.model = load_model(
+            cfg.model, dtype=self.dtype, device=self.device, tp_rank=rank, tp_size=cfg.tp_size
+        )
         mc = self.model.config
         max_reqs = cfg.max_running_requests
         self.max_context = info.max_model_len
         self.num_kv_slots = kv_pool_tokens(cfg, mc, self.dtype, self.device, max_reqs * self.max_context)
+        if dist is not None:  # every rank's pool must hold the slots the scheduler hands out
+            self.num_kv_slots = dist.min_int(self.num_kv_slots)
         # + a page: page 0 (slot 0 is the padding slot) is never handed out by the scheduler.
         self.kv = KVCache(
             mc.num_hidden_layers,
             self.num_kv_slots + cfg.page_size,
-            mc.num_key_value_heads,
+            mc.local_kv_heads(cfg.tp_size),  # only this rank's KV heads
             mc.head_dim,
             self.dtype,
             self.device,

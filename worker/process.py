@@ -1,4 +1,8 @@
-"""The worker process: receives SchedulerOutputs, runs them in order, rank 0 replies."""
+"""The worker process: receives SchedulerOutputs, runs them in order, rank 0 replies.
+
+With tensor parallelism only rank 0 has a ZMQ inbox; it forwards every message's bytes to the other
+ranks (see worker/distributed.py), so all ranks run the same steps in the same order.
+"""
 from __future__ import annotations
 
 import os
@@ -15,7 +19,23 @@ from protocol.messages import Failed, Ready, SampleStep, Shutdown, WorkerFailure
 from protocol.model_info import read_model_info
 
 if TYPE_CHECKING:
+    from worker.distributed import Dist
     from worker.pending_step import PendingStep
+
+
+class ControlInbox:
+    """The zmq inbox's poll/recv, fed by rank 0's broadcast. Rank 0 receives from the scheduler and
+    broadcasts; ranks > 0 always "have a message": they wait in the broadcast (their launched steps keep
+    running on the device meanwhile)."""
+
+    def __init__(self, dist: Dist, inbox: zmq.Socket | None) -> None:
+        self.dist, self.inbox = dist, inbox
+
+    def poll(self, timeout: int = 0) -> int:
+        return self.inbox.poll(timeout) if self.inbox is not None else 1
+
+    def recv(self) -> bytes:
+        return self.dist.broadcast_bytes(self.inbox.recv() if self.inbox is not None else None)
 
 
 def run_worker(cfg_bytes: bytes, ep_bytes: bytes, rank: int) -> None:
@@ -32,11 +52,15 @@ def run_worker(cfg_bytes: bytes, ep_bytes: bytes, rank: int) -> None:
 
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
+        from worker.distributed import init_distributed
         from worker.model_runner import ModelRunner
 
+        dist = init_distributed(cfg, ep, rank)  # None with tp_size == 1
         info = read_model_info(cfg.model, cfg.max_model_len)
-        runner = ModelRunner(cfg, info)
-        inbox = make_socket(ctx, zmq.PULL, ep.worker_in(rank), bind=True)
+        runner = ModelRunner(cfg, info, rank, dist)
+        # Only rank 0 hears from the scheduler (remote nodes need no endpoint); the rest follow its broadcast.
+        zmq_inbox = make_socket(ctx, zmq.PULL, ep.worker_in(rank), bind=True) if rank == 0 else None
+        inbox = zmq_inbox if dist is None else ControlInbox(dist, zmq_inbox)
         results = make_socket(ctx, zmq.PUSH, ep.scheduler_results, bind=False) if rank == 0 else None
         if results is not None:
             results.send(encode(WorkerReady(runner.num_kv_slots, runner.max_reqs, runner.max_context)))
@@ -52,9 +76,13 @@ def run_worker(cfg_bytes: bytes, ep_bytes: bytes, rank: int) -> None:
         if results is not None:
             results.send(encode(WorkerFailure(f"worker {rank}: {e}\n{traceback.format_exc()}")))
         raise SystemExit(1) from e
+    if dist is not None:
+        dist.close()  # after a clean Shutdown only: with a dead peer this could block
 
 
-def serve_steps(runner, inbox: zmq.Socket, results: zmq.Socket | None, decode) -> None:  # noqa: ANN001
+def serve_steps(  # noqa: ANN001
+    runner, inbox: zmq.Socket | ControlInbox, results: zmq.Socket | None, decode
+) -> None:
     """Launch steps in order; send each result as soon as its tokens are on the host.
 
     On CUDA a launch only queues work, so when the next step is already waiting it is launched before

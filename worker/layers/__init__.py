@@ -1,15 +1,17 @@
-"""Building blocks of the decoder models (tensor-parallel-shaped, only tp_size=1 exercised so far)."""
+"""Building blocks of the decoder models (tensor-parallel: each rank holds its shard)."""
 
 from worker.layers.embedding import VocabEmbedding
-from worker.layers.linear import ColumnParallelLinear, RowParallelLinear
+from worker.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear, local_heads
 from worker.layers.norm import RMSNorm
 from worker.layers.rotary import RotaryEmbedding, apply_rotary
 
 __all__ = [
     "ColumnParallelLinear",
+    "QKVParallelLinear",
     "RMSNorm",
     "RotaryEmbedding",
     "RowParallelLinear",
     "VocabEmbedding",
     "apply_rotary",
+    "local_heads",
 ]

@@ -1,19 +1,27 @@
 """Linear layers laid out for tensor parallelism.
 
 Column-parallel layers split the output features across ranks, row-parallel layers split the input
-features (and sum the partial results). Only tp_size == 1 is exercised today; the shard arithmetic is here
-so that sharded loading needs no model changes later.
+features (and sum the partial results with an all-reduce). Weights arrive as a full tensor or as a lazy
+safetensors slice: both support ``src[a:b]`` / ``src[:, a:b]``, so a rank reads only its own rows.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 
 def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def full_tensor(src: Any) -> torch.Tensor:
+    """A whole checkpoint tensor from a tensor or a safetensors slice."""
+    return src if isinstance(src, torch.Tensor) else src[:]
 
 
 class ColumnParallelLinear(nn.Module):
@@ -37,19 +45,65 @@ class ColumnParallelLinear(nn.Module):
         if any(s % tp_size for s in output_sizes):
             raise ValueError(f"output sizes {output_sizes} not divisible by tp_size={tp_size}")
         self.tp_rank, self.tp_size = tp_rank, tp_size
-        self.shard_sizes = [s // tp_size for s in output_sizes]
-        self.shard_offsets = [sum(self.shard_sizes[:i]) for i in range(len(self.shard_sizes))]
-        self.weight = _param((sum(self.shard_sizes), input_size), dtype, device)
-        self.bias = _param((sum(self.shard_sizes),), dtype, device) if bias else None
+        sizes = [s // tp_size for s in output_sizes]
+        self._init_shards(input_size, sizes, [tp_rank * n for n in sizes], bias, dtype, device)
 
-    def load_weight(self, tensor: torch.Tensor, shard: int = 0, param: str = "weight") -> None:
-        """Copy this rank's slice of the full (unsharded) checkpoint tensor of logical output `shard`."""
-        n, off = self.shard_sizes[shard], self.shard_offsets[shard]
-        dst = getattr(self, param)
-        dst.data[off : off + n].copy_(tensor.narrow(0, self.tp_rank * n, n))
+    def _init_shards(
+        self, input_size: int, sizes: list[int], starts: list[int], bias: bool, dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        # shard i: rows [starts[i], starts[i] + sizes[i]) of logical output i, at shard_offsets[i] here.
+        self.shard_sizes, self.shard_starts = sizes, starts
+        self.shard_offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        self.weight = _param((sum(sizes), input_size), dtype, device)
+        self.bias = _param((sum(sizes),), dtype, device) if bias else None
+
+    def load_weight(self, tensor: Any, shard: int = 0, param: str = "weight") -> None:
+        """Copy this rank's rows of the checkpoint tensor (full or lazy slice) of logical output `shard`."""
+        n, off, start = self.shard_sizes[shard], self.shard_offsets[shard], self.shard_starts[shard]
+        getattr(self, param).data[off : off + n].copy_(tensor[start : start + n])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Fused q/k/v projection split by heads. With fewer KV heads than ranks the KV heads are replicated:
+    rank r keeps KV head ``r * num_kv_heads // tp_size``, the one its query heads attend with."""
+
+    def __init__(
+        self,
+        input_size: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        bias: bool,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+    ) -> None:
+        nn.Module.__init__(self)
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.num_heads, self.num_kv_heads = local_heads(num_heads, num_kv_heads, tp_size)
+        replicated = num_kv_heads < tp_size
+        kv_start = tp_rank * num_kv_heads // tp_size if replicated else tp_rank * self.num_kv_heads
+        q, kv = self.num_heads * head_dim, self.num_kv_heads * head_dim
+        starts = [tp_rank * q, kv_start * head_dim, kv_start * head_dim]
+        self._init_shards(input_size, [q, kv, kv], starts, bias, dtype, device)
+
+
+def local_heads(num_heads: int, num_kv_heads: int, tp_size: int) -> tuple[int, int]:
+    """(query heads, KV heads) one rank holds; KV heads fewer than ranks are replicated (1 per rank)."""
+    if num_heads % tp_size:
+        raise ValueError(f"num_attention_heads={num_heads} not divisible by tp_size={tp_size}")
+    if num_kv_heads >= tp_size:
+        if num_kv_heads % tp_size:
+            raise ValueError(f"num_key_value_heads={num_kv_heads} not divisible by tp_size={tp_size}")
+        return num_heads // tp_size, num_kv_heads // tp_size
+    if tp_size % num_kv_heads:
+        raise ValueError(f"tp_size={tp_size} not a multiple of num_key_value_heads={num_kv_heads}")
+    return num_heads // tp_size, 1
 
 
 class RowParallelLinear(nn.Module):
@@ -73,15 +127,16 @@ class RowParallelLinear(nn.Module):
         self.weight = _param((output_size, self.shard_size), dtype, device)
         self.bias = _param((output_size,), dtype, device) if bias else None
 
-    def load_weight(self, tensor: torch.Tensor, shard: int = 0, param: str = "weight") -> None:
+    def load_weight(self, tensor: Any, shard: int = 0, param: str = "weight") -> None:
         if param == "bias":  # the bias is not split; only rank 0 adds it (see forward)
-            self.bias.data.copy_(tensor)
+            self.bias.data.copy_(full_tensor(tensor))
         else:
-            self.weight.data.copy_(tensor.narrow(1, self.tp_rank * self.shard_size, self.shard_size))
+            a = self.tp_rank * self.shard_size
+            self.weight.data.copy_(tensor[:, a : a + self.shard_size])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Adding the bias on one rank only keeps it counted once after the all-reduce.
         out = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
         if self.tp_size > 1:
-            torch.distributed.all_reduce(out)
+            dist.all_reduce(out)
         return out

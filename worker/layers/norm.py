@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from worker.layers.linear import full_tensor
 
 
 class RMSNorm(nn.Module):
@@ -13,8 +17,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device), requires_grad=False)
 
-    def load_weight(self, tensor: torch.Tensor, shard: int = 0, param: str = "weight") -> None:
-        self.weight.data.copy_(tensor)
+    def load_weight(self, tensor: Any, shard: int = 0, param: str = "weight") -> None:
+        self.weight.data.copy_(full_tensor(tensor))  # replicated on every rank (Qwen3 q/k norms too)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:

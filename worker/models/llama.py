@@ -18,6 +18,7 @@ from worker.forward_batch import ForwardBatch
 from worker.kv_cache import KVCache
 from worker.layers import (
     ColumnParallelLinear,
+    QKVParallelLinear,
     RMSNorm,
     RotaryEmbedding,
     RowParallelLinear,
@@ -43,19 +44,15 @@ class LlamaAttention(nn.Module):
     ):
         super().__init__()
         self.layer_id = layer_id
-        # KV heads fewer than tp_size would need replication; not handled until TP is implemented.
-        self.num_heads = cfg.num_attention_heads // tp_size
-        self.num_kv_heads = cfg.num_key_value_heads // tp_size
         self.head_dim = d = cfg.head_dim
+        tp = {"dtype": dtype, "device": device, "tp_rank": tp_rank, "tp_size": tp_size}
+        # Heads split over ranks; KV heads fewer than ranks are replicated (see QKVParallelLinear).
+        self.qkv_proj = QKVParallelLinear(
+            cfg.hidden_size, d, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.qkv_bias, **tp
+        )
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
         self.scale = d**-0.5
-        tp = {"dtype": dtype, "device": device, "tp_rank": tp_rank, "tp_size": tp_size}
-        self.qkv_proj = ColumnParallelLinear(
-            cfg.hidden_size,
-            [cfg.num_attention_heads * d, cfg.num_key_value_heads * d, cfg.num_key_value_heads * d],
-            cfg.qkv_bias,
-            **tp,
-        )
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * d, cfg.hidden_size, cfg.o_bias, **tp)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
@@ -131,7 +128,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: Any, tp_rank: int, tp_size: int):
         super().__init__()
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device, tp_rank, tp_size)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(cfg, i, dtype, device, tp_rank, tp_size) for i in range(cfg.num_hidden_layers)
         )
@@ -145,11 +142,11 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config, self.dtype, self.device = cfg, dtype, torch.device(device)
         self.model = LlamaModel(cfg, dtype, device, tp_rank, tp_size)
-        # Tied: the LM head reuses the embedding matrix (see forward), so there is no lm_head module.
+        # Tied: the LM head reuses the embedding matrix (this rank's vocab shard), so no lm_head module.
         self.lm_head = (
             None
             if cfg.tie_word_embeddings
-            else ColumnParallelLinear(cfg.hidden_size, [cfg.vocab_size], False, dtype, device)
+            else VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device, tp_rank, tp_size)
         )
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, dtype, device)
 
@@ -181,11 +178,12 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.model.layers:
             h = layer(h, cos, sin, batch, kv, plan)
         h = self.model.norm(h[batch.logits_indices])  # per-token norm: only the rows we need
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(h, weight).float()
+        head = self.model.embed_tokens if self.lm_head is None else self.lm_head
+        return head.logits(h)  # vocab-parallel: each rank's slice, gathered to full logits on every rank
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load HF-named tensors; raises on unknown names and on anything left unloaded."""
+    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
+        """Load HF-named tensors (full, or lazy safetensors slices of which each layer reads only its
+        rank's part); raises on unknown names and on anything left unloaded."""
         loaded: set[str] = set()
         for name, tensor in weights:
             if name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and self.lm_head is None):
