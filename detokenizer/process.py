@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import traceback
 from pathlib import Path
 
 import zmq
@@ -10,13 +9,12 @@ from tokenizers import Tokenizer
 
 from detokenizer.incremental import IncrementalDecoder
 from detokenizer.stop_strings import StopStringMatcher
+from protocol.child import reporting_startup, start_child
 from protocol.codec import detok_in_decoder, encode
-from protocol.engine_config import EngineConfig
-from protocol.ipc import Endpoints, exit_with_parent, make_socket
+from protocol.ipc import make_socket
 from protocol.messages import (
     DetokRegister,
     EngineStats,
-    Failed,
     OutputBatch,
     Ready,
     RequestFailed,
@@ -75,19 +73,12 @@ class Detokenizer:
 
 
 def run_detokenizer(cfg_bytes: bytes, ep_bytes: bytes) -> None:
-    exit_with_parent()
-    cfg = EngineConfig.decode(cfg_bytes)
-    ep = Endpoints.decode(ep_bytes)
-    ctx = zmq.Context()
-    launcher = make_socket(ctx, zmq.PUSH, ep.launcher, bind=False)
-    try:
+    cfg, ep, ctx, launcher = start_child(cfg_bytes, ep_bytes)
+    with reporting_startup(launcher, "detokenizer"):
         detok = Detokenizer(Tokenizer.from_file(str(Path(cfg.model) / "tokenizer.json")))
         inbox = make_socket(ctx, zmq.PULL, ep.detok_in, bind=True)
         frontend = make_socket(ctx, zmq.PUSH, ep.frontend_in, bind=False)
         launcher.send(encode(Ready("detokenizer", 0, f"pid={os.getpid()}")))
-    except Exception as e:  # noqa: BLE001 - report any startup failure to the launcher, then die
-        launcher.send(encode(Failed("detokenizer", f"{e}\n{traceback.format_exc()}")))
-        raise SystemExit(1) from e
     decode = detok_in_decoder()
     while True:
         msg = decode(inbox.recv())

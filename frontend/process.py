@@ -1,22 +1,20 @@
 """The frontend process: clients in (ROUTER), tokenize and validate, route outputs back by request id."""
 from __future__ import annotations
 
-import traceback
 from collections import defaultdict
 
 import msgspec
 import zmq
 
 from frontend.validation import check_prompt, decode_params, tokenize_prompt
+from protocol.child import reporting_startup, start_child
 from protocol.codec import client_decoder, encode, frontend_in_decoder
-from protocol.engine_config import EngineConfig
 from protocol.errors import InvalidRequestError
-from protocol.ipc import Endpoints, exit_with_parent, make_socket
+from protocol.ipc import make_socket
 from protocol.messages import (
     AbortReq,
     AbortRequest,
     EngineStats,
-    Failed,
     GenerateRequest,
     OutputBatch,
     Ready,
@@ -30,12 +28,8 @@ from protocol.model_info import read_model_info
 
 
 def run_frontend(cfg_bytes: bytes, ep_bytes: bytes) -> None:
-    exit_with_parent()
-    cfg = EngineConfig.decode(cfg_bytes)
-    ep = Endpoints.decode(ep_bytes)
-    ctx = zmq.Context()
-    launcher = make_socket(ctx, zmq.PUSH, ep.launcher, bind=False)
-    try:
+    cfg, ep, ctx, launcher = start_child(cfg_bytes, ep_bytes)
+    with reporting_startup(launcher, "frontend"):
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.model)
@@ -44,9 +38,6 @@ def run_frontend(cfg_bytes: bytes, ep_bytes: bytes) -> None:
         inbox = make_socket(ctx, zmq.PULL, ep.frontend_in, bind=True)
         scheduler = make_socket(ctx, zmq.PUSH, ep.scheduler_in, bind=False)
         launcher.send(encode(Ready("frontend", 0, ep.client)))
-    except Exception as e:  # noqa: BLE001 - report any startup failure to the launcher, then die
-        launcher.send(encode(Failed("frontend", f"{e}\n{traceback.format_exc()}")))
-        raise SystemExit(1) from e
     Frontend(tokenizer, info, clients, inbox, scheduler).run()
 
 

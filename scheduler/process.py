@@ -8,17 +8,16 @@ from __future__ import annotations
 import os
 import sys
 import time
-import traceback
 
 import zmq
 
+from protocol.child import reporting_startup, start_child
 from protocol.codec import encode, scheduler_in_decoder, worker_out_decoder
 from protocol.engine_config import EngineConfig
-from protocol.ipc import Endpoints, exit_with_parent, make_socket
+from protocol.ipc import make_socket
 from protocol.messages import (
     AbortReq,
     EngineStats,
-    Failed,
     ModelRunnerOutput,
     Ready,
     RequestFailed,
@@ -33,12 +32,8 @@ from scheduler.step_stats import StepStats
 
 
 def run_scheduler(cfg_bytes: bytes, ep_bytes: bytes) -> None:
-    exit_with_parent()
-    cfg = EngineConfig.decode(cfg_bytes)
-    ep = Endpoints.decode(ep_bytes)
-    ctx = zmq.Context()
-    launcher = make_socket(ctx, zmq.PUSH, ep.launcher, bind=False)
-    try:
+    cfg, ep, ctx, launcher = start_child(cfg_bytes, ep_bytes)
+    with reporting_startup(launcher, "scheduler"):
         info = read_model_info(cfg.model, cfg.max_model_len)
         reqs_in = make_socket(ctx, zmq.PULL, ep.scheduler_in, bind=True)
         results = make_socket(ctx, zmq.PULL, ep.scheduler_results, bind=True)
@@ -51,9 +46,6 @@ def run_scheduler(cfg_bytes: bytes, ep_bytes: bytes) -> None:
             raise RuntimeError(f"expected WorkerReady from rank 0, got {type(hello).__name__}")
         sched = Scheduler(cfg, info, hello.num_kv_slots)
         launcher.send(encode(Ready("scheduler", 0, f"pid={os.getpid()}")))
-    except Exception as e:  # noqa: BLE001 - report any startup failure to the launcher, then die
-        launcher.send(encode(Failed("scheduler", f"{e}\n{traceback.format_exc()}")))
-        raise SystemExit(1) from e
     SchedulerLoop(cfg, sched, reqs_in, results, workers, detok).run()
 
 

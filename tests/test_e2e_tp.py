@@ -3,17 +3,13 @@ a model with fewer KV heads than ranks; a dead rank stops the engine and waiting
 from __future__ import annotations
 
 import random
-import threading
-import time
 
-import psutil
 import pytest
 
-from frontend import Client
-from protocol import EngineDeadError, SamplingParams
+from protocol import SamplingParams
 from tests.conftest import check_idle_engine
 from tests.test_e2e_scheduling import _assert_equal_or_near_tie
-from tests.test_lifecycle import _children, _serve, _wait_gone
+from tests.test_lifecycle import assert_killing_stops_engine
 
 
 @pytest.mark.parametrize("arch,kw", [("llama", {}), ("qwen2", {}), ("qwen3", {}), ("qwen3", {"num_kv_heads": 1})],
@@ -32,28 +28,4 @@ def test_tp2_equals_tp1(arch: str, kw: dict, tiny_model, launch_client) -> None:
 
 
 def test_killing_rank_1_stops_the_engine(tiny_model) -> None:
-    proc, endpoint, pids = _serve(tiny_model("llama"), "--tp-size", "2")
-    kids = _children(proc.pid)
-    client = Client(endpoint)
-    errors: list[BaseException] = []
-    started = threading.Event()
-
-    def wait_on_request() -> None:
-        try:
-            for _ in client.stream([5, 6, 7], SamplingParams(max_tokens=1500, ignore_eos=True)):
-                started.set()
-        except BaseException as e:  # noqa: BLE001 - the test inspects it
-            errors.append(e)
-        started.set()
-
-    t = threading.Thread(target=wait_on_request)
-    t.start()
-    assert started.wait(30)
-    t0 = time.monotonic()
-    psutil.Process(pids["tandem-worker1"]).kill()
-    t.join(20)
-    assert not t.is_alive() and errors and isinstance(errors[0], EngineDeadError), errors
-    assert time.monotonic() - t0 < 15
-    assert proc.wait(20) != 0
-    assert _wait_gone(kids) == []
-    client.close()
+    assert_killing_stops_engine(tiny_model("llama"), "tandem-worker1", "--tp-size", "2")

@@ -53,10 +53,11 @@ def test_sigterm_stops_everything_with_no_orphans(tiny_model) -> None:
     assert _wait_gone(kids) == []
 
 
-def test_killing_the_worker_fails_waiting_clients_and_launcher_exits_nonzero(tiny_model) -> None:
-    proc, endpoint, pids = _serve(tiny_model("llama"))
+def assert_killing_stops_engine(model, victim: str, *flags: str) -> None:  # noqa: ANN001
+    """Kill one engine process while a client waits: the client gets EngineDeadError within seconds,
+    the launcher exits non-zero, and no process is left behind."""
+    proc, endpoint, pids = _serve(model, *flags)
     kids = _children(proc.pid)
-    worker = psutil.Process(pids["tandem-worker0"])
     client = Client(endpoint)
     errors: list[BaseException] = []
     started = threading.Event()
@@ -73,14 +74,18 @@ def test_killing_the_worker_fails_waiting_clients_and_launcher_exits_nonzero(tin
     t.start()
     assert started.wait(30)
     t0 = time.monotonic()
-    worker.kill()
-    t.join(15)
-    assert not t.is_alive(), "client still waiting after the worker died"
+    psutil.Process(pids[victim]).kill()
+    t.join(20)
+    assert not t.is_alive(), "client still waiting after a process died"
     assert errors and isinstance(errors[0], EngineDeadError), errors
-    assert time.monotonic() - t0 < 10
-    assert proc.wait(15) != 0
+    assert time.monotonic() - t0 < 15
+    assert proc.wait(20) != 0
     assert _wait_gone(kids) == []
     client.close()
+
+
+def test_killing_the_worker_fails_waiting_clients_and_launcher_exits_nonzero(tiny_model) -> None:
+    assert_killing_stops_engine(tiny_model("llama"), "tandem-worker0")
 
 
 def test_unknown_engine_option_is_an_error(tiny_model) -> None:

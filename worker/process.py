@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 import zmq
 
+from protocol.child import reporting_startup, start_child
 from protocol.codec import encode, worker_in_decoder
-from protocol.engine_config import EngineConfig
-from protocol.ipc import Endpoints, exit_with_parent, make_socket
-from protocol.messages import Failed, Ready, SampleStep, Shutdown, WorkerFailure, WorkerReady
+from protocol.ipc import make_socket
+from protocol.messages import Ready, SampleStep, Shutdown, WorkerFailure, WorkerReady
 from protocol.model_info import read_model_info
 
 if TYPE_CHECKING:
@@ -39,12 +39,8 @@ class ControlInbox:
 
 
 def run_worker(cfg_bytes: bytes, ep_bytes: bytes, rank: int) -> None:
-    exit_with_parent()
-    cfg = EngineConfig.decode(cfg_bytes)
-    ep = Endpoints.decode(ep_bytes)
-    ctx = zmq.Context()
-    launcher = make_socket(ctx, zmq.PUSH, ep.launcher, bind=False)
-    try:
+    cfg, ep, ctx, launcher = start_child(cfg_bytes, ep_bytes)
+    with reporting_startup(launcher, f"worker{rank}"):
         from worker.malloc_tuning import keep_freed_memory
 
         keep_freed_memory()
@@ -65,9 +61,6 @@ def run_worker(cfg_bytes: bytes, ep_bytes: bytes, rank: int) -> None:
         if results is not None:
             results.send(encode(WorkerReady(runner.num_kv_slots, runner.max_reqs, runner.max_context)))
         launcher.send(encode(Ready("worker", rank, f"kv_slots={runner.num_kv_slots} pid={os.getpid()}")))
-    except Exception as e:  # noqa: BLE001 - report any startup failure to the launcher, then die
-        launcher.send(encode(Failed(f"worker{rank}", f"{e}\n{traceback.format_exc()}")))
-        raise SystemExit(1) from e
 
     decode = worker_in_decoder()
     try:

@@ -1,0 +1,32 @@
+"""What every engine process does first: follow its parent, decode its config, report how startup went."""
+from __future__ import annotations
+
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import zmq
+
+from protocol.codec import encode
+from protocol.engine_config import EngineConfig
+from protocol.ipc import Endpoints, exit_with_parent, make_socket
+from protocol.messages import Failed
+
+
+def start_child(cfg_bytes: bytes, ep_bytes: bytes) -> tuple[EngineConfig, Endpoints, zmq.Context, zmq.Socket]:
+    """Config, endpoints, a ZMQ context and the socket to the launcher's readiness handshake."""
+    exit_with_parent()
+    cfg = EngineConfig.decode(cfg_bytes)
+    ep = Endpoints.decode(ep_bytes)
+    ctx = zmq.Context()
+    return cfg, ep, ctx, make_socket(ctx, zmq.PUSH, ep.launcher, bind=False)
+
+
+@contextmanager
+def reporting_startup(launcher: zmq.Socket, role: str) -> Iterator[None]:
+    """Any startup failure goes to the launcher with its traceback (so `serve` can say why), then exit."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - whatever broke, the launcher must hear of it
+        launcher.send(encode(Failed(role, f"{e}\n{traceback.format_exc()}")))
+        raise SystemExit(1) from e
