@@ -2,14 +2,19 @@
 a model with fewer KV heads than ranks; a dead rank stops the engine and waiting clients get an error."""
 from __future__ import annotations
 
+import os
 import random
+import socket
+import subprocess
+import sys
 
 import pytest
 
+from frontend import Client
 from protocol import SamplingParams
 from tests.conftest import check_idle_engine
 from tests.test_e2e_scheduling import _assert_equal_or_near_tie
-from tests.test_lifecycle import assert_killing_stops_engine
+from tests.test_lifecycle import _serve, assert_killing_stops_engine
 
 
 @pytest.mark.parametrize("arch,kw", [("llama", {}), ("qwen2", {}), ("qwen3", {}), ("qwen3", {"num_kv_heads": 1})],
@@ -29,3 +34,33 @@ def test_tp2_equals_tp1(arch: str, kw: dict, tiny_model, launch_client) -> None:
 
 def test_killing_rank_1_stops_the_engine(tiny_model) -> None:
     assert_killing_stops_engine(tiny_model("llama"), "tandem-worker1", "--tp-size", "2")
+
+
+def test_two_nodes_over_tcp_on_loopback(tiny_model) -> None:
+    """--nnodes 2: node 1 runs only its worker rank; node 0 runs the rest; torch.distributed meets over TCP."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    model = str(tiny_model("llama"))
+    common = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{port}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    node1 = subprocess.Popen(
+        [sys.executable, "-m", "launch.cli", "serve", "--model", model, "--kv-cache-tokens", "4096", *common,
+         "--node-rank", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+    )
+    try:
+        node0, endpoint, pids = _serve(model, *common, "--node-rank", "0")
+        assert "tandem-worker1" not in pids and "tandem-scheduler" in pids  # rank 1 lives on node 1
+        params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+        with Client(endpoint) as c:
+            two = c.generate([5, 6, 7, 8], params).token_ids
+        with Client.launch(model, kv_cache_tokens=4096) as c:
+            one = c.generate([5, 6, 7, 8], params).token_ids
+        assert two == one
+        node0.terminate()
+        assert node0.wait(20) == 0
+        assert node1.wait(30) != 0  # its peer is gone: node 1 stops too
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+
