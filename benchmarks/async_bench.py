@@ -16,7 +16,7 @@ def _run_mode(cfg: EngineConfig, batches: list[int], prompt_len: tuple[int, int]
     from frontend import Client
     from protocol import SamplingParams
 
-    opts = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "model"}
+    opts = cfg.options()
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     out: dict[int, dict[str, float]] = {}
     with Client.launch(cfg.model, **opts) as client:

@@ -16,7 +16,7 @@ from protocol.sampling_params import SamplingParams
 def run_engine(cfg: EngineConfig, prompts: list[list[int]], output_len: int) -> dict[str, Any]:
     from frontend import Client
 
-    opts = {k: v for k, v in vars(cfg).items() if k != "model"}
+    opts = cfg.options()
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     ttfts: list[float] = []
     decode_rates: list[float] = []
@@ -121,7 +121,7 @@ def run(cfg: EngineConfig, prompt_len: int, output_len: int, num_requests: int, 
         "weight_bytes": dims.weight_bytes,
         "machine": roofline.machine_dict(mach),
         "engine_stats": eng["stats"],
-        "engine_options": {k: v for k, v in vars(cfg).items() if k != "model"},
+        "engine_options": cfg.options(),
     }
     print(f"memory roofline, batch-1 decode: ({dims.weight_bytes / 1e6:.1f} MB weights + KV) / "
           f"{mach.bandwidth_gbs:.1f} GB/s -> {floor_tok_s:.1f} tok/s")

@@ -17,7 +17,7 @@ DECODE_BATCH = 64  # the roofline's decode group: at most this many requests dec
 def run_engine(cfg: EngineConfig, prompts: list[list[int]], output_len: int) -> dict[str, Any]:
     from frontend import Client
 
-    opts = {k: v for k, v in vars(cfg).items() if k != "model"}
+    opts = cfg.options()
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     with Client.launch(cfg.model, **opts) as client:
         # Warm-up outside the timed section: first-call allocations, thread pools, kernel selection.
@@ -122,7 +122,7 @@ def run(cfg: EngineConfig, num_requests: int, input_len: tuple[int, int], output
         "roofline_decode_s": floor.decode_s,
         "machine": roofline.machine_dict(mach),
         "engine_stats": eng["stats"],
-        "engine_options": {k: v for k, v in vars(cfg).items() if k != "model"},
+        "engine_options": cfg.options(),
     }
     print(f"roofline floor: prefill {floor.prefill_s:.3f} s + decode {floor.decode_s:.3f} s "
           f"= {floor.total_s:.3f} s -> {floor.tok_s:.1f} tok/s")

@@ -35,7 +35,7 @@ def _measure(cfg: EngineConfig, system: list[int], prompts: list[list[int]]) -> 
     from frontend import AsyncClient
 
     async def go() -> dict[str, float]:
-        opts = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "model"}
+        opts = cfg.options()
         async with AsyncClient.launch(cfg.model, **opts) as client:
             await client.generate(system + [5], {"max_tokens": 4})  # earlier traffic, same system prompt
             before = await client.stats()

@@ -38,7 +38,7 @@ def _run_mode(cfg: EngineConfig, n: int, fractions: list[float], output_len: int
     from frontend import Client
     from protocol import SamplingParams
 
-    opts = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "model"}
+    opts = cfg.options()
     prompts = random_prompts(cfg.model, n, (16, 64), seed)
     out: dict[str, Any] = {}
     with Client.launch(cfg.model, **opts) as client:

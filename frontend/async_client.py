@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from frontend.completion import Completion, CompletionDelta, to_delta
 from frontend.connection import decode_msg, encode_msg, is_dead_event, open_dealer
-from frontend.request_encoding import Params, Prompt, build_request, new_rid
+from frontend.request_encoding import Params, Prompt, build_request, new_rid, params_per_prompt
 from protocol.errors import EngineDeadError, TandemError, error_from_code
 from protocol.messages import (
     AbortRequest,
@@ -60,9 +60,7 @@ class AsyncClient:
     async def generate_batch(
         self, prompts: Sequence[Prompt], params: Params | Sequence[Params] = None, progress: bool = True
     ) -> list[Completion]:
-        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        if len(plist) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(plist)} parameter sets")
+        plist = params_per_prompt(prompts, params)
         bar = tqdm(total=len(prompts), disable=not progress, desc="generate")
 
         async def one(p: Prompt, sp: Params) -> Completion:

@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from frontend.completion import Completion, CompletionDelta, to_delta
 from frontend.connection import decode_msg, encode_msg, is_dead_event, open_dealer
-from frontend.request_encoding import Params, Prompt, build_request, new_rid
+from frontend.request_encoding import Params, Prompt, build_request, new_rid, params_per_prompt
 from protocol.errors import EngineDeadError, TandemError, error_from_code
 from protocol.messages import (
     AbortRequest,
@@ -73,9 +73,7 @@ class Client:
     def generate_batch(
         self, prompts: Sequence[Prompt], params: Params | Sequence[Params] = None, progress: bool = True
     ) -> list[Completion]:
-        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        if len(plist) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(plist)} parameter sets")
+        plist = params_per_prompt(prompts, params)
         rids = [self._submit(p, sp) for p, sp in zip(prompts, plist)]
         comps = {rid: Completion(rid) for rid in rids}
         with tqdm(total=len(rids), disable=not progress, desc="generate") as bar:

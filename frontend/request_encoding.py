@@ -39,3 +39,11 @@ def build_request(prompt: Prompt, params: Params, rid: str | None = None) -> Gen
             raise InvalidRequestError(f"chat message without {e.args[0]!r}", "invalid_request.messages") from e
         return GenerateRequest(rid, messages=msgs, params=raw)
     raise InvalidRequestError("prompt list must hold only token ids or only chat messages", "invalid_request.prompt")
+
+
+def params_per_prompt(prompts: Sequence[Prompt], params: Params | Sequence[Params]) -> list[Params]:
+    """One parameter set for all prompts, or one per prompt."""
+    plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+    if len(plist) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(plist)} parameter sets")
+    return plist

@@ -52,7 +52,7 @@ def _generate(args: argparse.Namespace) -> int:
     from protocol.sampling_params import SamplingParams
 
     cfg = config_from_args(args)
-    opts = {k: v for k, v in vars(cfg).items() if k != "model"}
+    opts = cfg.options()
     with Client.launch(cfg.model, **opts) as client:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
         for delta in client.stream(args.prompt, params):

@@ -71,6 +71,10 @@ class EngineConfig:
             raise TypeError(f"unknown engine option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         return cls(model=model, **options)  # type: ignore[arg-type]
 
+    def options(self) -> dict[str, object]:
+        """Everything but the model: the keyword options of `Client.launch(model, **options)`."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "model"}
+
     def encode(self) -> bytes:
         return msgspec.json.encode(self)
 
