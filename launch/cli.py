@@ -48,7 +48,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     from frontend import Client
-    from launch.cli_options import config_to_argv  # noqa: F401  (keeps flags and options in step)
     from protocol.sampling_params import SamplingParams
 
     cfg = config_from_args(args)

@@ -25,10 +25,6 @@ class KVAllocator:
         """Free slots."""
         return len(self._free) * self.page_size
 
-    @property
-    def num_free_pages(self) -> int:
-        return len(self._free)
-
     def alloc_pages(self, k: int) -> list[int] | None:
         """k pages, or None (nothing taken) if fewer are free."""
         if k > len(self._free):

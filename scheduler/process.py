@@ -155,9 +155,8 @@ class SchedulerLoop:
                 print(f"scheduler: worker failed: {msg.message}", file=sys.stderr)
                 raise SystemExit(1)
             if isinstance(msg, ModelRunnerOutput):
-                t0 = time.perf_counter()
                 self.sched.commit(msg)
-                self.stats.on_result(msg, time.perf_counter() - t0)
+                self.stats.on_result(msg)
                 self._send_due_samples()
 
     def _flush(self) -> None:

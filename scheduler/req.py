@@ -26,8 +26,6 @@ class Req:
     ) -> None:
         self.rid = rid
         self.origin_input_ids = input_ids
-        # No padding is ever added today; kept apart because the detokenizer starts from it.
-        self.origin_input_ids_unpadded = input_ids
         self.output_ids: list[int] = []
         self.params = params
         self.eos_token_ids = eos_token_ids
@@ -78,10 +76,6 @@ class Req:
     @property
     def num_outputs_optimistic(self) -> int:
         return len(self.output_ids) + self.num_output_placeholders
-
-    @property
-    def output_ids_through_stop(self) -> list[int]:
-        return self.output_ids
 
     def finished(self) -> bool:
         return self.finished_reason is not None

@@ -10,15 +10,13 @@ from protocol.messages import ModelRunnerOutput
 class StepStats:
     steps: int = 0
     schedule_s: float = 0.0
-    commit_s: float = 0.0
     worker_busy_s: float = 0.0
     worker_idle_s: float = 0.0
 
     def on_schedule(self, dt: float) -> None:
         self.schedule_s += dt
 
-    def on_result(self, out: ModelRunnerOutput, commit_dt: float) -> None:
+    def on_result(self, out: ModelRunnerOutput) -> None:
         self.steps += 1
-        self.commit_s += commit_dt
         self.worker_busy_s += out.busy_s
         self.worker_idle_s += out.idle_s

@@ -8,6 +8,7 @@ a directory outside the checkout, so an import can only succeed from the install
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -22,8 +23,12 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("wheel")
+    # Built from a copy: setuptools writes build/ and *.egg-info into the source tree it builds.
+    src = tmp / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv", ".git", "models", "build", "*.egg-info",
+                                                             "__pycache__", ".*_cache", ".hypothesis"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(REPO), "-w", str(tmp)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src), "-w", str(tmp)],
         check=True, cwd=tmp, timeout=300,
     )
     (wheel,) = tmp.glob("tandem-*.whl")

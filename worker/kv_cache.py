@@ -36,8 +36,3 @@ class KVCache:
         """Store this step's K/V ([T, num_kv_heads, head_dim]) into slots `loc` ([T])."""
         self.k[layer].index_copy_(0, loc, k.to(self.dtype))
         self.v[layer].index_copy_(0, loc, v.to(self.dtype))
-
-    @staticmethod
-    def bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        """Memory one slot costs over all layers (K and V), for sizing the pool from a memory budget."""
-        return 2 * num_layers * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
