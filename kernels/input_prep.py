@@ -1,4 +1,4 @@
-"""Device-side input prep (DESIGN.md §4): a step's flat token arrays gathered from the persistent
+"""Device-side input prep (docs/architecture.md §4): a step's flat token arrays gathered from the persistent
 request state, and the batched block-table update, each as a Triton kernel plus a torch reference with
 the same signature (the CPU path, and what the kernels are tested against).
 

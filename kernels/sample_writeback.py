@@ -1,4 +1,4 @@
-"""The post-sample step of the async pipeline (DESIGN.md §4): sampled tokens written into the
+"""The post-sample step of the async pipeline (docs/architecture.md §4): sampled tokens written into the
 persistent token buffer on the device, where the next step's input prep reads them with no host round
 trip. A Triton kernel and a torch reference with the same signature; Triton is imported on first use
 (see kernels/input_prep.py for why).

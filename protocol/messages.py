@@ -1,6 +1,6 @@
 """Every message that crosses a process boundary. One tagged union per socket (see `codec.py`).
 
-Socket map (DESIGN.md §1):
+Socket map (docs/architecture.md §1):
   client  -> frontend     ClientMsg      frontend -> client     FrontendMsg
   frontend-> scheduler    SchedulerInMsg worker   -> scheduler  WorkerMsg
   scheduler-> worker      WorkerInMsg    scheduler-> detok      DetokInMsg

@@ -1,4 +1,4 @@
-"""`Req`: one request as the scheduler sees it, a state machine with counters (DESIGN.md §2).
+"""`Req`: one request as the scheduler sees it, a state machine with counters (docs/architecture.md §3).
 
 Derived values are properties, never stored twice.
 """

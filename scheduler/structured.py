@@ -1,6 +1,6 @@
 """Structured output on the scheduler's side: grammars compile off the queue, one matcher per request,
 and the bitmask of a deferred step is filled from the matchers once every earlier step is committed
-(forward early, sample late: DESIGN.md §5)."""
+(forward early, sample late: docs/architecture.md §5)."""
 from __future__ import annotations
 
 from concurrent.futures import Future

@@ -3,7 +3,7 @@
 The host only packs a few small index arrays (one H2D copy per step); the flat token arrays are
 gathered on the device from the request state (kernels/input_prep.py), and sampled tokens are written
 back there (kernels/sample_writeback.py), so the next step's input prep needs no host round trip
-(DESIGN.md §4). CPU runs the torch references, CUDA the Triton kernels; TANDEM_TRITON=0/1 forces one.
+(docs/architecture.md §4). CPU runs the torch references, CUDA the Triton kernels; TANDEM_TRITON=0/1 forces one.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Persistent per-request state on the worker: one row per live request for its whole life.
 
 The scheduler sends a request's tokens once; afterwards the worker appends what it samples, so a
-step only needs "compute n more tokens of row r" (DESIGN.md §4).
+step only needs "compute n more tokens of row r" (docs/architecture.md §4).
 """
 from __future__ import annotations
 
