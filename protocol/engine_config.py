@@ -24,6 +24,12 @@ class EngineConfig:
     max_model_len: int | None = field(default=None, metadata={"help": "context limit; default: the model's"})
     page_size: int = field(default=1, metadata={"help": "KV page size in tokens; prefix cache keys are page-aligned"})
     prefix_cache: bool = field(default=True, metadata={"help": "radix prefix cache"})
+    host_kv_tokens: int = field(
+        default=0, metadata={"help": "host KV tier under the prefix cache, in tokens (pinned RAM on CUDA); 0: off"}
+    )
+    host_kv_policy: str = field(
+        default="write_back", metadata={"help": "write_back (copy to host on eviction) or write_through"}
+    )
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks (worker processes)"})
     nnodes: int = field(default=1, metadata={"help": "nodes the tp ranks span"})
     node_rank: int = field(default=0, metadata={"help": "this node (0 runs scheduler, frontend, detokenizer)"})
@@ -46,6 +52,14 @@ class EngineConfig:
             raise bad("kv_cache_tokens", "must be >= 16")
         if not 0.0 < self.kv_memory_fraction <= 0.95:
             raise bad("kv_memory_fraction", "must be in (0, 0.95]")
+        if self.host_kv_tokens < 0:
+            raise bad("host_kv_tokens", "must be >= 0")
+        if self.host_kv_tokens and not self.prefix_cache:
+            raise bad("host_kv_tokens", "needs the prefix cache (the host tier lives under it)")
+        if self.host_kv_tokens % self.page_size:
+            raise bad("host_kv_tokens", f"must be a multiple of page_size={self.page_size}")
+        if self.host_kv_policy not in ("write_back", "write_through"):
+            raise bad("host_kv_policy", "must be write_back or write_through")
         if self.chunked_prefill_tokens is not None and self.chunked_prefill_tokens < 1:
             raise bad("chunked_prefill_tokens", "must be >= 1")
         for name in ("max_running_requests", "max_num_batched_tokens", "page_size", "tp_size"):

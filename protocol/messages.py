@@ -102,6 +102,10 @@ class EngineStats(msgspec.Struct, tag="stats"):
     worker_idle_s: float  # worker idle gaps between steps (the bubble)
     integrity: str  # "ok" or what check_integrity() found
     frontend_pending: int = 0  # filled in by the frontend
+    # Host KV tier (--host-kv-tokens): prompt tokens whose KV was copied back from it instead of computed.
+    host_hit_tokens: int = 0
+    host_kv_pool_size: int = 0
+    host_kv_used: int = 0
 
 
 ClientMsg = GenerateRequest | AbortRequest | StatsRequest
@@ -136,6 +140,7 @@ class WorkerSampling(msgspec.Struct, array_like=True):
     suppress_ids: list[int] = []  # EOS and stop token ids
     logprobs: int = -1  # top-N with each sampled token; -1: none
     prompt_logprobs: int = -1  # top-N at each prompt position; -1: none
+    prompt_logprob_start: int = 0  # prompt logprobs for tokens at this index and after (logprob_start_len)
 
 
 class NewReqData(msgspec.Struct, array_like=True):
@@ -160,6 +165,17 @@ class ScheduledReq(msgspec.Struct, array_like=True):
     sample: bool  # the step reaches the end of the known tokens: sample the next one
 
 
+class KVCopies(msgspec.Struct, array_like=True):
+    """Copies between the device KV pool and the host tier, slot for slot, all layers. The worker runs
+    every to_host copy, then every to_device copy, before the step's forward: a device slot evicted to the
+    host may be reused by this very step, and a loaded prefix is read by it."""
+
+    to_host_src: list[int] = []  # device slots
+    to_host_dst: list[int] = []  # host slots
+    to_device_src: list[int] = []  # host slots
+    to_device_dst: list[int] = []  # device slots
+
+
 class SchedulerOutput(msgspec.Struct, tag="step"):
     step_id: int
     # Rows of requests finished or retracted since the previous step: freed before new_reqs are added.
@@ -171,6 +187,7 @@ class SchedulerOutput(msgspec.Struct, tag="step"):
     # Structured output: run input prep and the forward now, keep the logits, and sample only when the
     # SampleStep with the grammar bitmask arrives (it needs the previous step's tokens accepted first).
     defer_sample: bool = False
+    kv_copies: KVCopies | None = None  # host KV tier traffic, run before this step's forward
 
 
 class SampleStep(msgspec.Struct, tag="sample"):

@@ -48,6 +48,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     # Top-N logprobs with each sampled token / each prompt token (None: not computed).
     logprobs: NumLogprobs | None = None
     prompt_logprobs: NumLogprobs | None = None
+    # Prompt logprobs are reported for prompt tokens at this index and after; the prefix cache may serve
+    # the tokens before it (0: every prompt token is computed, as vLLM does; SGLang's logprob_start_len).
+    logprob_start_len: Annotated[int, msgspec.Meta(ge=0)] = 0
     skip_special_tokens: bool = True
     # Structured output (at most one): a JSON schema (a document, or a dict such as a Pydantic model's
     # model_json_schema()), any JSON, a regular expression, an EBNF grammar, or one of fixed strings.

@@ -1,11 +1,16 @@
-"""KV memory of requests: the page allocator, the ReqToTokenPool and the radix prefix cache behind
-one ownership API. A request owns row positions [cache_protected_len, kv_allocated_len); the tree owns
+"""KV memory of requests: the page allocator, the ReqToTokenPool and the prefix cache behind one
+ownership API. A request owns row positions [cache_protected_len, kv_allocated_len); the tree owns
 the prefix before that (locked while the request runs). One release path (`release`) serves finish,
-abort and retraction.
+abort and retraction. With a host tier, the part of a match found only there is copied back to device
+slots the tree owns (`load_host`) before the request's first step.
 """
 from __future__ import annotations
 
+from protocol.messages import KVCopies
+from scheduler.host_radix_cache import HostRadixCache
 from scheduler.kv_allocator import KVAllocator
+from scheduler.no_prefix_cache import NoPrefixCache
+from scheduler.prefix_cache import MatchResult, PrefixCache
 from scheduler.radix_cache import RadixCache
 from scheduler.req import Req
 from scheduler.req_table import ReqToTokenPool
@@ -13,12 +18,21 @@ from scheduler.req_table import ReqToTokenPool
 
 class KVCacheManager:
     def __init__(
-        self, num_slots: int, max_reqs: int, max_context: int, page_size: int = 1, prefix_cache: bool = True
+        self, num_slots: int, max_reqs: int, max_context: int, page_size: int = 1, prefix_cache: bool = True,
+        host_slots: int = 0, write_through: bool = False,
     ) -> None:
         self.allocator = KVAllocator(num_slots, page_size)
         self.req_table = ReqToTokenPool(max_reqs, max_context)
-        self.tree = RadixCache(self.allocator.free, page_size, disabled=not prefix_cache)
+        self.tree: PrefixCache
+        if not prefix_cache:
+            self.tree = NoPrefixCache(page_size)
+        elif host_slots:
+            self.tree = HostRadixCache(self.allocator.free, KVAllocator(host_slots, page_size), page_size,
+                                       write_through)
+        else:
+            self.tree = RadixCache(self.allocator.free, page_size)
         self.page_size = page_size
+        self.host_hit_tokens = 0  # prompt tokens whose KV was copied back from the host tier
 
     @property
     def num_free_slots(self) -> int:
@@ -37,24 +51,44 @@ class KVCacheManager:
         req.req_pool_idx = row
         return True
 
-    def match_prefix(self, req: Req, use_cache: bool = True) -> None:
-        """Attach the longest cached prefix of req's tokens (always leaving one token to compute)."""
+    def match_prefix(self, req: Req, limit: int | None = None) -> None:
+        """Attach the longest cached prefix of req's first `limit` tokens (always leaving one token to
+        compute), both tiers, and lock it. The host part (req.host_hit_length tokens) counts as computed
+        but has no device slots until `load_host`."""
         fill = req.fill_ids
-        m = self.tree.match_prefix(fill[: len(fill) - 1] if use_cache else [])
-        self.tree.inc_lock_ref(m.last_node)
-        req.last_node = m.last_node
+        n = len(fill) - 1 if limit is None else min(limit, len(fill) - 1)
+        m = self.tree.match_prefix(fill[:n])
+        self.tree.inc_lock_ref(m.last_host_node)
+        req.last_node, req.last_host_node, req.host_hit_length = m.last_node, m.last_host_node, m.host_hit_length
         req.prefix_indices = m.indices
-        n = len(m.indices)
-        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = n
-        req.num_computed_tokens = n
+        total = len(m.indices) + m.host_hit_length
+        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = total
+        req.num_computed_tokens = total
         assert req.req_pool_idx is not None
         self.req_table.write(req.req_pool_idx, 0, m.indices)
 
+    def load_host(self, req: Req) -> None:
+        """Device slots for the host part of req's match, filled by a host -> device copy that the next
+        step carries. The caller made the slots free (`ensure_free`)."""
+        n = req.host_hit_length
+        if not n or req.last_node is req.last_host_node:
+            return
+        slots = self.allocator.alloc(n)
+        if slots is None or req.req_pool_idx is None:
+            raise RuntimeError(f"{req.rid}: no device slots to load {n} host-tier tokens into")
+        req.prefix_indices = self.tree.load_back(
+            MatchResult(req.prefix_indices, req.last_node, req.last_host_node, n), slots
+        )
+        self.req_table.write(req.req_pool_idx, len(req.prefix_indices) - n, slots)
+        req.last_node = req.last_host_node
+        self.host_hit_tokens += n
+
     def unmatch_prefix(self, req: Req) -> None:
         """Undo match_prefix for a request that could not be admitted after all."""
-        if req.last_node is not None:
-            self.tree.dec_lock_ref(req.last_node)
-        req.last_node = None
+        if req.last_host_node is not None:
+            self.tree.dec_lock_ref(req.last_host_node)
+        req.last_node = req.last_host_node = None
+        req.host_hit_length = 0
         req.prefix_indices = []
         req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = req.num_computed_tokens = 0
 
@@ -98,7 +132,7 @@ class KVCacheManager:
 
         Done only when the tree holds nothing beyond what req already locks, so no slot of req's row
         changes owner mid-flight (the worker's copy of the row stays valid)."""
-        if self.tree.disabled or req.req_pool_idx is None:
+        if req.req_pool_idx is None:
             return
         aligned = req.kv_committed_len // self.page_size * self.page_size
         if aligned <= req.cache_protected_len:
@@ -107,12 +141,13 @@ class KVCacheManager:
         if len(self.tree.match_prefix(key).indices) != req.cache_protected_len:
             return  # another request cached more of this prefix meanwhile: settle at finish
         row = req.req_pool_idx
-        self.tree.insert(key, self.req_table.slots(row, 0, aligned))
+        if self.tree.insert(key, self.req_table.slots(row, 0, aligned)) != req.cache_protected_len:
+            return  # the cache took nothing (no prefix cache)
         m = self.tree.match_prefix(key)
-        self.tree.inc_lock_ref(m.last_node)
-        if req.last_node is not None:
-            self.tree.dec_lock_ref(req.last_node)
-        req.last_node = m.last_node
+        self.tree.inc_lock_ref(m.last_host_node)
+        if req.last_host_node is not None:
+            self.tree.dec_lock_ref(req.last_host_node)
+        req.last_node = req.last_host_node = m.last_host_node
         req.prefix_indices = m.indices
         req.cache_protected_len = aligned
 
@@ -126,7 +161,7 @@ class KVCacheManager:
         p = self.page_size
         aligned = committed // p * p
         to_free: list[int] = []
-        if not self.tree.disabled and aligned > protected:
+        if aligned > protected:
             slots = self.req_table.slots(row, 0, aligned)
             already = self.tree.insert(req.fill_ids[:aligned], slots)
             to_free += slots[protected:already]  # computed here but cached by another request first
@@ -136,13 +171,16 @@ class KVCacheManager:
             to_free += self.req_table.slots(row, aligned, allocated)
         if to_free:
             self.allocator.free(to_free)
-        if req.last_node is not None:
-            self.tree.dec_lock_ref(req.last_node)
-        req.last_node = None
+        if req.last_host_node is not None:
+            self.tree.dec_lock_ref(req.last_host_node)
+        req.last_node = req.last_host_node = None
         self.req_table.free(row)
         req.req_pool_idx = None
         req.kv_committed_len = req.kv_allocated_len = 0
         return row
+
+    def take_copies(self) -> KVCopies | None:
+        return self.tree.take_copies()
 
     # ---- invariants ------------------------------------------------------------------------------
     def check_integrity(self, live: list[Req]) -> None:
@@ -163,7 +201,7 @@ class KVCacheManager:
         rows: set[int] = set()
         for req in live:
             if req.req_pool_idx is None:
-                if req.kv_allocated_len or req.last_node is not None:
+                if req.kv_allocated_len or req.last_host_node is not None:
                     raise AssertionError(f"{req.rid} holds KV or a lock without a row")
                 continue
             if not req.cache_protected_len <= req.kv_committed_len <= req.kv_allocated_len:

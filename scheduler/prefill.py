@@ -1,7 +1,8 @@
 """Admitting waiting requests into the step, first come first served, under the prefill budget.
 
-A request is matched against the prefix cache first, so only its uncached suffix is computed;
-a long prompt is split over steps (chunked prefill) by the same token accounting.
+A request is matched against the prefix cache first, so only its uncached suffix is computed (the part
+found in the host tier is copied back, not computed); a long prompt is split over steps (chunked prefill)
+by the same token accounting.
 """
 from __future__ import annotations
 
@@ -20,24 +21,31 @@ def admit_waiting(
         req = waiting[0]
         if not kv.assign_row(req):
             break
-        # Prompt logprobs need every prompt position computed: no prefix-cache hit for such requests.
-        kv.match_prefix(req, use_cache=req.params.prompt_logprobs is None)
+        kv.match_prefix(req, prefix_limit(req))
         n = min(req.num_tokens_to_compute, plan.prefill_budget)
-        # Keep a page per running request in reserve so the admitted prefill doesn't force a
-        # retraction at the very next decode.
+        # Device slots for the host part of the match and the tokens to compute; plus a page per running
+        # request in reserve so the admitted prefill doesn't force a retraction at the very next decode.
+        need = req.host_hit_length + kv.pages_needed(req, n) * kv.page_size
         reserve = len(running) * kv.page_size
-        if kv.available_slots < kv.pages_needed(req, n) * kv.page_size + reserve:
+        if kv.available_slots < need + reserve or not kv.ensure_free(need):
             release_unadmitted(req, kv)
             break
+        kv.load_host(req)  # neither can run short now: nothing can fail once a load is queued
         slots = kv.grow(req, n)
         if slots is None:
-            release_unadmitted(req, kv)
-            break
+            raise RuntimeError(f"{req.rid}: KV slots vanished during admission")
         waiting.popleft()
         running.append(req)
         plan.new_reqs.append(new_req_data(req))
         req.needs_new_data = False
         plan.add(req, n, slots, slot_start=0, prefix=req.prefix_indices)
+
+
+def prefix_limit(req: Req) -> int | None:
+    """Prompt tokens the prefix cache may serve. Prompt logprobs from index s on need the logits at
+    positions s-1.. computed, so the cache serves at most s-1 tokens (s = logprob_start_len)."""
+    p = req.params
+    return None if p.prompt_logprobs is None else max(p.logprob_start_len - 1, 0)
 
 
 def release_unadmitted(req: Req, kv: KVCacheManager) -> None:
@@ -65,5 +73,6 @@ def new_req_data(req: Req) -> NewReqData:
             suppress_ids=req.suppressed_ids if p.min_tokens and req.grammar is None else [],
             logprobs=-1 if p.logprobs is None else p.logprobs,
             prompt_logprobs=-1 if p.prompt_logprobs is None else p.prompt_logprobs,
+            prompt_logprob_start=p.logprob_start_len,
         ),
     )

@@ -140,7 +140,8 @@ class SchedulerLoop:
             self.sched.kv.tree.protected_size, len(self.sched.running),
             len(self.sched.waiting), len(self.sched.inflight), s.finished, s.aborted, s.failed, s.retractions,
             s.steps, s.prefill_tokens, s.decode_tokens, st.schedule_s, st.worker_busy_s, st.worker_idle_s,
-            integrity,
+            integrity, host_hit_tokens=self.sched.kv.host_hit_tokens,
+            host_kv_pool_size=self.sched.kv.tree.host_size, host_kv_used=self.sched.kv.tree.host_used,
         )
 
     def _drain_results(self) -> None:

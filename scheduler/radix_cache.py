@@ -4,38 +4,46 @@ Ownership: every slot in a node belongs to the tree until `evict` (or `reset`) h
 `free_slots`. Keys are page-aligned: every edge's key is a multiple of page_size long and children are keyed
 by the first page of their edge, so siblings never share a first page and a split always lands on a page
 boundary. Access times come from a counter ticked once per match/insert, so tests are deterministic.
+
+A node's KV lives on the device (`value`), in a host tier (`host_value`, see `HostRadixCache`), or both;
+without a host tier every node is on the device. The device part is prefix-closed: a node on the device
+has its parent on the device, so a match is a device run followed by a host-only run.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+
+from protocol.messages import KVCopies
+from scheduler.prefix_cache import MatchResult
 
 ChildKey = int | tuple[int, ...]
 
 
 class TreeNode:
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access", "id")
+    __slots__ = ("children", "parent", "key", "value", "host_value", "lock_ref", "last_access", "id")
     _ids = itertools.count()  # heap tie-break, so eviction order never compares nodes
 
-    def __init__(self, parent: TreeNode | None, key: list[int], value: list[int], last_access: int) -> None:
+    def __init__(
+        self, parent: TreeNode | None, key: list[int], value: list[int] | None, last_access: int,
+        host_value: list[int] | None = None,
+    ) -> None:
         self.children: dict[ChildKey, TreeNode] = {}
         self.parent = parent  # None for the root and for evicted (detached) nodes
         self.key = key
-        self.value = value  # KV slots, one per token of key
+        self.value = value  # device KV slots, one per token of key; None: not on the device
+        self.host_value = host_value  # host-tier slots, one per token of key; None: not in the host tier
         self.lock_ref = 0
         self.last_access = last_access
         self.id = next(TreeNode._ids)
 
+    @property
+    def device_len(self) -> int:
+        return len(self.value) if self.value is not None else 0
+
     def __repr__(self) -> str:
         return f"TreeNode(id={self.id}, len={len(self.key)}, lock={self.lock_ref}, t={self.last_access})"
-
-
-@dataclass
-class MatchResult:
-    indices: list[int]  # KV slots of the matched prefix (length is a multiple of page_size)
-    last_node: TreeNode  # deepest matched node (the root when nothing matched)
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -45,19 +53,18 @@ def _check(cond: bool, msg: str) -> None:
 
 
 class RadixCache:
-    def __init__(self, free_slots: Callable[[list[int]], None], page_size: int = 1, disabled: bool = False) -> None:
+    def __init__(self, free_slots: Callable[[list[int]], None], page_size: int = 1) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.free_slots = free_slots
         self.page_size = page_size
-        self.disabled = disabled
         self._clock = 0
         self._new_root()
 
     def _new_root(self) -> None:
         self.root = TreeNode(None, [], [], 0)
-        self._evictable = 0  # slots in nodes with lock_ref == 0
-        self._protected = 0  # slots in locked nodes
+        self._evictable = 0  # device slots in nodes with lock_ref == 0
+        self._protected = 0  # device slots in locked nodes
 
     # ---- helpers -------------------------------------------------------------------------------
     def _aligned(self, key: Sequence[int]) -> list[int]:
@@ -91,10 +98,14 @@ class RadixCache:
         lock invariant hold without adjustment."""
         parent = child.parent
         assert parent is not None
-        front = TreeNode(parent, child.key[:m], child.value[:m], child.last_access)
+        v, hv = child.value, child.host_value
+        front = TreeNode(
+            parent, child.key[:m], None if v is None else v[:m], child.last_access, None if hv is None else hv[:m]
+        )
         front.lock_ref = child.lock_ref
         parent.children[self._child_key(front.key, 0)] = front  # same first page: replaces child
-        child.key, child.value, child.parent = child.key[m:], child.value[m:], front
+        child.key, child.parent = child.key[m:], front
+        child.value, child.host_value = None if v is None else v[m:], None if hv is None else hv[m:]
         front.children[self._child_key(child.key, 0)] = child
         return front
 
@@ -107,48 +118,78 @@ class RadixCache:
             stack.extend(node.children.values())
 
     # ---- API -----------------------------------------------------------------------------------
-    def match_prefix(self, key: Sequence[int]) -> MatchResult:
-        if self.disabled:
-            return MatchResult([], self.root)
-        key = self._aligned(key)
+    def _walk(self, key: list[int]) -> Iterator[TreeNode]:
+        """The nodes along key's longest cached page-aligned prefix, splitting the last one where the match
+        ends inside its edge; each is marked accessed."""
         tick = self._tick()
-        node, pos, indices = self.root, 0, []
+        node, pos = self.root, 0
         while pos < len(key):
             child = node.children.get(self._child_key(key, pos))
             if child is None:
-                break
+                return
             m = self._match_len(child.key, key, pos)
             if m < len(child.key):
                 child = self._split(child, m)  # only the matched part counts as accessed
             child.last_access = tick
-            indices += child.value
-            node, pos = child, pos + m  # after a split, the next lookup misses and ends the loop
-        return MatchResult(indices, node)
+            yield child
+            node, pos = child, pos + m  # after a split, the next lookup misses and ends the walk
+
+    def match_prefix(self, key: Sequence[int]) -> MatchResult:
+        indices: list[int] = []
+        last = host_last = self.root
+        host_len = 0
+        for node in self._walk(self._aligned(key)):
+            if node.value is not None:  # prefix-closed: every device node comes before any host-only one
+                indices += node.value
+                last = node
+            else:
+                host_len += len(node.key)
+            host_last = node
+        return MatchResult(indices, last, host_last, host_len)
+
+    def load_back(self, match: MatchResult, slots: list[int]) -> list[int]:
+        if match.host_hit_length or slots:
+            raise ValueError("load_back: this cache has no host tier")
+        return match.indices
+
+    def take_copies(self) -> KVCopies | None:
+        return None
+
+    def _on_new_leaf(self, node: TreeNode) -> None:
+        """Hook: a node just took device slots from insert (the host tier backs it up, write-through)."""
 
     def insert(self, key: Sequence[int], indices: Sequence[int]) -> int:
         """Cache key -> indices (both cut down to whole pages). Returns how many leading tokens were
-        already cached: the caller still owns indices[:that] (and the unaligned tail); the tree takes the
-        slots in between."""
+        already cached on the device: the caller still owns indices[:that] (and the unaligned tail); the
+        tree takes the slots in between, including those of host-only nodes on the path, which they bring
+        back to the device."""
         if len(key) != len(indices):
             raise ValueError(f"insert: {len(key)} tokens but {len(indices)} slots")
-        if self.disabled:
-            return 0
         key = self._aligned(key)
         n, tick = len(key), self._tick()
         node, pos = self.root, 0
+        held: int | None = None  # where the tree's device part of the path ends
         while pos < n:
             ck = self._child_key(key, pos)
             child = node.children.get(ck)
             if child is None:
-                node.children[ck] = TreeNode(node, key[pos:], list(indices[pos:n]), tick)
+                leaf = node.children[ck] = TreeNode(node, key[pos:], list(indices[pos:n]), tick)
                 self._evictable += n - pos
-                return pos
+                self._on_new_leaf(leaf)
+                return pos if held is None else held
             m = self._match_len(child.key, key, pos)
             if m < len(child.key):
                 child = self._split(child, m)
             child.last_access = tick
+            if child.value is None:  # host-only: the caller's freshly computed KV puts it back on the device
+                held = pos if held is None else held
+                child.value = list(indices[pos : pos + m])
+                if child.lock_ref:
+                    self._protected += m
+                else:
+                    self._evictable += m
             node, pos = child, pos + m
-        return n
+        return n if held is None else held
 
     def inc_lock_ref(self, node: TreeNode) -> None:
         """Lock node and its ancestors (the root is never locked: it holds nothing)."""
@@ -156,8 +197,8 @@ class RadixCache:
             if node.parent is None:
                 raise ValueError(f"{node} is not in the tree (evicted or reset)")
             if node.lock_ref == 0:
-                self._evictable -= len(node.value)
-                self._protected += len(node.value)
+                self._evictable -= node.device_len
+                self._protected += node.device_len
             node.lock_ref += 1
             node = node.parent
 
@@ -169,8 +210,8 @@ class RadixCache:
                 raise AssertionError(f"radix cache: unbalanced dec_lock_ref on {node}")
             node.lock_ref -= 1
             if node.lock_ref == 0:
-                self._evictable += len(node.value)
-                self._protected -= len(node.value)
+                self._evictable += node.device_len
+                self._protected -= node.device_len
             node = node.parent
 
     def evict(self, num_tokens: int) -> int:
@@ -185,15 +226,19 @@ class RadixCache:
         while freed < num_tokens and heap:
             _, _, node = heapq.heappop(heap)
             parent = node.parent
-            assert parent is not None
-            del parent.children[self._child_key(node.key, 0)]
-            node.parent = None
+            assert parent is not None and node.value is not None
+            self._detach(node)
             self._evictable -= len(node.value)
             freed += len(node.value)
             self.free_slots(node.value)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access, parent.id, parent))
         return freed
+
+    def _detach(self, node: TreeNode) -> None:
+        assert node.parent is not None
+        del node.parent.children[self._child_key(node.key, 0)]
+        node.parent = None
 
     @property
     def evictable_size(self) -> int:
@@ -206,14 +251,26 @@ class RadixCache:
     def total_size(self) -> int:
         return self._evictable + self._protected
 
+    @property
+    def host_size(self) -> int:
+        return 0
+
+    @property
+    def host_used(self) -> int:
+        return 0
+
     def all_slots(self) -> list[int]:
-        return [slot for node in self._nodes() for slot in node.value]
+        return [slot for node in self._nodes() if node.value is not None for slot in node.value]
+
+    def all_host_slots(self) -> list[int]:
+        return [slot for node in self._nodes() if node.host_value is not None for slot in node.host_value]
 
     def check_integrity(self) -> None:
         root, ps = self.root, self.page_size
         _check(root.parent is None and not root.key and not root.value and root.lock_ref == 0, "bad root")
-        evictable = protected = count = 0
+        evictable = protected = count = host_count = 0
         seen: set[int] = set()
+        host_seen: set[int] = set()
         stack = [root]
         while stack:
             node = stack.pop()
@@ -221,20 +278,27 @@ class RadixCache:
                 _check(child.parent is node, f"{child}: wrong parent pointer")
                 _check(len(child.key) > 0, f"{child}: empty key")
                 _check(len(child.key) % ps == 0, f"{child}: key length {len(child.key)} not page-aligned")
-                _check(len(child.key) == len(child.value), f"{child}: {len(child.key)} tokens, "
-                       f"{len(child.value)} slots")
+                _check(child.value is not None or child.host_value is not None, f"{child}: holds no KV")
+                for v, tier in ((child.value, "device"), (child.host_value, "host")):
+                    _check(v is None or len(v) == len(child.key), f"{child}: {len(child.key)} tokens, "
+                           f"{len(v or [])} {tier} slots")
+                _check(child.value is None or node is root or node.value is not None,
+                       f"{child}: on the device under a host-only parent")
                 _check(self._child_key(child.key, 0) == ck, f"{child}: key doesn't start with its edge's page")
                 _check(child.lock_ref >= 0, f"{child}: negative lock_ref")
                 _check(node is root or child.lock_ref <= node.lock_ref, f"{child}: locked more than its parent")
                 _check(node is root or child.last_access <= node.last_access, f"{child}: newer than its parent")
                 if child.lock_ref:
-                    protected += len(child.value)
+                    protected += child.device_len
                 else:
-                    evictable += len(child.value)
-                count += len(child.value)
-                seen.update(child.value)
+                    evictable += child.device_len
+                count += child.device_len
+                seen.update(child.value or [])
+                host_count += len(child.host_value or [])
+                host_seen.update(child.host_value or [])
                 stack.append(child)
-        _check(len(seen) == count, "a slot is in two places")
+        _check(len(seen) == count, "a device slot is in two places")
+        _check(len(host_seen) == host_count, "a host slot is in two places")
         _check(evictable == self._evictable, f"evictable_size {self._evictable} != recomputed {evictable}")
         _check(protected == self._protected, f"protected_size {self._protected} != recomputed {protected}")
 

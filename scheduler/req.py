@@ -36,7 +36,11 @@ class Req:
         # Memory: the request's row in the ReqToTokenPool and the KV it owns there.
         self.req_pool_idx: int | None = None
         self.prefix_indices: list[int] = []  # KV slots of the cached prefix it was admitted with
-        self.last_node: Any = None  # the radix node it holds a lock on
+        self.last_node: Any = None  # deepest radix node of its prefix whose KV is on the device
+        # Deepest node of its prefix in either tier, the one it holds a lock on (locking covers the path);
+        # below last_node until the host part (host_hit_length tokens) is copied back to the device.
+        self.last_host_node: Any = None
+        self.host_hit_length = 0  # prefix tokens found only in the host tier at its admission
         self.cache_protected_len = 0  # tokens of the row owned by the tree, not by this request
         self.kv_committed_len = 0  # KV that is fact: computed by a finished step
         self.kv_allocated_len = 0  # KV handed out, >= committed (in-flight tokens)
@@ -137,6 +141,8 @@ class Req:
         self.req_pool_idx = None
         self.prefix_indices = []
         self.last_node = None
+        self.last_host_node = None
+        self.host_hit_length = 0
         self.cache_protected_len = 0
         self.kv_committed_len = 0
         self.kv_allocated_len = 0

@@ -49,7 +49,8 @@ class Scheduler:
         self.cfg = cfg
         self.info = info
         self.kv = KVCacheManager(
-            num_kv_slots, cfg.max_running_requests, info.max_model_len, cfg.page_size, cfg.prefix_cache
+            num_kv_slots, cfg.max_running_requests, info.max_model_len, cfg.page_size, cfg.prefix_cache,
+            cfg.host_kv_tokens, cfg.host_kv_policy == "write_through",
         )
         self.eos = frozenset(info.eos_token_ids)
         self.waiting: deque[Req] = deque()
@@ -139,6 +140,7 @@ class Scheduler:
         self.stats.prefill_tokens += plan.prefill_used
         self.stats.decode_tokens += sum(it.num_tokens for it in plan.items) - plan.prefill_used
         out, record = to_output(self._next_step, self.freed_rows, plan)
+        out.kv_copies = self.kv.take_copies()  # host tier traffic of this step's evictions and loads
         self.freed_rows = []
         self._next_step += 1
         self.stats.steps += 1
@@ -191,8 +193,8 @@ class Scheduler:
             elif n > 1:
                 self.kv.cache_unfinished(req)  # a prefill (chunk): others can reuse it while this one runs
         self._flush_deltas()
-        if self.cfg.debug_integrity:
-            self.check_integrity()
+        if self.cfg.debug_integrity or not (self.inflight or self.has_work):
+            self.check_integrity()  # every step when debugging; always when the engine goes idle
 
     # ---- internals ------------------------------------------------------------------------------
     def _delta(self, req: Req) -> TokenDelta:

@@ -10,12 +10,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from scheduler.kv_allocator import KVAllocator
+from scheduler.no_prefix_cache import NoPrefixCache
 from scheduler.radix_cache import RadixCache, TreeNode
 
 
-def make(page_size: int = 1, disabled: bool = False) -> tuple[RadixCache, list[list[int]]]:
+def make(page_size: int = 1) -> tuple[RadixCache, list[list[int]]]:
     freed: list[list[int]] = []
-    return RadixCache(lambda s: freed.append(list(s)), page_size, disabled), freed
+    return RadixCache(lambda s: freed.append(list(s)), page_size), freed
 
 
 # ---- unit tests ------------------------------------------------------------------------------
@@ -122,14 +123,17 @@ def test_lock_survives_split() -> None:
     cache.check_integrity()
 
 
-def test_disabled_cache() -> None:
-    cache, freed = make(disabled=True)
-    assert cache.insert([1, 2, 3], [1, 2, 3]) == 0
+def test_no_prefix_cache() -> None:
+    cache = NoPrefixCache()
+    assert cache.insert([1, 2, 3], [1, 2, 3]) == 3  # takes nothing: the caller keeps (and frees) every slot
     res = cache.match_prefix([1, 2, 3])
-    assert res.indices == [] and res.last_node is cache.root
+    assert res.indices == [] and res.last_node is cache.root and res.host_hit_length == 0
     cache.inc_lock_ref(res.last_node)
     cache.dec_lock_ref(res.last_node)
-    assert cache.total_size() == 0 and cache.evict(10) == 0 and freed == []
+    assert cache.evictable_size == 0 and cache.evict(10) == 0 and cache.all_slots() == []
+    assert cache.take_copies() is None
+    with pytest.raises(ValueError):
+        cache.inc_lock_ref(object())
     cache.check_integrity()
 
 

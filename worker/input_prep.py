@@ -42,7 +42,7 @@ class PromptLogprobsPlan:
 
 def plan_prompt_logprobs(sched: list[ScheduledReq], state: RequestState) -> PromptLogprobsPlan | None:
     """The logits at positions start .. end-1 of a step's chunk predict tokens start+1 .. end; those whose
-    target is a prompt token (index < num_prompt) are reported. None when no row needs any."""
+    target is a prompt token at or after the row's prompt_logprob_start are reported. None when no row needs any."""
     if not state.prompt_logprob_rows:
         return None
     idx: list[int] = []
@@ -55,13 +55,14 @@ def plan_prompt_logprobs(sched: list[ScheduledReq], state: RequestState) -> Prom
         r = s.req_idx
         if r in state.prompt_logprob_rows:
             start = state.num_computed[r]
-            count = min(start + s.num_tokens, state.num_prompt[r] - 1) - start
+            lo = max(start, state.prompt_logprob_start[r] - 1)  # logits at lo predict token lo + 1
+            count = min(start + s.num_tokens, state.num_prompt[r] - 1) - lo
             if count > 0:
-                idx += range(total, total + count)
+                idx += range(total + lo - start, total + lo - start + count)
                 rows.append(r)
                 counts.append(count)
                 tgt_rows += [r] * count
-                tgt_cols += range(start + 1, start + 1 + count)
+                tgt_cols += range(lo + 1, lo + 1 + count)
         total += s.num_tokens
     if not rows:
         return None

@@ -1,8 +1,25 @@
-"""Paged KV cache: per-layer K and V pools addressed by slot, plus each request's token -> slot map."""
+"""Paged KV cache: per-layer K and V pools addressed by slot, plus each request's token -> slot map, and
+the host tier under the prefix cache: a second, larger pool in host memory (pinned on CUDA) that evicted
+KV is copied to and loaded back from."""
 
 from __future__ import annotations
 
 import torch
+
+from protocol.messages import KVCopies
+
+
+def host_runs(host_slots: list[int]) -> list[tuple[int, int, int]]:
+    """Split a slot list into runs of consecutive slots: (i, j, first) with host_slots[i:j] ==
+    range(first, first + j - i). A run is one contiguous view of the host pool, so its copy is one DMA
+    that needs no host-side gather (which would have to wait for earlier copies into the pool)."""
+    runs: list[tuple[int, int, int]] = []
+    i = 0
+    for j in range(1, len(host_slots) + 1):
+        if j == len(host_slots) or host_slots[j] != host_slots[j - 1] + 1:
+            runs.append((i, j, host_slots[i]))
+            i = j
+    return runs
 
 
 class KVCache:
@@ -16,6 +33,7 @@ class KVCache:
         device: torch.device | str,
         max_reqs: int = 256,
         max_context: int = 4096,
+        host_slots: int = 0,
     ) -> None:
         self.num_layers, self.num_slots = num_layers, num_slots
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
@@ -31,8 +49,32 @@ class KVCache:
         ]
         # Row r, column j: KV slot of token j of the request living in row r. The engine fills it.
         self.req_to_token = torch.zeros((max_reqs, max_context), dtype=torch.int64, device=device)
+        pin = self.device.type == "cuda"
+        host_shape = (host_slots, num_kv_heads, head_dim)
+        self.host_k = [torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for _ in range(num_layers if host_slots else 0)]
+        self.host_v = [torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for _ in range(num_layers if host_slots else 0)]
 
     def write(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store this step's K/V ([T, num_kv_heads, head_dim]) into slots `loc` ([T])."""
         self.k[layer].index_copy_(0, loc, k.to(self.dtype))
         self.v[layer].index_copy_(0, loc, v.to(self.dtype))
+
+    def copy(self, c: KVCopies) -> None:
+        """Run a step's host-tier copies: all device -> host first (their device slots may be reused by
+        the loads and by this step's forward), then host -> device. On CUDA both are queued on the step's
+        stream with pinned memory, so they are ordered with the forwards around them and don't block."""
+        if (c.to_host_src or c.to_device_src) and not self.host_k:
+            raise RuntimeError("KV copies for a host tier this worker does not have (--host-kv-tokens)")
+        nb = self.device.type == "cuda"
+        if c.to_host_src:
+            src = torch.tensor(c.to_host_src, dtype=torch.int64).to(self.device, non_blocking=nb)
+            for i, j, h in host_runs(c.to_host_dst):
+                for pool, host in ((self.k, self.host_k), (self.v, self.host_v)):
+                    for layer, hpool in zip(pool, host):
+                        hpool[h : h + j - i].copy_(layer.index_select(0, src[i:j]), non_blocking=nb)
+        if c.to_device_src:
+            dst = torch.tensor(c.to_device_dst, dtype=torch.int64).to(self.device, non_blocking=nb)
+            for i, j, h in host_runs(c.to_device_src):
+                for pool, host in ((self.k, self.host_k), (self.v, self.host_v)):
+                    for layer, hpool in zip(pool, host):
+                        layer.index_copy_(0, dst[i:j], hpool[h : h + j - i].to(self.device, non_blocking=nb))

@@ -60,6 +60,7 @@ class ModelRunner:
             self.device,
             max_reqs=max_reqs,
             max_context=self.max_context,
+            host_slots=cfg.host_kv_tokens + cfg.page_size if cfg.host_kv_tokens else 0,
         )
         self.state = RequestState(max_reqs, self.max_context, self.device)
         self.clock = StepClock(self.device)
@@ -82,6 +83,8 @@ class ModelRunner:
             st.free(row)
         for r in so.new_reqs:
             st.add(r)
+        if so.kv_copies is not None:
+            self.kv.copy(so.kv_copies)  # before the forward, which may write the slots they free
         plp = plan_prompt_logprobs(so.scheduled, st)
         batch = prepare_inputs(so.scheduled, st, self.kv, plp)
         logits = self.model.forward(batch, self.kv)

@@ -41,6 +41,7 @@ class RequestState:
         self.suppress_ids: list[list[int]] = [[] for _ in range(max_reqs)]
         self.logprobs = [-1] * max_reqs  # top-N with each sampled token; -1: none
         self.prompt_logprobs = [-1] * max_reqs  # top-N at each prompt position; -1: none
+        self.prompt_logprob_start = [0] * max_reqs  # first prompt index whose logprob is reported
         # Live rows that use each feature: when these are empty (the common case) a step pays one
         # truthiness test per feature and nothing else.
         self.penalty_rows: set[int] = set()
@@ -82,6 +83,7 @@ class RequestState:
         if s.logprobs >= 0:
             self.logprob_rows.add(i)
         self.prompt_logprobs[i] = s.prompt_logprobs
+        self.prompt_logprob_start[i] = s.prompt_logprob_start
         if s.prompt_logprobs >= 0:
             self.prompt_logprob_rows.add(i)
 

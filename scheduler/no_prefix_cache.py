@@ -1,0 +1,48 @@
+"""The prefix cache that caches nothing (`--no-prefix-cache`): every match is empty and every insert is
+handed back, so every request computes its whole prompt and frees all of its KV."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from protocol.messages import KVCopies
+from scheduler.prefix_cache import MatchResult
+
+
+class NoPrefixCache:
+    def __init__(self, page_size: int = 1) -> None:
+        self.page_size = page_size
+        self.root = object()  # what an empty match points at; locking it is a no-op
+
+    def match_prefix(self, key: Sequence[int]) -> MatchResult:
+        return MatchResult([], self.root)
+
+    def load_back(self, match: MatchResult, slots: list[int]) -> list[int]:
+        if match.host_hit_length or slots:
+            raise ValueError("load_back: this cache has no host tier")
+        return []
+
+    def insert(self, key: Sequence[int], indices: Sequence[int]) -> int:
+        if len(key) != len(indices):
+            raise ValueError(f"insert: {len(key)} tokens but {len(indices)} slots")
+        return len(key)  # "all of it was cached already": the caller keeps every slot
+
+    def inc_lock_ref(self, node: Any) -> None:
+        if node is not self.root:
+            raise ValueError(f"{node} is not this cache's node")
+
+    dec_lock_ref = inc_lock_ref
+
+    def evict(self, num_tokens: int) -> int:
+        return 0
+
+    def take_copies(self) -> KVCopies | None:
+        return None
+
+    evictable_size = protected_size = host_size = host_used = 0
+
+    def all_slots(self) -> list[int]:
+        return []
+
+    def check_integrity(self) -> None:
+        return None

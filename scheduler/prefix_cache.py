@@ -1,0 +1,80 @@
+"""The prefix-cache interface the KV manager talks to, and what a match returns.
+
+Three implementations: `RadixCache` (device memory only), `HostRadixCache` (a radix tree whose nodes keep
+their KV on the device, in a larger host pool, or both) and `NoPrefixCache` (caches nothing).
+
+Contract, in the terms of the request's row (slots of token positions 0..n):
+- `match_prefix(key)` finds the longest cached, page-aligned prefix of key. `indices` are the device slots
+  of its leading part that is on the device, ending at `last_node`; `host_hit_length` more tokens, ending
+  at `last_host_node`, are only in the host tier (0 without one). It has no effect on ownership.
+- `inc_lock_ref(node)` / `dec_lock_ref(node)` pin node and its ancestors (both tiers) against eviction;
+  a request locks the deepest node it uses for as long as it runs.
+- `load_back(match, slots)` gives the (locked) host part of a match the device slots `slots`, which the
+  tree owns from then on, and queues the host -> device copies; it returns the device slots of the whole
+  match. The caller allocated the slots.
+- `insert(key, indices)` caches key -> device slots. It returns how many leading tokens the tree already
+  held on the device: the caller keeps owning indices[:that] (and the tail past the last whole page);
+  the tree takes the slots in between. `NoPrefixCache` returns len(key): it takes nothing.
+- `evict(n)` frees at least n device slots from unlocked nodes if it can (LRU), returning the number;
+  with a host tier, their KV goes to the host pool first (write-back).
+- `take_copies()` hands over the device <-> host copies queued since the last call (None when there are
+  none); they must reach the worker before any step that reuses the evicted device slots.
+- `check_integrity()` raises AssertionError on a broken invariant, in either tier.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from protocol.messages import KVCopies
+
+
+@dataclass
+class MatchResult:
+    indices: list[int]  # device KV slots of the matched prefix's on-device part (whole pages)
+    last_node: Any  # deepest matched node on the device (the root when none)
+    last_host_node: Any = None  # deepest matched node overall; its part past last_node is host-only
+    host_hit_length: int = 0  # tokens matched in the host tier only, after `indices`
+
+    def __post_init__(self) -> None:
+        if self.last_host_node is None:
+            self.last_host_node = self.last_node
+
+
+class PrefixCache(Protocol):
+    page_size: int
+
+    def match_prefix(self, key: Sequence[int]) -> MatchResult: ...
+
+    def load_back(self, match: MatchResult, slots: list[int]) -> list[int]: ...
+
+    def insert(self, key: Sequence[int], indices: Sequence[int]) -> int: ...
+
+    def inc_lock_ref(self, node: Any) -> None: ...
+
+    def dec_lock_ref(self, node: Any) -> None: ...
+
+    def evict(self, num_tokens: int) -> int: ...
+
+    def take_copies(self) -> KVCopies | None: ...
+
+    @property
+    def evictable_size(self) -> int: ...
+
+    @property
+    def protected_size(self) -> int: ...
+
+    @property
+    def host_size(self) -> int:
+        """Slots of the host pool (0 without a host tier)."""
+        ...
+
+    @property
+    def host_used(self) -> int: ...
+
+    def all_slots(self) -> list[int]:
+        """Every device slot the tree owns."""
+        ...
+
+    def check_integrity(self) -> None: ...
