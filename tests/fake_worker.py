@@ -20,7 +20,9 @@ class FakeWorker:
         # What each KV slot holds: a hash of the token prefix it was computed for. A wrong slot in a
         # request's row (a prefix-cache or release bug) shows as a mismatch, like wrong KV would.
         self.slot_content: dict[int, int] = {}
+        self.host_content: dict[int, int | None] = {}  # the host tier's slots, filled by the step's copies
         self.num_slots = num_slots
+        self.copied_to_host = self.copied_to_device = 0
         self.steps: list[SchedulerOutput] = []
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -33,6 +35,16 @@ class FakeWorker:
             self.tokens[r.req_idx] = list(r.token_ids)
             self.computed[r.req_idx] = r.num_cached
             self.kv[r.req_idx] = {}
+        c = so.kv_copies
+        if c is not None:  # device -> host first, then host -> device, before the step's compute
+            for d, h in zip(c.to_host_src, c.to_host_dst, strict=True):
+                self.host_content[h] = self.slot_content.get(d)
+            for h, d in zip(c.to_device_src, c.to_device_dst, strict=True):
+                if h not in self.host_content:
+                    raise AssertionError(f"load from host slot {h}, which was never written")
+                self.slot_content[d] = self.host_content[h]  # type: ignore[assignment]
+            self.copied_to_host += len(c.to_host_src)
+            self.copied_to_device += len(c.to_device_src)
         sampled = []
         for s in so.scheduled:
             row = s.req_idx
