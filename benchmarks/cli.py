@@ -33,13 +33,15 @@ def _parser() -> argparse.ArgumentParser:
     lat.add_argument("--output-len", type=int, default=256)
     lat.add_argument("--num-requests", type=int, default=3, help="sequential requests; medians are reported")
 
-    pre = sub.add_parser("prefix", help="TTFT with a shared system prompt: prefix cache on vs off",
-                         allow_abbrev=False)
+    pre = sub.add_parser("prefix", help="TTFT with a shared system prompt: prefix cache on vs off; with "
+                         "--host-kv-tokens, multi-turn conversations: host KV tier vs none", allow_abbrev=False)
     add_engine_flags(pre)
     pre.add_argument("--num-requests", type=int, default=32)
     pre.add_argument("--system-len", type=int, default=1000)
     pre.add_argument("--question-len", type=int, default=24)
-    pre.add_argument("--output-len", type=int, default=4, help=argparse.SUPPRESS)
+    pre.add_argument("--output-len", type=int, default=4, help="answer tokens (multi-turn)")
+    pre.add_argument("--conversations", type=int, default=16, help="multi-turn conversations")
+    pre.add_argument("--turns", type=int, default=6, help="turns per conversation, each resending the history")
 
     asy = sub.add_parser("async", help="async scheduling on vs off at several batch sizes", allow_abbrev=False)
     add_engine_flags(asy)
@@ -89,7 +91,15 @@ def main(argv: list[str] | None = None) -> int:
     elif args.bench == "prefix":
         from benchmarks.prefix_ttft import run as run_prefix
 
-        result = run_prefix(cfg, args.num_requests, args.system_len, args.question_len, cfg.seed)
+        if cfg.host_kv_tokens:
+            from benchmarks.multiturn_host import run as run_multiturn
+
+            if args.conversations < 1 or args.turns < 1:
+                raise SystemExit("--conversations and --turns must be >= 1")
+            result = run_multiturn(cfg, args.conversations, args.turns, args.system_len, args.question_len,
+                                   args.output_len, cfg.seed)
+        else:
+            result = run_prefix(cfg, args.num_requests, args.system_len, args.question_len, cfg.seed)
     else:
         from benchmarks.latency import run as run_latency
 

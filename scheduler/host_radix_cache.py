@@ -55,6 +55,7 @@ class HostRadixCache(RadixCache):
         slots = self.host.alloc(n)
         if slots is None:
             return False
+        slots.sort()  # consecutive host slots: the worker copies a run at once (one DMA on CUDA)
         node.host_value = slots
         self._copies.to_host_src += node.value
         self._copies.to_host_dst += slots

@@ -78,3 +78,46 @@ def test_cuda_async_equals_sync(tiny_model, launch_client) -> None:
         res[mode] = [o.token_ids for o in c.generate_batch(prompts, params, progress=False)]
         check_idle_engine(c)
     assert res[True] == res[False]
+
+
+def test_host_kv_tier_copies_round_trip_on_cuda() -> None:
+    """Pinned host pool, async DMA per run of host slots: device -> host -> other device slots keeps
+    the KV bit for bit, and a step's to_host copies run before its loads."""
+    from protocol.messages import KVCopies
+    from worker.kv_cache import KVCache
+
+    kv = KVCache(3, 256, 2, 8, torch.bfloat16, "cuda", max_reqs=4, max_context=64, host_slots=128)
+    assert kv.host_k[0].is_pinned()
+    for layer in kv.k + kv.v:
+        layer.copy_(torch.randn_like(layer, dtype=torch.float32).to(torch.bfloat16))
+    src = list(range(10, 40))
+    want = [layer[src].clone() for layer in kv.k + kv.v]
+    host = list(range(60, 70)) + list(range(5, 25))  # two runs
+    kv.copy(KVCopies(to_host_src=src, to_host_dst=host))
+    dst = list(range(100, 130))
+    kv.copy(KVCopies(to_device_src=host, to_device_dst=dst))
+    torch.cuda.synchronize()
+    for w, layer in zip(want, kv.k + kv.v):
+        assert torch.equal(layer[dst], w)
+    # Evicting 100..129 to the host and loading other KV into them in one step: the save comes first.
+    kv.copy(KVCopies(to_host_src=dst, to_host_dst=list(range(30, 60)), to_device_src=host[:5],
+                     to_device_dst=dst[:5]))
+    kv.copy(KVCopies(to_device_src=list(range(30, 60)), to_device_dst=list(range(140, 170))))
+    torch.cuda.synchronize()
+    for w, layer in zip(want, kv.k + kv.v):
+        assert torch.equal(layer[140:170], w)
+
+
+def test_host_kv_tier_on_cuda_matches_a_large_pool(tiny_model, launch_client) -> None:
+    model = tiny_model("llama")
+    rng = random.Random(4)
+    prompts = [[rng.randrange(3, 1000) for _ in range(120)] for _ in range(12)]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    large = launch_client(model, device="cuda", kv_cache_tokens=8192)
+    want = [c.token_ids for c in large.generate_batch(prompts, params, progress=False)]
+    tiered = launch_client(model, device="cuda", kv_cache_tokens=256, host_kv_tokens=4096, max_running_requests=2)
+    for _ in range(2):  # the second round finds the prompts in the host tier
+        got = [c.token_ids for c in tiered.generate_batch(prompts, params, progress=False)]
+        assert got == want
+    assert tiered.stats().host_hit_tokens > 0
+    check_idle_engine(tiered)

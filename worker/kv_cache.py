@@ -61,20 +61,34 @@ class KVCache:
 
     def copy(self, c: KVCopies) -> None:
         """Run a step's host-tier copies: all device -> host first (their device slots may be reused by
-        the loads and by this step's forward), then host -> device. On CUDA both are queued on the step's
-        stream with pinned memory, so they are ordered with the forwards around them and don't block."""
+        the loads and by this step's forward), then host -> device."""
         if (c.to_host_src or c.to_device_src) and not self.host_k:
             raise RuntimeError("KV copies for a host tier this worker does not have (--host-kv-tokens)")
-        nb = self.device.type == "cuda"
+        pairs = ((self.k, self.host_k), (self.v, self.host_v))
+        if self.device.type != "cuda":  # one pool in RAM like the other: a gather and a scatter per layer
+            if c.to_host_src:
+                src, dst = torch.tensor(c.to_host_src), torch.tensor(c.to_host_dst)
+                for pool, host in pairs:
+                    for layer, hpool in zip(pool, host):
+                        hpool.index_copy_(0, dst, layer.index_select(0, src))
+            if c.to_device_src:
+                src, dst = torch.tensor(c.to_device_src), torch.tensor(c.to_device_dst)
+                for pool, host in pairs:
+                    for layer, hpool in zip(pool, host):
+                        layer.index_copy_(0, dst, hpool.index_select(0, src))
+            return
+        # CUDA: each run of consecutive host slots is one async DMA to or from pinned memory, queued on
+        # the step's stream, so the copies are ordered with the forwards around them and never make the
+        # host wait (a host-side gather would have to wait for earlier copies into the pool).
         if c.to_host_src:
-            src = torch.tensor(c.to_host_src, dtype=torch.int64).to(self.device, non_blocking=nb)
+            src = torch.tensor(c.to_host_src, dtype=torch.int64).to(self.device, non_blocking=True)
             for i, j, h in host_runs(c.to_host_dst):
-                for pool, host in ((self.k, self.host_k), (self.v, self.host_v)):
+                for pool, host in pairs:
                     for layer, hpool in zip(pool, host):
-                        hpool[h : h + j - i].copy_(layer.index_select(0, src[i:j]), non_blocking=nb)
+                        hpool[h : h + j - i].copy_(layer.index_select(0, src[i:j]), non_blocking=True)
         if c.to_device_src:
-            dst = torch.tensor(c.to_device_dst, dtype=torch.int64).to(self.device, non_blocking=nb)
+            dst = torch.tensor(c.to_device_dst, dtype=torch.int64).to(self.device, non_blocking=True)
             for i, j, h in host_runs(c.to_device_src):
-                for pool, host in ((self.k, self.host_k), (self.v, self.host_v)):
+                for pool, host in pairs:
                     for layer, hpool in zip(pool, host):
-                        layer.index_copy_(0, dst[i:j], hpool[h : h + j - i].to(self.device, non_blocking=nb))
+                        layer.index_copy_(0, dst[i:j], hpool[h : h + j - i].to(self.device, non_blocking=True))
