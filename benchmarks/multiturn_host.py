@@ -79,6 +79,10 @@ def run(cfg: EngineConfig, conversations: int, turns: int, system_len: int, ques
                  for _ in range(conversations)]
     total_kv = conversations * (system_len + turns * (question_len + answer_len))
     device = cfg.kv_cache_tokens or total_kv // 4
+    longest = system_len + turns * (question_len + answer_len)
+    if device <= longest:
+        raise SystemExit(f"a device pool of {device} tokens can't hold one conversation of {longest}: "
+                         "use more --conversations or a larger --kv-cache-tokens")
     base = dataclasses.replace(cfg, kv_cache_tokens=device, prefix_cache=True)
     host = _measure(base, systems, questions, answer_len)
     none = _measure(dataclasses.replace(base, host_kv_tokens=0), systems, questions, answer_len)

@@ -182,6 +182,17 @@ class KVCacheManager:
     def take_copies(self) -> KVCopies | None:
         return self.tree.take_copies()
 
+    def check_idle(self) -> None:
+        """Cheap enough for every time the engine goes idle (the full check walks every page in Python):
+        the tree's own check over both tiers, and nothing owned outside the tree and the free lists."""
+        self.tree.check_integrity()
+        free, tree = self.allocator.num_free, self.tree.evictable_size + self.tree.protected_size
+        if self.tree.protected_size or free + tree != self.allocator.size:
+            raise AssertionError(f"idle KV: {free} free + {tree} cached "
+                                 f"({self.tree.protected_size} locked) of {self.allocator.size}")
+        if self.req_table.num_free != self.req_table.max_reqs:
+            raise AssertionError(f"idle: {self.req_table.max_reqs - self.req_table.num_free} request rows held")
+
     # ---- invariants ------------------------------------------------------------------------------
     def check_integrity(self, live: list[Req]) -> None:
         """free + tree-owned + request-owned == pool (in pages), with no page in two places."""

@@ -193,8 +193,10 @@ class Scheduler:
             elif n > 1:
                 self.kv.cache_unfinished(req)  # a prefill (chunk): others can reuse it while this one runs
         self._flush_deltas()
-        if self.cfg.debug_integrity or not (self.inflight or self.has_work):
-            self.check_integrity()  # every step when debugging; always when the engine goes idle
+        if self.cfg.debug_integrity:
+            self.check_integrity()
+        elif not (self.inflight or self.has_work):
+            self.kv.check_idle()  # the engine goes idle: both tiers' accounting must add up
 
     # ---- internals ------------------------------------------------------------------------------
     def _delta(self, req: Req) -> TokenDelta:

@@ -57,3 +57,18 @@ def test_unknown_and_abbreviated_flags_are_rejected(tiny_model) -> None:
     for extra in (["--bogus", "1"], ["--num-req", "4"]):
         with pytest.raises(SystemExit):
             main(["offline", "--model", model, *extra])
+
+
+def test_multiturn_host_tier_benchmark_reports(tiny_model, tmp_path: Path) -> None:
+    out = tmp_path / "multiturn.json"
+    rc = main(["prefix", "--model", str(tiny_model("llama")), "--host-kv-tokens", "1024", "--conversations", "8",
+               "--turns", "3", "--system-len", "24", "--question-len", "8", "--output-len", "2", "--json", str(out)])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["total_kv_tokens"] == 8 * (24 + 3 * 10) and r["device_kv_tokens"] == r["total_kv_tokens"] // 4
+    for run in (r["host_tier"], r["no_host_tier"]):
+        _positive(run, "ttft_mean_ms", "ttft_median_ms", "requests_per_s", "output_tok_s", "prefill_tokens")
+        assert run["integrity"] == "ok"
+    assert r["host_tier"]["host_hit_tokens"] > 0 and r["no_host_tier"]["host_hit_tokens"] == 0
+    assert r["host_tier"]["prefill_tokens"] < r["no_host_tier"]["prefill_tokens"]
+    _positive(r, "ttft_ratio", "throughput_ratio")

@@ -157,3 +157,30 @@ def test_retraction_and_random_aborts_with_loads_never_leak(seed: int, depth: in
             assert outputs[rid] == expected_output(p, n), rid
     assert sched.stats.retractions > 0 and sched.kv.host_hit_tokens > 0, "the scenario must exercise both"
     idle_accounting(sched)
+
+
+@pytest.mark.parametrize(
+    "opts, field",
+    [
+        ({"host_kv_tokens": -1}, "host_kv_tokens"),
+        ({"host_kv_tokens": 64, "prefix_cache": False}, "host_kv_tokens"),
+        ({"host_kv_tokens": 10, "page_size": 4}, "host_kv_tokens"),
+        ({"host_kv_tokens": 64, "host_kv_policy": "write_around"}, "host_kv_policy"),
+    ],
+)
+def test_bad_host_tier_options_are_rejected(opts: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        EngineConfig(model="x", **opts)
+
+
+def test_idle_check_catches_a_leak_in_either_tier() -> None:
+    sched, worker, _ = _evicted_to_host(1)
+    sched.kv.check_idle()
+    leaked = sched.kv.allocator.alloc(1)
+    with pytest.raises(AssertionError, match="idle KV"):
+        sched.kv.check_idle()
+    sched.kv.allocator.free(leaked or [])
+    host = sched.kv.tree.host  # type: ignore[attr-defined]
+    host.alloc(1)  # a host page neither free nor in the tree
+    with pytest.raises(AssertionError, match="host pages leaked"):
+        sched.kv.check_idle()
