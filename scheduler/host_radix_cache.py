@@ -43,6 +43,10 @@ class HostRadixCache(RadixCache):
         if not c.to_host_src and not c.to_device_src:
             return None
         self._copies = KVCopies()
+        # A slot written twice (a host copy evicted and its slots reused before the worker saw either):
+        # only the last write counts, and a batched scatter must not see duplicates.
+        c.to_host_src, c.to_host_dst = _last_writes(c.to_host_src, c.to_host_dst)
+        c.to_device_src, c.to_device_dst = _last_writes(c.to_device_src, c.to_device_dst)
         return c
 
     def _backup(self, node: TreeNode) -> bool:
@@ -179,3 +183,10 @@ class HostRadixCache(RadixCache):
         if host:
             self.host.free(host)
         self._copies = KVCopies()
+
+
+def _last_writes(src: list[int], dst: list[int]) -> tuple[list[int], list[int]]:
+    last = dict(zip(dst, src))  # later pairs overwrite earlier ones
+    if len(last) == len(dst):
+        return src, dst
+    return list(last.values()), list(last)
