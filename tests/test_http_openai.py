@@ -107,7 +107,7 @@ def test_logprobs_both_formats(oai) -> None:  # noqa: ANN001
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
     assert "".join(lp.tokens) == r.choices[0].text
-    for tok, v, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+    for v, top in zip(lp.token_logprobs, lp.top_logprobs):
         assert v <= 0 and len(top) <= 3
         assert max(top.values()) == pytest.approx(v, abs=1e-4)  # greedy: the chosen token is the top one
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
