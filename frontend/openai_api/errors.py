@@ -46,11 +46,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
         # OpenAI answers 400 (never 422), naming the field.
-        first = e.errors()[0] if e.errors() else {}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        param = ".".join(loc) or None
-        msg = first.get("msg", "invalid request")
-        return APIError(400, f"{param}: {msg}" if param else msg, param, "invalid_value").response()
+        found = [(".".join(str(x) for x in err.get("loc", ()) if x != "body"), err.get("msg", "invalid"))
+                 for err in e.errors()] or [("", "invalid request")]
+        message = "; ".join(f"{p}: {m}" if p else m for p, m in found)
+        return APIError(400, message, found[0][0] or None, "invalid_value").response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:

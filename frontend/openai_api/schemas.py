@@ -1,18 +1,33 @@
 """Request bodies of the OpenAI API (pydantic), plus tandem's own sampling fields as extras.
 
-Unknown fields are rejected (400 naming the field) rather than silently ignored.
+Unknown fields are rejected (400 naming the field) rather than silently ignored, except where they
+ask for nothing: null, or an SGLang extension at its default (sglang-router spells those out when it
+forwards a request).
 """
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from protocol.sampling_params import MAX_LOGPROBS
+
+# SGLang's extensions at their defaults: sent by sglang-router, meaning "not asked for".
+_UNASKED = {"no_stop_trim": False, "skip_special_tokens": True, "return_hidden_states": False,
+            "separate_reasoning": True, "stream_reasoning": True, "continue_final_message": False}
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_unasked(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+        return {k: v for k, v in data.items()
+                if k in known or not (v is None or (k in _UNASKED and v == _UNASKED[k]))}
 
 
 class StreamOptions(_Body):
