@@ -19,6 +19,9 @@ class Served:
         self.err: deque[str] = deque(maxlen=40)
         threading.Thread(target=lambda: [self.err.append(x) for x in self.proc.stderr], daemon=True).start()  # type: ignore[union-attr]
         self.endpoint = self.url = ""
+
+    def ready(self) -> Served:
+        """Wait for the engine and its HTTP server (several can start meanwhile)."""
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             if line.startswith(READY_PREFIX):
@@ -30,6 +33,7 @@ class Served:
             self.proc.wait()
             raise RuntimeError(f"tandem serve exited with {self.proc.returncode}:\n{''.join(self.err)}")
         threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+        return self
 
     def close(self) -> int:
         if self.proc.poll() is None:

@@ -20,7 +20,7 @@ NAME = "tiny-llama"
 @pytest.fixture(scope="module")
 def served(tiny_model):  # noqa: ANN001, ANN201
     s = Served(tiny_model("llama"), "--kv-cache-tokens", "8192", "--max-running-requests", "32",
-               "--api-key", KEY, "--served-model-name", NAME)
+               "--api-key", KEY, "--served-model-name", NAME).ready()
     yield s
     assert s.close() == 0
 
