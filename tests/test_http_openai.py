@@ -55,6 +55,9 @@ def test_completion_is_what_the_engine_generates(oai, engine) -> None:  # noqa: 
     assert r.model == NAME and r.object == "text_completion"
     assert r.choices[0].text == ref.text and r.choices[0].finish_reason == ref.finish_reason
     assert r.usage.prompt_tokens == ref.prompt_tokens and r.usage.completion_tokens == ref.completion_tokens == 12
+    m = ref.metrics  # the scheduler's timeline, returned with the final output
+    assert 0 <= m.queue_s <= m.ttft_s <= m.e2e_s and m.decode_s > 0 and m.retractions == []
+    assert m.e2e_s == pytest.approx(m.ttft_s + m.decode_s)
     # Streamed, the same text arrives in pieces, then a usage-only chunk.
     chunks = list(oai.completions.create(model=NAME, prompt="The river", max_tokens=12, temperature=0, stream=True,
                                          stream_options={"include_usage": True}))
@@ -270,9 +273,32 @@ def test_disconnect_aborts(served, engine) -> None:  # noqa: ANN001
     # Closed mid-stream: the engine ends the request long before its 1500 tokens.
     _wait_idle(engine)
     assert engine.stats().requests_aborted >= 1
+    deadline = time.monotonic() + 10  # the abort's final output reaches the metrics too
+    while _metric(served, "tandem:num_requests_running") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _metric(served, "tandem:num_requests_running") == 0
     aborted = engine.stats().requests_aborted
     with pytest.raises(httpx.ReadTimeout):  # a whole-response request whose client gives up
         httpx.post(served.url + "/v1/chat/completions", headers=h, timeout=1.5, json={
             "model": NAME, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1500, "ignore_eos": True})
     _wait_idle(engine)
     assert engine.stats().requests_aborted == aborted + 1
+
+
+def test_bench_serve_against_the_server(served, tmp_path, tiny_model) -> None:  # noqa: ANN001
+    from benchmarks.cli import main as bench_main
+
+    out = tmp_path / "res"
+    assert bench_main(["serve", "--base-url", served.url, "--model", NAME, "--api-key", KEY,
+                       "--tokenizer", str(tiny_model("llama")), "--dataset", "shared-prefix", "--prefix-len", "32",
+                       "--num-prompts", "6", "--input-len", "4:8", "--output-len", "3:5", "--request-rate", "50,inf",
+                       "--max-concurrency", "4", "--slo-ttft-ms", "60000", "--label", "t", "--result-dir", str(out)]) == 0
+    res = json.loads((out / "t.json").read_text())["results"]
+    assert [r["request_rate"] for r in res] == [50.0, "inf"]
+    for r in res:
+        assert r["completed"] == 6 and r["failed"] == 0, r["errors"]
+        assert r["total_output_tokens"] == sum(r["output_lens"]) and all(3 <= n <= 5 for n in r["output_lens"])
+        assert 0 < r["median_ttft_ms"] <= r["p99_ttft_ms"] and r["mean_e2el_ms"] >= r["mean_ttft_ms"]
+        assert r["request_goodput"] == pytest.approx(r["request_throughput"])  # a generous SLO: every request
+        assert sum(r["output_throughput_timeline"]) == pytest.approx(r["total_output_tokens"])
+    assert sorted(p.name for p in out.glob("*.png")) == ["t_latency.png", "t_throughput.png", "t_timeline.png"]

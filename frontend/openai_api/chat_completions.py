@@ -105,4 +105,4 @@ async def create_chat_completion(st: ServerState, body: ChatCompletionRequest, r
         if include_usage:
             yield sse({**head("chat.completion.chunk"), "choices": [], "usage": usage.body()})
 
-    return await stream_response(run, chunks)
+    return await stream_response(request, run, chunks)

@@ -1,7 +1,8 @@
 """Running one API request's choices (n prompts x n samples) as engine requests, merged into one stream.
 
 Whatever way the consumer stops (finished, error, client gone, cancelled), every engine request that
-has not finished is aborted, so a disconnect frees its KV at once.
+has not finished is aborted, so a disconnect frees its KV at once. The pumps keep reading until the
+engine's final (abort) output, so the metrics see every request end.
 """
 from __future__ import annotations
 
@@ -26,11 +27,14 @@ class ChoiceRun:
         base = uuid.uuid4().hex
         self.rids = [f"{base}-{i}" for i in range(len(prompts))]
         self._unfinished = set(self.rids)
+        self._closing = False
         self._queue: asyncio.Queue[tuple[int, CompletionDelta | TandemError]] = asyncio.Queue()
         self._tasks = [asyncio.create_task(self._pump(i, p, sp)) for i, (p, sp) in enumerate(zip(prompts, params))]
 
     async def _pump(self, i: int, prompt: Prompt, params: dict[str, Any]) -> None:
         last: float | None = None
+        if self._closing:
+            return  # closed before this choice was submitted: nothing to abort later
         try:
             async for d in self.client.stream(prompt, params, self.rids[i]):
                 last = self.metrics.on_delta(d, last)
@@ -55,8 +59,7 @@ class ChoiceRun:
             await asyncio.shield(self.close())
 
     async def close(self) -> None:
-        for t in self._tasks:
-            t.cancel()
+        self._closing = True
         for rid in list(self._unfinished):
             self._unfinished.discard(rid)
             try:

@@ -98,4 +98,4 @@ async def create_completion(st: ServerState, body: CompletionRequest, request: R
         if include_usage:
             yield sse({**head(), "choices": [], "usage": usage.body()})
 
-    return await stream_response(run, chunks)
+    return await stream_response(request, run, chunks)

@@ -39,12 +39,14 @@ async def until_disconnect(request: Request, work: Awaitable[T], poll_s: float =
 
 
 async def stream_response(
-    run: ChoiceRun, chunks: Callable[[AsyncIterator[tuple[int, CompletionDelta]]], AsyncIterator[bytes]]
+    request: Request, run: ChoiceRun,
+    chunks: Callable[[AsyncIterator[tuple[int, CompletionDelta]]], AsyncIterator[bytes]],
 ) -> StreamingResponse:
     """An SSE response of `chunks` over the run. The first output is awaited before answering, so an
-    error the engine reports up front (a bad parameter) is an HTTP error status, not a stream."""
+    error the engine reports up front (a bad parameter) is an HTTP error status, not a stream; a client
+    that leaves while its request waits for that first output aborts it too."""
     it = run.__aiter__()
-    first = await it.__anext__()
+    first = await until_disconnect(request, it.__anext__())
 
     async def deltas() -> AsyncIterator[tuple[int, CompletionDelta]]:
         yield first
