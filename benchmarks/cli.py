@@ -58,12 +58,65 @@ def _parser() -> argparse.ArgumentParser:
     for s in (o, lat, pre, asy, st):
         s.add_argument("--json", type=Path, help="also write the results here")
         s.add_argument("--skip-baseline", action="store_true", help="do not run transformers")
+
+    sv = sub.add_parser("serve", help="load an OpenAI-compatible server at Poisson request rates",
+                        allow_abbrev=False)
+    sv.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
+    sv.add_argument("--model", required=True, help="the model name the server serves")
+    sv.add_argument("--tokenizer", required=True, help="model directory or .gguf whose tokenizer makes the prompts")
+    sv.add_argument("--dataset", choices=("random", "shared-prefix"), default="random")
+    sv.add_argument("--num-prompts", type=int, default=100)
+    sv.add_argument("--input-len", default="128:512", help="prompt (suffix) length range LOW:HIGH in tokens")
+    sv.add_argument("--output-len", default="64:256", help="output length range LOW:HIGH in tokens")
+    sv.add_argument("--prefix-len", type=int, default=512, help="shared-prefix: tokens of each shared prefix")
+    sv.add_argument("--num-prefixes", type=int, default=4, help="shared-prefix: distinct prefixes")
+    sv.add_argument("--token-ids", action="store_true", help="send prompts as token ids instead of text")
+    sv.add_argument("--request-rate", default="inf", help="comma-separated req/s; inf = all at once")
+    sv.add_argument("--max-concurrency", type=int, help="at most this many requests in flight")
+    sv.add_argument("--slo-ttft-ms", type=float, help="goodput: a request counts if its TTFT is within this")
+    sv.add_argument("--slo-tpot-ms", type=float, help="goodput: ... and its TPOT within this")
+    sv.add_argument("--api-key")
+    sv.add_argument("--seed", type=int, default=0)
+    sv.add_argument("--label", default="serve", help="names the result files")
+    sv.add_argument("--result-dir", type=Path, help="write LABEL.json and LABEL_*.png plots here")
     return p
+
+
+def _serve_main(args: argparse.Namespace) -> int:
+    from benchmarks.serve_bench import run as run_serve
+    from benchmarks.serve_dataset import load_tokenizer, make_requests
+    from benchmarks.workload import parse_range
+
+    try:
+        rates = [float(r) for r in args.request_rate.split(",") if r]
+        input_len, output_len = parse_range(args.input_len), parse_range(args.output_len)
+    except ValueError as e:
+        raise SystemExit(f"tandem bench serve: {e}") from e
+    if args.num_prompts < 1 or not rates or any(r <= 0 for r in rates):
+        raise SystemExit("tandem bench serve: --num-prompts >= 1 and request rates > 0 (or inf) needed")
+    tok = load_tokenizer(args.tokenizer)
+    reqs = make_requests(tok, args.dataset, args.num_prompts, input_len, output_len, args.seed, args.token_ids,
+                         args.prefix_len, args.num_prefixes)
+    results = run_serve(args.base_url, args.model, reqs, rates, args.max_concurrency, args.seed, args.api_key,
+                        args.slo_ttft_ms, args.slo_tpot_ms)
+    if args.result_dir is not None:
+        from benchmarks.serve_plots import plot
+
+        args.result_dir.mkdir(parents=True, exist_ok=True)
+        config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "api_key"}
+        path = args.result_dir / f"{args.label}.json"
+        path.write_text(json.dumps({"config": config, "results": results}, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {path}")
+        for p in plot(results, args.result_dir, args.label):
+            print(f"wrote {p}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.bench == "serve":
+        return _serve_main(args)
     if args.num_requests < 1 or args.output_len < 1:
         raise SystemExit("--num-requests and --output-len must be >= 1")
     cfg = config_from_args(args)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from protocol.messages import Logprobs, RequestOutput
+from protocol.messages import EngineLoad, Logprobs, RequestOutput, TimeStats
 
 
 @dataclass
@@ -15,6 +15,12 @@ class CompletionDelta:
     finish_reason: str | None = None
     logprobs: Logprobs | None = None
     prompt_logprobs: Logprobs | None = None
+    # With the final delta: token counts, the scheduler's timeline of the request, its prefix-cache hit.
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    metrics: TimeStats | None = None
+    cached_tokens: int = 0
+    load: EngineLoad | None = None  # the engine's gauges when this delta left the scheduler
 
 
 @dataclass
@@ -29,6 +35,9 @@ class Completion:
     # Column-wise (see protocol.messages.Logprobs); None unless the request asked.
     logprobs: Logprobs | None = None
     prompt_logprobs: Logprobs | None = None
+    # The scheduler's timeline: metrics.queue_s, .ttft_s, .decode_s, .e2e_s, .retractions.
+    metrics: TimeStats | None = None
+    cached_tokens: int = 0
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text
@@ -42,6 +51,8 @@ class Completion:
             self.matched_stop = out.matched_stop
             self.prompt_tokens = out.prompt_tokens
             self.completion_tokens = out.completion_tokens
+            self.metrics = out.time_stats
+            self.cached_tokens = out.cached_tokens
 
 
 def _joined(acc: Logprobs | None, more: Logprobs) -> Logprobs:
@@ -53,5 +64,6 @@ def _joined(acc: Logprobs | None, more: Logprobs) -> Logprobs:
 
 def to_delta(out: RequestOutput) -> CompletionDelta:
     return CompletionDelta(
-        out.rid, out.text, out.token_ids, out.finished, out.finish_reason, out.logprobs, out.prompt_logprobs
+        out.rid, out.text, out.token_ids, out.finished, out.finish_reason, out.logprobs, out.prompt_logprobs,
+        out.prompt_tokens, out.completion_tokens, out.time_stats, out.cached_tokens, out.load,
     )

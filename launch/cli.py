@@ -5,14 +5,17 @@ import argparse
 import sys
 
 from launch.cli_options import add_engine_flags, config_from_args
+from protocol.serve_config import ServeConfig
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tandem", description="tandem LLM inference engine", allow_abbrev=False)
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    s = sub.add_parser("serve", help="start the engine and print the endpoint clients connect to", allow_abbrev=False)
+    s = sub.add_parser("serve", help="start the engine and its HTTP server; print where clients connect",
+                       allow_abbrev=False)
     add_engine_flags(s)
+    add_engine_flags(s, ServeConfig)
 
     g = sub.add_parser("generate", help="one prompt, streamed to stdout", allow_abbrev=False)
     add_engine_flags(g)
@@ -41,7 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "serve":
         from launch.serve import serve
 
-        return serve(config_from_args(args))
+        try:
+            scfg = config_from_args(args, ServeConfig)
+        except ValueError as e:
+            raise SystemExit(f"tandem serve: {e}") from e
+        return serve(config_from_args(args), scfg)
     if args.cmd == "generate":
         return _generate(args)
     return 2

@@ -1,4 +1,4 @@
-"""EngineConfig <-> command-line flags. The dataclass is the one source of names and defaults."""
+"""EngineConfig (and ServeConfig) <-> command-line flags. The dataclass is the one source of names and defaults."""
 from __future__ import annotations
 
 import argparse
@@ -21,9 +21,9 @@ def _base_type(tp: Any) -> type:
     return tp
 
 
-def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    hints = typing.get_type_hints(EngineConfig)
-    for f in dataclasses.fields(EngineConfig):
+def add_engine_flags(parser: argparse.ArgumentParser, cls: type = EngineConfig) -> None:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
         tp = _base_type(hints[f.name])
         help_ = f.metadata.get("help", "")
         default = f.default if f.default is not dataclasses.MISSING else None
@@ -33,12 +33,13 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, default=default, help=help_)
         else:
             parser.add_argument(_flag(f.name), type=tp, default=default, help=f"{help_} (default: {default})")
-    parser.add_argument("--tp", dest="tp_size", type=int, help="alias of --tp-size")
+    if cls is EngineConfig:
+        parser.add_argument("--tp", dest="tp_size", type=int, help="alias of --tp-size")
 
 
-def config_from_args(args: argparse.Namespace) -> EngineConfig:
-    names = {f.name for f in dataclasses.fields(EngineConfig)}
-    return EngineConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
+def config_from_args(args: argparse.Namespace, cls: type = EngineConfig) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in vars(args).items() if k in names and v is not None})
 
 
 def config_to_argv(cfg: EngineConfig) -> list[str]:

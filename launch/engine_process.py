@@ -14,7 +14,8 @@ from protocol.engine_config import EngineConfig
 
 def start_engine_process(model: str, **options: object) -> tuple[subprocess.Popen, str]:
     cfg = EngineConfig.from_options(model, **options)  # unknown options fail here, in the caller
-    cmd = [sys.executable, "-m", "launch.cli", "serve", *config_to_argv(cfg)]
+    # The client talks ZMQ: no HTTP server (it would also contend for the default port).
+    cmd = [sys.executable, "-m", "launch.cli", "serve", *config_to_argv(cfg), "--no-http"]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
     )

@@ -1,17 +1,46 @@
 """`tandem serve`: run the engine until a signal or the death of any process."""
 from __future__ import annotations
 
+import multiprocessing as mp
 import signal
 import sys
+from multiprocessing.process import BaseProcess
 
 from launch.launcher import EngineStartError, Launcher
+from protocol.codec import launcher_decoder
 from protocol.engine_config import EngineConfig
+from protocol.messages import Failed
+from protocol.serve_config import ServeConfig
 
 READY_PREFIX = "tandem: ready at "
+HTTP_PREFIX = "tandem: "
 PROCESS_PREFIX = "tandem: process "
 
 
-def serve(cfg: EngineConfig) -> int:
+def start_http(launcher: Launcher, endpoint: str, scfg: ServeConfig) -> str:
+    """Start the HTTP process as one more of the engine's processes (it stops and dies with them);
+    returns its URL once it listens."""
+    from frontend.openai_api.process import run_http
+
+    parent, child = mp.Pipe(duplex=False)
+    p: BaseProcess = mp.get_context("spawn").Process(
+        target=run_http, name="tandem-http", daemon=False,
+        args=(endpoint, launcher.cfg.model, launcher.cfg.max_model_len, scfg.encode(), child),
+    )
+    p.start()
+    launcher.procs.append(p)
+    child.close()
+    while not parent.poll(0.2):
+        if p.exitcode is not None:
+            raise EngineStartError(f"tandem-http exited with code {p.exitcode} during startup")
+    msg = launcher_decoder()(parent.recv_bytes())
+    if isinstance(msg, Failed):
+        raise EngineStartError(f"the HTTP server failed to start: {msg.message}")
+    return msg.info
+
+
+def serve(cfg: EngineConfig, scfg: ServeConfig | None = None) -> int:
+    scfg = scfg or ServeConfig()
     launcher = Launcher(cfg)
     stopping = {"signal": None}
 
@@ -23,8 +52,10 @@ def serve(cfg: EngineConfig) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         endpoint = launcher.start()
+        url = start_http(launcher, endpoint, scfg) if scfg.http and cfg.node_rank == 0 else None
     except EngineStartError as e:
         print(f"tandem: engine failed to start: {e}", file=sys.stderr, flush=True)
+        launcher.stop()
         return 1
     except KeyboardInterrupt:
         launcher.stop()
@@ -33,6 +64,8 @@ def serve(cfg: EngineConfig) -> int:
         print(f"{PROCESS_PREFIX}{p.name} {p.pid}", flush=True)
     if cfg.node_rank == 0:
         print(f"{READY_PREFIX}{endpoint}", flush=True)
+        if url is not None:
+            print(f"{HTTP_PREFIX}{url}", flush=True)
     else:
         print(f"tandem: node {cfg.node_rank} workers ready (clients connect to node 0)", flush=True)
     try:

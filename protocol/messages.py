@@ -50,6 +50,45 @@ class Logprobs(msgspec.Struct, array_like=True):
         self.top_logprobs += other.top_logprobs
 
 
+class TimeStats(msgspec.Struct, array_like=True):
+    """A request's timeline in the scheduler, wall-clock seconds (time.time(), comparable across
+    processes on one host); 0.0 = not reached."""
+
+    arrival: float = 0.0
+    first_scheduled: float = 0.0
+    first_token: float = 0.0
+    finished: float = 0.0
+    retractions: list[float] = []
+
+    @property
+    def queue_s(self) -> float:
+        return self.first_scheduled - self.arrival if self.first_scheduled else 0.0
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token - self.arrival if self.first_token else 0.0
+
+    @property
+    def decode_s(self) -> float:
+        return self.finished - self.first_token if self.first_token and self.finished else 0.0
+
+    @property
+    def e2e_s(self) -> float:
+        return self.finished - self.arrival if self.finished else 0.0
+
+
+class EngineLoad(msgspec.Struct, array_like=True):
+    """The scheduler's gauges and counters, riding with the outputs so that clients (the HTTP
+    server's /metrics) see them without asking. Counters are totals since the engine started."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0  # fraction of KV slots held by requests (evictable cache counts as free)
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache (first admissions)
+    prefix_hits: int = 0  # of which found there
+    preemptions: int = 0  # retractions
+
+
 class RequestOutput(msgspec.Struct, array_like=True):
     """A delta of one request: text and token ids since the previous one."""
 
@@ -63,6 +102,9 @@ class RequestOutput(msgspec.Struct, array_like=True):
     completion_tokens: int = 0
     logprobs: Logprobs | None = None  # for this delta's token_ids
     prompt_logprobs: Logprobs | None = None  # for prompt positions 1.. (position 0 has none)
+    time_stats: TimeStats | None = None  # with the final output
+    cached_tokens: int = 0  # prompt tokens served by the prefix cache; with the final output
+    load: EngineLoad | None = None
 
 
 class OutputBatch(msgspec.Struct, tag="outputs"):
@@ -251,6 +293,9 @@ class TokenDelta(msgspec.Struct, array_like=True):
     completion_tokens: int = 0
     logprobs: Logprobs | None = None
     prompt_logprobs: Logprobs | None = None
+    time_stats: TimeStats | None = None
+    cached_tokens: int = 0
+    load: EngineLoad | None = None
 
 
 class TokenBatch(msgspec.Struct, tag="tokens"):

@@ -4,8 +4,10 @@ Derived values are properties, never stored twice.
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from protocol.messages import TimeStats
 from protocol.sampling_params import SamplingParams
 from scheduler.finish import FinishReason
 
@@ -32,6 +34,8 @@ class Req:
         self.stop_token_ids = frozenset(params.stop_token_ids)
         self.max_new_tokens = max_new_tokens
         self.arrival = arrival
+        self.time_stats = TimeStats(arrival=time.time())
+        self.cached_tokens = 0  # prompt tokens the prefix cache held at its first admission
 
         # Memory: the request's row in the ReqToTokenPool and the KV it owns there.
         self.req_pool_idx: int | None = None
@@ -154,6 +158,7 @@ class Req:
         self.needs_new_data = True
         self.prompt_lp_seen_this_epoch = 0
         self.epoch += 1
+        self.time_stats.retractions.append(time.time())
 
     def __repr__(self) -> str:
         return (

@@ -5,6 +5,7 @@ counters move optimistically, and `commit()` applies results in step order.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ import msgspec
 from protocol.engine_config import EngineConfig
 from protocol.messages import (
     DetokRegister,
+    EngineLoad,
     Logprobs,
     ModelRunnerOutput,
     RequestFailed,
@@ -42,6 +44,8 @@ class SchedulerStats:
     finished: int = 0
     aborted: int = 0
     failed: int = 0
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache at first admission
+    prefix_hits: int = 0
 
 
 class Scheduler:
@@ -134,6 +138,7 @@ class Scheduler:
         plan = StepPlan(budget=budget, prefill_cap=self.cfg.chunked_prefill_tokens or budget)
         schedule_running(self.running, self.kv, plan, self._retract)
         admit_waiting(self.waiting, self.running, self.kv, plan, self.cfg.max_running_requests)
+        self._note_first_scheduled(plan.reqs)
         if not plan.items:
             self._fail_unschedulable()
             return None
@@ -167,6 +172,8 @@ class Scheduler:
             matched = None
             grammar_done = False
             if req.to_finish is None:
+                if not req.output_ids:
+                    req.time_stats.first_token = time.time()
                 req.output_ids.append(tok)
                 d = self._delta(req)
                 d.token_ids.append(tok)
@@ -236,6 +243,7 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         del self.reqs[req.rid]
+        req.time_stats.finished = time.time()
         if reason.kind == "error":
             self.stats.failed += 1
             self._flush_deltas()
@@ -249,9 +257,31 @@ class Scheduler:
         d.matched_stop = reason.matched
         d.prompt_tokens = len(req.origin_input_ids)
         d.completion_tokens = completion
+        d.time_stats = req.time_stats
+        d.cached_tokens = req.cached_tokens
+
+    def _note_first_scheduled(self, reqs: list[Req]) -> None:
+        now = time.time()
+        for req in reqs:
+            if not req.time_stats.first_scheduled:
+                req.time_stats.first_scheduled = now
+                req.cached_tokens = len(req.prefix_indices)
+                self.stats.prefix_queries += len(req.origin_input_ids)
+                self.stats.prefix_hits += req.cached_tokens
+
+    @property
+    def load(self) -> EngineLoad:
+        return EngineLoad(
+            len(self.running), len(self.reqs) - len(self.running),  # waiting includes grammars compiling
+            1.0 - self.kv.available_slots / self.kv.allocator.size,
+            self.stats.prefix_queries, self.stats.prefix_hits, self.stats.retractions,
+        )
 
     def _flush_deltas(self) -> None:
         if self._deltas:
+            load = self.load
+            for d in self._deltas:
+                d.load = load
             self.outbox.append(TokenBatch(self._deltas))
             self._deltas = []
             self._delta_of = {}

@@ -1,0 +1,109 @@
+"""The FastAPI app: OpenAI routes, tokenizer routes, health, version, metrics, and the info routes a
+router (sglang-router) reads from its workers."""
+from __future__ import annotations
+
+import asyncio
+from importlib.metadata import PackageNotFoundError, version
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from frontend.openai_api import errors
+from frontend.openai_api.chat import render_chat
+from frontend.openai_api.chat_completions import create_chat_completion
+from frontend.openai_api.completions import create_completion
+from frontend.openai_api.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from frontend.openai_api.state import ServerState
+from protocol.errors import TandemError
+
+HEALTH_TIMEOUT_S = 5.0
+
+
+def _version() -> str:
+    try:
+        return version("tandem")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def create_app(st: ServerState) -> FastAPI:
+    app = FastAPI(title="tandem", version=_version(), docs_url=None, redoc_url=None)
+    errors.install(app)
+
+    def check_key(request: Request) -> None:
+        st.check_key(request)
+
+    authed = [Depends(check_key)]
+
+    @app.post("/v1/completions", dependencies=authed)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await create_completion(st, body, request)
+
+    @app.post("/v1/chat/completions", dependencies=authed)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await create_chat_completion(st, body, request)
+
+    @app.get("/v1/models", dependencies=authed)
+    async def models() -> dict:
+        return {"object": "list", "data": [{
+            "id": st.model_name, "object": "model", "created": st.created, "owned_by": "tandem",
+            "root": st.model_path, "parent": None, "max_model_len": st.info.max_model_len,
+        }]}
+
+    @app.post("/tokenize", dependencies=authed)
+    async def tokenize(body: TokenizeRequest) -> dict:
+        st.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise errors.APIError(400, "give exactly one of prompt or messages", "prompt")
+        if body.messages is not None:
+            ids = render_chat(st.tokenizer, body.messages, None, body.add_generation_prompt)
+        else:
+            ids = st.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        return {"tokens": ids, "count": len(ids), "max_model_len": st.info.max_model_len}
+
+    @app.post("/detokenize", dependencies=authed)
+    async def detokenize(body: DetokenizeRequest) -> dict:
+        st.check_model(body.model)
+        bad = [t for t in body.tokens if not 0 <= t < st.info.vocab_size]
+        if bad:
+            raise errors.APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {st.info.vocab_size})",
+                                  "tokens")
+        return {"prompt": st.tokenizer.decode(body.tokens)}
+
+    @app.get("/health")
+    async def health() -> Response:
+        # A round trip through frontend and scheduler: 200 only when the engine answers.
+        try:
+            await asyncio.wait_for(st.client.stats(), HEALTH_TIMEOUT_S)
+        except (TandemError, asyncio.TimeoutError) as e:
+            return JSONResponse(errors.error_body(503, f"engine not serving: {e or 'no answer'}"), status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version_() -> dict:
+        return {"version": _version()}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(st.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    # sglang-router asks its workers for these when they join.
+    @app.get("/get_model_info")
+    @app.get("/model_info")
+    async def model_info() -> dict:
+        return {"model_path": st.model_path, "tokenizer_path": st.model_path, "is_generation": True,
+                "served_model_name": st.model_name}
+
+    @app.get("/get_server_info")
+    @app.get("/server_info")
+    async def server_info() -> dict:
+        return {"model_path": st.model_path, "served_model_name": st.model_name,
+                "max_model_len": st.info.max_model_len, "version": _version()}
+
+    return app

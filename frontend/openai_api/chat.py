@@ -1,0 +1,116 @@
+"""Chat: messages (and tools) through the model's chat template, and tool calls out of its text.
+
+Tool calls are parsed in the Hermes/Qwen format: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+`tool_choice: "required"` or a named function constrains the output with a JSON schema instead (the
+grammar path), and the whole output is then the call(s).
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from frontend.openai_api.errors import APIError
+from frontend.openai_api.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
+
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def _text(m: ChatMessage) -> str:
+    if m.content is None:
+        return ""
+    if isinstance(m.content, str):
+        return m.content
+    return "".join(p.text for p in m.content)
+
+
+def _template_message(m: ChatMessage) -> dict[str, Any]:
+    d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": _text(m)}
+    if m.name is not None:
+        d["name"] = m.name
+    if m.tool_call_id is not None:
+        d["tool_call_id"] = m.tool_call_id
+    if m.tool_calls:
+        d["tool_calls"] = [
+            {"id": c.id, "type": "function",
+             "function": {"name": c.function.name, "arguments": _loads_or_str(c.function.arguments)}}
+            for c in m.tool_calls
+        ]
+    return d
+
+
+def _loads_or_str(s: str) -> Any:
+    try:
+        return json.loads(s)
+    except ValueError:
+        return s
+
+
+def render_chat(tokenizer: Any, messages: list[ChatMessage], tools: list[dict] | None = None,
+                add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of the conversation, the tools passed to the template (as the model was trained)."""
+    msgs = [_template_message(m) for m in messages]
+    try:
+        ids = tokenizer.apply_chat_template(
+            msgs, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=True
+        )
+    except Exception as e:  # noqa: BLE001 - a template error is the request's fault
+        raise APIError(400, f"chat template failed: {e}", "messages", "invalid_messages") from e
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def active_tools(req: ChatCompletionRequest) -> list[dict] | None:
+    """The tools the model may call (None when none are given or tool_choice is "none")."""
+    if not req.tools or req.tool_choice == "none":
+        if isinstance(req.tool_choice, NamedToolChoice) or req.tool_choice == "required":
+            raise APIError(400, f"tool_choice {req.tool_choice!r} needs tools", "tool_choice")
+        return None
+    return [t.function.model_dump(exclude_none=True) for t in req.tools]
+
+
+def forced_schema(req: ChatCompletionRequest) -> dict | None:
+    """The JSON schema that forces a tool call (tool_choice "required" or a named function), else None."""
+    if not req.tools or req.tool_choice in (None, "auto", "none"):
+        return None
+    if isinstance(req.tool_choice, NamedToolChoice):
+        fn = next((t.function for t in req.tools if t.function.name == req.tool_choice.function.name), None)
+        if fn is None:
+            raise APIError(400, f"tool_choice names {req.tool_choice.function.name!r}, which is not in tools",
+                           "tool_choice")
+        return fn.parameters
+    calls = [{"type": "object",
+              "properties": {"name": {"type": "string", "enum": [t.function.name]}, "arguments": t.function.parameters},
+              "required": ["name", "arguments"], "additionalProperties": False} for t in req.tools]
+    return {"type": "array", "items": {"anyOf": calls}, "minItems": 1,
+            **({} if req.parallel_tool_calls else {"maxItems": 1})}
+
+
+def _call(name: str, arguments: Any) -> dict:
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def parse_tool_calls(text: str, req: ChatCompletionRequest) -> tuple[str | None, list[dict]]:
+    """(content, tool_calls) of a finished chat choice. Text that is not a well-formed call stays content."""
+    if isinstance(req.tool_choice, NamedToolChoice):
+        return None, [_call(req.tool_choice.function.name, text)]
+    if req.tool_choice == "required":
+        try:
+            items = json.loads(text)
+            return None, [_call(it["name"], it["arguments"]) for it in items]
+        except (ValueError, KeyError, TypeError):
+            return text, []  # cut off by max_tokens before the JSON closed: left as text
+    calls: list[dict] = []
+    for body in _TOOL_CALL.findall(text):
+        try:
+            obj = json.loads(body)
+            calls.append(_call(obj["name"], obj.get("arguments", obj.get("parameters", {}))))
+        except (ValueError, KeyError, TypeError):
+            return text, []
+    if not calls:
+        return text, []
+    rest = _TOOL_CALL.sub("", text).strip()
+    return rest or None, calls

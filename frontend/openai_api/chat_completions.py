@@ -1,0 +1,108 @@
+"""POST /v1/chat/completions: messages through the chat template, n choices, tools, SSE or whole.
+
+With tools in play a choice's text is held until it finishes, since only the whole text tells a
+tool call from content; without tools, text streams as it comes.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from frontend.completion import CompletionDelta
+from frontend.openai_api.chat import active_tools, parse_tool_calls, render_chat
+from frontend.openai_api.choices import ChoiceRun
+from frontend.openai_api.logprobs import chat_logprobs
+from frontend.openai_api.sampling import chat_params, per_choice
+from frontend.openai_api.schemas import ChatCompletionRequest
+from frontend.openai_api.state import ServerState
+from frontend.openai_api.streaming import sse, stream_response, until_disconnect
+from frontend.openai_api.usage import Usage
+
+
+class _Choice:
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.text = ""
+        self.logprobs: list[dict] | None = None
+        self.finish_reason: str | None = None
+        self.tool_calls: list[dict] = []
+
+    def finish(self, d: CompletionDelta, body: ChatCompletionRequest, tools: bool) -> None:
+        self.finish_reason = "length" if d.finish_reason == "length" else "stop"
+        if tools:
+            content, self.tool_calls = parse_tool_calls(self.text, body)
+            if self.tool_calls:
+                self.text, self.finish_reason = content or "", "tool_calls"
+
+
+async def create_chat_completion(st: ServerState, body: ChatCompletionRequest, request: Request) -> Response:
+    st.check_model(body.model)
+    tools = active_tools(body)
+    ids = render_chat(st.tokenizer, body.messages, tools)
+    params = chat_params(body)
+    run = ChoiceRun(st.client, st.metrics, [ids] * body.n, per_choice(params, body.n))
+    choices = [_Choice(i) for i in range(body.n)]
+    cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    usage = Usage()
+    holds_text = tools is not None
+
+    def on(d: CompletionDelta, c: _Choice) -> list[dict] | None:
+        lp = chat_logprobs(st, d.logprobs) if body.logprobs and d.logprobs is not None else None
+        if lp is not None:
+            c.logprobs = (c.logprobs or []) + lp
+        c.text += d.text
+        usage.add(d, 0)
+        if d.finished:
+            c.finish(d, body, holds_text)
+        return lp
+
+    def head(obj: str) -> dict:
+        return {"id": cid, "object": obj, "created": created, "model": st.model_name}
+
+    if not body.stream:
+        async def collect() -> None:
+            async for i, d in run:
+                on(d, choices[i])
+
+        await until_disconnect(request, collect())
+        out = []
+        for c in choices:
+            msg: dict = {"role": "assistant", "content": c.text if c.text or not c.tool_calls else None}
+            if c.tool_calls:
+                msg["tool_calls"] = c.tool_calls
+            out.append({"index": c.index, "message": msg,
+                        "logprobs": {"content": c.logprobs or []} if body.logprobs else None,
+                        "finish_reason": c.finish_reason})
+        return JSONResponse({**head("chat.completion"), "choices": out, "usage": usage.body()})
+
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def chunk(c: _Choice, delta: dict, lp: list[dict] | None) -> bytes:
+        ch = {"index": c.index, "delta": delta, "logprobs": {"content": lp} if lp is not None else None,
+              "finish_reason": c.finish_reason}
+        return sse({**head("chat.completion.chunk"), "choices": [ch], **({"usage": None} if include_usage else {})})
+
+    async def chunks(deltas: AsyncIterator[tuple[int, CompletionDelta]]) -> AsyncIterator[bytes]:
+        for c in choices:
+            yield chunk(c, {"role": "assistant", "content": ""}, None)
+        async for i, d in deltas:
+            c = choices[i]
+            lp = on(d, c)
+            if not holds_text:
+                if d.text or lp or d.finished:
+                    yield chunk(c, {"content": d.text} if d.text else {}, lp)
+                continue
+            if not d.finished:
+                continue
+            delta: dict = {"content": c.text} if c.text else {}
+            if c.tool_calls:
+                delta["tool_calls"] = [{"index": k, **tc} for k, tc in enumerate(c.tool_calls)]
+            yield chunk(c, delta, c.logprobs if body.logprobs else None)
+        if include_usage:
+            yield sse({**head("chat.completion.chunk"), "choices": [], "usage": usage.body()})
+
+    return await stream_response(request, run, chunks)

@@ -1,0 +1,68 @@
+"""Running one API request's choices (n prompts x n samples) as engine requests, merged into one stream.
+
+Whatever way the consumer stops (finished, error, client gone, cancelled), every engine request that
+has not finished is aborted, so a disconnect frees its KV at once. The pumps keep reading until the
+engine's final (abort) output, so the metrics see every request end.
+"""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from frontend.async_client import AsyncClient
+from frontend.completion import CompletionDelta
+from frontend.openai_api.metrics import Metrics
+from frontend.request_encoding import Prompt
+from protocol.errors import TandemError
+
+
+class ChoiceRun:
+    """choices[i] runs prompts[i] with params[i]; iterate for (index, delta) as they arrive."""
+
+    def __init__(self, client: AsyncClient, metrics: Metrics, prompts: Sequence[Prompt],
+                 params: Sequence[dict[str, Any]]) -> None:
+        self.client, self.metrics = client, metrics
+        base = uuid.uuid4().hex
+        self.rids = [f"{base}-{i}" for i in range(len(prompts))]
+        self._unfinished = set(self.rids)
+        self._closing = False
+        self._queue: asyncio.Queue[tuple[int, CompletionDelta | TandemError]] = asyncio.Queue()
+        self._tasks = [asyncio.create_task(self._pump(i, p, sp)) for i, (p, sp) in enumerate(zip(prompts, params))]
+
+    async def _pump(self, i: int, prompt: Prompt, params: dict[str, Any]) -> None:
+        last: float | None = None
+        if self._closing:
+            return  # closed before this choice was submitted: nothing to abort later
+        try:
+            async for d in self.client.stream(prompt, params, self.rids[i]):
+                last = self.metrics.on_delta(d, last)
+                if d.finished:
+                    self._unfinished.discard(self.rids[i])
+                await self._queue.put((i, d))
+        except TandemError as e:
+            self._unfinished.discard(self.rids[i])  # the engine ended it already
+            await self._queue.put((i, e))
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, CompletionDelta]]:
+        done = 0
+        try:
+            while done < len(self.rids):
+                i, item = await self._queue.get()
+                if isinstance(item, TandemError):
+                    raise item
+                if item.finished:
+                    done += 1
+                yield i, item
+        finally:
+            await asyncio.shield(self.close())
+
+    async def close(self) -> None:
+        self._closing = True
+        for rid in list(self._unfinished):
+            self._unfinished.discard(rid)
+            try:
+                await self.client.abort(rid)
+            except TandemError:
+                pass  # the engine is gone: nothing left to free

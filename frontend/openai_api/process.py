@@ -1,0 +1,61 @@
+"""The HTTP process: an AsyncClient of the frontend behind uvicorn (uvloop), started by `tandem serve`.
+
+It binds its socket itself, so that port 0 picks a free port, and reports the URL to the parent.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from multiprocessing.connection import Connection
+
+from protocol.codec import encode
+from protocol.messages import Failed, Ready
+from protocol.serve_config import ServeConfig
+
+GRACEFUL_SHUTDOWN_S = 2
+
+
+def run_http(endpoint: str, model: str, max_model_len: int | None, serve_bytes: bytes, conn: Connection) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    scfg = ServeConfig.decode(serve_bytes)
+    try:
+        import uvicorn
+        import uvloop
+        from transformers import AutoTokenizer
+
+        from frontend.async_client import AsyncClient
+        from frontend.openai_api.app import create_app
+        from frontend.openai_api.metrics import Metrics
+        from frontend.openai_api.state import ServerState
+        from protocol.model_info import read_model_info
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        info = read_model_info(model, max_model_len)
+        sock = socket.socket(socket.AF_INET6 if ":" in scfg.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((scfg.host, scfg.port))
+        port = sock.getsockname()[1]
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which fails the launch
+        conn.send_bytes(encode(Failed("http", f"{type(e).__name__}: {e}")))
+        return
+    name = scfg.served_model_name or os.path.basename(os.path.normpath(model))
+    host = f"[{scfg.host}]" if ":" in scfg.host else scfg.host
+
+    async def main() -> None:
+        client = AsyncClient(endpoint)
+        st = ServerState(client, tokenizer, info, model, name, Metrics(name), scfg.api_key)
+        server = uvicorn.Server(uvicorn.Config(
+            create_app(st), log_level="warning", access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        ))
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.02)
+        if server.started:
+            conn.send_bytes(encode(Ready("http", 0, f"http://{host}:{port}")))
+        try:
+            await task
+        finally:
+            await client.close()
+
+    uvloop.run(main())

@@ -1,0 +1,33 @@
+"""`tandem serve`'s HTTP options: one frozen dataclass; the CLI flags derive from it.
+
+It crosses to the HTTP process msgspec-encoded (never pickled).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    http: bool = field(default=True, metadata={"help": "serve the OpenAI-compatible HTTP API"})
+    host: str = field(default="127.0.0.1", metadata={"help": "HTTP bind address"})
+    port: int = field(default=8000, metadata={"help": "HTTP port (0: any free port)"})
+    api_key: str | None = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY'"})
+    served_model_name: str | None = field(
+        default=None, metadata={"help": "model name clients send; default: the model directory's name"}
+    )
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"invalid serve option port={self.port}: must be in [0, 65535]")
+        if self.api_key == "":
+            raise ValueError("invalid serve option api_key='': give a key or leave the option out")
+
+    def encode(self) -> bytes:
+        return msgspec.json.encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> ServeConfig:
+        return msgspec.json.decode(data, type=cls)

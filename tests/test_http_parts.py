@@ -1,0 +1,76 @@
+"""HTTP server parts without a live engine: a dead engine is 503 in OpenAI's shape; Hermes tool-call
+parsing; the serve options."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import httpx2 as httpx
+import pytest
+
+from frontend.openai_api.chat import parse_tool_calls
+from frontend.openai_api.schemas import ChatCompletionRequest
+from protocol.serve_config import ServeConfig
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+
+
+def _req(**kw: object) -> ChatCompletionRequest:
+    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=[TOOL], **kw)
+
+
+def test_hermes_tool_calls_parsed() -> None:
+    text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    content, calls = parse_tool_calls(text, _req())
+    assert content == "Let me check."
+    assert calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
+    two = '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {"x": 1}}</tool_call>'
+    content, calls = parse_tool_calls(two, _req())
+    assert content is None and [c["function"]["name"] for c in calls] == ["a", "b"]
+    # Not well-formed: it stays text, never a half-parsed call.
+    for bad in ('<tool_call>{"name": "a", "arguments": </tool_call>', "plain answer", '<tool_call>{"x": 1}</tool_call>'):
+        assert parse_tool_calls(bad, _req()) == (bad, [])
+
+
+def test_dead_engine_is_503(tiny_model) -> None:  # noqa: ANN001
+    from transformers import AutoTokenizer
+
+    from frontend.async_client import AsyncClient
+    from frontend.openai_api.app import create_app
+    from frontend.openai_api.metrics import Metrics
+    from frontend.openai_api.state import ServerState
+    from protocol.model_info import read_model_info
+
+    model = str(tiny_model("llama"))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response]:
+        client = AsyncClient("ipc:///tmp/tandem-test-nobody-here", engine=gone)
+        st = ServerState(client, AutoTokenizer.from_pretrained(model), read_model_info(model), model, "m",
+                         Metrics("m"))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(st)), base_url="http://t") as h:
+            health = await h.get("/health")
+            comp = await h.post("/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 2})
+        await client.close()
+        return health, comp
+
+    health, comp = asyncio.run(scenario())
+    assert health.status_code == 503 and health.json()["error"]["type"] == "service_unavailable"
+    assert comp.status_code == 503 and comp.json()["error"]["code"] == "engine_dead"
+
+
+def test_serve_options() -> None:
+    from launch.cli import _parser
+    from launch.cli_options import config_from_args
+
+    args = _parser().parse_args(["serve", "--model", "m", "--no-http", "--port", "9000", "--api-key", "k"])
+    assert config_from_args(args, ServeConfig) == ServeConfig(http=False, port=9000, api_key="k")
+    assert config_from_args(_parser().parse_args(["serve", "--model", "m"]), ServeConfig) == ServeConfig()
+    assert ServeConfig().host == "127.0.0.1"
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["serve", "--model", "m", "--htttp-port", "1"])
+    with pytest.raises(ValueError, match="port"):
+        ServeConfig(port=70000)
