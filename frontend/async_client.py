@@ -1,28 +1,30 @@
-"""The asyncio client: the same API as Client, with `async`. One receiver task routes outputs."""
+"""The asyncio client: the same API as Client, with `async`.
+
+The socket lives in the event loop: one task receives and routes through the shared Router, one sends what
+the calls queue. A call that stops listening (a stream left early, a cancelled task, an error in
+generate_batch) aborts its requests in the engine.
+"""
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 from collections.abc import AsyncIterator, Sequence
 
+import msgspec
 import zmq
 import zmq.asyncio
 from tqdm import tqdm
 
+from frontend.client_io import CLOSED
 from frontend.completion import Completion, CompletionDelta, to_delta
-from frontend.connection import decode_msg, encode_msg, is_dead_event, open_dealer
+from frontend.connection import decode_msg, encode_msg, engine_exit_reason, is_dead_event, open_dealer
 from frontend.request_encoding import Params, Prompt, build_request, new_rid, params_per_prompt
-from protocol.errors import EngineDeadError, TandemError, error_from_code
-from protocol.messages import (
-    AbortRequest,
-    EngineStats,
-    OutputBatch,
-    RequestError,
-    RequestOutput,
-    StatsRequest,
-)
+from frontend.router import Item, Router
+from protocol.errors import EngineDeadError, TandemError
+from protocol.messages import AbortRequest, EngineStats, RequestOutput, StatsRequest
 
-_Item = RequestOutput | TandemError
+log = logging.getLogger("tandem.client")
 
 
 class AsyncClient:
@@ -31,10 +33,10 @@ class AsyncClient:
         self._engine = engine
         self._ctx = zmq.asyncio.Context()
         self._sock, self._monitor = open_dealer(self._ctx, endpoint)
-        self._queues: dict[str, asyncio.Queue[_Item]] = {}
-        self._stats: dict[str, asyncio.Future[EngineStats]] = {}
-        self._receiver: asyncio.Task | None = None
-        self._dead: str | None = None
+        self._router = Router()
+        self._outbox: asyncio.Queue[bytes] | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._closed = False
 
     @classmethod
     def launch(cls, model: str, **engine_options: object) -> AsyncClient:
@@ -44,22 +46,23 @@ class AsyncClient:
         return cls(endpoint, engine=proc)
 
     async def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None) -> Completion:
-        rid = await self._submit(prompt, params, request_id)
+        rid, items = self._submit(prompt, params, request_id)
         comp = Completion(rid)
-        async for out in self._outputs(rid):
+        async for out in self._outputs(rid, items):
             comp.add(out)
         return comp
 
     async def stream(
         self, prompt: Prompt, params: Params = None, request_id: str | None = None
     ) -> AsyncIterator[CompletionDelta]:
-        rid = await self._submit(prompt, params, request_id)
-        async for out in self._outputs(rid):
+        rid, items = self._submit(prompt, params, request_id)
+        async for out in self._outputs(rid, items):
             yield to_delta(out)
 
     async def generate_batch(
         self, prompts: Sequence[Prompt], params: Params | Sequence[Params] = None, progress: bool = True
     ) -> list[Completion]:
+        """All at once; the first error raises, and aborts the rest of the batch."""
         plist = params_per_prompt(prompts, params)
         bar = tqdm(total=len(prompts), disable=not progress, desc="generate")
 
@@ -68,32 +71,42 @@ class AsyncClient:
             bar.update(1)
             return c
 
+        tasks = [asyncio.ensure_future(one(p, sp)) for p, sp in zip(prompts, plist)]
         try:
-            return list(await asyncio.gather(*(one(p, sp) for p, sp in zip(prompts, plist))))
+            return list(await asyncio.gather(*tasks))
         finally:
+            for t in tasks:  # gather leaves the others running after an error: stop (and abort) them
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             bar.close()
 
     async def stats(self) -> EngineStats:
-        self._check_alive()
-        if self._receiver is None:
-            self._receiver = asyncio.get_running_loop().create_task(self._receive())
         rid = new_rid()
-        fut: asyncio.Future[EngineStats] = asyncio.get_running_loop().create_future()
-        self._stats[rid] = fut
-        await self._sock.send(encode_msg(StatsRequest(rid)))
-        return await fut
+        items = self._open(rid, encode_msg(StatsRequest(rid)), is_request=False)
+        try:
+            item = await items.get()
+        finally:
+            self._router.close(rid)
+        if isinstance(item, TandemError):
+            raise item
+        assert isinstance(item, EngineStats)
+        return item
 
     async def abort(self, request_id: str) -> None:
+        """Stop a request this client submitted; its call ends with finish_reason "abort"."""
         self._check_alive()
-        await self._sock.send(encode_msg(AbortRequest(request_id)))
+        self._send(encode_msg(AbortRequest(request_id)))
 
     async def close(self) -> None:
-        if self._receiver is not None:
-            self._receiver.cancel()
-            self._receiver = None
-        self._monitor.close(0)
-        self._sock.close(0)
-        self._ctx.term()
+        if not self._closed:
+            self._closed = True
+            for t in self._tasks:
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._router.fail_all(CLOSED)
+            self._monitor.close(0)
+            self._sock.close(0)
+            self._ctx.term()
         if self._engine is not None:
             from launch.engine_process import stop_engine_process
 
@@ -106,69 +119,81 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    # ---- internals -------------------------------------------------------------------------------
-    async def _submit(self, prompt: Prompt, params: Params, rid: str | None) -> str:
-        self._check_alive()
-        if self._receiver is None:
-            self._receiver = asyncio.get_running_loop().create_task(self._receive())
+    # ---- internals (all on the event loop's thread) ------------------------------------------------
+    def _submit(self, prompt: Prompt, params: Params, rid: str | None) -> tuple[str, asyncio.Queue[Item]]:
         req = build_request(prompt, params, rid)
-        self._queues[req.rid] = asyncio.Queue()
-        await self._sock.send(encode_msg(req))
-        return req.rid
+        return req.rid, self._open(req.rid, encode_msg(req), is_request=True)
 
-    async def _outputs(self, rid: str) -> AsyncIterator[RequestOutput]:
-        q = self._queues[rid]
+    def _open(self, rid: str, frame: bytes, is_request: bool) -> asyncio.Queue[Item]:
+        self._check_alive()
+        items: asyncio.Queue[Item] = asyncio.Queue()
+        if self._router.open(rid, items.put_nowait, is_request):
+            self._send(frame)
+        return items
+
+    def _send(self, frame: bytes) -> None:
+        if self._outbox is None:  # the loop's tasks start with the first call, inside the loop
+            self._outbox = asyncio.Queue()
+            loop = asyncio.get_running_loop()
+            self._tasks = [loop.create_task(self._send_loop()), loop.create_task(self._receive_loop())]
+        self._outbox.put_nowait(frame)
+
+    async def _outputs(self, rid: str, items: asyncio.Queue[Item]) -> AsyncIterator[RequestOutput]:
+        done = False
         try:
-            while True:
-                item = await q.get()
+            while not done:
+                item = await items.get()
                 if isinstance(item, TandemError):
+                    done = True
                     raise item
+                assert isinstance(item, RequestOutput)
+                done = item.finished
                 yield item
-                if item.finished:
-                    return
         finally:
-            self._queues.pop(rid, None)
+            # Left early (break, exception, cancellation, garbage collection): nothing runs for nobody.
+            if not done and self._router.close(rid) and not self._closed:
+                self._send(encode_msg(AbortRequest(rid)))
 
     def _check_alive(self) -> None:
-        if self._dead is None and self._engine is not None and self._engine.poll() is not None:
-            self._mark_dead(f"engine process exited with code {self._engine.returncode}")
-        if self._dead is not None:
-            raise EngineDeadError(self._dead)
+        if self._closed:
+            raise EngineDeadError(CLOSED)
+        why = self._router.dead or engine_exit_reason(self._engine)
+        if why is not None:
+            self._router.fail_all(why)
+            raise EngineDeadError(why)
 
-    async def _receive(self) -> None:
+    async def _send_loop(self) -> None:
+        assert self._outbox is not None
+        while True:
+            frame = await self._outbox.get()
+            if self._router.dead is None:
+                await self._sock.send(frame)
+
+    async def _receive_loop(self) -> None:
         poller = zmq.asyncio.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._monitor, zmq.POLLIN)
-        while self._dead is None:
+        while self._router.dead is None:
             events = dict(await poller.poll(500))
+            if self._sock in events:
+                self._receive()
+            # After draining the socket, so a typed reason the frontend sent on its way down wins.
             if self._monitor in events and is_dead_event(await self._monitor.recv_multipart()):
-                self._mark_dead("lost the connection to the engine")
-            self._check_alive_quiet()
-            if self._sock not in events:
+                self._router.fail_all("lost the connection to the engine")
+            why = engine_exit_reason(self._engine)
+            if why is not None:
+                self._receive()
+                self._router.fail_all(why)
+
+    def _receive(self) -> None:
+        while True:
+            try:  # a non-blocking recv's future is already done: data, or Again
+                data = self._sock.recv(zmq.NOBLOCK).result()
+            except zmq.Again:
+                return
+            try:
+                msg = decode_msg(data)
+            except msgspec.DecodeError as e:
+                log.error("dropped an undecodable frame from the engine: %s", e)
                 continue
-            msg = decode_msg(await self._sock.recv())
-            if isinstance(msg, OutputBatch):
-                for out in msg.outputs:
-                    q = self._queues.get(out.rid)
-                    if q is not None:
-                        q.put_nowait(out)
-            elif isinstance(msg, EngineStats):
-                fut = self._stats.pop(msg.rid, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(msg)
-            elif isinstance(msg, RequestError):
-                q = self._queues.get(msg.rid)
-                if q is not None:
-                    q.put_nowait(error_from_code(msg.code, msg.message))
-
-    def _check_alive_quiet(self) -> None:
-        if self._dead is None and self._engine is not None and self._engine.poll() is not None:
-            self._mark_dead(f"engine process exited with code {self._engine.returncode}")
-
-    def _mark_dead(self, why: str) -> None:
-        self._dead = why
-        for q in self._queues.values():
-            q.put_nowait(EngineDeadError(why))
-        for fut in self._stats.values():
-            if not fut.done():
-                fut.set_exception(EngineDeadError(why))
+            self._router.route(msg)

@@ -5,6 +5,8 @@ down when any dies), every waiting request gets EngineDeadError instead of hangi
 """
 from __future__ import annotations
 
+import subprocess
+
 import zmq
 import zmq.utils.monitor
 
@@ -12,13 +14,16 @@ from protocol.codec import encode, frontend_decoder
 from protocol.messages import ClientMsg, FrontendMsg
 
 _DEAD_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED | zmq.EVENT_MONITOR_STOPPED
+# The client's I/O loop reads whatever arrives; this only bounds what a stalled client process buffers
+# before the frontend sees a full pipe (and aborts that client's requests).
+RCV_HWM = 10_000
 
 
 def open_dealer(ctx: zmq.Context, endpoint: str) -> tuple[zmq.Socket, zmq.Socket]:
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)  # requests are small and the frontend always reads
+    sock.setsockopt(zmq.RCVHWM, RCV_HWM)
     monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | _DEAD_EVENTS)
     sock.connect(endpoint)
     return sock, monitor
@@ -27,6 +32,13 @@ def open_dealer(ctx: zmq.Context, endpoint: str) -> tuple[zmq.Socket, zmq.Socket
 def is_dead_event(monitor_frames: list[bytes]) -> bool:
     ev = zmq.utils.monitor.parse_monitor_message(monitor_frames)
     return bool(ev["event"] & _DEAD_EVENTS)
+
+
+def engine_exit_reason(engine: subprocess.Popen | None) -> str | None:
+    """Why the engine this client owns is gone, or None while it runs (or when the client owns none)."""
+    if engine is None or engine.poll() is None:
+        return None
+    return f"engine process exited with code {engine.returncode}"
 
 
 _decode = frontend_decoder()

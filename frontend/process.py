@@ -1,20 +1,31 @@
-"""The frontend process: clients in (ROUTER), tokenize and validate, route outputs back by request id."""
+"""The frontend process: clients in (ROUTER), tokenize and validate, route outputs back by request id.
+
+Nothing a client sends can stop it: every frame passes one guard (client_frames.py), and a client that
+stops reading (its pipe reaches the high-water mark) or is gone has its requests aborted rather than
+buffered without bound.
+"""
 from __future__ import annotations
 
+import logging
+import sys
+import traceback
 from collections import defaultdict
 
-import msgspec
 import zmq
 
+from frontend.client_frames import BadFrames, ClientFrames
 from frontend.validation import check_prompt, decode_params, tokenize_prompt
 from protocol.child import reporting_startup, start_child
-from protocol.codec import client_decoder, encode, frontend_in_decoder
+from protocol.codec import encode, frontend_in_decoder
 from protocol.errors import InvalidRequestError
 from protocol.ipc import make_socket
 from protocol.messages import (
     AbortReq,
     AbortRequest,
+    ClientMsg,
     EngineStats,
+    EngineStopping,
+    FrontendMsg,
     GenerateRequest,
     OutputBatch,
     Ready,
@@ -26,68 +37,98 @@ from protocol.messages import (
 )
 from protocol.model_info import read_model_info
 
+log = logging.getLogger("tandem.frontend")
+
+# Messages queued to one client before it counts as not reading (each is one step's outputs for it).
+CLIENT_SND_HWM = 10_000
+# How long the last answers (the reason the engine stops) may take to reach the clients on the way down.
+FAREWELL_LINGER_MS = 2000
+
 
 def run_frontend(cfg_bytes: bytes, ep_bytes: bytes) -> None:
     cfg, ep, ctx, launcher = start_child(cfg_bytes, ep_bytes)
+    logging.basicConfig(stream=sys.stderr, format="%(name)s: %(message)s")
     with reporting_startup(launcher, "frontend"):
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.model)
         info = read_model_info(cfg.model, cfg.max_model_len)
         clients = make_socket(ctx, zmq.ROUTER, ep.client, bind=True)
+        clients.setsockopt(zmq.SNDHWM, CLIENT_SND_HWM)
+        clients.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full or vanished client raises instead of dropping
         inbox = make_socket(ctx, zmq.PULL, ep.frontend_in, bind=True)
         scheduler = make_socket(ctx, zmq.PUSH, ep.scheduler_in, bind=False)
         launcher.send(encode(Ready("frontend", 0, ep.client)))
-    Frontend(tokenizer, info, clients, inbox, scheduler).run()
+    Frontend(tokenizer, info, clients, inbox, scheduler, ClientFrames(cfg.max_request_bytes)).run()
+    clients.setsockopt(zmq.LINGER, FAREWELL_LINGER_MS)
+    ctx.destroy()  # closes each socket with its own linger: the farewell errors are delivered
 
 
 class Frontend:
-    def __init__(self, tokenizer, info, clients: zmq.Socket, inbox: zmq.Socket, scheduler: zmq.Socket) -> None:  # noqa: ANN001
+    def __init__(
+        self, tokenizer, info, clients: zmq.Socket, inbox: zmq.Socket, scheduler: zmq.Socket,  # noqa: ANN001
+        frames: ClientFrames,
+    ) -> None:
         self.tokenizer = tokenizer
         self.info = info
         self.clients, self.inbox, self.scheduler = clients, inbox, scheduler
+        self.frames = frames
         self.owner: dict[str, bytes] = {}  # rid -> client identity
         self.stats_owner: dict[str, bytes] = {}
-        self.decode_client = client_decoder()
         self.decode_inbox = frontend_in_decoder()
+        self.stopping = False
 
     def run(self) -> None:
+        """Serve until the launcher says the engine stops."""
         poller = zmq.Poller()
         poller.register(self.clients, zmq.POLLIN)
         poller.register(self.inbox, zmq.POLLIN)
-        while True:
+        while not self.stopping:
             events = dict(poller.poll())
             if self.clients in events:
                 while True:
                     try:
-                        ident, data = self.clients.recv_multipart(zmq.NOBLOCK)
+                        frames = self.clients.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    self.on_client(ident, data)
+                    self.on_client_frames(frames)
             if self.inbox in events:
-                while True:
+                while not self.stopping:
                     try:
                         data = self.inbox.recv(zmq.NOBLOCK)
                     except zmq.Again:
                         break
                     self.on_engine(self.decode_inbox(data))
 
-    def on_client(self, ident: bytes, data: bytes) -> None:
-        try:
-            msg = self.decode_client(data)
-        except msgspec.ValidationError as e:
-            # Can't know the rid of an undecodable message; answer with an empty one.
-            self.clients.send_multipart([ident, encode(RequestError("", "invalid_request.malformed", str(e)))])
+    # ---- from clients ----------------------------------------------------------------------------
+    def on_client_frames(self, frames: list[bytes]) -> None:
+        parsed = self.frames.parse(frames)
+        if isinstance(parsed, BadFrames):
+            self.on_bad_frames(parsed)
             return
+        ident, msg = parsed
+        try:
+            self.on_client(ident, msg)
+        except Exception as e:  # noqa: BLE001 - one request's surprise must not stop the engine
+            log.error("request %r failed in the frontend:\n%s", msg.rid, traceback.format_exc())
+            if isinstance(msg, GenerateRequest) and msg.rid not in self.owner:
+                self.to_client(ident, RequestError(msg.rid, "request_failed.frontend", f"{type(e).__name__}: {e}"))
+
+    def on_bad_frames(self, bad: BadFrames) -> None:
+        log.warning("dropped a bad client message (%s: %s)", bad.code, bad.message[:200])
+        if bad.answerable and bad.rid not in self.owner:  # never fail someone's in-flight request
+            assert bad.ident is not None and bad.rid is not None
+            self.to_client(bad.ident, RequestError(bad.rid, bad.code, bad.message))
+
+    def on_client(self, ident: bytes, msg: ClientMsg) -> None:
         if isinstance(msg, AbortRequest):
-            if msg.rid in self.owner:
+            if self.owner.get(msg.rid) == ident:  # only the client that submitted a request may abort it
                 self.scheduler.send(encode(AbortReq(msg.rid)))
             return
         if isinstance(msg, StatsRequest):
             self.stats_owner[msg.rid] = ident
             self.scheduler.send(encode(msg))
             return
-        assert isinstance(msg, GenerateRequest)
         try:
             if msg.rid in self.owner:
                 raise InvalidRequestError(f"request id {msg.rid!r} is already in flight", "invalid_request.duplicate_rid")
@@ -95,22 +136,26 @@ class Frontend:
             ids = tokenize_prompt(msg, self.tokenizer)
             check_prompt(ids, params, self.info)
         except InvalidRequestError as e:
-            self.clients.send_multipart([ident, encode(RequestError(msg.rid, e.code, e.message))])
+            self.to_client(ident, RequestError(msg.rid, e.code, e.message))
             return
         self.owner[msg.rid] = ident
         self.scheduler.send(encode(TokenizedRequest(msg.rid, ids, params)))
 
-    def on_engine(self, msg: OutputBatch | RequestFailed | EngineStats) -> None:
+    # ---- from the engine -------------------------------------------------------------------------
+    def on_engine(self, msg: OutputBatch | RequestFailed | EngineStats | EngineStopping) -> None:
+        if isinstance(msg, EngineStopping):
+            self.farewell(msg.reason)
+            return
         if isinstance(msg, EngineStats):
             ident = self.stats_owner.pop(msg.rid, None)
             if ident is not None:
                 msg.frontend_pending = len(self.owner)
-                self.clients.send_multipart([ident, encode(msg)])
+                self.to_client(ident, msg)
             return
         if isinstance(msg, RequestFailed):
             ident = self.owner.pop(msg.rid, None)
             if ident is not None:
-                self.clients.send_multipart([ident, encode(RequestError(msg.rid, msg.code, msg.message))])
+                self.to_client(ident, RequestError(msg.rid, msg.code, msg.message))
             return
         by_client: dict[bytes, list[RequestOutput]] = defaultdict(list)
         for out in msg.outputs:
@@ -121,7 +166,36 @@ class Frontend:
             if out.finished:
                 del self.owner[out.rid]
         for ident, outs in by_client.items():
-            self.clients.send_multipart([ident, encode(OutputBatch(outs))])
+            self.to_client(ident, OutputBatch(outs))
 
+    def farewell(self, reason: str) -> None:
+        """The engine is stopping: every waiting call gets the reason, then the frontend stops."""
+        for rid, ident in [*self.owner.items(), *self.stats_owner.items()]:
+            self.to_client(ident, RequestError(rid, "engine_dead", reason))
+        self.owner.clear()
+        self.stats_owner.clear()
+        self.stopping = True
+
+    # ---- to clients ------------------------------------------------------------------------------
+    def to_client(self, ident: bytes, msg: FrontendMsg) -> None:
+        try:
+            self.clients.send_multipart([ident, encode(msg)], zmq.NOBLOCK)
+        except zmq.Again:
+            self.drop_client(ident, f"stopped reading ({CLIENT_SND_HWM} messages queued)")
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EHOSTUNREACH:
+                raise
+            self.drop_client(ident, "disconnected")
+
+    def drop_client(self, ident: bytes, why: str) -> None:
+        """Nothing runs for nobody: a client that is gone or not reading has its requests aborted."""
+        rids = [rid for rid, who in self.owner.items() if who == ident]
+        if rids:
+            log.warning("client %s %s: aborting its %d request(s)", ident.hex(), why, len(rids))
+        for rid in rids:
+            del self.owner[rid]
+            self.scheduler.send(encode(AbortReq(rid)))
+        for rid in [rid for rid, who in self.stats_owner.items() if who == ident]:
+            del self.stats_owner[rid]
 
 

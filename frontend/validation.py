@@ -16,7 +16,7 @@ _params_decoder = msgspec.msgpack.Decoder(SamplingParams)
 def decode_params(raw: msgspec.Raw) -> SamplingParams:
     try:
         params = _params_decoder.decode(raw)
-    except msgspec.ValidationError as e:
+    except msgspec.DecodeError as e:  # also ValidationError, its subclass
         raise InvalidRequestError(f"invalid sampling parameters: {e}", "invalid_request.params") from e
     try:
         params.validate()

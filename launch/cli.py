@@ -16,6 +16,7 @@ def _parser() -> argparse.ArgumentParser:
                        allow_abbrev=False)
     add_engine_flags(s)
     add_engine_flags(s, ServeConfig)
+    s.add_argument("--owner-fd", type=int, help="stop when this inherited pipe closes (its owner died); Client.launch sets it")
 
     g = sub.add_parser("generate", help="one prompt, streamed to stdout", allow_abbrev=False)
     add_engine_flags(g)
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             scfg = config_from_args(args, ServeConfig)
         except ValueError as e:
             raise SystemExit(f"tandem serve: {e}") from e
-        return serve(config_from_args(args), scfg)
+        return serve(config_from_args(args), scfg, owner_fd=args.owner_fd)
     if args.cmd == "generate":
         return _generate(args)
     return 2

@@ -13,10 +13,10 @@ from multiprocessing.process import BaseProcess
 
 import zmq
 
-from protocol.codec import launcher_decoder
+from protocol.codec import encode, launcher_decoder
 from protocol.engine_config import EngineConfig
 from protocol.ipc import Endpoints, make_socket
-from protocol.messages import Failed, Ready
+from protocol.messages import EngineStopping, Failed, Ready
 
 
 class EngineStartError(RuntimeError):
@@ -86,7 +86,15 @@ class Launcher:
         done = multiprocessing.connection.wait(list(sentinels), timeout=poll_s)
         return sentinels[done[0]] if done else None  # type: ignore[index]
 
-    def stop(self, grace_s: float = 3.0) -> None:
+    def stop(self, reason: str = "the engine was stopped", grace_s: float = 3.0) -> None:
+        """Stop every process. The frontend goes first, after telling each waiting client why."""
+        frontend = next((p for p in self.procs if p.name == "tandem-frontend" and p.exitcode is None), None)
+        if frontend is not None:
+            notify = make_socket(self._ctx, zmq.PUSH, self.endpoints.frontend_in, bind=False)
+            notify.setsockopt(zmq.LINGER, int(grace_s * 1000))
+            notify.send(encode(EngineStopping(reason)))
+            notify.close()
+            frontend.join(grace_s)
         for p in self.procs:
             if p.exitcode is None:
                 p.terminate()

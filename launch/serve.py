@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import signal
 import sys
+import threading
 from multiprocessing.process import BaseProcess
 
 from launch.launcher import EngineStartError, Launcher
@@ -39,17 +41,24 @@ def start_http(launcher: Launcher, endpoint: str, scfg: ServeConfig) -> str:
     return msg.info
 
 
-def serve(cfg: EngineConfig, scfg: ServeConfig | None = None) -> int:
+def serve(cfg: EngineConfig, scfg: ServeConfig | None = None, owner_fd: int | None = None) -> int:
     scfg = scfg or ServeConfig()
     launcher = Launcher(cfg)
-    stopping = {"signal": None}
+    stopping = {"reason": "the engine was stopped"}
 
     def on_signal(signum: int, _frame: object) -> None:
-        stopping["signal"] = signum  # type: ignore[assignment]
+        if stopping.get("signalled"):  # already stopping: a second signal must not cut the teardown short
+            return
+        stopping["signalled"] = "yes"
+        if signum != signal.SIGUSR1:
+            stopping["reason"] = f"the engine was stopped ({signal.Signals(signum).name})"
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGUSR1, on_signal)
+    if owner_fd is not None:
+        _stop_when_closed(owner_fd, stopping)
     try:
         endpoint = launcher.start()
         url = start_http(launcher, endpoint, scfg) if scfg.http and cfg.node_rank == 0 else None
@@ -58,7 +67,7 @@ def serve(cfg: EngineConfig, scfg: ServeConfig | None = None) -> int:
         launcher.stop()
         return 1
     except KeyboardInterrupt:
-        launcher.stop()
+        launcher.stop(stopping["reason"])
         return 0
     for p in launcher.procs:
         print(f"{PROCESS_PREFIX}{p.name} {p.pid}", flush=True)
@@ -72,9 +81,23 @@ def serve(cfg: EngineConfig, scfg: ServeConfig | None = None) -> int:
         dead = None
         while dead is None:
             dead = launcher.wait(1.0)
-        print(f"tandem: {dead.name} exited with code {dead.exitcode}; stopping the engine", file=sys.stderr, flush=True)
-        launcher.stop()
+        why = f"{dead.name} exited with code {dead.exitcode}"
+        print(f"tandem: {why}; stopping the engine", file=sys.stderr, flush=True)
+        launcher.stop(f"the engine stopped: {why}")
         return 1
     except KeyboardInterrupt:
-        launcher.stop()
+        launcher.stop(stopping["reason"])
         return 0
+
+
+def _stop_when_closed(fd: int, stopping: dict[str, str]) -> None:
+    """The owner holds the other end of this pipe: end of file means it died (or let go), so stop."""
+
+    def watch() -> None:
+        while os.read(fd, 4096):
+            pass
+        print("tandem: the owner of this engine is gone; stopping", file=sys.stderr, flush=True)
+        stopping["reason"] = "the engine's owner process died"
+        os.kill(os.getpid(), signal.SIGUSR1)  # the main thread stops the engine, as on SIGTERM
+
+    threading.Thread(target=watch, name="owner-watch", daemon=True).start()

@@ -43,6 +43,9 @@ class EngineConfig:
     seed: int = 0
     debug_integrity: bool = field(default=False, metadata={"help": "check allocator invariants every step"})
     startup_timeout_s: float = 300.0
+    max_request_bytes: int = field(
+        default=32 * 1024 * 1024, metadata={"help": "largest client message; larger ones get a typed error"}
+    )
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
@@ -62,7 +65,7 @@ class EngineConfig:
             raise bad("host_kv_policy", "must be write_back or write_through")
         if self.chunked_prefill_tokens is not None and self.chunked_prefill_tokens < 1:
             raise bad("chunked_prefill_tokens", "must be >= 1")
-        for name in ("max_running_requests", "max_num_batched_tokens", "page_size", "tp_size"):
+        for name in ("max_running_requests", "max_num_batched_tokens", "page_size", "tp_size", "max_request_bytes"):
             if getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:

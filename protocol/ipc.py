@@ -4,7 +4,12 @@ Endpoints are ipc:// paths in a private (0700) temp dir made per launch: never a
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import multiprocessing
 import os
+import signal
+import sys
 import tempfile
 import threading
 import time
@@ -75,8 +80,11 @@ def make_socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool) -> zmq.S
 
 
 def exit_with_parent(poll_s: float = 0.5) -> None:
-    """Every process exits when its parent dies (the launcher tears the rest down)."""
-    parent = os.getppid()
+    """This process exits when its parent dies, however it dies: at once by PR_SET_PDEATHSIG (Linux), and
+    by a watch on the parent's pid as the portable backstop."""
+    parent_proc = multiprocessing.parent_process()  # the real parent, even if it died before this line
+    parent = parent_proc.pid if parent_proc is not None and parent_proc.pid else os.getppid()
+    set_parent_death_signal(signal.SIGTERM)
 
     def watch() -> None:
         while True:
@@ -84,4 +92,18 @@ def exit_with_parent(poll_s: float = 0.5) -> None:
                 os._exit(1)
             time.sleep(poll_s)
 
+    if os.getppid() != parent:
+        os._exit(1)
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def set_parent_death_signal(sig: int) -> None:
+    """Have the kernel send `sig` when the thread that started this process ends (Linux; elsewhere a no-op)."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
+_PR_SET_PDEATHSIG = 1

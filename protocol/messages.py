@@ -5,6 +5,7 @@ Socket map (docs/architecture.md §1):
   frontend-> scheduler    SchedulerInMsg worker   -> scheduler  WorkerMsg
   scheduler-> worker      WorkerInMsg    scheduler-> detok      DetokInMsg
   detok   -> frontend     FrontendInMsg  any child -> launcher  Ready
+  launcher-> frontend     EngineStopping (in FrontendInMsg)
 Messages carry diffs: a new request once, then per step only what changed.
 """
 from __future__ import annotations
@@ -310,8 +311,14 @@ class RequestFailed(msgspec.Struct, tag="failed"):
     message: str
 
 
+class EngineStopping(msgspec.Struct, tag="stopping"):
+    """From the launcher, before it stops the engine: the frontend fails every waiting call with this reason."""
+
+    reason: str
+
+
 DetokInMsg = DetokRegister | TokenBatch | RequestFailed | EngineStats
-FrontendInMsg = OutputBatch | RequestFailed | EngineStats
+FrontendInMsg = OutputBatch | RequestFailed | EngineStats | EngineStopping
 
 
 # ---- child -> launcher -------------------------------------------------------------------------------
