@@ -126,6 +126,7 @@ class SchedulerLoop:
             elif isinstance(msg, AbortReq):
                 self.sched.abort(msg.rid)
             elif isinstance(msg, StatsRequest):
+                self._flush()  # outputs of requests that ended before the snapshot go first
                 self.detok.send(encode(self._stats(msg.rid)))
 
     def _stats(self, rid: str) -> EngineStats:
