@@ -12,7 +12,14 @@ from frontend.request_encoding import build_request
 from frontend.router import Router
 from protocol.codec import encode
 from protocol.errors import EngineDeadError, InvalidRequestError, RequestFailedError
-from protocol.messages import AbortRequest, EngineStats, GenerateRequest, OutputBatch, RequestError, RequestOutput
+from protocol.messages import (
+    AbortRequest,
+    EngineStats,
+    GenerateRequest,
+    OutputBatch,
+    RequestError,
+    RequestOutput,
+)
 
 
 def _stats(rid: str) -> EngineStats:
