@@ -1,6 +1,7 @@
 """`tandem serve`: run the engine until a signal or the death of any process."""
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -96,8 +97,9 @@ def _stop_when_closed(fd: int, stopping: dict[str, str]) -> None:
     def watch() -> None:
         while os.read(fd, 4096):
             pass
-        print("tandem: the owner of this engine is gone; stopping", file=sys.stderr, flush=True)
         stopping["reason"] = "the engine's owner process died"
         os.kill(os.getpid(), signal.SIGUSR1)  # the main thread stops the engine, as on SIGTERM
+        with contextlib.suppress(OSError):  # stderr was most likely a pipe to the dead owner
+            print("tandem: the owner of this engine is gone; stopping", file=sys.stderr, flush=True)
 
     threading.Thread(target=watch, name="owner-watch", daemon=True).start()

@@ -48,7 +48,12 @@ def test_sigterm_stops_everything_with_no_orphans(tiny_model) -> None:
     assert len(kids) >= 4  # worker, scheduler, detokenizer, frontend
     with Client(endpoint) as c:
         assert c.generate([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True)).completion_tokens == 4
-    proc.send_signal(signal.SIGTERM)
+        stream = c.stream([5, 6, 7], SamplingParams(max_tokens=2000, ignore_eos=True))
+        next(stream)
+        proc.send_signal(signal.SIGTERM)
+        # The waiting call hears why, from the frontend on its way down: not a generic lost connection.
+        with pytest.raises(EngineDeadError, match=r"stopped \(SIGTERM\)"):
+            list(stream)
     assert proc.wait(15) == 0
     assert _wait_gone(kids) == []
 
@@ -78,6 +83,7 @@ def assert_killing_stops_engine(model, victim: str, *flags: str) -> None:  # noq
     t.join(20)
     assert not t.is_alive(), "client still waiting after a process died"
     assert errors and isinstance(errors[0], EngineDeadError), errors
+    assert "lost the connection" not in str(errors[0]), "the typed reason was dropped on the way down"
     assert time.monotonic() - t0 < 15
     assert proc.wait(20) != 0
     assert _wait_gone(kids) == []
