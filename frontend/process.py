@@ -41,6 +41,7 @@ log = logging.getLogger("tandem.frontend")
 
 # Messages queued to one client before it counts as not reading (each is one step's outputs for it).
 CLIENT_SND_HWM = 10_000
+CLIENT_RCV_HWM = 10_000
 # How long the last answers (the reason the engine stops) may take to reach the clients on the way down.
 FAREWELL_LINGER_MS = 2000
 
@@ -55,6 +56,7 @@ def run_frontend(cfg_bytes: bytes, ep_bytes: bytes) -> None:
         info = read_model_info(cfg.model, cfg.max_model_len)
         clients = make_socket(ctx, zmq.ROUTER, ep.client, bind=True)
         clients.setsockopt(zmq.SNDHWM, CLIENT_SND_HWM)
+        clients.setsockopt(zmq.RCVHWM, CLIENT_RCV_HWM)  # a flooding client waits, the frontend's memory doesn't grow
         clients.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full or vanished client raises instead of dropping
         inbox = make_socket(ctx, zmq.PULL, ep.frontend_in, bind=True)
         scheduler = make_socket(ctx, zmq.PUSH, ep.scheduler_in, bind=False)

@@ -17,7 +17,12 @@ def encode(msg: msgspec.Struct) -> bytes:
 
 
 class Decoder(Generic[T]):
-    """Decodes one socket's tagged union; anything else raises msgspec.ValidationError."""
+    """Decodes one socket's tagged union.
+
+    Raises msgspec.DecodeError for bytes that are not msgpack (empty, truncated, garbage), and its subclass
+    msgspec.ValidationError for msgpack of the wrong shape (an unknown tag, a missing field, a wrong type).
+    Catch DecodeError to cover both; a socket that any local process can write to must (see the frontend).
+    """
 
     def __init__(self, union: Any) -> None:
         self._dec = msgspec.msgpack.Decoder(union)
