@@ -121,6 +121,9 @@ class ClientIO:
                 if why is not None:
                     self._receive()
                     self.router.fail_all(why)
+        except Exception as e:  # a bug or a broken socket here: every waiting call must still hear of it
+            log.exception("the client's I/O thread failed")
+            self.router.fail_all(f"the client's I/O thread failed: {type(e).__name__}: {e}")
         finally:
             self._run_commands()
             self.router.fail_all(CLOSED)

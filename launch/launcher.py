@@ -28,6 +28,7 @@ class Launcher:
         self.cfg = cfg
         self.endpoints = Endpoints.create()
         self.procs: list[BaseProcess] = []
+        self.ready: set[str] = set()  # role+rank of each process that reported ready
         self._ctx = zmq.Context()
 
     def start(self) -> str:
@@ -65,10 +66,9 @@ class Launcher:
     def _wait_ready(self, ready: zmq.Socket, expected: int) -> None:
         decode = launcher_decoder()
         deadline = time.monotonic() + self.cfg.startup_timeout_s
-        seen: set[str] = set()
-        while len(seen) < expected:
+        while len(self.ready) < expected:
             if time.monotonic() > deadline:
-                raise EngineStartError(f"engine not ready after {self.cfg.startup_timeout_s}s: ready {sorted(seen)}")
+                raise EngineStartError(f"engine not ready after {self.cfg.startup_timeout_s}s: ready {sorted(self.ready)}")
             dead = [p for p in self.procs if p.exitcode is not None]
             if ready.poll(200) == 0:
                 if dead:
@@ -78,7 +78,7 @@ class Launcher:
             if isinstance(msg, Failed):
                 raise EngineStartError(f"{msg.role} failed to start: {msg.message}")
             assert isinstance(msg, Ready)
-            seen.add(f"{msg.role}{msg.rank}")
+            self.ready.add(f"{msg.role}{msg.rank}")
 
     def wait(self, poll_s: float | None = None) -> BaseProcess | None:
         """Block until a child exits (returns it) or poll_s passes (returns None)."""
@@ -89,7 +89,7 @@ class Launcher:
     def stop(self, reason: str = "the engine was stopped", grace_s: float = 3.0) -> None:
         """Stop every process. The frontend goes first, after telling each waiting client why."""
         frontend = next((p for p in self.procs if p.name == "tandem-frontend" and p.exitcode is None), None)
-        if frontend is not None:
+        if frontend is not None and "frontend0" in self.ready:
             notify = make_socket(self._ctx, zmq.PUSH, self.endpoints.frontend_in, bind=False)
             notify.setsockopt(zmq.LINGER, int(grace_s * 1000))
             notify.send(encode(EngineStopping(reason)))
