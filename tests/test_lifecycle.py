@@ -19,7 +19,7 @@ from protocol import EngineDeadError, SamplingParams
 def _serve(model, *flags: str) -> tuple[subprocess.Popen, str, dict[str, int]]:  # noqa: ANN001
     pids: dict[str, int] = {}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launch.cli", "serve", "--model", str(model), "--kv-cache-tokens", "4096", *flags],
+        [sys.executable, "-m", "launch.cli", "serve", "--model", str(model), "--kv-cache-tokens", "4096", "--port", "0", *flags],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.stdout is not None

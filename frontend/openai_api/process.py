@@ -10,6 +10,7 @@ import socket
 from multiprocessing.connection import Connection
 
 from protocol.codec import encode
+from protocol.ipc import exit_with_parent
 from protocol.messages import Failed, Ready
 from protocol.serve_config import ServeConfig
 
@@ -17,6 +18,7 @@ GRACEFUL_SHUTDOWN_S = 2
 
 
 def run_http(endpoint: str, model: str, max_model_len: int | None, serve_bytes: bytes, conn: Connection) -> None:
+    exit_with_parent()  # like every engine process: no orphan when the launcher is killed
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     scfg = ServeConfig.decode(serve_bytes)
     try:
