@@ -43,8 +43,6 @@ class StructuredOutput:
         self.compiling[req.rid] = (req, fut)
 
     def poll(self) -> tuple[list[Req], list[tuple[Req, str]]]:
-        from scheduler.grammar import RequestGrammar
-
         ready: list[Req] = []
         failed: list[tuple[Req, str]] = []
         for rid, (req, fut) in list(self.compiling.items()):
@@ -52,7 +50,7 @@ class StructuredOutput:
                 continue
             del self.compiling[rid]
             try:
-                req.grammar = RequestGrammar(fut.result())
+                req.grammar = self._service.matcher(fut.result())
                 ready.append(req)
             except Exception as e:  # noqa: BLE001 - any compile failure ends that request, not the engine
                 failed.append((req, str(e)))
