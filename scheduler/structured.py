@@ -56,15 +56,22 @@ class StructuredOutput:
                 failed.append((req, str(e)))
         return ready, failed
 
-    def sample_step(self, step: InflightStep) -> SampleStep:
+    def sample_step(self, step: InflightStep) -> tuple[SampleStep, list[tuple[Req, str]]]:
+        """The step's bitmask, and the requests whose matcher raised (their rows are left unmasked)."""
         from scheduler.grammar import allocate_bitmask
 
         rows = [j for j, i in enumerate(step.samplers)
                 if step.reqs[i].grammar is not None and not step.reqs[i].finished()
-                and step.epochs[i] == step.reqs[i].epoch]
+                and step.reqs[i].to_finish is None and step.epochs[i] == step.reqs[i].epoch]
         if not rows:
-            return SampleStep(step.step_id, [], b"")
+            return SampleStep(step.step_id, [], b""), []
         mask = allocate_bitmask(len(rows), self.vocab_size)
+        failed: list[tuple[Req, str]] = []
         for k, j in enumerate(rows):
-            step.reqs[step.samplers[j]].grammar.fill_bitmask(mask, k)
-        return SampleStep(step.step_id, rows, mask.numpy().tobytes())
+            req = step.reqs[step.samplers[j]]
+            try:
+                req.grammar.fill_bitmask(mask, k)
+            except Exception as e:  # noqa: BLE001 - a matcher error fails its request, not the engine
+                mask[k] = -1
+                failed.append((req, f"grammar matcher: {type(e).__name__}: {e}"))
+        return SampleStep(step.step_id, rows, mask.numpy().tobytes()), failed
