@@ -69,7 +69,7 @@ class Scheduler:
         self._delta_of: dict[str, TokenDelta] = {}
         self.stats = SchedulerStats()
         self.stop_checker = StopChecker(cfg.model)
-        self.structured = StructuredOutput(cfg.model, info.vocab_size)
+        self.structured = StructuredOutput(cfg.model, info.vocab_size, cfg.grammar_compile_timeout_s)
         self._next_step = 0
         self._arrivals = 0
 
@@ -93,6 +93,10 @@ class Scheduler:
                     f"prompt of {n_prompt} tokens can never fit the KV pool of {self.kv.allocator.size}",
                 )
             )
+            return
+        limit = self.cfg.max_waiting_requests
+        if limit is not None and len(self.waiting) + len(self.structured.compiling) >= limit:
+            self.outbox.append(RequestFailed(msg.rid, "overloaded", f"{limit} requests are waiting already"))
             return
         max_new = min(msg.params.max_tokens or room, room)
         req = Req(msg.rid, msg.input_ids, msg.params, self.eos, max_new, arrival=self._arrivals)
@@ -119,16 +123,14 @@ class Scheduler:
 
     # ---- steps out ----------------------------------------------------------------------------
     def admit_compiled(self) -> None:
-        """Requests whose grammar finished compiling join the queue; a grammar that failed ends its request."""
+        """Requests whose grammar finished compiling join the queue; a grammar that failed (or timed out)
+        ends its request."""
         ready, failed = self.structured.poll()
         for req in ready:
             if not req.finished():
                 self.waiting.append(req)
-        for req, message in failed:
-            if not req.finished():
-                req.to_finish = FinishReason.error(message, "invalid_request.grammar")
-                req.check_finished()
-                self._finalize(req)
+        for req, code, message in failed:
+            self._fail(req, code, message)
 
     def build_sample(self, step: InflightStep) -> SampleStep:
         """The bitmask of a deferred step; every step before it has been committed. A request whose
@@ -292,6 +294,8 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        elif self.structured.compiling:
+            self.structured.cancel(req.rid)
         del self.reqs[req.rid]
         req.time_stats.finished = time.time()
         if reason.kind == "error":
