@@ -94,10 +94,11 @@ class FaultyWorker:
     prompt holds `marker` raises (StepFailed naming its row), and the rows of a failed step are poisoned
     until freed, so a later step that schedules one is skipped (StepFailed naming none)."""
 
-    def __init__(self, inner: FakeWorker, marker: int) -> None:
+    def __init__(self, inner: FakeWorker, marker: int, name_culprit: bool = True) -> None:
         self.inner, self.marker = inner, marker
+        self.name_culprit = name_culprit  # False: the failure names no row (all of the step are suspects)
         self.poisoned: set[int] = set()
-        self.failures = 0
+        self.failed: list[SchedulerOutput] = []
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput | StepFailed:
         self.poisoned -= set(so.finished_req_idxs)
@@ -107,5 +108,5 @@ class FaultyWorker:
             return self.inner.execute(so)
         self.inner.execute(SchedulerOutput(so.step_id, so.finished_req_idxs, so.new_reqs, []))  # rows only
         self.poisoned |= rows
-        self.failures += 1
-        return StepFailed(so.step_id, blamed, "request_failed.internal", "injected")
+        self.failed.append(so)
+        return StepFailed(so.step_id, blamed if self.name_culprit else [], "request_failed.internal", "injected")

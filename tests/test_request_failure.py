@@ -46,7 +46,7 @@ def test_worker_step_fault_fails_one_request(depth: int, faulty: int) -> None:
             sched.add_request(late[0])
 
     outputs, ends = run(sched, worker, depth, on_step=add_late)  # asserts no KV or row leak at the end
-    assert worker.failures >= 1
+    assert worker.failed
     assert ends[f"r{faulty}"] == ("error", "request_failed.internal")
     for r in [*reqs, *late]:
         if r.rid != f"r{faulty}":
@@ -54,6 +54,34 @@ def test_worker_step_fault_fails_one_request(depth: int, faulty: int) -> None:
             assert outputs[r.rid] == want, r.rid
             assert ends[r.rid] == ("length", None)
     assert sched.stats.failed == 1
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_unattributed_step_fault_fails_every_request_of_that_step(depth: int) -> None:
+    sched, inner = make(depth=depth, budget=64, chunk=16)
+    worker = FaultyWorker(inner, MARKER, name_culprit=False)
+    reqs = _requests(6, faulty=4)
+    by_prompt = {tuple(r.input_ids): r.rid for r in reqs}
+    for r in reqs[:3]:  # these run first; the faulty one and two more join them later
+        sched.add_request(r)
+
+    def add_rest(step: int) -> None:
+        if step == 6:
+            for r in reqs[3:]:
+                sched.add_request(r)
+
+    outputs, ends = run(sched, worker, depth, on_step=add_rest)
+    rid_of_row: dict[int, str] = {}
+    for so in inner.steps:
+        rid_of_row.update({r.req_idx: by_prompt[tuple(r.token_ids[: r.num_prompt])] for r in so.new_reqs})
+        if so.step_id == worker.failed[0].step_id:
+            break
+    in_step = {rid_of_row[s.req_idx] for s in worker.failed[0].scheduled}
+    assert "r4" in in_step and len(in_step) > 1
+    assert {rid for rid, (kind, _) in ends.items() if kind == "error"} == in_step
+    for r in reqs:
+        if r.rid not in in_step:
+            assert outputs[r.rid] == expected_output(r.input_ids, r.params.max_tokens)
 
 
 @pytest.mark.parametrize("depth", [1, 2])
