@@ -70,6 +70,9 @@ class Utf8Guard:
         words = (vocab_size + 31) // 32
         allowed = np.zeros((NUM_STATES, words * 32), dtype=bool)
         for i, data in enumerate(token_bytes[:vocab_size]):
+            if data and data[0] < 0x80:  # most tokens: valid on a character boundary only
+                allowed[ACCEPT, i] = data.isascii() or advance(ACCEPT, data) != REJECT
+                continue
             for s in range(NUM_STATES):
                 allowed[s, i] = advance(s, data) != REJECT
         packed = np.packbits(allowed, axis=1, bitorder="little").view("<i4")

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from scheduler.grammar import GrammarCompilerService, GrammarSpec, allocate_bitmask
 from scheduler.schema_rewrite import rewrite_schema_text
-from scheduler.utf8_guard import ACCEPT, REJECT, advance
+from scheduler.utf8_guard import ACCEPT, NUM_STATES, REJECT, Utf8Guard, advance
 from tests.test_grammar import allowed_ids, model_dir, service, tokenizer  # noqa: F401 - fixtures shared
 
 
@@ -31,6 +31,15 @@ def test_automaton_agrees_with_the_decoder(data: bytes) -> None:
     assert (state != REJECT) == _valid_utf8_prefix(data)
     if state != REJECT:
         assert (state == ACCEPT) == (data.decode("utf-8", "replace").find("\ufffd") < 0)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.binary(max_size=5) | st.text(max_size=3).map(str.encode), min_size=1, max_size=70))
+def test_guard_masks_are_the_automaton(tokens: list[bytes]) -> None:
+    guard = Utf8Guard(tokens, len(tokens) + 5)  # the ids past the tokens have no bytes
+    for s in range(NUM_STATES):
+        bits = [(int(guard.masks[s, t // 32]) >> (t % 32)) & 1 for t in range(len(tokens))]
+        assert bits == [int(advance(s, data) != REJECT) for data in tokens]
 
 
 def test_surrogate_encodings_rejected() -> None:
