@@ -8,7 +8,7 @@ import zmq
 from tokenizers import Tokenizer
 
 from detokenizer.incremental import IncrementalDecoder
-from detokenizer.stop_strings import StopStringMatcher
+from detokenizer.stop_holdback import StopHoldBack
 from protocol.child import reporting_startup, start_child
 from protocol.codec import detok_in_decoder, encode
 from protocol.ipc import make_socket
@@ -24,22 +24,20 @@ from protocol.messages import (
 
 
 class _Stream:
-    """One request's text: incremental decode, then stop-string hold-back and trimming."""
+    """One request's text: incremental decode, held back where a stop string may begin, cut where the
+    scheduler's stop says."""
 
     def __init__(self, tokenizer: Tokenizer, msg: DetokRegister) -> None:
         self.decoder = IncrementalDecoder(tokenizer, msg.prompt_tail, msg.skip_special_tokens)
-        self.stops = StopStringMatcher(msg.stop, msg.include_stop_str_in_output) if msg.stop else None
+        self.hold = StopHoldBack(msg.stop) if msg.stop else None
 
-    def push(self, ids: list[int], finished: bool) -> str:
+    def push(self, ids: list[int], finished: bool, stop_cut: int) -> str:
         text = self.decoder.push(ids) if ids else ""
         if finished:
             text += self.decoder.flush()
-        if self.stops is None:
-            return text
-        out, _ = self.stops.feed(text)
-        if finished and not self.stops.done:
-            out += self.stops.flush()
-        return out
+        if self.hold is None:
+            return text[: len(text) - stop_cut] if stop_cut else text
+        return self.hold.finish(text, stop_cut) if finished else self.hold.feed(text)
 
 
 class Detokenizer:
@@ -57,7 +55,7 @@ class Detokenizer:
             if stream is None:
                 continue  # never registered (failed early): nothing to say
             finished = d.finish_reason is not None
-            text = stream.push(d.token_ids, finished)
+            text = stream.push(d.token_ids, finished, d.stop_cut)
             if finished:
                 del self.streams[d.rid]
             outs.append(

@@ -17,6 +17,9 @@ class EngineConfig:
     kv_cache_tokens: int | None = None
     kv_memory_fraction: float = field(default=0.1, metadata={"help": "of device memory (RAM on CPU) for KV"})
     max_running_requests: int = 256
+    max_waiting_requests: int | None = field(
+        default=None, metadata={"help": "requests queued beyond the running ones; past it: overloaded; default: no limit"}
+    )
     max_num_batched_tokens: int = field(default=2048, metadata={"help": "per-step token budget"})
     chunked_prefill_tokens: int | None = field(
         default=None, metadata={"help": "prefill tokens per step, chunking long prompts; default: the step budget"}
@@ -41,6 +44,9 @@ class EngineConfig:
     torch_threads: int | None = field(default=None, metadata={"help": "worker's torch intra-op threads"})
     async_scheduling: bool = True
     seed: int = 0
+    grammar_compile_timeout_s: float = field(
+        default=30.0, metadata={"help": "per structured-output grammar; past it the request fails"}
+    )
     debug_integrity: bool = field(default=False, metadata={"help": "check allocator invariants every step"})
     startup_timeout_s: float = 300.0
     max_request_bytes: int = field(
@@ -65,6 +71,10 @@ class EngineConfig:
             raise bad("host_kv_policy", "must be write_back or write_through")
         if self.chunked_prefill_tokens is not None and self.chunked_prefill_tokens < 1:
             raise bad("chunked_prefill_tokens", "must be >= 1")
+        if self.max_waiting_requests is not None and self.max_waiting_requests < 0:
+            raise bad("max_waiting_requests", "must be >= 0")
+        if not self.grammar_compile_timeout_s > 0:
+            raise bad("grammar_compile_timeout_s", "must be > 0")
         for name in ("max_running_requests", "max_num_batched_tokens", "page_size", "tp_size", "max_request_bytes"):
             if getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")

@@ -27,6 +27,12 @@ class RequestFailedError(TandemError):
     code = "request_failed"
 
 
+class OverloadedError(TandemError):
+    """The engine's queue is full (max_waiting_requests): retry later."""
+
+    code = "overloaded"
+
+
 class EngineDeadError(TandemError):
     """The engine went away while a request was waiting on it."""
 
@@ -34,7 +40,7 @@ class EngineDeadError(TandemError):
 
 
 def error_from_code(code: str, message: str) -> TandemError:
-    for cls in (InvalidRequestError, RequestFailedError, EngineDeadError):
+    for cls in (InvalidRequestError, RequestFailedError, OverloadedError, EngineDeadError):
         if code == cls.code or code.startswith(cls.code + "."):
             return cls(message, code)
     return TandemError(message, code)

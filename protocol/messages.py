@@ -273,7 +273,17 @@ class WorkerReady(msgspec.Struct, tag="ready"):
     max_context: int
 
 
-WorkerMsg = ModelRunnerOutput | WorkerFailure | WorkerReady
+class StepFailed(msgspec.Struct, tag="step_failed"):
+    """A step raised on the worker and produced no tokens; the worker serves on. `req_idxs`: the rows
+    whose requests caused it (they fail); empty: no single request is to blame (all of the step fail)."""
+
+    step_id: int
+    req_idxs: list[int]
+    code: str
+    message: str
+
+
+WorkerMsg = ModelRunnerOutput | StepFailed | WorkerFailure | WorkerReady
 
 
 # ---- scheduler -> detokenizer -> frontend ---------------------------------------------------------
@@ -281,8 +291,7 @@ class DetokRegister(msgspec.Struct, tag="register"):
     rid: str
     prompt_tail: list[int]  # last prompt tokens: left context for decoders that need it
     skip_special_tokens: bool = True
-    stop: list[str] = []  # stop strings: text that may begin one is held back, a match is trimmed
-    include_stop_str_in_output: bool = False
+    stop: list[str] = []  # stop strings: text that may begin one is held back until the scheduler decides
 
 
 class TokenDelta(msgspec.Struct, array_like=True):
@@ -297,6 +306,7 @@ class TokenDelta(msgspec.Struct, array_like=True):
     time_stats: TimeStats | None = None
     cached_tokens: int = 0
     load: EngineLoad | None = None
+    stop_cut: int = 0  # a stop string ended it: characters to cut from the end of the text
 
 
 class TokenBatch(msgspec.Struct, tag="tokens"):

@@ -23,6 +23,8 @@ MAX_LOGPROBS = 20
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
 NumLogprobs = Annotated[int, msgspec.Meta(ge=0, le=MAX_LOGPROBS)]
 StopString = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
+# Below this temperature sampling is greedy: dividing logits by ~0 would overflow to inf/nan.
+GREEDY_BELOW_TEMPERATURE = 1e-5
 
 
 class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
@@ -73,4 +75,4 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW_TEMPERATURE or self.top_k == 1

@@ -9,10 +9,11 @@ class FinishReason:
     kind: str  # "stop" | "length" | "abort" | "error"
     matched: int | str | None = None  # the stop token id or stop string that ended it
     message: str = ""  # for abort/error: why
+    cut: int = 0  # for a stop string: characters to cut from the end of the output text
 
     @classmethod
-    def stop(cls, matched: int | str | None = None) -> FinishReason:
-        return cls("stop", matched)
+    def stop(cls, matched: int | str | None = None, cut: int = 0) -> FinishReason:
+        return cls("stop", matched, cut=cut)
 
     @classmethod
     def length(cls) -> FinishReason:

@@ -19,6 +19,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from scheduler.schema_rewrite import rewrite_schema_text
+from scheduler.utf8_guard import ACCEPT, REJECT, Utf8Guard
+
 if TYPE_CHECKING:
     import xgrammar as xgr
 
@@ -206,6 +209,7 @@ class GrammarCompilerService:
         self._tokenizer = tokenizer
         self._compiler: xgr.GrammarCompiler | None = None
         self._info: xgr.TokenizerInfo | None = None
+        self._guard: Utf8Guard | None = None
         self._init_lock = threading.Lock()
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], Future[xgr.CompiledGrammar]] = OrderedDict()
@@ -225,6 +229,7 @@ class GrammarCompilerService:
 
                     self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
                 self._info = build_tokenizer_info(self._tokenizer, self.vocab_size, self.stop_token_ids)
+                self._guard = Utf8Guard(self._info.decoded_vocab, self.vocab_size)
                 # Our own cache replaces xgrammar's, which is unbounded by default.
                 self._compiler = xgr.GrammarCompiler(
                     self._info, max_threads=self.compiler_threads, cache_enabled=False
@@ -243,7 +248,8 @@ class GrammarCompilerService:
             self.num_compiled += 1
         try:
             if spec.kind == "json_schema":
-                return compiler.compile_json_schema(spec.text, any_whitespace=self.any_whitespace)
+                text = rewrite_schema_text(spec.text)
+                return compiler.compile_json_schema(text, any_whitespace=self.any_whitespace)
             if spec.kind == "json_object":
                 return compiler.compile_builtin_json_grammar()
             if spec.kind == "regex":
@@ -279,7 +285,8 @@ class GrammarCompilerService:
         return self.submit(spec).result(timeout)
 
     def matcher(self, compiled: xgr.CompiledGrammar) -> RequestGrammar:
-        return RequestGrammar(compiled, self.vocab_size)
+        self.compiler  # noqa: B018 - loads the guard with it
+        return RequestGrammar(compiled, self.vocab_size, self._guard)
 
     def allocate_bitmask(self, batch: int) -> torch.Tensor:
         return allocate_bitmask(batch, self.vocab_size)
@@ -305,10 +312,14 @@ class GrammarCompilerService:
 class RequestGrammar:
     """One constrained request's matcher state. Not thread-safe: drive it from the scheduler thread."""
 
-    def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int | None = None) -> None:
+    def __init__(
+        self, compiled: xgr.CompiledGrammar, vocab_size: int | None = None, utf8: Utf8Guard | None = None
+    ) -> None:
         import xgrammar as xgr
 
         self._matcher = xgr.GrammarMatcher(compiled)
+        self._utf8 = utf8
+        self._utf8_states = [ACCEPT]  # the output bytes' UTF-8 state after each accepted token
         # The compiled grammar's TokenizerInfo spans the model vocab (GrammarCompilerService.vocab_size).
         self.vocab_size = vocab_size if vocab_size is not None else compiled.tokenizer_info.vocab_size
         self.stop_token_ids: list[int] = list(self._matcher.stop_token_ids)
@@ -320,8 +331,10 @@ class RequestGrammar:
         # Checked here so xgrammar does not log a C++ warning for these.
         if not 0 <= token_id < self.vocab_size or self._matcher.is_terminated():
             return False
-        if not self._matcher.accept_token(int(token_id)):
+        state = self._utf8.next_state(self._utf8_states[-1], token_id) if self._utf8 else ACCEPT
+        if state == REJECT or not self._matcher.accept_token(int(token_id)):
             return False
+        self._utf8_states.append(state)
         self.num_accepted += 1
         return True
 
@@ -343,7 +356,14 @@ class RequestGrammar:
                 if t < self.vocab_size:
                     bitmask[row, t // 32] |= _bit(t % 32)
             return True
-        return self._matcher.fill_next_token_bitmask(bitmask, row)
+        needed = self._matcher.fill_next_token_bitmask(bitmask, row)
+        if self._utf8 is None:
+            return needed
+        valid = bitmask[row] & self._utf8.masks[self._utf8_states[-1]]
+        if not valid.any():
+            return needed  # the grammar demands invalid bytes: it alone decides
+        bitmask[row] = valid
+        return True
 
     def rollback(self, n: int) -> None:
         """Undo the last n accepted tokens (n <= num_accepted)."""
@@ -352,10 +372,12 @@ class RequestGrammar:
         if n:
             self._matcher.rollback(n)
             self.num_accepted -= n
+            del self._utf8_states[-n:]
 
     def reset(self) -> None:
         self._matcher.reset()
         self.num_accepted = 0
+        self._utf8_states = [ACCEPT]
 
     def replay(self, tokens: Iterable[int]) -> bool:
         """Reset, then accept `tokens` (e.g. a retracted request's kept output). False: one was rejected

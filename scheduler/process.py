@@ -22,6 +22,7 @@ from protocol.messages import (
     Ready,
     RequestFailed,
     StatsRequest,
+    StepFailed,
     TokenizedRequest,
     WorkerFailure,
     WorkerReady,
@@ -72,6 +73,14 @@ class SchedulerLoop:
         self._idle = True  # nothing to do since the last step: the next one starts a burst
 
     def run(self) -> None:
+        try:
+            self._serve()
+        except Exception as e:
+            # A fault of this process: every waiting client is told why before it goes.
+            self._fail_all(f"scheduler failed: {type(e).__name__}: {e}")
+            raise
+
+    def _serve(self) -> None:
         while True:
             busy = self.sched.has_work or self.sched.inflight
             if not busy:
@@ -153,12 +162,16 @@ class SchedulerLoop:
                 return
             msg = self.decode_result(data)
             if isinstance(msg, WorkerFailure):
-                self._fail_all(msg.message)
+                self._fail_all(f"worker failed: {msg.message.splitlines()[0]}")
                 print(f"scheduler: worker failed: {msg.message}", file=sys.stderr)
                 raise SystemExit(1)
             if isinstance(msg, ModelRunnerOutput):
                 self.sched.commit(msg)
                 self.stats.on_result(msg)
+                self._send_due_samples()
+            elif isinstance(msg, StepFailed):
+                print(f"scheduler: step {msg.step_id} failed: {msg.message}", file=sys.stderr)
+                self.sched.fail_step(msg)
                 self._send_due_samples()
 
     def _flush(self) -> None:
@@ -167,4 +180,7 @@ class SchedulerLoop:
 
     def _fail_all(self, why: str) -> None:
         for rid in list(self.sched.reqs):
-            self.detok.send(encode(RequestFailed(rid, "engine_dead", f"worker failed: {why.splitlines()[0]}")))
+            self.detok.send(encode(RequestFailed(rid, "engine_dead", why)))
+        self.sched.reqs.clear()
+        # The sockets drop unsent messages on close (linger 0): give these a moment to leave.
+        self.detok.close(linger=2000)

@@ -10,6 +10,7 @@ from typing import Any
 from protocol.messages import TimeStats
 from protocol.sampling_params import SamplingParams
 from scheduler.finish import FinishReason
+from scheduler.stop_checker import StopMatch
 
 
 class KVPopError(RuntimeError):
@@ -89,9 +90,9 @@ class Req:
         return self.finished_reason is not None
 
     # ---- finishing ---------------------------------------------------------------------------
-    def check_finished(self, matched_stop_str: str | None = None, grammar_done: bool = False) -> None:
+    def check_finished(self, matched_stop: StopMatch | None = None, grammar_done: bool = False) -> None:
         """The only place that sets finished_reason: from to_finish, length, a stop token, a stop
-        string the caller found in the text (matched_stop_str), or the grammar's termination."""
+        string the caller found in the text (matched_stop), or the grammar's termination."""
         if self.finished_reason is not None:
             return
         if self.to_finish is not None:
@@ -108,8 +109,8 @@ class Req:
             if last in self.eos_token_ids and not self.params.ignore_eos:
                 self.finished_reason = FinishReason.stop(last)
                 return
-            if matched_stop_str is not None:
-                self.finished_reason = FinishReason.stop(matched_stop_str)
+            if matched_stop is not None:
+                self.finished_reason = FinishReason.stop(matched_stop.stop, matched_stop.cut)
                 return
         if grammar_done:
             self.finished_reason = FinishReason.stop()

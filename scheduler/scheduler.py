@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from protocol import fault_injection
 from protocol.engine_config import EngineConfig
 from protocol.messages import (
     DetokRegister,
@@ -20,6 +21,7 @@ from protocol.messages import (
     RequestFailed,
     SampleStep,
     SchedulerOutput,
+    StepFailed,
     TokenBatch,
     TokenDelta,
     TokenizedRequest,
@@ -31,7 +33,7 @@ from scheduler.kv_cache import KVCacheManager
 from scheduler.prefill import admit_waiting
 from scheduler.req import Req
 from scheduler.step_plan import InflightStep, StepPlan, to_output
-from scheduler.stop_checker import StopChecker
+from scheduler.stop_checker import StopChecker, StopMatch
 from scheduler.structured import StructuredOutput
 
 
@@ -67,7 +69,7 @@ class Scheduler:
         self._delta_of: dict[str, TokenDelta] = {}
         self.stats = SchedulerStats()
         self.stop_checker = StopChecker(cfg.model)
-        self.structured = StructuredOutput(cfg.model, info.vocab_size)
+        self.structured = StructuredOutput(cfg.model, info.vocab_size, cfg.grammar_compile_timeout_s)
         self._next_step = 0
         self._arrivals = 0
 
@@ -92,6 +94,10 @@ class Scheduler:
                 )
             )
             return
+        limit = self.cfg.max_waiting_requests
+        if limit is not None and len(self.waiting) + len(self.structured.compiling) >= limit:
+            self.outbox.append(RequestFailed(msg.rid, "overloaded", f"{limit} requests are waiting already"))
+            return
         max_new = min(msg.params.max_tokens or room, room)
         req = Req(msg.rid, msg.input_ids, msg.params, self.eos, max_new, arrival=self._arrivals)
         self._arrivals += 1
@@ -102,7 +108,7 @@ class Scheduler:
             self.waiting.append(req)
         p = msg.params
         self.outbox.append(
-            DetokRegister(req.rid, msg.input_ids[-8:], p.skip_special_tokens, p.stop, p.include_stop_str_in_output)
+            DetokRegister(req.rid, msg.input_ids[-8:], p.skip_special_tokens, p.stop)
         )
 
     def abort(self, rid: str, message: str = "aborted by client") -> None:
@@ -117,21 +123,24 @@ class Scheduler:
 
     # ---- steps out ----------------------------------------------------------------------------
     def admit_compiled(self) -> None:
-        """Requests whose grammar finished compiling join the queue; a grammar that failed ends its request."""
+        """Requests whose grammar finished compiling join the queue; a grammar that failed (or timed out)
+        ends its request."""
         ready, failed = self.structured.poll()
         for req in ready:
             if not req.finished():
                 self.waiting.append(req)
-        for req, message in failed:
-            if not req.finished():
-                req.to_finish = FinishReason.error(message, "invalid_request.grammar")
-                req.check_finished()
-                self._finalize(req)
+        for req, code, message in failed:
+            self._fail(req, code, message)
 
     def build_sample(self, step: InflightStep) -> SampleStep:
-        """The bitmask of a deferred step; every step before it has been committed."""
+        """The bitmask of a deferred step; every step before it has been committed. A request whose
+        matcher raises fails alone (its row goes unmasked; the token is dropped)."""
         step.sample_sent = True
-        return self.structured.sample_step(step)
+        sample, failed = self.structured.sample_step(step)
+        for req, message in failed:
+            self._fail(req, "request_failed.grammar_internal", message)
+        self._flush_deltas()
+        return sample
 
     def schedule(self) -> SchedulerOutput | None:
         budget = self.cfg.max_num_batched_tokens
@@ -169,25 +178,12 @@ class Scheduler:
             if req.finished() or step.epochs[i] != req.epoch:
                 continue  # the overrun of a request that already ended (or was retracted): dropped
             req.num_output_placeholders -= 1
-            matched = None
-            grammar_done = False
+            matched, grammar_done = None, False
             if req.to_finish is None:
-                if not req.output_ids:
-                    req.time_stats.first_token = time.time()
-                req.output_ids.append(tok)
-                d = self._delta(req)
-                d.token_ids.append(tok)
-                if lp is not None:
-                    d.logprobs = lp if d.logprobs is None else (d.logprobs.extend(lp) or d.logprobs)
-                if req.params.stop:
-                    matched = self.stop_checker.find(req.output_ids, req.params.stop, req.params.skip_special_tokens)
-                if req.grammar is not None:
-                    if not req.grammar.accept(tok):
-                        req.to_finish = FinishReason.error(
-                            f"the grammar cannot accept token {tok} after {len(req.output_ids) - 1} outputs",
-                            "request_failed.grammar",
-                        )
-                    grammar_done = req.grammar.is_terminated()
+                try:
+                    matched, grammar_done = self._accept_token(req, tok, lp)
+                except Exception as e:  # noqa: BLE001 - one request's fault (grammar, tokenizer) fails it alone
+                    req.to_finish = FinishReason.error(f"{type(e).__name__}: {e}", "request_failed.internal")
             req.check_finished(matched, grammar_done)
             if req.finished():
                 self._finalize(req)
@@ -205,7 +201,63 @@ class Scheduler:
         elif not (self.inflight or self.has_work):
             self.kv.check_idle()  # the engine goes idle: both tiers' accounting must add up
 
+    def fail_step(self, msg: StepFailed) -> None:
+        """A step raised on the worker and produced nothing. The requests to blame fail (all of the step
+        when none is named); every other request of the steps in flight is retracted, since its KV and
+        worker state are suspect, and recomputes the same tokens."""
+        step = self.inflight.popleft()
+        if step.step_id != msg.step_id:
+            raise RuntimeError(f"failure of step {msg.step_id} while step {step.step_id} was expected")
+        blamed = set(msg.req_idxs)
+        for req, epoch in zip(step.reqs, step.epochs):
+            if epoch == req.epoch and not req.finished() and (not blamed or req.req_pool_idx in blamed):
+                self._fail(req, msg.code, msg.message)
+        for s in (step, *self.inflight):
+            for req, epoch in zip(s.reqs, s.epochs):
+                if epoch != req.epoch or req.finished():
+                    continue
+                if req.to_finish is not None:
+                    req.check_finished()
+                    self._finalize(req)
+                else:
+                    self._retract(req)
+        self._flush_deltas()
+        if self.cfg.debug_integrity:
+            self.check_integrity()
+
     # ---- internals ------------------------------------------------------------------------------
+    def _accept_token(self, req: Req, tok: int, lp: Logprobs | None) -> tuple[StopMatch | None, bool]:
+        """Commit one sampled token: (the stop string it completed, whether the grammar terminated)."""
+        fault_injection.check("scheduler.commit", req.origin_input_ids)
+        if not req.output_ids:
+            req.time_stats.first_token = time.time()
+        req.output_ids.append(tok)
+        d = self._delta(req)
+        d.token_ids.append(tok)
+        if lp is not None:
+            d.logprobs = lp if d.logprobs is None else (d.logprobs.extend(lp) or d.logprobs)
+        matched = None
+        if req.params.stop and len(req.output_ids) >= req.params.min_tokens:
+            matched = self.stop_checker.find(req.origin_input_ids, req.output_ids, req.params)
+        grammar_done = False
+        if req.grammar is not None:
+            if not req.grammar.accept(tok):
+                req.to_finish = FinishReason.error(
+                    f"the grammar cannot accept token {tok} after {len(req.output_ids) - 1} outputs",
+                    "request_failed.grammar",
+                )
+            grammar_done = req.grammar.is_terminated()
+        return matched, grammar_done
+
+    def _fail(self, req: Req, code: str, message: str) -> None:
+        """End req with an error: now if nothing of it is in flight, else when its step is committed."""
+        if req.finished() or req.to_finish is not None:
+            return
+        req.to_finish = FinishReason.error(message, code)
+        if req.num_inflight_steps == 0:
+            req.check_finished()
+            self._finalize(req)
+
     def _delta(self, req: Req) -> TokenDelta:
         """This commit's delta for req (one per request per commit)."""
         d = self._delta_of.get(req.rid)
@@ -242,6 +294,8 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        elif self.structured.compiling:
+            self.structured.cancel(req.rid)
         del self.reqs[req.rid]
         req.time_stats.finished = time.time()
         if reason.kind == "error":
@@ -259,6 +313,7 @@ class Scheduler:
         d.completion_tokens = completion
         d.time_stats = req.time_stats
         d.cached_tokens = req.cached_tokens
+        d.stop_cut = reason.cut
 
     def _note_first_scheduled(self, reqs: list[Req]) -> None:
         now = time.time()

@@ -1,8 +1,16 @@
-"""Structured output on the scheduler's side: grammars compile off the queue, one matcher per request,
-and the bitmask of a deferred step is filled from the matchers once every earlier step is committed
-(forward early, sample late: docs/architecture.md §5)."""
+"""Structured output on the scheduler's side: grammars compile off the queue on a small thread pool,
+one matcher per request, and the bitmask of a deferred step is filled from the matchers once every
+earlier step is committed (forward early, sample late: docs/architecture.md §5).
+
+A compilation has a deadline (grammar_compile_timeout_s, from submission): past it the request fails,
+typed. A request that ends while its grammar is compiling (an abort) cancels the compilation when no
+other request waits for it and it has not started; one already running cannot be interrupted (xgrammar
+has no cancel) and finishes in the background, its result cached for the next request with that spec.
+"""
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -11,62 +19,92 @@ from protocol.sampling_params import SamplingParams
 from scheduler.req import Req
 from scheduler.step_plan import InflightStep
 
+COMPILE_THREADS = 2  # distinct grammars compile in parallel; a slow one does not hold up the rest
+
 
 class StructuredOutput:
-    def __init__(self, model_dir: str, vocab_size: int) -> None:
+    def __init__(
+        self, model_dir: str, vocab_size: int, timeout_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.model_dir = model_dir
         self.vocab_size = vocab_size
+        self.timeout_s = timeout_s
+        self.clock = clock
         self._service: Any = None
-        self.compiling: dict[str, tuple[Req, Future]] = {}
+        self.compiling: dict[str, tuple[Req, Future, float]] = {}  # rid -> (req, compilation, deadline)
 
     @staticmethod
     def wants_grammar(p: SamplingParams) -> bool:
         return (p.json_schema is not None or p.json_object or p.regex is not None or p.grammar is not None
                 or p.choice is not None)
 
-    def _compiler(self) -> Any:
+    def compiler(self) -> Any:
         if self._service is None:  # xgrammar and the tokenizer load on first use only
             from scheduler.grammar import GrammarCompilerService
 
             # Compact JSON: a weak model could otherwise loop on whitespace forever.
-            self._service = GrammarCompilerService(self.model_dir, self.vocab_size, any_whitespace=False)
+            self._service = GrammarCompilerService(
+                self.model_dir, self.vocab_size, max_workers=COMPILE_THREADS, any_whitespace=False
+            )
         return self._service
 
     def submit(self, req: Req) -> None:
         from scheduler.grammar import GrammarSpec
 
         try:
-            fut = self._compiler().submit(GrammarSpec.from_params(req.params))
+            fut = self.compiler().submit(GrammarSpec.from_params(req.params))
         except Exception as e:  # noqa: BLE001 - reported through poll(), like a failed compilation
             fut = Future()
             fut.set_exception(e)
-        self.compiling[req.rid] = (req, fut)
+        self.compiling[req.rid] = (req, fut, self.clock() + self.timeout_s)
 
-    def poll(self) -> tuple[list[Req], list[tuple[Req, str]]]:
-        from scheduler.grammar import RequestGrammar
+    def cancel(self, rid: str) -> None:
+        """The request ended: stop waiting for its grammar, and drop a compilation nobody else awaits."""
+        entry = self.compiling.pop(rid, None)
+        if entry is not None and not any(f is entry[1] for _, f, _ in self.compiling.values()):
+            entry[1].cancel()  # only a compilation not yet started can be cancelled
+
+    def poll(self) -> tuple[list[Req], list[tuple[Req, str, str]]]:
+        """Requests whose grammar is ready, and those that failed: (req, error code, message)."""
+        from scheduler.grammar import GrammarError
 
         ready: list[Req] = []
-        failed: list[tuple[Req, str]] = []
-        for rid, (req, fut) in list(self.compiling.items()):
+        failed: list[tuple[Req, str, str]] = []
+        now = self.clock()
+        for rid, (req, fut, deadline) in list(self.compiling.items()):
             if not fut.done():
+                if now > deadline:
+                    self.cancel(rid)
+                    failed.append((req, "request_failed.grammar_timeout",
+                                   f"grammar did not compile within {self.timeout_s:g} s"))
                 continue
             del self.compiling[rid]
             try:
-                req.grammar = RequestGrammar(fut.result())
+                req.grammar = self._service.matcher(fut.result())
                 ready.append(req)
-            except Exception as e:  # noqa: BLE001 - any compile failure ends that request, not the engine
-                failed.append((req, str(e)))
+            except GrammarError as e:  # the constraint itself is bad: the client's error
+                failed.append((req, "invalid_request.grammar", str(e)))
+            except Exception as e:  # noqa: BLE001 - ours (e.g. the tokenizer did not load), not the client's
+                failed.append((req, "internal_error.grammar", f"grammar compiler failed: {type(e).__name__}: {e}"))
         return ready, failed
 
-    def sample_step(self, step: InflightStep) -> SampleStep:
+    def sample_step(self, step: InflightStep) -> tuple[SampleStep, list[tuple[Req, str]]]:
+        """The step's bitmask, and the requests whose matcher raised (their rows are left unmasked)."""
         from scheduler.grammar import allocate_bitmask
 
         rows = [j for j, i in enumerate(step.samplers)
                 if step.reqs[i].grammar is not None and not step.reqs[i].finished()
-                and step.epochs[i] == step.reqs[i].epoch]
+                and step.reqs[i].to_finish is None and step.epochs[i] == step.reqs[i].epoch]
         if not rows:
-            return SampleStep(step.step_id, [], b"")
+            return SampleStep(step.step_id, [], b""), []
         mask = allocate_bitmask(len(rows), self.vocab_size)
+        failed: list[tuple[Req, str]] = []
         for k, j in enumerate(rows):
-            step.reqs[step.samplers[j]].grammar.fill_bitmask(mask, k)
-        return SampleStep(step.step_id, rows, mask.numpy().tobytes())
+            req = step.reqs[step.samplers[j]]
+            try:
+                req.grammar.fill_bitmask(mask, k)
+            except Exception as e:  # noqa: BLE001 - a matcher error fails its request, not the engine
+                mask[k] = -1
+                failed.append((req, f"grammar matcher: {type(e).__name__}: {e}"))
+        return SampleStep(step.step_id, rows, mask.numpy().tobytes()), failed

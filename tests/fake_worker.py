@@ -2,7 +2,9 @@
 toy next-token function, so scheduler behaviour can be checked step by step on CPU in milliseconds."""
 from __future__ import annotations
 
-from protocol.messages import ModelRunnerOutput, SchedulerOutput
+from collections.abc import Callable
+
+from protocol.messages import ModelRunnerOutput, SchedulerOutput, StepFailed
 
 VOCAB = 97
 
@@ -13,7 +15,8 @@ def toy_next(prev: int, pos: int) -> int:
 
 
 class FakeWorker:
-    def __init__(self, num_slots: int) -> None:
+    def __init__(self, num_slots: int, next_token: Callable[[int, int], int] = toy_next) -> None:
+        self.next_token = next_token  # (previous token, position) -> the token sampled there
         self.tokens: dict[int, list[int]] = {}
         self.computed: dict[int, int] = {}
         self.kv: dict[int, dict[int, int]] = {}  # row -> position -> slot
@@ -68,7 +71,7 @@ class FakeWorker:
             if s.sample:
                 if end != len(self.tokens[row]):
                     raise AssertionError("sample before the end of the known tokens")
-                tok = toy_next(self.tokens[row][-1], end)
+                tok = self.next_token(self.tokens[row][-1], end)
                 self.tokens[row].append(tok)
                 sampled.append(tok)
         return ModelRunnerOutput(so.step_id, sampled)
@@ -84,3 +87,26 @@ def expected_output(prompt: list[int], n: int, stop: set[int] | None = None) -> 
         if stop and t in stop:
             break
     return out
+
+
+class FaultyWorker:
+    """The fake worker with the real worker's failure semantics: a step that prefills a request whose
+    prompt holds `marker` raises (StepFailed naming its row), and the rows of a failed step are poisoned
+    until freed, so a later step that schedules one is skipped (StepFailed naming none)."""
+
+    def __init__(self, inner: FakeWorker, marker: int, name_culprit: bool = True) -> None:
+        self.inner, self.marker = inner, marker
+        self.name_culprit = name_culprit  # False: the failure names no row (all of the step are suspects)
+        self.poisoned: set[int] = set()
+        self.failed: list[SchedulerOutput] = []
+
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput | StepFailed:
+        self.poisoned -= set(so.finished_req_idxs)
+        rows = {s.req_idx for s in so.scheduled}
+        blamed = [r.req_idx for r in so.new_reqs if self.marker in r.token_ids[: r.num_prompt]]
+        if not blamed and not self.poisoned & rows:
+            return self.inner.execute(so)
+        self.inner.execute(SchedulerOutput(so.step_id, so.finished_req_idxs, so.new_reqs, []))  # rows only
+        self.poisoned |= rows
+        self.failed.append(so)
+        return StepFailed(so.step_id, blamed if self.name_culprit else [], "request_failed.internal", "injected")

@@ -1,4 +1,4 @@
-"""Incremental detokenization and stop strings, on a tiny byte-level BPE trained here.
+"""Incremental detokenization, on a tiny byte-level BPE trained here.
 
 The vocab is small (~600) so most CJK chars and emoji are split over several byte tokens, which
 is exactly the case incremental decoding has to get right.
@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from detokenizer.incremental import REPLACEMENT, IncrementalDecoder
-from detokenizer.stop_strings import StopStringMatcher
 
 EOS = "<|endoftext|>"
 SENTENCES = [
@@ -184,135 +183,3 @@ def test_multi_token_emoji_never_partial(emoji: str) -> None:
     # Every code point of the emoji arrives whole in one delta (ZWJ/flag parts may be separate).
     for cp in emoji:
         assert any(cp in d for d in deltas)
-
-
-# --- stop strings -------------------------------------------------------------------------------
-
-
-def run_stops(chunks: list[str], stops: list[str], include: bool) -> tuple[str, str | None]:
-    m = StopStringMatcher(stops, include)
-    out, matched = [], None
-    for c in chunks:
-        text, hit = m.feed(c)
-        out.append(text)
-        if hit is not None:
-            assert matched is None
-            matched = hit
-    out.append(m.flush())
-    return "".join(out), matched
-
-
-@pytest.mark.parametrize("include", [False, True])
-def test_stop_across_deltas(include: bool) -> None:
-    m = StopStringMatcher(["STOP"], include)
-    assert m.feed("hello S") == ("hello ", None)  # "S" held: it may start "STOP"
-    assert m.feed("T") == ("", None)
-    assert m.feed("OP and more") == ("STOP" if include else "", "STOP")
-    assert m.feed("later") == ("", None) and m.matched == "STOP" and m.done
-    assert m.flush() == ""
-
-
-def test_stop_at_very_start() -> None:
-    assert run_stops(["</s>rest"], ["</s>"], False) == ("", "</s>")
-    assert run_stops(["<", "/s>", "rest"], ["</s>"], True) == ("</s>", "</s>")
-
-
-@pytest.mark.parametrize("include", [False, True])
-def test_stop_cjk(include: bool) -> None:
-    chunks = ["我们今", "天去公", "园散步", "。结束了"]
-    out, hit = run_stops(chunks, ["公园", "再见"], include)
-    assert hit == "公园"
-    assert out == ("我们今天去公园" if include else "我们今天去")
-
-
-def test_held_prefix_released_at_flush() -> None:
-    m = StopStringMatcher(["结束吧", "END"], False)
-    assert m.feed("text 结") == ("text ", None)
-    assert m.feed("束") == ("", None)
-    assert m.feed("EN") == ("结束", None)
-    assert m.flush() == "EN"
-    assert m.flush() == ""
-
-
-def test_overlapping_prefix_is_held() -> None:
-    # "aab" can start at the second "a" of "aaa": only the longest viable tail is held.
-    m = StopStringMatcher(["aab"], False)
-    assert m.feed("xaaa") == ("xa", None)
-    assert m.feed("b!") == ("", "aab")
-
-
-def test_stop_prefix_of_another() -> None:
-    # "stop" completes before "stopper" could: earliest completion wins.
-    assert run_stops(["go stopper now"], ["stopper", "stop"], False) == ("go ", "stop")
-    # The same end: the longer (earlier-starting) one wins.
-    assert run_stops(["a xbc d"], ["bc", "xbc"], False) == ("a ", "xbc")
-    # "b" completes inside "xbc" before "xbc" does, however the text is chunked.
-    assert run_stops(["xbc"], ["xbc", "b"], False) == ("x", "b")
-    assert run_stops(["x", "b", "c"], ["xbc", "b"], False) == ("x", "b")
-
-
-def test_no_stops_is_passthrough() -> None:
-    assert run_stops(["ab", "", "c"], [], False) == ("abc", None)
-    assert run_stops(["ab", "c"], [""], True) == ("abc", None)
-
-
-def split(text: str, cuts: list[int]) -> list[str]:
-    points = sorted({c % (len(text) + 1) for c in cuts})
-    return [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True)]
-
-
-STOP_ALPHABET = "ab中文😀 "
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    text=st.text(alphabet=STOP_ALPHABET, max_size=30),
-    stop=st.text(alphabet=STOP_ALPHABET, min_size=1, max_size=4),
-    cuts=st.lists(st.integers(0, 40), max_size=10),
-    include=st.booleans(),
-)
-def test_stop_property_single(text: str, stop: str, cuts: list[int], include: bool) -> None:
-    out, hit = run_stops(split(text, cuts), [stop], include)
-    i = text.find(stop)
-    if i < 0:
-        assert (out, hit) == (text, None)
-    else:
-        assert hit == stop
-        assert out == (text[: i + len(stop)] if include else text[:i])
-
-
-def reference_first_completion(text: str, stops: list[str]) -> tuple[int, str] | None:
-    for end in range(len(text) + 1):
-        done = [s for s in stops if s and text[:end].endswith(s)]
-        if done:
-            return end, max(done, key=len)
-    return None
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    text=st.text(alphabet="abc中", max_size=25),
-    stops=st.lists(st.text(alphabet="abc中", min_size=1, max_size=4), min_size=1, max_size=4),
-    cuts=st.lists(st.integers(0, 30), max_size=10),
-)
-def test_stop_property_multi(text: str, stops: list[str], cuts: list[int]) -> None:
-    out, hit = run_stops(split(text, cuts), stops, False)
-    ref = reference_first_completion(text, stops)
-    if ref is None:
-        assert (out, hit) == (text, None)
-    else:
-        end, stop = ref
-        assert (out, hit) == (text[: end - len(stop)], stop)
-
-
-def test_decoder_then_stops_end_to_end() -> None:
-    tok = tokenizer()
-    text = "日本語のテキスト 😀 東京へ行きます。"
-    dec, m = IncrementalDecoder(tok), StopStringMatcher(["😀 東京"], include_in_output=False)
-    out = []
-    for i in tok.encode(text).ids:
-        emitted, hit = m.feed(dec.push([i]))
-        out.append(emitted)
-        if hit:
-            break
-    assert "".join(out) == "日本語のテキスト "

@@ -42,8 +42,7 @@ SCHEMAS = [
 
 def _valid(text: str, schema: dict) -> bool:
     try:
-        # strict=False: xgrammar 0.2.9 lets length-bounded strings hold raw control characters (#800).
-        jsonschema.validate(json.loads(text, strict=False), schema)
+        jsonschema.validate(json.loads(text), schema)
         return True
     except (ValueError, jsonschema.ValidationError):
         return False
@@ -78,6 +77,35 @@ def test_json_schemas_200_requests_validate(engines, mode: bool) -> None:  # noq
     check_idle_engine(client)
 
 
+STRICT_SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 8},
+                                      "city": {"enum": ["東京", "café", "naïve 😀"]}},
+     "required": ["name", "city"], "additionalProperties": False},
+    {"type": "array", "items": {"type": "array", "items": {"type": "string", "maxLength": 3},
+                                "minItems": 1, "maxItems": 2}, "minItems": 1, "maxItems": 3},
+    {"type": "object", "properties": {"rows": {"type": "array", "maxItems": 2, "items": {
+        "type": "object", "properties": {"k": {"type": "string", "maxLength": 4}, "v": {"type": "boolean"}},
+        "required": ["k", "v"], "additionalProperties": False}}}, "required": ["rows"], "additionalProperties": False},
+    {"type": "string", "minLength": 2, "maxLength": 12},
+]
+
+
+def test_400_length_bounded_unicode_outputs_parse_strictly(engines) -> None:  # noqa: ANN001
+    """Random weights at temperature 1 reach every corner of the grammars: raw control characters in
+    length-bounded strings (xgrammar#800) and encoded surrogates would both show here."""
+    client = engines[True]
+    prompts = [[3 + i % 97, 11, 5 + i % 13] for i in range(400)]
+    schemas = [STRICT_SCHEMAS[i % len(STRICT_SCHEMAS)] for i in range(400)]
+    params = [SamplingParams(max_tokens=120, temperature=1.0, seed=1000 + i, json_schema=s)
+              for i, s in enumerate(schemas)]
+    outs = client.generate_batch(prompts, params, progress=False)
+    assert [o.finish_reason for o in outs] == ["stop"] * 400
+    bad = [(o.text, s) for o, s in zip(outs, schemas) if not _valid(o.text, s)]
+    assert not bad, bad[:3]
+    assert sum(any(ord(c) > 127 for c in o.text) for o in outs) > 40  # unicode was exercised
+    check_idle_engine(client)
+
+
 def test_regex_ebnf_and_choice_hold(engines) -> None:  # noqa: ANN001
     client = engines[True]
     cases = [
@@ -98,7 +126,7 @@ def test_regex_ebnf_and_choice_hold(engines) -> None:  # noqa: ANN001
         out = client.generate([11, 12, 13], SamplingParams(max_tokens=256, json_object=True, seed=k))
         if out.finish_reason == "stop":
             ended += 1
-            assert isinstance(json.loads(out.text, strict=False), (dict, list)), out.text
+            assert isinstance(json.loads(out.text), (dict, list)), out.text
     assert ended >= 4, f"only {ended}/8 any-JSON outputs terminated"
     check_idle_engine(client)
 

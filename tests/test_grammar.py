@@ -154,7 +154,7 @@ NESTED_SCHEMA = {
 def test_json_schema_walks_validate(walker: Walker, seed: int) -> None:
     spec = GrammarSpec.from_fields(json_schema=json.dumps(NESTED_SCHEMA, ensure_ascii=False))
     text = walker.walk(spec, seed)
-    jsonschema.validate(json.loads(text, strict=False), NESTED_SCHEMA)  # strict=False: see XGRAMMAR_800
+    jsonschema.validate(json.loads(text), NESTED_SCHEMA)
 
 
 def test_json_schema_as_dict_and_unicode_strings(walker: Walker) -> None:
@@ -168,15 +168,10 @@ def test_json_schema_as_dict_and_unicode_strings(walker: Walker) -> None:
     assert spec is not None and spec.kind == "json_schema"
     saw_non_ascii = False
     for seed in range(6):
-        value = json.loads(walker.walk(spec, seed), strict=False)  # see test_length_bounded_string_escapes
+        value = json.loads(walker.walk(spec, seed))
         jsonschema.validate(value, schema)
         saw_non_ascii |= any(ord(c) > 127 for s in value for c in s)
     assert saw_non_ascii, "random walks over a byte-level vocab should produce some non-ASCII text"
-
-
-# xgrammar <= 0.2.9: a JSON-schema string with minLength/maxLength admits raw control characters
-# (invalid JSON) and no escapes (mlc-ai/xgrammar#800); the walks parse with json.loads(strict=False)
-# until that is fixed upstream.
 
 
 @pytest.mark.parametrize("seed", SEEDS)

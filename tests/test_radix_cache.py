@@ -1,7 +1,6 @@
 """Radix prefix cache: unit tests, plus a stateful model check against a dict of cached prefixes."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import pytest
@@ -184,14 +183,13 @@ def test_check_integrity_catches_unaligned_edge() -> None:
         cache.check_integrity()
 
 
-def test_long_key_is_fast() -> None:
+def test_long_key_split() -> None:
     cache, _ = make(page_size=16)
     key = list(range(2000))
-    t0 = time.perf_counter()
     cache.insert(key, list(range(1, 2001)))
-    cache.match_prefix(key)
+    assert cache.match_prefix(key).indices == list(range(1, 2001))
     cache.match_prefix(key[:1000] + [0] * 1000)  # mismatch at 1000: a split
-    assert time.perf_counter() - t0 < 0.05  # ~0.1 ms here; generous for loaded machines
+    cache.check_integrity()
 
 
 # ---- stateful model check --------------------------------------------------------------------

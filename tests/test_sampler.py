@@ -47,6 +47,9 @@ def test_greedy_is_argmax_with_lowest_index_ties() -> None:
     assert torch.equal(out, logits.argmax(-1)) and out[3] == 7
     out_k1 = sample(logits, *_params(16, temperature=0.7, top_k=1), [torch.Generator()] * 16)
     assert torch.equal(out_k1, out)
+    # A temperature too small to divide by (logits / 1e-9 overflows to inf) is greedy too.
+    out_tiny = sample(logits * 1e4, *_params(16, temperature=1e-9), [torch.Generator()] * 16)
+    assert torch.equal(out_tiny, out)
 
 
 def test_mixed_greedy_and_sampled_rows() -> None:

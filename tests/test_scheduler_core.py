@@ -7,7 +7,7 @@ import random
 import pytest
 
 from protocol.engine_config import EngineConfig
-from protocol.messages import RequestFailed, TokenBatch, TokenizedRequest
+from protocol.messages import RequestFailed, StepFailed, TokenBatch, TokenizedRequest
 from protocol.model_info import ModelInfo
 from protocol.sampling_params import SamplingParams
 from scheduler.req import KVPopError
@@ -37,7 +37,11 @@ def run(sched: Scheduler, worker: FakeWorker, depth: int, on_step=None, max_step
         if on_step:
             on_step(step)
         if queue:
-            sched.commit(queue.pop(0))
+            result = queue.pop(0)
+            if isinstance(result, StepFailed):
+                sched.fail_step(result)
+            else:
+                sched.commit(result)
         sched.check_integrity()
         for msg in sched.take_outbox():
             if isinstance(msg, TokenBatch):

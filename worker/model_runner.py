@@ -6,11 +6,13 @@ from dataclasses import dataclass
 import torch
 
 from kernels.bitmask import apply_bitmask
+from protocol import fault_injection
 from protocol.engine_config import EngineConfig
 from protocol.messages import Logprobs, ModelRunnerOutput, SampleStep, SchedulerOutput
 from protocol.model_info import ModelInfo
 from worker.device import resolve_device, resolve_dtype
 from worker.distributed import Dist, local_rank
+from worker.failed_step import FailedStep, RequestFault, describe
 from worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs
 from worker.kv_cache import KVCache
 from worker.loader import load_model
@@ -66,6 +68,9 @@ class ModelRunner:
         self.clock = StepClock(self.device)
         self._deferred: _Deferred | None = None
         self.max_reqs = max_reqs
+        self._current: SchedulerOutput | None = None  # the step being run (for its rows if it fails)
+        self._failed_step: int | None = None  # its SampleStep, if one comes, is dropped
+        self.poisoned: set[int] = set()  # rows of failed steps, until the scheduler frees them
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -78,33 +83,66 @@ class ModelRunner:
         unless a row asked for logprobs, which are turned into lists here). A step with defer_sample
         stops after the forward and returns None: `sample_deferred` finishes it."""
         t0, start = self.clock.begin()
+        self._current = so
         st = self.state
         for row in so.finished_req_idxs:
             st.free(row)
+            self.poisoned.discard(row)
         for r in so.new_reqs:
             st.add(r)
         if so.kv_copies is not None:
             self.kv.copy(so.kv_copies)  # before the forward, which may write the slots they free
+        self._check_faults(so)
         plp = plan_prompt_logprobs(so.scheduled, st)
         batch = prepare_inputs(so.scheduled, st, self.kv, plp)
         logits = self.model.forward(batch, self.kv)
         rows = [s.req_idx for s in so.scheduled if s.sample]
         step = PendingStep(so.step_id, None)
         if plp is not None:  # the prompt positions' logits follow the sampling rows'
-            step.prompt_logprobs = prompt_logprobs(logits[len(rows) :], plp)
+            try:
+                step.prompt_logprobs = prompt_logprobs(logits[len(rows) :], plp)
+            except torch.OutOfMemoryError as e:  # a long chunk's [positions, vocab] log-softmax
+                raise RequestFault(plp.rows, "request_failed.out_of_memory", f"prompt logprobs: {e}") from e
             logits = logits[: len(rows)]
         if so.defer_sample:
             self._deferred = _Deferred(so, step, logits, rows, t0, start)
+            self._current = None
             return None
         return self._finish(so, step, logits, rows, t0, start)
 
+    def _check_faults(self, so: SchedulerOutput) -> None:
+        poisoned = self.poisoned.intersection(s.req_idx for s in so.scheduled)
+        if poisoned:
+            raise RequestFault([], "request_failed.internal", f"skipped: rows {sorted(poisoned)} failed before")
+        for r in so.new_reqs:
+            try:
+                fault_injection.check("worker.step", r.token_ids[: r.num_prompt])
+            except fault_injection.InjectedFault as e:
+                raise RequestFault([r.req_idx], "request_failed.internal", str(e)) from e
+
+    @property
+    def running_step(self) -> bool:
+        return self._current is not None
+
+    def fail(self, e: Exception) -> FailedStep:
+        """The step being run raised: its rows are poisoned until freed, and its StepFailed is due."""
+        so, self._current, self._deferred = self._current, None, None
+        assert so is not None, "no step was running"
+        self.poisoned.update(s.req_idx for s in so.scheduled)
+        self._failed_step = so.step_id
+        return describe(so.step_id, e)
+
     @torch.inference_mode()
-    def sample_deferred(self, msg: SampleStep) -> PendingStep:
-        """Sample the step whose forward already ran, with the grammar bitmask applied to its rows."""
+    def sample_deferred(self, msg: SampleStep) -> PendingStep | None:
+        """Sample the step whose forward already ran, with the grammar bitmask applied to its rows.
+        None: that step failed already (its StepFailed is on its way)."""
         d = self._deferred
+        if d is None and msg.step_id == self._failed_step:
+            return None
         if d is None or d.so.step_id != msg.step_id:
             raise RuntimeError(f"sample for step {msg.step_id} but no such step is waiting")
         self._deferred = None
+        self._current = d.so
         if msg.mask_rows:
             words = torch.frombuffer(bytearray(msg.bitmask), dtype=torch.int32).view(len(msg.mask_rows), -1)
             apply_bitmask(d.logits, words, rows=torch.tensor(msg.mask_rows, dtype=torch.int64))
@@ -123,6 +161,7 @@ class ModelRunner:
             host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=self.device.type == "cuda")
             step.tokens = host.copy_(tokens, non_blocking=True)
         self.clock.finish(step, t0, start, after_idle=so.after_idle)
+        self._current = None
         return step
 
     def _sample(

@@ -17,6 +17,7 @@ from protocol.codec import encode, worker_in_decoder
 from protocol.ipc import make_socket
 from protocol.messages import Ready, SampleStep, Shutdown, WorkerFailure, WorkerReady
 from protocol.model_info import read_model_info
+from worker.failed_step import FailedStep, survivable
 
 if TYPE_CHECKING:
     from worker.distributed import Dist
@@ -82,7 +83,7 @@ def serve_steps(  # noqa: ANN001
     the previous result is read: the device runs N+1 while N's tokens travel back and are committed.
     On CPU a launched step is complete, and its result goes out at once.
     """
-    pending: deque[PendingStep] = deque()
+    pending: deque[PendingStep | FailedStep] = deque()
 
     def send_oldest() -> None:
         out = pending.popleft().result()
@@ -100,6 +101,11 @@ def serve_steps(  # noqa: ANN001
         msg = decode(inbox.recv())
         if isinstance(msg, Shutdown):
             return
-        step = runner.sample_deferred(msg) if isinstance(msg, SampleStep) else runner.launch(msg)
-        if step is not None:  # None: a deferred step, finished by its SampleStep
+        try:
+            step = runner.sample_deferred(msg) if isinstance(msg, SampleStep) else runner.launch(msg)
+        except Exception as e:
+            if not (runner.running_step and survivable(e, runner.cfg.tp_size)):
+                raise  # not a step's fault (a protocol error) or ranks would diverge: the engine ends
+            step = runner.fail(e)
+        if step is not None:  # None: a deferred step, finished by its SampleStep (or failed already)
             pending.append(step)

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
+from protocol.sampling_params import GREEDY_BELOW_TEMPERATURE
+
 # Partial top-k size tried before falling back to a full sort of the vocabulary for top-k / top-p.
 TOP_CANDIDATES = 1024
 
@@ -29,14 +31,14 @@ def sample(
 ) -> torch.Tensor:
     """logits [B, V] float32 -> token ids [B] int64.
 
-    temperature <= 0: greedy. top_k <= 0 or >= V: off. top_p >= 1: off. min_p <= 0: off.
+    temperature < GREEDY_BELOW_TEMPERATURE: greedy. top_k <= 0 or >= V: off. top_p >= 1: off. min_p <= 0: off.
     The per-row parameters are read on the host (one small copy if they live on the device).
     """
     b, vocab = logits.shape
     temps = _as_list(temperature)
     ks_all = [int(k) for k in _as_list(top_k)]
     # top_k == 1 is greedy by definition; taking argmax also gets ties right (lowest index).
-    greedy = [t <= 0 or k == 1 for t, k in zip(temps, ks_all, strict=True)]
+    greedy = [t < GREEDY_BELOW_TEMPERATURE or k == 1 for t, k in zip(temps, ks_all, strict=True)]
     if all(greedy):
         return logits.argmax(dim=-1)
     out = torch.empty(b, dtype=torch.int64, device=logits.device)

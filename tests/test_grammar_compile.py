@@ -1,0 +1,117 @@
+"""Grammar compilation as the scheduler runs it: a per-grammar deadline (typed error past it), an abort
+that cancels a queued compilation, an internal failure not blamed on the client's grammar; and the
+waiting-queue bound (typed `overloaded`)."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from protocol.engine_config import EngineConfig
+from protocol.errors import OverloadedError, error_from_code
+from protocol.messages import RequestFailed, TokenBatch, TokenizedRequest
+from protocol.model_info import ModelInfo, read_model_info
+from protocol.sampling_params import SamplingParams
+from scheduler.scheduler import Scheduler
+from scheduler.structured import COMPILE_THREADS
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def sched(tiny_model) -> Scheduler:  # noqa: ANN001
+    model = tiny_model("llama")
+    cfg = EngineConfig(model=str(model), grammar_compile_timeout_s=5.0, max_waiting_requests=3)
+    s = Scheduler(cfg, read_model_info(model), 1024)
+    s.structured.clock = Clock()
+    yield s
+    s.structured.compiler().shutdown(wait=True)
+
+
+def busy_pool(s: Scheduler) -> threading.Event:
+    """Every compile thread waits on the returned event: compilations queue behind it."""
+    gate = threading.Event()
+    for _ in range(COMPILE_THREADS):
+        s.structured.compiler()._pool.submit(gate.wait)
+    return gate
+
+
+def ends(s: Scheduler) -> dict[str, tuple[str, object]]:
+    out: dict[str, tuple[str, object]] = {}
+    for msg in s.take_outbox():
+        if isinstance(msg, RequestFailed):
+            out[msg.rid] = ("error", msg.code)
+        elif isinstance(msg, TokenBatch):
+            out.update({d.rid: (d.finish_reason, d.matched_stop) for d in msg.deltas if d.finish_reason})
+    return out
+
+
+def constrained(rid: str, schema: dict = SCHEMA) -> TokenizedRequest:
+    return TokenizedRequest(rid, [5, 6, 7], SamplingParams(max_tokens=8, json_schema=schema))
+
+
+def test_compile_past_the_deadline_fails_typed(sched: Scheduler) -> None:
+    gate = busy_pool(sched)
+    sched.add_request(constrained("slow"))
+    sched.structured.clock.now = 4.0
+    sched.admit_compiled()
+    assert ends(sched) == {} and "slow" in sched.reqs  # still within its deadline
+    sched.structured.clock.now = 5.5
+    sched.admit_compiled()
+    assert ends(sched) == {"slow": ("error", "request_failed.grammar_timeout")}
+    assert not sched.reqs and not sched.structured.compiling
+    gate.set()
+    sched.check_integrity()
+
+
+def test_abort_cancels_a_queued_compilation(sched: Scheduler) -> None:
+    gate = busy_pool(sched)
+    sched.add_request(constrained("a"))
+    fut = sched.structured.compiling["a"][1]
+    sched.abort("a")
+    assert ends(sched) == {"a": ("abort", None)}
+    assert fut.cancelled() and not sched.structured.compiling
+    gate.set()
+    svc = sched.structured.compiler()
+    svc._pool.submit(lambda: None).result(timeout=30)  # the pool has drained
+    assert svc.num_compiled == 0  # the cancelled grammar never compiled
+
+
+def test_abort_keeps_a_compilation_another_request_awaits(sched: Scheduler) -> None:
+    gate = busy_pool(sched)
+    sched.add_request(constrained("a"))
+    sched.add_request(constrained("b"))
+    fut = sched.structured.compiling["b"][1]
+    sched.abort("a")
+    assert not fut.cancelled()
+    gate.set()
+    fut.result(timeout=60)
+    sched.admit_compiled()
+    assert list(sched.waiting) == [sched.reqs["b"]]
+
+
+def test_internal_failure_is_not_the_clients_grammar(tmp_path: Path) -> None:
+    # A model directory whose tokenizer cannot load: the compiler fails, the schema is fine.
+    cfg = EngineConfig(model=str(tmp_path))
+    s = Scheduler(cfg, ModelInfo(vocab_size=100, max_model_len=64, eos_token_ids=[0], architecture="x"), 256)
+    s.add_request(constrained("r"))
+    s.structured.compiling["r"][1].exception(timeout=60)
+    s.admit_compiled()
+    assert ends(s) == {"r": ("error", "internal_error.grammar")}
+
+
+def test_waiting_queue_bound_is_a_typed_overloaded_error(sched: Scheduler) -> None:
+    for i in range(4):
+        sched.add_request(TokenizedRequest(f"r{i}", [5, 6, 7], SamplingParams(max_tokens=4)))
+    assert ends(sched) == {"r3": ("error", "overloaded")}
+    assert [r.rid for r in sched.waiting] == ["r0", "r1", "r2"]
+    assert isinstance(error_from_code("overloaded", "full"), OverloadedError)
