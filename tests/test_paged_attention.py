@@ -30,12 +30,12 @@ def naive(q, k_pool, v_pool, slot_lists, seq_lens, extend_lens, scale):
     return torch.cat(outs).float()
 
 
-def run_case(reqs: list[tuple[int, int]], hkv: int, group: int, seed: int) -> None:
-    """reqs: (seq_len, extend_len) per request, in batch order."""
+def make_case(reqs: list[tuple[int, int]], hkv: int, group: int, seed: int, d: int = D) -> dict:
+    """reqs: (seq_len, extend_len) per request, in batch order. Random pools, rows and slots."""
     g = torch.Generator().manual_seed(seed)
     h = hkv * group
-    k_pool = torch.randn(NUM_SLOTS, hkv, D, generator=g)
-    v_pool = torch.randn(NUM_SLOTS, hkv, D, generator=g)
+    k_pool = torch.randn(NUM_SLOTS, hkv, d, generator=g)
+    v_pool = torch.randn(NUM_SLOTS, hkv, d, generator=g)
     # Stale entries past each request's length must never be read: fill them with invalid slots.
     req_to_token = torch.full((MAX_REQS, MAX_CTX), -1, dtype=torch.int64)
     rows = torch.randperm(MAX_REQS, generator=g)[: len(reqs)]
@@ -48,8 +48,19 @@ def run_case(reqs: list[tuple[int, int]], hkv: int, group: int, seed: int) -> No
         slot_lists.append(slots)
     seq_lens = torch.tensor([s for s, _ in reqs])
     extend_lens = torch.tensor([e for _, e in reqs])
-    q = torch.randn(int(extend_lens.sum()), h, D, generator=g)
-    scale = D**-0.5
+    q = torch.randn(int(extend_lens.sum()), h, d, generator=g)
+    return {
+        "q": q, "k_pool": k_pool, "v_pool": v_pool, "req_to_token": req_to_token, "req_pool_indices": rows,
+        "seq_lens": seq_lens, "extend_lens": extend_lens, "scale": d**-0.5, "slot_lists": slot_lists,
+    }  # fmt: skip
+
+
+def run_case(reqs: list[tuple[int, int]], hkv: int, group: int, seed: int) -> None:
+    c = make_case(reqs, hkv, group, seed)
+    q, k_pool, v_pool, req_to_token = c["q"], c["k_pool"], c["v_pool"], c["req_to_token"]
+    rows, seq_lens, extend_lens, scale, slot_lists = (
+        c["req_pool_indices"], c["seq_lens"], c["extend_lens"], c["scale"], c["slot_lists"]
+    )
 
     expected = naive(q, k_pool, v_pool, slot_lists, seq_lens.tolist(), extend_lens.tolist(), scale)
     out = paged_attention_ref(q, k_pool, v_pool, req_to_token, rows, seq_lens, extend_lens, scale)
