@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.workload import cpu_cores
+from worker.cpu_caps import usable_cores
 
 BYTES_FP32 = 4
 
@@ -122,7 +122,7 @@ def _copy_bandwidth(nbytes: int = 256 << 20, reps: int = 8) -> float:
 
 
 def measure(dims: ModelDims, prefill_m: int, decode_m: int, min_time_s: float = 0.2) -> Machine:
-    threads = cpu_cores()
+    threads = usable_cores()
     torch.set_num_threads(threads)
     pre, pre_by = _linear_rates(dims, prefill_m, min_time_s)
     dec, dec_by = _linear_rates(dims, decode_m, min_time_s)

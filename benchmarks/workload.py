@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 from typing import Any
 
 from protocol.messages import EngineStats
 from protocol.model_info import read_model_info
+from worker.cpu_caps import usable_cores
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -52,10 +52,6 @@ def random_prompts(model_dir: str | Path, n: int, lengths: tuple[int, int], seed
     return out
 
 
-def cpu_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def load_hf_model(model_dir: str | Path) -> Any:
     """The transformers reference in fp32, eval mode, using every core of this process."""
     import torch
@@ -63,7 +59,7 @@ def load_hf_model(model_dir: str | Path) -> Any:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # keep the benchmark's report readable
-    torch.set_num_threads(cpu_cores())
+    torch.set_num_threads(usable_cores())
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     model.eval()
     return model

@@ -156,9 +156,12 @@ def paged_attention_ref(
     extend_lens: torch.Tensor,
     scale: float,
     plan: AttentionPlan | None = None,
+    new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """q [T, H, D]; k_pool/v_pool [num_slots, Hkv, D] -> out [T, H, D]. Pass `plan` (from
-    build_attention_plan) to share the per-step bookkeeping across layers."""
+    build_attention_plan) to share the per-step bookkeeping across layers. `new_kv`: this step's K/V
+    [T, Hkv, D], already written to the pools; a prefill with no cached prefix attends them as they are
+    instead of gathering the same values back from the pool."""
     if plan is None:
         plan = build_attention_plan(req_to_token, req_pool_indices, seq_lens, extend_lens)
     T, H, D = q.shape
@@ -193,11 +196,15 @@ def paged_attention_ref(
     if out is None:
         out = q.new_empty(T, H, D)
     for seg in plan.extends:
-        qs = q[seg.start : seg.start + seg.length].transpose(0, 1).unsqueeze(0)  # [1, H, E, D]
-        k = _gather("k", k_pool, seg.slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, D]
-        v = _gather("v", v_pool, seg.slots).transpose(0, 1).unsqueeze(0)
+        rows = slice(seg.start, seg.start + seg.length)
+        qs = q[rows].transpose(0, 1).unsqueeze(0)  # [1, H, E, D]
+        if new_kv is not None and seg.mask is None:  # fresh prefill: its keys are exactly this step's
+            k, v = (x[rows].transpose(0, 1).unsqueeze(0).to(k_pool.dtype) for x in new_kv)
+        else:
+            k = _gather("k", k_pool, seg.slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, D]
+            v = _gather("v", v_pool, seg.slots).transpose(0, 1).unsqueeze(0)
         o = F.scaled_dot_product_attention(
             qs, k, v, attn_mask=seg.mask, is_causal=seg.mask is None, scale=scale, enable_gqa=group > 1
         )
-        out[seg.start : seg.start + seg.length] = o[0].transpose(0, 1)
+        out[rows] = o[0].transpose(0, 1)
     return out

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
-import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+os.environ.setdefault("TRITON_INTERPRET", "1")  # the triton backend runs on CPU tensors here
 
-from worker.forward_batch import ForwardBatch
-from worker.kv_cache import KVCache
-from worker.loader import load_model
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config  # noqa: E402
+
+from worker.attention_backend import BACKENDS, select_attention_backend  # noqa: E402
+from worker.forward_batch import ForwardBatch  # noqa: E402
+from worker.kv_cache import KVCache  # noqa: E402
+from worker.loader import load_model  # noqa: E402
 
 VOCAB = 512
 COMMON = dict(
@@ -117,9 +120,11 @@ class Pool:
         return ForwardBatch.from_lists(ids, locs, rows, seq_lens, ext, logits_idx)
 
 
-def test_mixed_batch_matches_hf(hf_and_dir):
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "auto"])
+def test_mixed_batch_matches_hf(hf_and_dir, backend):
     hf, path = hf_and_dir
     model = load_model(path, torch.float32, torch.device("cpu"))
+    model.attn_backend = select_attention_backend(backend, torch.device("cpu"))
     g = torch.Generator().manual_seed(1)
     seqs = {n: torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (5, 7, 12, 17, 23, 40)}
     pool = Pool(model)

@@ -1,7 +1,9 @@
-"""Device and dtype choice: fp32 on CPU, bf16 on CUDA unless told otherwise."""
+"""Device and dtype choice: bf16 on CUDA and on CPUs with native bf16 matmuls, fp32 elsewhere."""
 from __future__ import annotations
 
 import torch
+
+from worker.cpu_caps import CpuCaps, cpu_caps
 
 
 def resolve_device(name: str) -> torch.device:
@@ -12,7 +14,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(name: str, device: torch.device, caps: CpuCaps | None = None) -> torch.dtype:
+    """`auto`: bf16 on CUDA; on CPU bf16 only with AMX or AVX512-BF16 (elsewhere bf16 matmuls are
+    emulated and slower than fp32)."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda":
+            return torch.bfloat16
+        return torch.bfloat16 if (caps or cpu_caps()).fast_bf16 else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]

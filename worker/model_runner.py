@@ -10,6 +10,7 @@ from protocol import fault_injection
 from protocol.engine_config import EngineConfig
 from protocol.messages import Logprobs, ModelRunnerOutput, SampleStep, SchedulerOutput
 from protocol.model_info import ModelInfo
+from worker.attention_backend import select_attention_backend
 from worker.device import resolve_device, resolve_dtype
 from worker.distributed import Dist, local_rank
 from worker.failed_step import FailedStep, RequestFault, describe
@@ -46,6 +47,7 @@ class ModelRunner:
         self.model = load_model(
             cfg.model, dtype=self.dtype, device=self.device, tp_rank=rank, tp_size=cfg.tp_size
         )
+        self.model.attn_backend = select_attention_backend(cfg.attention_backend, self.device)
         mc = self.model.config
         max_reqs = cfg.max_running_requests
         self.max_context = info.max_model_len

@@ -47,8 +47,11 @@ def run_worker(cfg_bytes: bytes, ep_bytes: bytes, rank: int) -> None:
         keep_freed_memory()
         import torch
 
-        if cfg.torch_threads:
-            torch.set_num_threads(cfg.torch_threads)
+        from worker.cpu_caps import usable_cores
+
+        # The cores this process may use, shared by this node's ranks: the scheduler, frontend and
+        # detokenizer sleep in their polls while the worker computes.
+        torch.set_num_threads(cfg.torch_threads or max(1, usable_cores() // (cfg.tp_size // cfg.nnodes)))
         from worker.distributed import init_distributed
         from worker.model_runner import ModelRunner
 
@@ -61,7 +64,8 @@ def run_worker(cfg_bytes: bytes, ep_bytes: bytes, rank: int) -> None:
         results = make_socket(ctx, zmq.PUSH, ep.scheduler_results, bind=False) if rank == 0 else None
         if results is not None:
             results.send(encode(WorkerReady(runner.num_kv_slots, runner.max_reqs, runner.max_context)))
-        launcher.send(encode(Ready("worker", rank, f"kv_slots={runner.num_kv_slots} pid={os.getpid()}")))
+        launcher.send(encode(Ready("worker", rank, f"kv_slots={runner.num_kv_slots} dtype={runner.dtype} "
+                                      f"attention={runner.model.attn_backend.name} pid={os.getpid()}")))
 
     decode = worker_in_decoder()
     try:

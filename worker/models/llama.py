@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.paged_attention import AttentionPlan, build_attention_plan, paged_attention_ref
+from worker.attention_backend import AttentionBackend, select_attention_backend
 from worker.forward_batch import ForwardBatch
 from worker.kv_cache import KVCache
 from worker.layers import (
@@ -62,9 +62,9 @@ class LlamaAttention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        batch: ForwardBatch,
         kv: KVCache,
-        plan: AttentionPlan,
+        backend: AttentionBackend,
+        plan: Any,
     ) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)
@@ -78,18 +78,7 @@ class LlamaAttention(nn.Module):
             q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
             k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, self.num_kv_heads, self.head_dim)
             q, k = apply_rotary(self.q_norm(q), cos, sin), apply_rotary(self.k_norm(k), cos, sin)
-        kv.write(self.layer_id, batch.out_cache_loc, k, v)
-        o = paged_attention_ref(
-            q,
-            kv.k[self.layer_id],
-            kv.v[self.layer_id],
-            kv.req_to_token,
-            batch.req_pool_indices,
-            batch.seq_lens,
-            batch.extend_lens,
-            self.scale,
-            plan=plan,
-        )
+        o = backend.forward(self.layer_id, q, k, v, kv, plan, self.scale)
         return self.o_proj(o.reshape(t, self.q_size))
 
 
@@ -149,6 +138,8 @@ class LlamaForCausalLM(nn.Module):
             else VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device, tp_rank, tp_size)
         )
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, dtype, device)
+        # The device's default; the worker sets the configured one (EngineConfig.attention_backend).
+        self.attn_backend = select_attention_backend("auto", self.device)
 
     @staticmethod
     def arch_flags(hf: dict[str, Any]) -> dict[str, Any]:
@@ -164,19 +155,11 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Runs the step's tokens, fills their K/V, returns float32 logits [N, vocab] of batch.logits_indices."""
-        plan = build_attention_plan(
-            kv.req_to_token,
-            batch.req_pool_indices,
-            batch.seq_lens,
-            batch.extend_lens,
-            seq_lens_cpu=batch.seq_lens_cpu,
-            extend_lens_cpu=batch.extend_lens_cpu,
-            req_pool_indices_cpu=batch.req_pool_indices_cpu,
-        )
+        plan = self.attn_backend.plan(batch, kv)
         cos, sin = self.rotary.cos_sin(batch.positions, batch.max_seq_len)
         h = self.model.embed_tokens(batch.input_ids)
         for layer in self.model.layers:
-            h = layer(h, cos, sin, batch, kv, plan)
+            h = layer(h, cos, sin, kv, self.attn_backend, plan)
         h = self.model.norm(h[batch.logits_indices])  # per-token norm: only the rows we need
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
         return head.logits(h)  # vocab-parallel: each rank's slice, gathered to full logits on every rank
