@@ -3,8 +3,10 @@
 Runs the offline workload (default: 64 requests, prompts 64-512 tokens, 128 greedy outputs each) step by
 step and times every ModelRunner.execute, then a single request decoding alone. Reports total tok/s, the
 prefill-step time and tok/s, the mean decode-step time at full batch and the batch-1 decode ms/token.
+`--attention-backend torch-gather,torch` runs the workload once per backend in the same process (in
+turn, so a noisy neighbour hits both alike) and prints each.
 
-    python -m benchmarks.worker_step --model models/bench-llama [--profile]
+    python -m benchmarks.worker_step --model models/bench-llama [--profile] [--attention-backend A,B]
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ from protocol.messages import TokenizedRequest  # noqa: E402
 from protocol.model_info import read_model_info  # noqa: E402
 from protocol.sampling_params import SamplingParams  # noqa: E402
 from scheduler.scheduler import Scheduler  # noqa: E402
+from worker.attention_backend import select_attention_backend  # noqa: E402
+from worker.cpu_caps import cpu_caps  # noqa: E402
 from worker.model_runner import ModelRunner  # noqa: E402
 
 
@@ -61,27 +65,40 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--profile", action="store_true", help="torch.profiler table of one decode and one prefill step")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--attention-backend", default="auto", help="comma-separated: each is run in turn")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    cfg = EngineConfig(model=args.model, kv_cache_tokens=65536, max_running_requests=256)
+    # No prefix cache: each backend runs the same prompts, and none may reuse the KV of an earlier run.
+    cfg = EngineConfig(model=args.model, kv_cache_tokens=65536, max_running_requests=256, dtype=args.dtype,
+                       prefix_cache=False)
     info = read_model_info(cfg.model)
     runner = ModelRunner(cfg, info)
+    print(cpu_caps().describe())
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, model {args.model}, dtype {runner.dtype}")
     sched = Scheduler(cfg, info, runner.num_kv_slots)
+    for name in args.attention_backend.split(","):
+        runner.model.attn_backend = select_attention_backend(name, runner.device)
+        print(f"--- attention backend {runner.model.attn_backend.name}")
+        _run(runner, sched, args, name)
+
+
+def _run(runner: ModelRunner, sched: Scheduler, args: argparse.Namespace, tag: str) -> None:
     prompts = random_prompts(args.model, args.num_requests, parse_range(args.input_len), args.seed)
     # Separate random prompts for warm-up and batch 1, so the prefix cache finds nothing to reuse.
     extra = random_prompts(args.model, 5, (256, 256), args.seed + 1)
 
     # Warm-up: a short run so first-call costs (allocator growth, rotary tables, thread pools) are paid.
-    run_workload(runner, sched, extra[:4], 4, "warm")
+    run_workload(runner, sched, extra[:4], 4, f"{tag}-warm")
 
     if args.profile:
-        _profile(runner, sched, prompts)
+        _profile(runner, sched, prompts, tag)
         return
 
     t0 = time.perf_counter()
-    steps = run_workload(runner, sched, prompts, args.output_len, "r")
+    steps = run_workload(runner, sched, prompts, args.output_len, f"{tag}-r")
     wall = time.perf_counter() - t0
     n = args.num_requests
     total_out = n * args.output_len
@@ -91,10 +108,9 @@ def main() -> None:
     busy = sum(dt for _, _, dt in steps)
 
     # Batch 1: one request (prompt 256) decoding alone.
-    b1 = run_workload(runner, sched, [extra[4]], args.batch1_tokens + 1, "b1")
+    b1 = run_workload(runner, sched, [extra[4]], args.batch1_tokens + 1, f"{tag}-b1")
     b1_dec = [dt for t, b, dt in b1 if t == 1]
 
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, model {args.model}")
     print(f"workload: {n} requests, prompts {args.input_len} ({total_in} tokens), {args.output_len} out each")
     print(f"total: {wall:.2f} s wall ({busy:.2f} s in execute), {(total_in + total_out) / wall:.0f} tok/s "
           f"(in+out), {total_out / wall:.0f} out tok/s, {len(steps)} steps")
@@ -111,13 +127,15 @@ def main() -> None:
               f"median {1000 * statistics.median(b1_dec):.2f}, min {1000 * min(b1_dec):.2f}")
 
 
-def _profile(runner: ModelRunner, sched: Scheduler, prompts: list[list[int]]) -> None:
+def _profile(runner: ModelRunner, sched: Scheduler, prompts: list[list[int]], tag: str) -> None:
     """Profiles the execute of one full prefill step and a few full-batch decode steps."""
     from torch.profiler import ProfilerActivity, profile
 
-    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    # Long enough that every request is still running once the last prompt's prefill is done.
+    prefill_steps = sum(len(p) for p in prompts) // sched.cfg.max_num_batched_tokens + 1
+    params = SamplingParams(max_tokens=prefill_steps + 8, temperature=0, ignore_eos=True)
     for i, ids in enumerate(prompts):
-        sched.add_request(TokenizedRequest(f"p{i}", ids, params))
+        sched.add_request(TokenizedRequest(f"{tag}-p{i}", ids, params))
     seen_prefill = decodes = 0
     while sched.has_work:
         so = sched.schedule()

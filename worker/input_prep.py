@@ -24,6 +24,7 @@ from kernels.input_prep import (
 from kernels.sample_writeback import write_sampled_ref, write_sampled_triton
 from protocol.messages import ScheduledReq
 from worker.forward_batch import ForwardBatch
+from worker.host_to_device import to_device
 from worker.kv_cache import KVCache
 from worker.request_state import RequestState
 
@@ -66,7 +67,7 @@ def plan_prompt_logprobs(sched: list[ScheduledReq], state: RequestState) -> Prom
         total += s.num_tokens
     if not rows:
         return None
-    rows_t, cols_t = _to_device([tgt_rows, tgt_cols], state.device)
+    rows_t, cols_t = to_device([tgt_rows, tgt_cols], state.device)
     targets = state.tokens[rows_t, cols_t]
     top_ns = [state.prompt_logprobs[r] for r in rows]
     return PromptLogprobsPlan(idx, rows, counts, top_ns, targets)
@@ -79,21 +80,6 @@ def use_triton(device: torch.device) -> bool:
     if forced in ("0", "1"):
         return forced == "1"
     return device.type == "cuda"
-
-
-def _to_device(arrays: Sequence[Sequence[int]], device: torch.device) -> list[torch.Tensor]:
-    """The arrays as int64 tensors on `device`, views of one buffer: one host tensor and one H2D copy
-    (pinned, non-blocking on CUDA) per step, not one per array."""
-    buf = array("q")
-    for a in arrays:
-        buf.extend(a)  # array('q') fills ~2x faster than torch.tensor(list) for prefill-sized arrays
-    host = torch.frombuffer(buf, dtype=torch.int64) if buf else torch.empty(0, dtype=torch.int64)
-    if device.type == "cuda":
-        # The caching host allocator keeps the pinned block until the copy is done.
-        dev = host.pin_memory().to(device, non_blocking=True)
-    else:
-        dev = host.to(device)
-    return list(torch.split(dev, [len(a) for a in arrays]))
 
 
 def prepare_inputs(
@@ -134,7 +120,7 @@ def prepare_inputs(
             logits_idx.append(total - 1)
     if prompt_lp is not None:
         logits_idx += prompt_lp.logits_indices
-    rows_t, starts_t, lens_t, cu_t, seq_t, logits_t, srow_t, scol_t, sval_t = _to_device(
+    rows_t, starts_t, lens_t, cu_t, seq_t, logits_t, srow_t, scol_t, sval_t = to_device(
         [rows, starts, lens, cu_lens, seq_lens, logits_idx, slot_rows, slot_cols, slot_vals], device
     )
     triton = use_triton(device)
@@ -178,9 +164,9 @@ def advance_state(
     if not rows:
         return
     if isinstance(sampled, torch.Tensor):
-        rows_t, cols_t = _to_device([rows, cols], state.device)
+        rows_t, cols_t = to_device([rows, cols], state.device)
         sampled_t = sampled.to(state.device)
     else:
-        rows_t, cols_t, sampled_t = _to_device([rows, cols, sampled], state.device)
+        rows_t, cols_t, sampled_t = to_device([rows, cols, sampled], state.device)
     write = write_sampled_triton if use_triton(state.device) else write_sampled_ref
     write(state.tokens, rows_t, cols_t, sampled_t)

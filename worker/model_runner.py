@@ -14,6 +14,7 @@ from worker.attention_backend import select_attention_backend
 from worker.device import resolve_device, resolve_dtype
 from worker.distributed import Dist, local_rank
 from worker.failed_step import FailedStep, RequestFault, describe
+from worker.host_to_device import to_device
 from worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs
 from worker.kv_cache import KVCache
 from worker.loader import load_model
@@ -147,7 +148,7 @@ class ModelRunner:
         self._current = d.so
         if msg.mask_rows:
             words = torch.frombuffer(bytearray(msg.bitmask), dtype=torch.int32).view(len(msg.mask_rows), -1)
-            apply_bitmask(d.logits, words, rows=torch.tensor(msg.mask_rows, dtype=torch.int64))
+            apply_bitmask(d.logits, words, rows=to_device([msg.mask_rows], d.logits.device)[0])
         return self._finish(d.so, d.step, d.logits, d.rows, d.t0, d.start)
 
     def _finish(
@@ -172,21 +173,21 @@ class ModelRunner:
         """logits [len(rows), V] of the sampling rows (modified in place) -> tokens, and their logprobs
         aligned with them when any row asked."""
         st = self.state
-        dev = logits.device
         lp_sel = [j for j, r in enumerate(rows) if r in st.logprob_rows] if st.logprob_rows else []
+        rows_t, lp_sel_t = to_device([rows, lp_sel], logits.device)
         # Logprobs are of the raw logits: take a copy before the penalties write into them.
-        raw = logits[torch.tensor(lp_sel, device=dev)] if lp_sel else None
+        raw = logits[lp_sel_t] if lp_sel else None
         if st.penalty_rows or st.min_tokens_rows:
             process_logits(logits, rows, st)
         gens = [st.seeded_generator(r) for r in rows]
         tokens = sample(
             logits, [st.temperature[r] for r in rows], [st.top_k[r] for r in rows],
-            [st.top_p[r] for r in rows], [st.min_p[r] for r in rows], gens,
+            [st.top_p[r] for r in rows], [st.min_p[r] for r in rows], gens, st.device_params(rows_t),
         )
         if raw is None:
             return tokens, None
         lps: list[Logprobs | None] = [None] * len(rows)
-        sel_tokens = tokens[torch.tensor(lp_sel, device=dev)]
+        sel_tokens = tokens[lp_sel_t]
         for j, lp in zip(lp_sel, sampled_logprobs(raw, sel_tokens, [st.logprobs[rows[j]] for j in lp_sel])):
             lps[j] = lp
         return tokens, lps

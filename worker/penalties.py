@@ -5,29 +5,29 @@ from __future__ import annotations
 
 import torch
 
+from worker.host_to_device import to_device
 from worker.request_state import RequestState
 
 
 def apply_penalties_(
     logits: torch.Tensor,
     tokens: torch.Tensor,
-    num_prompt: list[int],
-    num_tokens: list[int],
+    num_prompt: torch.Tensor,
+    num_tokens: torch.Tensor,
     repetition: torch.Tensor,
     presence: torch.Tensor,
     frequency: torch.Tensor,
     use_repetition: bool = True,
     use_counts: bool = True,
 ) -> torch.Tensor:
-    """In place on logits [k, V]; tokens [k, >= max(num_tokens)]: each row's prompt then its outputs (every
-    row has at least one token). Repetition penalty over prompt and output tokens (logit > 0: / rp, else
+    """In place on logits [k, V]; tokens [k, L]: each row's prompt then its outputs, L = max(num_tokens)
+    (num_prompt, num_tokens: [k] on logits' device; every row has at least one token). Repetition penalty over prompt and output tokens (logit > 0: / rp, else
     * rp), then logit -= frequency * count + presence * (count > 0) over output tokens. use_*: skip a
     term that is a no-op for every row (decided by the caller on the host)."""
     dev = logits.device
-    length = max(num_tokens)
-    toks = tokens[:, :length]
-    pos = torch.arange(length, device=dev)[None, :]
-    known = pos < torch.tensor(num_tokens, device=dev)[:, None]
+    toks = tokens
+    pos = torch.arange(toks.shape[1], device=dev)[None, :]
+    known = pos < num_tokens[:, None]
     # Work on the [k, length] entries of the row's own tokens rather than on [k, V]. Past num_tokens the
     # buffer holds stale tokens of earlier requests: point those entries at the row's first token, so every
     # entry naming the same token writes the same value and the scatters below are well defined.
@@ -37,7 +37,7 @@ def apply_penalties_(
         rp = repetition[:, None]
         logits.scatter_(1, ids, torch.where(x > 0, x / rp, x * rp))
     if use_counts:
-        is_out = known & (pos >= torch.tensor(num_prompt, device=dev)[:, None])
+        is_out = known & (pos >= num_prompt[:, None])
         counts = torch.zeros_like(logits).scatter_add_(1, toks, is_out.to(logits.dtype)).gather(1, ids)
         x = logits.gather(1, ids)  # prompt-only tokens have count 0: written back unchanged
         logits.scatter_(
@@ -55,16 +55,17 @@ def process_logits(logits: torch.Tensor, rows: list[int], state: RequestState) -
         if sel:
             rs = [rows[j] for j in sel]
             n_tok = [st.num_tokens[r] for r in rs]
-            dev = logits.device
-            rs_t = torch.tensor(rs, device=dev)
             every = len(sel) == len(rows)
-            sel_t = None if every else torch.tensor(sel, device=dev)
-            sub = logits if sel_t is None else logits[sel_t]
+            # One non-blocking copy for every index list the step needs.
+            rs_t, sel_t, n_prompt_t, n_tok_t = to_device(
+                [rs, [] if every else sel, [st.num_prompt[r] for r in rs], n_tok], logits.device
+            )
+            sub = logits if every else logits[sel_t]
             apply_penalties_(
                 sub,
                 st.tokens[rs_t, : max(n_tok)],
-                [st.num_prompt[r] for r in rs],
-                n_tok,
+                n_prompt_t,
+                n_tok_t,
                 st.repetition_penalty[rs_t],
                 st.presence_penalty[rs_t],
                 st.frequency_penalty[rs_t],
@@ -73,7 +74,7 @@ def process_logits(logits: torch.Tensor, rows: list[int], state: RequestState) -
                     st.presence_penalty_cpu[r] != 0.0 or st.frequency_penalty_cpu[r] != 0.0 for r in rs
                 ),
             )
-            if sel_t is not None:
+            if not every:
                 logits[sel_t] = sub
     if st.min_tokens_rows:
         vocab = logits.shape[-1]
@@ -85,5 +86,5 @@ def process_logits(logits: torch.Tensor, rows: list[int], state: RequestState) -
                 ii += [j] * len(ids)
                 jj += ids
         if ii:
-            dev = logits.device
-            logits[torch.tensor(ii, device=dev), torch.tensor(jj, device=dev)] = float("-inf")
+            ii_t, jj_t = to_device([ii, jj], logits.device)
+            logits[ii_t, jj_t] = float("-inf")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 
 from protocol.messages import NewReqData
+from worker.host_to_device import to_device
+from worker.sampler import DeviceParams
 
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -23,6 +25,11 @@ class RequestState:
         self.num_prompt = [0] * max_reqs
         self.live = [False] * max_reqs
         # Host lists: the sampler decides per row on the host, so reading them never waits for the device.
+        # Their device twins are written once, when a request is added, and gathered by row each step.
+        self.temperature_t = torch.zeros(max_reqs, dtype=torch.float32, device=device)
+        self.top_k_t = torch.full((max_reqs,), -1, dtype=torch.int64, device=device)
+        self.top_p_t = torch.ones(max_reqs, dtype=torch.float32, device=device)
+        self.min_p_t = torch.zeros(max_reqs, dtype=torch.float32, device=device)
         self.temperature = [0.0] * max_reqs
         self.top_k = [-1] * max_reqs
         self.top_p = [1.0] * max_reqs
@@ -54,7 +61,7 @@ class RequestState:
         if self.live[i]:
             raise RuntimeError(f"request row {i} is already live")
         n = len(r.token_ids)
-        self.tokens[i, :n] = torch.tensor(r.token_ids, dtype=torch.int64).to(self.device, non_blocking=True)
+        self.tokens[i, :n] = to_device([r.token_ids], self.device)[0]
         self.num_tokens[i] = n
         self.num_computed[i] = r.num_cached
         self.num_prompt[i] = r.num_prompt
@@ -64,6 +71,11 @@ class RequestState:
         self.top_k[i] = s.top_k
         self.top_p[i] = s.top_p
         self.min_p[i] = s.min_p
+        # Scalar fills: queued on the device like any kernel, no copy from host memory.
+        self.temperature_t[i] = s.temperature
+        self.top_k_t[i] = s.top_k
+        self.top_p_t[i] = s.top_p
+        self.min_p_t[i] = s.min_p
         self.seed[i] = s.seed
         if s.seed is not None and self.generators[i] is None:
             self.generators[i] = torch.Generator(device=self.device)
@@ -93,6 +105,10 @@ class RequestState:
         self.live[i] = False
         for rows in (self.penalty_rows, self.min_tokens_rows, self.logprob_rows, self.prompt_logprob_rows):
             rows.discard(i)
+
+    def device_params(self, rows: torch.Tensor) -> DeviceParams:
+        """The sampling parameters of `rows` (a device tensor of row indices), gathered on the device."""
+        return DeviceParams(self.temperature_t[rows], self.top_k_t[rows], self.top_p_t[rows], self.min_p_t[rows])
 
     def num_outputs(self, i: int) -> int:
         return self.num_tokens[i] - self.num_prompt[i]

@@ -8,6 +8,7 @@ its tokens depend only on its logits and its seed -- not on which other requests
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -15,6 +16,17 @@ from protocol.sampling_params import GREEDY_BELOW_TEMPERATURE
 
 # Partial top-k size tried before falling back to a full sort of the vocabulary for top-k / top-p.
 TOP_CANDIDATES = 1024
+
+
+@dataclass(frozen=True)
+class DeviceParams:
+    """The sampling rows' parameters on the logits' device, [B] each: in the worker, gathered by row from
+    the tensors RequestState wrote when each request was added, so a step copies none of them."""
+
+    temperature: torch.Tensor  # float32
+    top_k: torch.Tensor  # int64
+    top_p: torch.Tensor  # float32
+    min_p: torch.Tensor  # float32
 
 
 def _as_list(x: torch.Tensor | Sequence[float] | Sequence[int]) -> list:
@@ -28,97 +40,100 @@ def sample(
     top_p: torch.Tensor | Sequence[float],
     min_p: torch.Tensor | Sequence[float],
     generators: Sequence[torch.Generator | None],
+    device_params: DeviceParams | None = None,
 ) -> torch.Tensor:
     """logits [B, V] float32 -> token ids [B] int64.
 
     temperature < GREEDY_BELOW_TEMPERATURE: greedy. top_k <= 0 or >= V: off. top_p >= 1: off. min_p <= 0: off.
-    The per-row parameters are read on the host (one small copy if they live on the device).
+    The host values (lists, or CPU tensors) decide which steps run; the arithmetic uses `device_params`
+    (built from the host values when not given). With both given, nothing is copied to or read back from
+    the device, so on CUDA the step is queued without a sync.
     """
     b, vocab = logits.shape
-    temps = _as_list(temperature)
-    ks_all = [int(k) for k in _as_list(top_k)]
-    # top_k == 1 is greedy by definition; taking argmax also gets ties right (lowest index).
-    greedy = [t < GREEDY_BELOW_TEMPERATURE or k == 1 for t, k in zip(temps, ks_all, strict=True)]
-    if all(greedy):
-        return logits.argmax(dim=-1)
-    out = torch.empty(b, dtype=torch.int64, device=logits.device)
-    g_rows = [i for i in range(b) if greedy[i]]
-    s_rows = [i for i in range(b) if not greedy[i]]
     dev = logits.device
-    if g_rows:
-        g_idx = torch.tensor(g_rows, device=dev)
-        out[g_idx] = logits[g_idx].argmax(dim=-1)
-
-    s_idx = torch.tensor(s_rows, device=dev)
-    ks = ks_all
+    temps = [float(t) for t in _as_list(temperature)]
+    ks = [int(k) for k in _as_list(top_k)]
     ps = [float(p) for p in _as_list(top_p)]
     mps = [float(m) for m in _as_list(min_p)]
-    ks = [ks[i] if 0 < ks[i] < vocab else vocab for i in s_rows]
-    ps = [ps[i] for i in s_rows]
-    mps = [mps[i] for i in s_rows]
-
-    x = logits[s_idx] / torch.tensor([temps[i] for i in s_rows], device=dev, dtype=logits.dtype)[:, None]
-    filt = [j for j, (k, p) in enumerate(zip(ks, ps, strict=True)) if k < vocab or p < 1.0]
-    if len(filt) == len(ks):
-        x = _top_k_top_p(x, ks, ps)
-    elif filt:
-        f_idx = torch.tensor(filt, device=dev)
-        x[f_idx] = _top_k_top_p(x[f_idx], [ks[j] for j in filt], [ps[j] for j in filt])
+    # top_k == 1 is greedy by definition; taking argmax also gets ties right (lowest index).
+    greedy = [t < GREEDY_BELOW_TEMPERATURE or k == 1 for t, k in zip(temps, ks, strict=True)]
+    if all(greedy):
+        return logits.argmax(dim=-1)
+    dp = device_params or DeviceParams(
+        torch.tensor(temps, device=dev), torch.tensor(ks, device=dev), torch.tensor(ps, device=dev),
+        torch.tensor(mps, device=dev),
+    )  # fmt: skip
+    # Every row is computed alike (no host-built row subsets); greedy rows take their argmax at the end.
+    is_greedy = (dp.temperature < GREEDY_BELOW_TEMPERATURE) | (dp.top_k == 1) if any(greedy) else None
+    temp_t = dp.temperature if is_greedy is None else dp.temperature.masked_fill(is_greedy, 1.0)
+    x = logits / temp_t.to(logits.dtype)[:, None]
+    # Host view of the filters: greedy and unfiltered rows count as "top-k = vocab, top-p off".
+    ks_h = [vocab if g or not 0 < k < vocab else k for k, g in zip(ks, greedy, strict=True)]
+    ps_h = [1.0 if g else p for p, g in zip(ps, greedy, strict=True)]
+    if any(k < vocab or p < 1.0 for k, p in zip(ks_h, ps_h, strict=True)):
+        k_t = dp.top_k.masked_fill((dp.top_k <= 0) | (dp.top_k >= vocab), vocab)
+        p_t = dp.top_p
+        if is_greedy is not None:
+            k_t, p_t = k_t.masked_fill(is_greedy, vocab), p_t.masked_fill(is_greedy, 1.0)
+        x = _top_k_top_p(x, ks_h, ps_h, k_t, p_t)
     probs = x.softmax(dim=-1)
-    if any(m > 0 for m in mps):
+    if any(m > 0 and not g for m, g in zip(mps, greedy, strict=True)):
         # min-p: keep tokens with p >= min_p * p_max (scale-free, so renormalising first changes nothing).
-        thresh = probs.amax(dim=-1, keepdim=True) * torch.tensor(mps, device=dev, dtype=probs.dtype)[:, None]
+        thresh = probs.amax(dim=-1, keepdim=True) * dp.min_p.to(probs.dtype)[:, None]
         probs = probs.masked_fill(probs < thresh, 0.0)
 
     # Exp(1) noise as -log(U): several times faster than exponential_() on CPU. U in [0, 1) gives
     # E in (0, inf]; E = inf only zeroes that token's score, so no 0/0 can arise.
-    noise = torch.empty_like(probs)
-    shared = [j for j, i in enumerate(s_rows) if generators[i] is None]
-    if len(shared) == len(s_rows):
-        noise.uniform_()
-    else:
-        if shared:
-            noise[torch.tensor(shared, device=dev)] = torch.rand(
-                len(shared), vocab, device=dev, dtype=probs.dtype
-            )
-        for j, i in enumerate(s_rows):
-            if generators[i] is not None:
-                noise[j].uniform_(generator=generators[i])
-    out[s_idx] = (probs / noise.log_().neg_()).argmax(dim=-1)
-    return out
+    noise = torch.empty_like(probs).uniform_()
+    for j in range(b):
+        if generators[j] is not None and not greedy[j]:
+            noise[j].uniform_(generator=generators[j])  # a seeded row draws from its own generator only
+    out = (probs / noise.log_().neg_()).argmax(dim=-1)
+    return out if is_greedy is None else torch.where(is_greedy, logits.argmax(dim=-1), out)
 
 
-def _top_k_top_p(x: torch.Tensor, ks: list[int], ps: list[float]) -> torch.Tensor:
+def _top_k_top_p(
+    x: torch.Tensor, ks: list[int], ps: list[float], k_t: torch.Tensor | None = None,
+    p_t: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Set logits outside each row's top-k, then outside its top-p nucleus (of the top-k renormalised),
-    to -inf. The highest-ranked token always survives. ks: k per row, vocab size when off; every row
-    must use top-k or top-p."""
+    to -inf. The highest-ranked token always survives. ks: k per row, vocab size when off; ps: 1.0 when
+    off. k_t, p_t: the same on x's device (built from ks, ps when not given)."""
     vocab, dev = x.shape[-1], x.device
-    k_t = torch.tensor(ks, device=dev)[:, None]
-    p_t = torch.tensor([p if p < 1.0 else float("inf") for p in ps], device=dev, dtype=x.dtype)[:, None]
+    k_t = (torch.tensor(ks, device=dev) if k_t is None else k_t)[:, None]
+    p_t = (torch.tensor(ps, device=dev) if p_t is None else p_t).to(x.dtype)
+    # Rows without top-p get an infinite threshold (rounding can push the running sum past 1.0).
+    p_t = p_t.masked_fill(p_t >= 1.0, float("inf"))[:, None]
+    use_p = any(p < 1.0 for p in ps)
+    p_only = [k == vocab and p < 1.0 for k, p in zip(ks, ps, strict=True)]
     n = min(max(ks), TOP_CANDIDATES)
-    if n < vocab and all(k <= n or (k == vocab and p < 1.0) for k, p in zip(ks, ps, strict=True)):
+    # A top-p-only row may reach past the top n, which only a device read can tell: on CUDA such
+    # batches sort in full (fast there) rather than wait for the host.
+    if n < vocab and all(k <= n or po for k, po in zip(ks, p_only, strict=True)) and not (
+        x.is_cuda and any(p_only)
+    ):
         # Sorting the whole vocabulary is slow on CPU; the top `n` usually hold every surviving token.
         vals, idx = x.topk(n, dim=-1)
-        full_lse = x.logsumexp(dim=-1, keepdim=True) if any(k == vocab for k in ks) else None
-        kept = _filter_sorted(vals, k_t, p_t, full_lse)
+        full_lse = x.logsumexp(dim=-1, keepdim=True) if any(p_only) else None
+        kept = _filter_sorted(vals, k_t, p_t, full_lse, use_p)
         if kept is not None:
             return torch.full_like(x, float("-inf")).scatter_(-1, idx, kept)
     # Stable sort: among equal logits the lowest index ranks first, as with argmax.
     vals, idx = x.sort(dim=-1, descending=True, stable=True)
-    kept = _filter_sorted(vals, k_t, p_t, None)
+    kept = _filter_sorted(vals, k_t, p_t, None, use_p)
     assert kept is not None
     return torch.full_like(x, float("-inf")).scatter_(-1, idx, kept)
 
 
 def _filter_sorted(
-    vals: torch.Tensor, k_t: torch.Tensor, p_t: torch.Tensor, full_lse: torch.Tensor | None
+    vals: torch.Tensor, k_t: torch.Tensor, p_t: torch.Tensor, full_lse: torch.Tensor | None, use_p: bool
 ) -> torch.Tensor | None:
     """vals: each row's top logits, descending (all of them when full_lse is None, else a prefix and
     full_lse is the log-normaliser of the whole row). Returns vals with dropped entries at -inf, or
     None when some row's nucleus reaches past the prefix."""
     n = vals.shape[-1]
     vals = vals.masked_fill(torch.arange(n, device=vals.device)[None, :] >= k_t, float("-inf"))
-    if not bool(torch.isfinite(p_t).any()):
+    if not use_p:
         return vals
     lse = vals.logsumexp(dim=-1, keepdim=True)  # normaliser of the top-k set ...
     if full_lse is not None:  # ... unless top-k is off and the set is the whole row
@@ -128,7 +143,6 @@ def _filter_sorted(
     if full_lse is not None and bool(((cum[:, -1:] < p_t) & (k_t > n)).any()):
         return None
     # Mass strictly before each token; keep while it is < top_p -> smallest prefix reaching top_p.
-    # Rows without top-p have an infinite threshold (rounding can push the running sum past 1.0).
     drop = (cum - probs) >= p_t
     drop[:, 0] = False
     return vals.masked_fill(drop, float("-inf"))
