@@ -101,7 +101,9 @@ def build_attention_plan(
     seq_lens_cpu: Sequence[int] | None = None,
     extend_lens_cpu: Sequence[int] | None = None,
     req_pool_indices_cpu: Sequence[int] | None = None,
+    decodes: bool = True,
 ) -> AttentionPlan:
+    """decodes=False: plan the multi-token requests only (the caller attends the decodes its own way)."""
     seq_l = list(seq_lens_cpu) if seq_lens_cpu is not None else seq_lens.tolist()
     ext_l = list(extend_lens_cpu) if extend_lens_cpu is not None else extend_lens.tolist()
     rows = list(req_pool_indices_cpu) if req_pool_indices_cpu is not None else req_pool_indices.tolist()
@@ -112,8 +114,8 @@ def build_attention_plan(
         t += e
     plan = AttentionPlan(num_tokens=t)
 
-    decodes = [i for i, e in enumerate(ext_l) if e == 1]
-    for grp in _group_decodes(decodes, seq_l):
+    single = [i for i, e in enumerate(ext_l) if e == 1] if decodes else []
+    for grp in _group_decodes(single, seq_l):
         lens = [seq_l[i] for i in grp]
         max_len = max(lens)
         table = req_to_token[torch.tensor([rows[i] for i in grp], device=dev), :max_len]

@@ -4,8 +4,9 @@ The model asks its backend for a per-step plan once (`plan`: whatever every laye
 the batch's host-side lists) and then calls `forward` per layer. The backend is chosen by device and by
 `EngineConfig.attention_backend`:
 
-- `torch` (CPU default): the torch reference path; fresh prefills attend their own K/V as computed, so
-  only decodes and prefixes are read from the pool.
+- `torch` (CPU default): reads K/V where it lies as far as torch allows: fresh prefills attend their own
+  K/V as computed, decodes attend their longest contiguous run of pool slots in place and gather only
+  the rest (kernels/decode_attention_runs.py); prefixes of chunked or cached prefills are gathered.
 - `torch-gather`: the previous CPU path (every request's K/V gathered from the pool), kept to measure
   against and as the plain reference.
 - `triton` (CUDA default): kernels/paged_attention_triton.py, reading K/V where it lies; its launch
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 
+from kernels.decode_attention_runs import DecodeRuns, decode_attention_runs, plan_decode_runs
 from kernels.paged_attention import AttentionPlan, build_attention_plan, paged_attention_ref
 from worker.forward_batch import ForwardBatch
 from worker.kv_cache import KVCache
@@ -43,19 +45,32 @@ class AttentionBackend(ABC):
 
 
 class TorchBackend(AttentionBackend):
-    """The torch path. `fresh_in_place`: a prefill with no cached prefix attends the K/V it just computed
-    instead of reading them back from the pool (the pool copy is only for later steps)."""
+    """The torch path. `in_place` (the `torch` backend): fresh prefills attend the K/V they just computed
+    instead of reading them back from the pool, and decodes read their longest run of slots in place;
+    otherwise (`torch-gather`) every request's K/V is gathered from the pool."""
 
-    def __init__(self, fresh_in_place: bool = True) -> None:
-        self.fresh_in_place = fresh_in_place
-        self.name = "torch" if fresh_in_place else "torch-gather"
+    def __init__(self, in_place: bool = True) -> None:
+        self.in_place = in_place
+        self.name = "torch" if in_place else "torch-gather"
 
     def plan(self, batch: ForwardBatch, kv: KVCache) -> TorchPlan:
-        return TorchPlan(batch, build_attention_plan(
+        # Decode runs are found on the host copy of the table: the CPU backend's table is that copy.
+        runs_ok = self.in_place and kv.req_to_token.device.type == "cpu"
+        attn = build_attention_plan(
             kv.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens,
             seq_lens_cpu=batch.seq_lens_cpu, extend_lens_cpu=batch.extend_lens_cpu,
-            req_pool_indices_cpu=batch.req_pool_indices_cpu,
-        ))  # fmt: skip
+            req_pool_indices_cpu=batch.req_pool_indices_cpu, decodes=not runs_ok,
+        )  # fmt: skip
+        runs = None
+        if runs_ok:
+            dec = [i for i, e in enumerate(batch.extend_lens_cpu) if e == 1]
+            if dec:
+                starts = batch.extend_starts_cpu
+                runs = plan_decode_runs(
+                    kv.req_to_token, [batch.req_pool_indices_cpu[i] for i in dec],
+                    [batch.seq_lens_cpu[i] for i in dec], [starts[i] for i in dec], batch.all_decode,
+                )  # fmt: skip
+        return TorchPlan(batch, attn, runs)
 
     def forward(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, plan: Any,
@@ -63,10 +78,18 @@ class TorchBackend(AttentionBackend):
     ) -> torch.Tensor:
         b = plan.batch
         kv.write(layer_id, b.out_cache_loc, k, v)
-        return paged_attention_ref(
-            q, kv.k[layer_id], kv.v[layer_id], kv.req_to_token, b.req_pool_indices, b.seq_lens,
-            b.extend_lens, scale, plan=plan.attn, new_kv=(k, v) if self.fresh_in_place else None,
+        k_pool, v_pool = kv.k[layer_id], kv.v[layer_id]
+        runs = plan.runs
+        if runs is not None and runs.token_idx is None:  # every request decodes
+            return decode_attention_runs(q, k_pool, v_pool, runs, scale)
+        out = paged_attention_ref(
+            q, k_pool, v_pool, kv.req_to_token, b.req_pool_indices, b.seq_lens, b.extend_lens, scale,
+            plan=plan.attn, new_kv=(k, v) if self.in_place else None,
         )  # fmt: skip
+        if runs is not None:
+            out.index_copy_(0, runs.token_idx, decode_attention_runs(
+                q.index_select(0, runs.token_idx), k_pool, v_pool, runs, scale))  # fmt: skip
+        return out
 
 
 class TritonBackend(AttentionBackend):
@@ -95,6 +118,7 @@ class TritonBackend(AttentionBackend):
 class TorchPlan:
     batch: ForwardBatch
     attn: AttentionPlan
+    runs: DecodeRuns | None  # the decodes, when the backend attends them run by run
 
 
 @dataclass
@@ -112,4 +136,4 @@ def select_attention_backend(name: str, device: torch.device) -> AttentionBacken
         name = "triton" if device.type == "cuda" else "torch"
     if name == "triton":
         return TritonBackend()
-    return TorchBackend(fresh_in_place=name == "torch")
+    return TorchBackend(in_place=name == "torch")
