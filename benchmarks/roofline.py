@@ -1,5 +1,5 @@
-"""A roofline for this machine and model: measured fp32 GEMM rates on the model's own shapes plus memory
-bandwidth, and from them the least time a workload could take.
+"""A roofline for this machine and model: measured GEMM rates in the engine's dtype on the model's own
+shapes plus memory bandwidth, and from them the least time a workload could take.
 
 Measured in the benchmark's process before the engine starts (the engine's worker runs in its own process
 with its own threads, so the two never compete for the cores).
@@ -14,9 +14,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from worker.cpu_caps import usable_cores
+from protocol.engine_config import EngineConfig
+from worker.cpu_caps import cpu_caps, usable_cores
+from worker.device import resolve_device, resolve_dtype
 
-BYTES_FP32 = 4
+
+def engine_dtype(cfg: EngineConfig) -> torch.dtype:
+    """The dtype the engine's worker will run in (what `--dtype auto` picks on this machine)."""
+    return resolve_dtype(cfg.dtype, resolve_device(cfg.device))
 
 
 @dataclass(frozen=True)
@@ -28,16 +33,17 @@ class ModelDims:
     head_dim: int
     intermediate: int
     vocab: int
+    dtype: torch.dtype = torch.float32  # of the weights and the KV cache
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path) -> ModelDims:
+    def from_dir(cls, model_dir: str | Path, dtype: torch.dtype = torch.float32) -> ModelDims:
         hf = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
         heads = hf["num_attention_heads"]
         return cls(
             hidden=hf["hidden_size"], layers=hf["num_hidden_layers"], heads=heads,
             kv_heads=hf.get("num_key_value_heads") or heads,
             head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-            intermediate=hf["intermediate_size"], vocab=hf["vocab_size"],
+            intermediate=hf["intermediate_size"], vocab=hf["vocab_size"], dtype=dtype,
         )
 
     def linears(self) -> dict[str, tuple[int, int, int]]:
@@ -61,13 +67,17 @@ class ModelDims:
         return self.layer_params + self.hidden * self.vocab
 
     @property
+    def elem_bytes(self) -> int:
+        return torch.empty(0, dtype=self.dtype).element_size()
+
+    @property
     def weight_bytes(self) -> int:
-        """Bytes a decode step must stream from memory: every matmul weight, fp32 (the engine's CPU dtype)."""
-        return self.matmul_params * BYTES_FP32
+        """Bytes a decode step must stream from memory: every matmul weight, in the engine's dtype."""
+        return self.matmul_params * self.elem_bytes
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return self.layers * 2 * self.kv_heads * self.head_dim * BYTES_FP32
+        return self.layers * 2 * self.kv_heads * self.head_dim * self.elem_bytes
 
     @property
     def attn_flops_per_pair(self) -> int:
@@ -85,6 +95,8 @@ class Machine:
     prefill_gflops_by_linear: dict[str, float]
     decode_gflops_by_linear: dict[str, float]
     threads: int
+    dtype: str  # the GEMM rates are of this dtype
+    cpu: str  # model, usable cores and the matmul-relevant flags
 
 
 @torch.inference_mode()
@@ -92,7 +104,8 @@ def _linear_rates(dims: ModelDims, m: int, min_time_s: float) -> tuple[float, di
     by_linear: dict[str, float] = {}
     total_flops = total_time = 0.0
     for name, (k, n, count) in dims.linears().items():
-        x, w = torch.randn(m, k), torch.randn(n, k)  # F.linear layout, as the engine's layers use it
+        # F.linear layout, as the engine's layers use it
+        x, w = torch.randn(m, k, dtype=dims.dtype), torch.randn(n, k, dtype=dims.dtype)
         F.linear(x, w)  # warm-up: first-call allocation and kernel selection
         # The fastest call: a peak rate is what a floor needs, and it shrugs off other processes' bursts.
         reps, per_call, start = 0, float("inf"), time.perf_counter()
@@ -110,7 +123,7 @@ def _linear_rates(dims: ModelDims, m: int, min_time_s: float) -> tuple[float, di
 
 @torch.inference_mode()
 def _copy_bandwidth(nbytes: int = 256 << 20, reps: int = 8) -> float:
-    src = torch.ones(nbytes // BYTES_FP32)
+    src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
     dst.copy_(src)  # touch every page first
     best = float("inf")
@@ -126,7 +139,8 @@ def measure(dims: ModelDims, prefill_m: int, decode_m: int, min_time_s: float = 
     torch.set_num_threads(threads)
     pre, pre_by = _linear_rates(dims, prefill_m, min_time_s)
     dec, dec_by = _linear_rates(dims, decode_m, min_time_s)
-    return Machine(prefill_m, decode_m, pre, dec, _copy_bandwidth(), pre_by, dec_by, threads)
+    return Machine(prefill_m, decode_m, pre, dec, _copy_bandwidth(), pre_by, dec_by, threads,
+                   str(dims.dtype).removeprefix("torch."), cpu_caps().describe())
 
 
 @dataclass
@@ -177,7 +191,8 @@ def describe(mach: Machine) -> str:
         return ", ".join(f"{k} {v:.1f}" for k, v in d.items())
 
     return (
-        f"roofline ({mach.threads} threads): fp32 GEMM prefill M={mach.prefill_m}: {mach.prefill_gflops:.1f} "
+        f"{mach.cpu}\n"
+        f"roofline ({mach.threads} threads): {mach.dtype} GEMM prefill M={mach.prefill_m}: {mach.prefill_gflops:.1f} "
         f"GFLOP/s [{rates(mach.prefill_gflops_by_linear)}]\n"
         f"  decode M={mach.decode_m}: {mach.decode_gflops:.1f} GFLOP/s [{rates(mach.decode_gflops_by_linear)}]\n"
         f"  memory bandwidth (copy, read+write): {mach.bandwidth_gbs:.1f} GB/s"

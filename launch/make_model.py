@@ -67,6 +67,17 @@ SIZES: dict[str, SizeSpec] = {
         vocab=8192,
         max_positions=4096,
     ),
+    # Qwen3-0.6B's shapes (random weights): the GPU throughput benchmark's model.
+    "0.6b": SizeSpec(
+        hidden=1024,
+        layers=28,
+        heads=16,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=3072,
+        vocab=151936,
+        max_positions=40960,
+    ),
 }
 
 

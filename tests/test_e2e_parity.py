@@ -7,7 +7,7 @@ import pytest
 
 from protocol import SamplingParams
 from tests.conftest import ARCHS, check_idle_engine
-from tests.reference import assert_greedy_parity, greedy
+from tests.reference import NEAR_TIE_BF16, assert_greedy_parity, greedy
 
 LENGTHS = [1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 120, 150, 200, 256, 300, 333]
 MAX_TOKENS = 32
@@ -34,6 +34,26 @@ def test_concurrent_greedy_parity_with_transformers(arch: str, tiny_model, launc
         equal += assert_greedy_parity(out.token_ids, greedy(model, p, MAX_TOKENS), f"{arch} prompt len {len(p)}")
     # Near-ties are rare with these decisive models; most sequences must match in full.
     assert equal >= len(ps) - 2, f"only {equal}/{len(ps)} sequences equal"
+    check_idle_engine(client)
+
+
+@pytest.mark.parametrize("backend", ["torch", "torch-gather"])
+def test_bf16_greedy_parity_with_transformers_bf16(backend: str, tiny_model, launch_client) -> None:
+    """bf16 (what --dtype auto picks on AMX / AVX512-BF16 CPUs and on CUDA) against transformers in bf16,
+    with the near-tie rule at bf16's tolerance; both CPU attention backends."""
+    import torch
+
+    model = tiny_model("llama")
+    client = launch_client(model, dtype="bfloat16", attention_backend=backend)
+    ps = prompts(1000, seed=5)[::3]
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    outs = client.generate_batch(ps, params, progress=False)
+    equal = sum(
+        assert_greedy_parity(o.token_ids, greedy(model, p, 16, torch.bfloat16), f"bf16 len {len(p)}", NEAR_TIE_BF16)
+        for p, o in zip(ps, outs)
+    )
+    # Tiny random models have many bf16-sized gaps: the rule above is the check; some must match in full.
+    assert equal >= 1, f"no sequence of {len(ps)} equal"
     check_idle_engine(client)
 
 

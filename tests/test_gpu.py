@@ -9,7 +9,7 @@ import torch
 
 from protocol import SamplingParams
 from tests.conftest import check_idle_engine
-from tests.reference import assert_greedy_parity, greedy
+from tests.reference import NEAR_TIE_BF16, assert_greedy_parity, greedy
 
 pytestmark = [
     pytest.mark.gpu,
@@ -64,6 +64,39 @@ def test_cuda_fp32_greedy_parity_with_transformers(arch: str, tiny_model, launch
     for p, o in zip(prompts, outs):
         assert_greedy_parity(o.token_ids, greedy(model, p, 32), f"cuda {arch} len {len(p)}")
     check_idle_engine(client)
+
+
+def test_cuda_bf16_greedy_parity_with_transformers_bf16(tiny_model, launch_client) -> None:
+    model = tiny_model("llama")
+    client = launch_client(model, device="cuda", dtype="auto")  # auto is bf16 on CUDA
+    rng = random.Random(4)
+    prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (1, 7, 33, 120, 300)]
+    outs = client.generate_batch(prompts, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True),
+                                 progress=False)
+    equal = sum(assert_greedy_parity(o.token_ids, greedy(model, p, 16, torch.bfloat16), f"cuda bf16 len {len(p)}",
+                                     NEAR_TIE_BF16) for p, o in zip(prompts, outs))
+    assert equal >= 1
+    check_idle_engine(client)
+
+
+@pytest.mark.parametrize("case", ["decodes", "mixed", "prefill-blocks"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_paged_attention_equals_reference_on_cuda(case: str, dtype: torch.dtype) -> None:
+    from kernels.paged_attention import paged_attention_ref
+    from kernels.paged_attention_triton import paged_attention_triton
+    from tests.test_paged_attention import make_case
+    from tests.test_paged_attention_triton import CASES
+
+    c = make_case(CASES[case], hkv=2, group=4, seed=1, d=64)
+    c = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
+    for k in ("q", "k_pool", "v_pool"):
+        c[k] = c[k].to(dtype)
+    args = (c["q"], c["k_pool"], c["v_pool"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"],
+            c["extend_lens"], c["scale"])
+    ext = c["extend_lens"]
+    got = paged_attention_triton(*args, cu_lens=torch.cumsum(ext, 0) - ext, max_extend=int(ext.max()))
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), paged_attention_ref(*args).float(), atol=tol, rtol=tol)
 
 
 def test_cuda_async_equals_sync(tiny_model, launch_client) -> None:
@@ -121,3 +154,50 @@ def test_host_kv_tier_on_cuda_matches_a_large_pool(tiny_model, launch_client) ->
         assert got == want
     assert tiered.stats().host_hit_tokens > 0
     check_idle_engine(tiered)
+
+
+def _runner_and_scheduler(model, **opts):  # noqa: ANN001, ANN202
+    from protocol.engine_config import EngineConfig
+    from protocol.model_info import read_model_info
+    from scheduler.scheduler import Scheduler
+    from worker.model_runner import ModelRunner
+
+    cfg = EngineConfig(model=str(model), device="cuda", kv_cache_tokens=8192, max_running_requests=32, **opts)
+    info = read_model_info(cfg.model)
+    runner = ModelRunner(cfg, info)
+    return runner, Scheduler(cfg, info, runner.num_kv_slots)
+
+
+def test_step_launch_never_waits_for_the_device(tiny_model) -> None:
+    """A step's launch (new requests with every sampling feature but logprobs, input prep, attention,
+    penalties, sampling, write-back) queues work without one host-device sync."""
+    from protocol.messages import TokenizedRequest
+
+    runner, sched = _runner_and_scheduler(tiny_model("llama"), dtype="bfloat16")
+    rng = random.Random(2)
+    params = [
+        SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=0.8, top_k=20, top_p=0.9, seed=3, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=1.0, top_p=0.7, min_p=0.05, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=0.7, repetition_penalty=1.2, presence_penalty=0.5,
+                       frequency_penalty=0.3, min_tokens=4, ignore_eos=True),
+    ]
+    launched = 0
+    for step in range(10):
+        if step in (0, 3):  # new requests join a running batch too
+            for i, p in enumerate(params):
+                ids = [rng.randrange(3, 1000) for _ in range(rng.randrange(5, 120))]
+                sched.add_request(TokenizedRequest(f"s{step}-{i}", ids, p))
+        so = sched.schedule()
+        if so is None:
+            break
+        if step >= 2:  # the first steps compile the kernels
+            torch.cuda.set_sync_debug_mode("error")
+            launched += 1
+        try:
+            pending = runner.launch(so)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        sched.commit(pending.result())
+        sched.take_outbox()
+    assert launched >= 5
