@@ -95,24 +95,25 @@ def decode_attention_runs(
     # The G query heads of a KV head act as G query rows; the scale goes on q once.
     qd = (q * scale).unflatten(1, (hkv, h // hkv))  # [B, Hkv, G, D]
     o_run = q.new_zeros(b, hkv, h // hkv, d)
-    lse_run = q.new_full((b, hkv, h // hkv), float("-inf"))
+    # The log-sum-exps stay fp32 whatever the KV dtype: they weigh the two halves against each other.
+    lse_run = q.new_full((b, hkv, h // hkv), float("-inf"), dtype=torch.float32)
     for i, (lo, hi) in enumerate(plan.runs):
         if hi == lo:
             continue
         s = torch.matmul(qd[i], k_pool[lo:hi].permute(1, 2, 0))  # [Hkv, G, n], K read in place
-        torch.logsumexp(s, -1, out=lse_run[i])
+        torch.logsumexp(s.float(), -1, out=lse_run[i])
         torch.matmul(s.softmax(-1), v_pool[lo:hi].transpose(0, 1), out=o_run[i])
     if plan.tail_slots is None:
         return o_run.view(b, h, d)
     n = plan.tail_len
     k = k_pool.index_select(0, plan.tail_slots).view(b, n, hkv, d).permute(0, 2, 3, 1)  # [B, Hkv, D, n]
     v = v_pool.index_select(0, plan.tail_slots).view(b, n, hkv, d).transpose(1, 2)  # [B, Hkv, n, D]
-    s = torch.matmul(qd, k)  # [B, Hkv, G, n]
+    s = torch.matmul(qd, k).float()  # [B, Hkv, G, n]
     if plan.tail_mask is not None:
         s.masked_fill_(~plan.tail_mask, float("-inf"))
     lse_tail = s.logsumexp(-1)  # -inf for a request with no tail
     lse = torch.logaddexp(lse_run, lse_tail)
     # exp(s - lse) is the softmax over run and tail together: the tail's share needs no renormalising.
-    o_tail = torch.matmul((s - lse[..., None]).exp_(), v)
-    out = o_run.mul_((lse_run - lse).exp_()[..., None]).add_(o_tail)
+    o_tail = torch.matmul((s - lse[..., None]).exp_().to(v.dtype), v)
+    out = o_run.mul_((lse_run - lse).exp_().to(o_run.dtype)[..., None]).add_(o_tail)
     return out.view(b, h, d)
