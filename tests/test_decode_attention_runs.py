@@ -56,7 +56,7 @@ def _case(seed: int, reqs: list[tuple[int, int, int]], group: int, dtype: torch.
     k_new = torch.randn(t, HKV, D, generator=g).to(dtype)
     v_new = torch.randn(t, HKV, D, generator=g).to(dtype)
     outs = {}
-    for name in ("torch", "torch-gather"):
+    for name in ("torch-runs", "torch", "torch-gather"):
         backend = select_attention_backend(name, torch.device("cpu"))
         outs[name] = backend.forward(0, q, k_new, v_new, kv, backend.plan(batch, kv), D**-0.5)
     if dtype == torch.float32:
@@ -64,6 +64,7 @@ def _case(seed: int, reqs: list[tuple[int, int, int]], group: int, dtype: torch.
                                        batch.seq_lens, batch.extend_lens, D**-0.5)
         torch.testing.assert_close(outs["torch-gather"], expected, atol=0, rtol=0)
         torch.testing.assert_close(outs["torch"], expected, atol=2e-6, rtol=1e-5)
+        torch.testing.assert_close(outs["torch-runs"], expected, atol=2e-6, rtol=1e-5)
     else:  # against the reference in fp32 on the same bf16 values
         expected = paged_attention_ref(q.float(), kv.k[0].float(), kv.v[0].float(), kv.req_to_token,
                                        batch.req_pool_indices, batch.seq_lens, batch.extend_lens, D**-0.5)

@@ -4,9 +4,12 @@ The model asks its backend for a per-step plan once (`plan`: whatever every laye
 the batch's host-side lists) and then calls `forward` per layer. The backend is chosen by device and by
 `EngineConfig.attention_backend`:
 
-- `torch` (CPU default): reads K/V where it lies as far as torch allows: fresh prefills attend their own
-  K/V as computed, decodes attend their longest contiguous run of pool slots in place and gather only
-  the rest (kernels/decode_attention_runs.py); prefixes of chunked or cached prefills are gathered.
+- `torch` (CPU default): fresh prefills attend their own K/V as computed instead of gathering them back
+  from the pool; decodes and the prefixes of chunked or cached prefills are gathered.
+- `torch-runs`: `torch`, and decodes attend their longest contiguous run of pool slots in place,
+  gathering only the rest (kernels/decode_attention_runs.py). One call per request and layer: on the
+  2-core machine it was measured on (busy with other work) it was slower than gathering, so not the
+  default; `python -m benchmarks.attention_step` compares them on the machine at hand.
 - `torch-gather`: the previous CPU path (every request's K/V gathered from the pool), kept to measure
   against and as the plain reference.
 - `triton` (CUDA default): kernels/paged_attention_triton.py, reading K/V where it lies; its launch
@@ -26,7 +29,7 @@ from kernels.paged_attention import AttentionPlan, build_attention_plan, paged_a
 from worker.forward_batch import ForwardBatch
 from worker.kv_cache import KVCache
 
-BACKENDS = ("auto", "torch", "torch-gather", "triton")
+BACKENDS = ("auto", "torch", "torch-runs", "torch-gather", "triton")
 
 
 class AttentionBackend(ABC):
@@ -45,17 +48,16 @@ class AttentionBackend(ABC):
 
 
 class TorchBackend(AttentionBackend):
-    """The torch path. `in_place` (the `torch` backend): fresh prefills attend the K/V they just computed
-    instead of reading them back from the pool, and decodes read their longest run of slots in place;
-    otherwise (`torch-gather`) every request's K/V is gathered from the pool."""
+    """The torch path. `in_place`: fresh prefills attend the K/V they just computed instead of reading
+    them back from the pool; `decode_runs`: decodes read their longest run of slots in place."""
 
-    def __init__(self, in_place: bool = True) -> None:
-        self.in_place = in_place
-        self.name = "torch" if in_place else "torch-gather"
+    def __init__(self, in_place: bool = True, decode_runs: bool = False) -> None:
+        self.in_place, self.decode_runs = in_place, decode_runs
+        self.name = ("torch-runs" if decode_runs else "torch") if in_place else "torch-gather"
 
     def plan(self, batch: ForwardBatch, kv: KVCache) -> TorchPlan:
         # Decode runs are found on the host copy of the table: the CPU backend's table is that copy.
-        runs_ok = self.in_place and kv.req_to_token.device.type == "cpu"
+        runs_ok = self.decode_runs and kv.req_to_token.device.type == "cpu"
         attn = build_attention_plan(
             kv.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens,
             seq_lens_cpu=batch.seq_lens_cpu, extend_lens_cpu=batch.extend_lens_cpu,
@@ -136,4 +138,4 @@ def select_attention_backend(name: str, device: torch.device) -> AttentionBacken
         name = "triton" if device.type == "cuda" else "torch"
     if name == "triton":
         return TritonBackend()
-    return TorchBackend(in_place=name == "torch")
+    return TorchBackend(in_place=name != "torch-gather", decode_runs=name == "torch-runs")
