@@ -79,15 +79,23 @@ def test_cuda_bf16_greedy_parity_with_transformers_bf16(tiny_model, launch_clien
     check_idle_engine(client)
 
 
-@pytest.mark.parametrize("case", ["decodes", "mixed", "prefill-blocks"])
+# (seq_len, extend_len) per request; the same shapes as tests/test_paged_attention_triton.py (not imported:
+# it turns the Triton interpreter on, and here the kernels must run natively).
+ATTN_CASES = {
+    "decodes": [(1, 1), (64, 1), (65, 1), (150, 1), (7, 1)],
+    "mixed": [(30, 1), (25, 25), (140, 1), (60, 17), (9, 9), (82, 35), (2, 1)],
+    "prefill-blocks": [(65, 65), (1, 1)],
+}
+
+
+@pytest.mark.parametrize("case", sorted(ATTN_CASES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_paged_attention_equals_reference_on_cuda(case: str, dtype: torch.dtype) -> None:
     from kernels.paged_attention import paged_attention_ref
     from kernels.paged_attention_triton import paged_attention_triton
     from tests.test_paged_attention import make_case
-    from tests.test_paged_attention_triton import CASES
 
-    c = make_case(CASES[case], hkv=2, group=4, seed=1, d=64)
+    c = make_case(ATTN_CASES[case], hkv=2, group=4, seed=1, d=64)
     c = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
     for k in ("q", "k_pool", "v_pool"):
         c[k] = c[k].to(dtype)
