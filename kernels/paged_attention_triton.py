@@ -10,6 +10,7 @@ dense copy) and keeps an online softmax (running max and sum), so any sequence l
 - extend (prefill, with or without a cached prefix; decodes mixed in): one program per (request, query
   head, block of BLOCK_M new tokens), causal by absolute position.
 
+Dots run at IEEE precision: fp32 stays exact (no TF32 rounding); bf16 inputs are unaffected.
 Triton is imported, and the kernels jitted, on first use (see kernels/input_prep.py for why).
 """
 
@@ -61,13 +62,13 @@ def _kernels() -> dict[str, Any]:
             kvo = slot[:, None] * s_kt + kvh * s_kh + d[None, :]
             kv_ok = n_ok[:, None] & d_ok[None, :]
             kb = tl.load(k_pool + kvo, mask=kv_ok, other=0.0)
-            s = tl.dot(qv, tl.trans(kb), out_dtype=tl.float32) * scale
+            s = tl.dot(qv, tl.trans(kb), input_precision="ieee", out_dtype=tl.float32) * scale
             s = tl.where(n_ok[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             p = tl.exp(s - m_new[:, None])
             alpha = tl.exp(m_i - m_new)
             vb = tl.load(v_pool + kvo, mask=kv_ok, other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, out_dtype=tl.float32)
+            acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision="ieee", out_dtype=tl.float32)
             l_i = l_i * alpha + tl.sum(p, 1)
             m_i = m_new
         oo = b * s_ot + (kvh * G + g[:, None]) * s_oh + d[None, :]
@@ -108,14 +109,14 @@ def _kernels() -> dict[str, Any]:
                 kvo = slot[:, None] * s_kt + kvh * s_kh + d[None, :]
                 kv_ok = n_ok[:, None] & d_ok[None, :]
                 kb = tl.load(k_pool + kvo, mask=kv_ok, other=0.0)
-                s = tl.dot(qv, tl.trans(kb), out_dtype=tl.float32) * scale
+                s = tl.dot(qv, tl.trans(kb), input_precision="ieee", out_dtype=tl.float32) * scale
                 s = tl.where(n_ok[None, :] & (n[None, :] <= pos[:, None]), s, float("-inf"))
                 # A padded query row (m >= ext) may see no key at all: keep its max finite.
                 m_new = tl.maximum(tl.maximum(m_i, tl.max(s, 1)), -1e30)
                 p = tl.exp(s - m_new[:, None])
                 alpha = tl.exp(m_i - m_new)
                 vb = tl.load(v_pool + kvo, mask=kv_ok, other=0.0)
-                acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, out_dtype=tl.float32)
+                acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision="ieee", out_dtype=tl.float32)
                 l_i = l_i * alpha + tl.sum(p, 1)
                 m_i = m_new
             l_i = tl.where(m_ok, l_i, 1.0)
