@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.paged_attention import AttentionPlan, build_attention_plan, paged_attention_ref
+from protocol.model_config import ModelConfig
 from worker.forward_batch import ForwardBatch
 from worker.kv_cache import KVCache
 from worker.layers import (
@@ -25,7 +26,6 @@ from worker.layers import (
     VocabEmbedding,
     apply_rotary,
 )
-from worker.model_config import ModelConfig
 
 # checkpoint module -> (fused module, shard index within the fused output)
 STACKED = {
