@@ -129,6 +129,13 @@ def write_metadata(path: str | Path, out: str | Path) -> None:
     tok.model_max_length = cfg["max_position_embeddings"]
     # tokenizer_config.json keeps the chat template (older transformers read it only from there).
     tok.save_pretrained(str(out), save_jinja_files=False)
+    tc_path = out / "tokenizer_config.json"
+    tc = json.loads(tc_path.read_text(encoding="utf-8"))
+    # The class name every transformers version knows; the rest is where this copy was loaded from.
+    tc["tokenizer_class"] = "PreTrainedTokenizerFast"
+    for k in ("is_local", "local_files_only"):
+        tc.pop(k, None)
+    tc_path.write_text(json.dumps(tc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def cache_root() -> Path:
