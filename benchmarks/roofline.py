@@ -6,7 +6,6 @@ with its own threads, so the two never compete for the cores).
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.workload import cpu_cores
+from protocol.model_config import read_model_config
 
 BYTES_FP32 = 4
 
@@ -30,14 +30,13 @@ class ModelDims:
     vocab: int
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path) -> ModelDims:
-        hf = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-        heads = hf["num_attention_heads"]
+    def from_dir(cls, model: str | Path) -> ModelDims:
+        """`model`: a HF directory or a .gguf file."""
+        c = read_model_config(model)
         return cls(
-            hidden=hf["hidden_size"], layers=hf["num_hidden_layers"], heads=heads,
-            kv_heads=hf.get("num_key_value_heads") or heads,
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-            intermediate=hf["intermediate_size"], vocab=hf["vocab_size"],
+            hidden=c.hidden_size, layers=c.num_hidden_layers, heads=c.num_attention_heads,
+            kv_heads=c.num_key_value_heads, head_dim=c.head_dim, intermediate=c.intermediate_size,
+            vocab=c.vocab_size,
         )
 
     def linears(self) -> dict[str, tuple[int, int, int]]:
