@@ -64,10 +64,10 @@ class Launcher:
         try:
             self._wait_ready(ready, len(targets))
         except BaseException:
+            ready.close(0)  # before stop(): terminating the context waits for every open socket
             self.stop()
             raise
-        finally:
-            ready.close(0)
+        ready.close(0)
         return self.endpoints.client
 
     def _wait_ready(self, ready: zmq.Socket, expected: int) -> None:

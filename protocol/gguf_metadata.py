@@ -109,8 +109,13 @@ def hf_config(reader: GGUFReader, path: str | Path) -> dict[str, Any]:
     return cfg
 
 
-def generation_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]}
+def generation_config(reader: GGUFReader) -> dict[str, Any]:
+    import gguf
+
+    T = gguf.Keys.Tokenizer
+    # llama.cpp ends generation at end-of-turn and end-of-message tokens too (chat models set them).
+    ends = [_field(reader, k) for k in (T.EOS_ID, T.EOT_ID, T.EOM_ID)]
+    return {"bos_token_id": _field(reader, T.BOS_ID), "eos_token_id": list(dict.fromkeys(t for t in ends if t is not None))}
 
 
 def write_metadata(path: str | Path, out: str | Path) -> None:
@@ -118,10 +123,12 @@ def write_metadata(path: str | Path, out: str | Path) -> None:
     from transformers import AutoTokenizer
 
     p, out = Path(path), Path(out)
-    cfg = hf_config(open_gguf(p), p)
+    reader = open_gguf(p)
+    cfg = hf_config(reader, p)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
-    (out / "generation_config.json").write_text(json.dumps(generation_config(cfg), indent=2) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(generation_config(reader), indent=2) + "\n")
+    del reader  # its memory map: the tokenizer below reads the file again
     try:
         tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
     except (ValueError, KeyError, NotImplementedError) as e:
