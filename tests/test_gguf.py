@@ -149,3 +149,12 @@ def test_serve_reports_a_bad_gguf_in_one_line(which: str, tiny_model, gguf_file,
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 1
     assert expect in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_pull_unknown_name_lists_the_known_ones(capsys) -> None:  # noqa: ANN001
+    from launch.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["pull", "gpt-5"])
+    assert e.value.code == 2
+    assert "unknown model 'gpt-5'; known: smollm2-135m-instruct" in capsys.readouterr().err
