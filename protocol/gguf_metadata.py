@@ -68,19 +68,24 @@ def hf_config(reader: GGUFReader, path: str | Path) -> dict[str, Any]:
     def meta(key: str, default: Any = None) -> Any:
         return _field(reader, key.format(arch=arch), default)
 
+    def need(key: str) -> int:
+        v = meta(key)
+        if v is None:
+            raise ModelLoadError(f"{path}: metadata key {key.format(arch=arch)!r} is missing")
+        return int(v)
+
     tensors = {t.name: t for t in reader.tensors}
     if "token_embd.weight" not in tensors:
         raise ModelLoadError(f"{path}: no token_embd.weight tensor")
-    hidden = int(meta(K.LLM.EMBEDDING_LENGTH))
-    heads = int(meta(K.Attention.HEAD_COUNT))
+    hidden, heads = need(K.LLM.EMBEDDING_LENGTH), need(K.Attention.HEAD_COUNT)
     cfg: dict[str, Any] = {
         "architectures": [GGUF_ARCHITECTURES[arch]],
         "model_type": arch,
         # The embedding's rows, not the token list: a padded vocabulary has more rows than tokens.
         "vocab_size": int(tensors["token_embd.weight"].shape[1]),
         "hidden_size": hidden,
-        "num_hidden_layers": int(meta(K.LLM.BLOCK_COUNT)),
-        "intermediate_size": int(meta(K.LLM.FEED_FORWARD_LENGTH)),
+        "num_hidden_layers": need(K.LLM.BLOCK_COUNT),
+        "intermediate_size": need(K.LLM.FEED_FORWARD_LENGTH),
         "num_attention_heads": heads,
         "num_key_value_heads": int(meta(K.Attention.HEAD_COUNT_KV, heads)),
         "head_dim": int(meta(K.Attention.KEY_LENGTH, hidden // heads)),
@@ -103,7 +108,7 @@ def hf_config(reader: GGUFReader, path: str | Path) -> dict[str, Any]:
         raise ModelLoadError(f"{path}: per-frequency RoPE factors (rope_freqs.weight) are not supported")
     scaling = meta(K.Rope.SCALING_TYPE, "none")
     if scaling == "linear":
-        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(meta(K.Rope.SCALING_FACTOR))}
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(meta(K.Rope.SCALING_FACTOR, 1.0))}
     elif scaling != "none":
         raise ModelLoadError(f"{path}: RoPE scaling {scaling!r} is not supported (only linear)")
     return cfg
@@ -115,7 +120,8 @@ def generation_config(reader: GGUFReader) -> dict[str, Any]:
     T = gguf.Keys.Tokenizer
     # llama.cpp ends generation at end-of-turn and end-of-message tokens too (chat models set them).
     ends = [_field(reader, k) for k in (T.EOS_ID, T.EOT_ID, T.EOM_ID)]
-    return {"bos_token_id": _field(reader, T.BOS_ID), "eos_token_id": list(dict.fromkeys(t for t in ends if t is not None))}
+    eos = list(dict.fromkeys(t for t in ends if t is not None))
+    return {"bos_token_id": _field(reader, T.BOS_ID), "eos_token_id": eos}
 
 
 def write_metadata(path: str | Path, out: str | Path) -> None:

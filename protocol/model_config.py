@@ -52,7 +52,7 @@ class ModelConfig:
     max_position_embeddings: int = DEFAULT_MAX_POSITIONS
     tie_word_embeddings: bool = False
     hidden_act: str = "silu"
-    # Architecture-specific switches; the model class fills them in (see models/llama.py).
+    # Architecture-specific switches; the model class fills them in (see worker/models/llama.py).
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
