@@ -6,7 +6,6 @@ with its own threads, so the two never compete for the cores).
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from protocol.engine_config import EngineConfig
+from protocol.model_config import read_model_config
 from worker.cpu_caps import cpu_caps, usable_cores
 from worker.device import resolve_device, resolve_dtype
 
@@ -36,14 +36,13 @@ class ModelDims:
     dtype: torch.dtype = torch.float32  # of the weights and the KV cache
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path, dtype: torch.dtype = torch.float32) -> ModelDims:
-        hf = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-        heads = hf["num_attention_heads"]
+    def from_dir(cls, model: str | Path, dtype: torch.dtype = torch.float32) -> ModelDims:
+        """`model`: a HF directory or a .gguf file."""
+        c = read_model_config(model)
         return cls(
-            hidden=hf["hidden_size"], layers=hf["num_hidden_layers"], heads=heads,
-            kv_heads=hf.get("num_key_value_heads") or heads,
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-            intermediate=hf["intermediate_size"], vocab=hf["vocab_size"], dtype=dtype,
+            hidden=c.hidden_size, layers=c.num_hidden_layers, heads=c.num_attention_heads,
+            kv_heads=c.num_key_value_heads, head_dim=c.head_dim, intermediate=c.intermediate_size,
+            vocab=c.vocab_size, dtype=dtype,
         )
 
     def linears(self) -> dict[str, tuple[int, int, int]]:

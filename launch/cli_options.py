@@ -28,7 +28,7 @@ def add_engine_flags(parser: argparse.ArgumentParser, cls: type = EngineConfig) 
         help_ = f.metadata.get("help", "")
         default = f.default if f.default is not dataclasses.MISSING else None
         if f.name == "model":
-            parser.add_argument("--model", required=True, help="model directory (Hugging Face layout)")
+            parser.add_argument("--model", required=True, help="model: a Hugging Face directory or a .gguf file")
         elif tp is bool:
             parser.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, default=default, help=help_)
         else:

@@ -1,18 +1,29 @@
-"""`make demo`: make the bench-size model if absent, serve it, stream a few concurrent prompts
-(one in Chinese) through the client, print them, shut down cleanly."""
+"""`make demo`: pull SmolLM2-135M-Instruct if absent, serve it, stream four concurrent chat requests
+(one in Chinese, one constrained to a JSON schema) through the client, print the answers, shut down."""
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import time
 from pathlib import Path
 
-PROMPTS = [
-    [{"role": "user", "content": "Tell me a short story about a lighthouse keeper."}],
-    [{"role": "user", "content": "请用三句话介绍一下长城。"}],
-    "The three most important ideas in computer science are",
-    "def fibonacci(n):",
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 40}, "country": {"type": "string", "maxLength": 40}},
+    "required": ["city", "country"],
+    "additionalProperties": False,
+}
+
+# (messages, extra sampling parameters)
+REQUESTS: list[tuple[list[dict[str, str]], dict[str, object]]] = [
+    ([{"role": "user", "content": "What is the capital of France?"}], {}),
+    ([{"role": "user", "content": "Write a Python function that checks whether a number is prime."}], {}),
+    ([{"role": "user", "content": "你好！请用一句话介绍你自己。"}], {}),
+    ([{"role": "user", "content": "Name one city in Japan and its country, as JSON."}], {"json_schema": CITY_SCHEMA}),
 ]
 
 
@@ -23,36 +34,41 @@ async def _run(model: str) -> None:
     t0 = time.perf_counter()
     async with AsyncClient.launch(model) as client:
         print(f"engine ready in {time.perf_counter() - t0:.1f}s at {client.endpoint}\n", flush=True)
-        texts = [""] * len(PROMPTS)
+        texts = [""] * len(REQUESTS)
 
         async def one(i: int) -> int:
+            messages, extra = REQUESTS[i]
+            params = SamplingParams(max_tokens=96, temperature=0.0, **extra)  # type: ignore[arg-type]
             n = 0
-            params = SamplingParams(max_tokens=48, temperature=0.8, top_p=0.95, seed=i)
-            async for d in client.stream(PROMPTS[i], params):
+            async for d in client.stream(messages, params):
                 texts[i] += d.text
                 n += len(d.token_ids)
             return n
 
         t1 = time.perf_counter()
-        counts = await asyncio.gather(*(one(i) for i in range(len(PROMPTS))))
+        counts = await asyncio.gather(*(one(i) for i in range(len(REQUESTS))))
         dt = time.perf_counter() - t1
-        for p, text in zip(PROMPTS, texts):
-            shown = p if isinstance(p, str) else p[-1]["content"]
-            print(f"> {shown}\n{text!r}\n")
-        print(f"{sum(counts)} tokens from {len(PROMPTS)} concurrent streams in {dt:.2f}s")
-        print("(random weights: the text is noise; the plumbing is real)")
+        for (messages, extra), text in zip(REQUESTS, texts):
+            print(f"> {messages[-1]['content']}")
+            print(text.strip())
+            if "json_schema" in extra:
+                print(f"  (parses as JSON: {json.loads(text)})")
+            print()
+        print(f"{sum(counts)} tokens from {len(REQUESTS)} concurrent streams in {dt:.2f}s "
+              f"({sum(counts) / dt:.1f} tokens/s)")
     print("engine stopped cleanly")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
-    ap.add_argument("--model", default="models/bench-llama")
+    ap.add_argument("--model", default=f"models/{DEFAULT_MODEL}",
+                    help="a model directory or .gguf file; the default is pulled when absent")
     args = ap.parse_args(argv)
-    if not (Path(args.model) / "config.json").exists():
-        from launch.make_model import make_model
+    if args.model == f"models/{DEFAULT_MODEL}" and not (Path(args.model) / "config.json").exists():
+        from launch.pull import pull
 
-        print(f"making the bench-size model in {args.model} ...", flush=True)
-        make_model("llama", "bench", args.model, seed=0)
+        print(f"pulling {DEFAULT_MODEL} into {args.model} ...", flush=True)
+        pull(DEFAULT_MODEL, args.model)
     asyncio.run(_run(args.model))
     return 0
 

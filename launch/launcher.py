@@ -17,6 +17,7 @@ from protocol.codec import encode, launcher_decoder
 from protocol.engine_config import EngineConfig
 from protocol.ipc import Endpoints, make_socket
 from protocol.messages import EngineStopping, Failed, Ready
+from protocol.model_info import read_model_info
 
 
 class EngineStartError(RuntimeError):
@@ -38,6 +39,12 @@ class Launcher:
         from scheduler.process import run_scheduler
         from worker.process import run_worker
 
+        try:
+            # Checked here once, before any child starts: a bad --model is one clear line, and a GGUF's
+            # metadata files are written to the cache before the processes that read them race for them.
+            read_model_info(self.cfg.model, self.cfg.max_model_len)
+        except (ValueError, KeyError, NotImplementedError) as e:  # ModelLoadError is a ValueError
+            raise EngineStartError(f"cannot load model {self.cfg.model}: {e}") from None
         ready = make_socket(self._ctx, zmq.PULL, self.endpoints.launcher, bind=True)
         spawn = mp.get_context("spawn")
         c, e = self.cfg.encode(), self.endpoints.encode()
@@ -57,10 +64,10 @@ class Launcher:
         try:
             self._wait_ready(ready, len(targets))
         except BaseException:
+            ready.close(0)  # before stop(): terminating the context waits for every open socket
             self.stop()
             raise
-        finally:
-            ready.close(0)
+        ready.close(0)
         return self.endpoints.client
 
     def _wait_ready(self, ready: zmq.Socket, expected: int) -> None:

@@ -9,6 +9,7 @@ import zmq
 
 from protocol.codec import encode
 from protocol.engine_config import EngineConfig
+from protocol.errors import ModelLoadError
 from protocol.ipc import Endpoints, exit_with_parent, make_socket
 from protocol.messages import Failed
 
@@ -28,5 +29,7 @@ def reporting_startup(launcher: zmq.Socket, role: str) -> Iterator[None]:
     try:
         yield
     except Exception as e:  # noqa: BLE001 - whatever broke, the launcher must hear of it
-        launcher.send(encode(Failed(role, f"{e}\n{traceback.format_exc()}")))
+        # A model the engine cannot load is the user's to fix: the message says it all, no traceback.
+        detail = str(e) if isinstance(e, ModelLoadError) else f"{e}\n{traceback.format_exc()}"
+        launcher.send(encode(Failed(role, detail)))
         raise SystemExit(1) from e

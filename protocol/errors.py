@@ -44,3 +44,8 @@ def error_from_code(code: str, message: str) -> TandemError:
         if code == cls.code or code.startswith(cls.code + "."):
             return cls(message, code)
     return TandemError(message, code)
+
+
+class ModelLoadError(ValueError):
+    """A model file or directory the engine cannot load (missing, broken, unsupported); names the file and
+    what is wrong. Raised at startup, reported by the launcher; never crosses a socket."""

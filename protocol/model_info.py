@@ -1,10 +1,12 @@
-"""What every process needs to know about the model, read from its directory without torch."""
+"""What every process needs to know about the model (a directory or a .gguf file), without torch."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import msgspec
+
+from protocol.model_config import metadata_dir, read_model_config
 
 
 class ModelInfo(msgspec.Struct, frozen=True):
@@ -22,22 +24,18 @@ def _as_list(x: object) -> list[int]:
     return [int(v) for v in x]  # type: ignore[union-attr]
 
 
-def read_model_info(model_dir: str | Path, max_model_len: int | None = None) -> ModelInfo:
-    d = Path(model_dir)
-    cfg_path = d / "config.json"
-    if not cfg_path.is_file():
-        raise FileNotFoundError(f"{d} is not a model directory: no config.json")
-    cfg = json.loads(cfg_path.read_text())
-    eos = _as_list(cfg.get("eos_token_id"))
-    gen_path = d / "generation_config.json"
+def read_model_info(model: str | Path, max_model_len: int | None = None) -> ModelInfo:
+    cfg = read_model_config(model)
+    eos = _as_list(cfg.eos_token_id)
+    gen_path = metadata_dir(model) / "generation_config.json"
     if gen_path.is_file():
         eos += [t for t in _as_list(json.loads(gen_path.read_text()).get("eos_token_id")) if t not in eos]
-    model_max = int(cfg.get("max_position_embeddings", 2048))
+    model_max = cfg.max_position_embeddings
     if max_model_len is not None and max_model_len > model_max:
         raise ValueError(f"max_model_len {max_model_len} exceeds the model's {model_max}")
     return ModelInfo(
-        vocab_size=int(cfg["vocab_size"]),
+        vocab_size=cfg.vocab_size,
         max_model_len=max_model_len or model_max,
         eos_token_ids=eos,
-        architecture=(cfg.get("architectures") or ["?"])[0],
+        architecture=cfg.architecture or "?",
     )

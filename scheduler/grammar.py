@@ -225,9 +225,9 @@ class GrammarCompilerService:
                 import xgrammar as xgr
 
                 if self._tokenizer is None:
-                    from transformers import AutoTokenizer
+                    from protocol.tokenizer_loader import load_tokenizer
 
-                    self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+                    self._tokenizer = load_tokenizer(self.model_dir)
                 self._info = build_tokenizer_info(self._tokenizer, self.vocab_size, self.stop_token_ids)
                 self._guard = Utf8Guard(self._info.decoded_vocab, self.vocab_size)
                 # Our own cache replaces xgrammar's, which is unbounded by default.

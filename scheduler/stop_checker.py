@@ -10,11 +10,11 @@ and matched stop describe the same event.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from tokenizers import Tokenizer
 
 from protocol.sampling_params import SamplingParams
+from protocol.tokenizer_loader import load_fast_tokenizer
 
 CONTEXT_TOKENS = 4  # left context before the window: enough to settle a leading space or a split char
 REPLACEMENT = "\ufffd"  # what the decoder puts for the bytes of an incomplete character
@@ -28,12 +28,12 @@ class StopMatch:
 
 class StopChecker:
     def __init__(self, model_dir: str) -> None:
-        self._path = Path(model_dir) / "tokenizer.json"
+        self._model = model_dir
         self._tok: Tokenizer | None = None
 
     def _tokenizer(self) -> Tokenizer:
         if self._tok is None:  # loaded on first use: most requests have no stop strings
-            self._tok = Tokenizer.from_file(str(self._path))
+            self._tok = load_fast_tokenizer(self._model)
         return self._tok
 
     def find(self, prompt_ids: list[int], output_ids: list[int], params: SamplingParams) -> StopMatch | None:

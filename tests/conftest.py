@@ -13,6 +13,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ARCHS = ("llama", "qwen2", "qwen3")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def gguf_metadata_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """GGUF metadata files (protocol/gguf_metadata.py) go to a session directory, not the user's cache,
+    unless TANDEM_CACHE_DIR is set. Engines started by the tests inherit the variable."""
+    from protocol.gguf_metadata import CACHE_ENV
+
+    if not os.environ.get(CACHE_ENV):
+        os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("tandem-cache"))
+
+
 @pytest.fixture(scope="session")
 def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("models")

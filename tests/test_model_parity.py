@@ -11,9 +11,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config  # noqa: E402
 
+from tests.kv_pool import Pool  # noqa: E402
 from worker.attention_backend import BACKENDS, select_attention_backend  # noqa: E402
-from worker.forward_batch import ForwardBatch  # noqa: E402
-from worker.kv_cache import KVCache  # noqa: E402
 from worker.loader import load_model  # noqa: E402
 
 VOCAB = 512
@@ -80,44 +79,6 @@ def hf_and_dir(request, tmp_path_factory):
 def _hf_logits(model, tokens: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return model(torch.tensor([tokens])).logits[0].float()
-
-
-class Pool:
-    """Test-side stand-in for the engine: hands out random non-contiguous slots and request rows."""
-
-    def __init__(self, model, num_slots: int = 400, max_reqs: int = 16, seed: int = 0) -> None:
-        cfg = model.config
-        self.kv = KVCache(
-            cfg.num_hidden_layers,
-            num_slots,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-            model.dtype,
-            "cpu",
-            max_reqs=max_reqs,
-            max_context=128,
-        )
-        g = torch.Generator().manual_seed(seed)
-        self.free_slots = torch.randperm(num_slots, generator=g).tolist()
-        self.free_rows = torch.randperm(max_reqs, generator=g).tolist()
-
-    def add(self, length: int) -> int:
-        row = self.free_rows.pop()
-        slots = [self.free_slots.pop() for _ in range(length)]
-        self.kv.req_to_token[row, :length] = torch.tensor(slots)
-        return row
-
-    def batch(self, reqs: list[tuple[int, list[int], int]], all_logits: bool = False) -> ForwardBatch:
-        """reqs: (row, new token ids, seq_len after this step)."""
-        ids, locs, rows, seq_lens, ext = [], [], [], [], []
-        for row, toks, seq_len in reqs:
-            ids += toks
-            locs += self.kv.req_to_token[row, seq_len - len(toks) : seq_len].tolist()
-            rows.append(row)
-            seq_lens.append(seq_len)
-            ext.append(len(toks))
-        logits_idx = list(range(len(ids))) if all_logits else None
-        return ForwardBatch.from_lists(ids, locs, rows, seq_lens, ext, logits_idx)
 
 
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "auto"])

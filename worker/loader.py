@@ -1,4 +1,5 @@
-"""Build a model from a HF-format directory (config.json + *.safetensors), reading weights with safetensors."""
+"""Build a model from a HF-format directory (config.json + *.safetensors, read with safetensors) or from a
+GGUF file (dequantized while loading, see worker/gguf_weights.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from worker.model_config import ModelConfig
+from protocol.gguf_metadata import is_gguf
+from protocol.model_config import ModelConfig, read_hf_config
+from worker.gguf_weights import iter_gguf_weights
 from worker.models import CausalLM, get_model_class
 
 
@@ -37,12 +40,13 @@ def iter_weights(model_dir: str) -> Iterator[tuple[str, Any]]:
 
 
 def load_model(
-    model_dir: str, dtype: torch.dtype, device: torch.device | str, tp_rank: int = 0, tp_size: int = 1
+    model: str, dtype: torch.dtype, device: torch.device | str, tp_rank: int = 0, tp_size: int = 1
 ) -> CausalLM:
-    hf = ModelConfig.read_json(model_dir)
+    """`model`: a HF directory or a .gguf file."""
+    hf = read_hf_config(model)
     arch = (hf.get("architectures") or [None])[0]
     cls = get_model_class(arch)
     cfg = ModelConfig.from_hf(hf, **cls.arch_flags(hf))
-    model = cls(cfg, dtype, device, tp_rank=tp_rank, tp_size=tp_size)
-    model.load_weights(iter_weights(model_dir))
-    return model.eval()
+    m = cls(cfg, dtype, device, tp_rank=tp_rank, tp_size=tp_size)
+    m.load_weights(iter_gguf_weights(model, cfg, dtype) if is_gguf(model) else iter_weights(model))
+    return m.eval()

@@ -24,15 +24,15 @@ def run_http(endpoint: str, model: str, max_model_len: int | None, serve_bytes: 
     try:
         import uvicorn
         import uvloop
-        from transformers import AutoTokenizer
 
         from frontend.async_client import AsyncClient
         from frontend.openai_api.app import create_app
         from frontend.openai_api.metrics import Metrics
         from frontend.openai_api.state import ServerState
         from protocol.model_info import read_model_info
+        from protocol.tokenizer_loader import load_tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(model)
+        tokenizer = load_tokenizer(model)
         info = read_model_info(model, max_model_len)
         sock = socket.socket(socket.AF_INET6 if ":" in scfg.host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

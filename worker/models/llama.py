@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from protocol.model_config import ModelConfig
 from worker.attention_backend import AttentionBackend, select_attention_backend
 from worker.forward_batch import ForwardBatch
 from worker.kv_cache import KVCache
@@ -25,7 +26,6 @@ from worker.layers import (
     VocabEmbedding,
     apply_rotary,
 )
-from worker.model_config import ModelConfig
 
 # checkpoint module -> (fused module, shard index within the fused output)
 STACKED = {

@@ -1,11 +1,38 @@
-"""Model hyper-parameters read from a HF ``config.json`` (without importing transformers)."""
+"""A model's hyper-parameters, read by every process and the benchmarks from one place: the config.json of
+a Hugging Face directory, or the one derived from a GGUF file's metadata (see protocol/gguf_metadata.py).
+No transformers or torch import."""
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from protocol.errors import ModelLoadError
+from protocol.gguf_metadata import is_gguf
+from protocol.gguf_metadata import metadata_dir as gguf_metadata_dir
+
+DEFAULT_MAX_POSITIONS = 2048  # what transformers assumes for a Llama config without max_position_embeddings
+
+
+def metadata_dir(model: str | Path) -> Path:
+    """The directory holding config.json, generation_config.json and the tokenizer files: the model
+    directory itself, or a GGUF file's cached metadata."""
+    if is_gguf(model):
+        return gguf_metadata_dir(model)
+    d = Path(model)
+    if not (d / "config.json").is_file():
+        raise ModelLoadError(f"{d} is not a model: no config.json (expected a Hugging Face directory or a .gguf file)")
+    return d
+
+
+def read_hf_config(model: str | Path) -> dict[str, Any]:
+    return json.loads((metadata_dir(model) / "config.json").read_text(encoding="utf-8"))
+
+
+def read_model_config(model: str | Path, **arch_flags: Any) -> ModelConfig:
+    return ModelConfig.from_hf(read_hf_config(model), **arch_flags)
 
 
 @dataclass(frozen=True)
@@ -22,10 +49,10 @@ class ModelConfig:
     rope_theta: float
     # rope_parameters minus rope_theta, e.g. {"rope_type": "llama3", "factor": 8.0, ...}; {} = plain RoPE.
     rope_scaling: dict[str, Any] = field(default_factory=dict)
-    max_position_embeddings: int = 4096
+    max_position_embeddings: int = DEFAULT_MAX_POSITIONS
     tie_word_embeddings: bool = False
     hidden_act: str = "silu"
-    # Architecture-specific switches; the model class fills them in (see models/llama.py).
+    # Architecture-specific switches; the model class fills them in (see worker/models/llama.py).
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
@@ -54,7 +81,7 @@ class ModelConfig:
             rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            max_position_embeddings=hf.get("max_position_embeddings", 4096),
+            max_position_embeddings=hf.get("max_position_embeddings", DEFAULT_MAX_POSITIONS),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             hidden_act=hf.get("hidden_act", "silu"),
             bos_token_id=hf.get("bos_token_id"),
@@ -66,11 +93,6 @@ class ModelConfig:
         """KV heads one tensor-parallel rank holds (and caches): a share, or 1 replicated head when fewer
         KV heads than ranks."""
         return max(1, self.num_key_value_heads // tp_size)
-
-    @staticmethod
-    def read_json(model_dir: str) -> dict[str, Any]:
-        with open(os.path.join(model_dir, "config.json")) as f:
-            return json.load(f)
 
 
 def _rope_params(hf: dict[str, Any]) -> tuple[float, dict[str, Any]]:

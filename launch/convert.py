@@ -1,0 +1,41 @@
+"""`tandem convert FILE.gguf --out DIR`: the equivalent Hugging Face directory (config.json,
+generation_config.json, tokenizer files with the chat template, model.safetensors in float32), loadable by
+transformers and by tandem."""
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from protocol.gguf_metadata import METADATA_FILES, is_gguf, metadata_dir
+from protocol.model_config import read_model_config
+from worker.gguf_weights import iter_gguf_weights
+
+
+def convert(gguf_path: str | Path, out: str | Path) -> Path:
+    if not is_gguf(gguf_path):
+        raise ValueError(f"{gguf_path}: expected a .gguf file")
+    out = Path(out)
+    meta = metadata_dir(gguf_path)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in METADATA_FILES:
+        shutil.copyfile(meta / name, out / name)
+    # float32 holds every dequantized value exactly, so the directory and the GGUF run the same model.
+    weights = dict(iter_gguf_weights(gguf_path, read_model_config(gguf_path), torch.float32, progress=True))
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tandem convert", description=__doc__, allow_abbrev=False)
+    p.add_argument("gguf", help="the .gguf file")
+    p.add_argument("--out", required=True, help="directory to write")
+    args = p.parse_args(argv)
+    try:
+        print(convert(args.gguf, args.out))
+    except ValueError as e:  # ModelLoadError included: a bad file is one line, not a traceback
+        p.error(str(e))
+    return 0

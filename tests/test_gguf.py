@@ -1,0 +1,160 @@
+"""GGUF files in: tiny made models written with gguf's writer (F32, F16, Q8_0, Q4_0; llama's Q/K rows
+permuted as llama.cpp does) load to gguf's own dequantization, run like their source directory, carry their
+tokenizer, and broken or unsupported files fail with a clear error."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from protocol import SamplingParams
+from protocol.errors import ModelLoadError
+from protocol.model_config import read_model_config
+from protocol.model_info import read_model_info
+from protocol.tokenizer_loader import load_fast_tokenizer, load_tokenizer
+from tests.conftest import ARCHS, check_idle_engine
+from tests.gguf_files import QTYPES, llamacpp_permute, write_gguf
+from tests.kv_pool import Pool
+from worker.gguf_weights import iter_gguf_weights
+from worker.loader import load_model
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tiny_model, tmp_path_factory):  # noqa: ANN001, ANN201 - a factory
+    root = tmp_path_factory.mktemp("gguf")
+
+    def get(arch: str = "llama", qtype: str = "F32") -> Path:
+        out = root / f"{arch}-{qtype}.gguf"
+        if not out.exists():
+            write_gguf(tiny_model(arch), out, qtype)
+        return out
+
+    return get
+
+
+@pytest.mark.parametrize("qtype", sorted(QTYPES))
+@pytest.mark.parametrize("arch", ARCHS)
+def test_weights_equal_gguf_dequantization(arch: str, qtype: str, gguf_file) -> None:
+    path = gguf_file(arch, qtype)
+    cfg = read_model_config(path)
+    # Our HF names, under the GGUF names gguf's own map gives them (the writer used the same map).
+    names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch), 2)
+    ours = {names.get_name(n, try_suffixes=(".weight", ".bias")): w
+            for n, w in iter_gguf_weights(path, cfg, torch.float32, progress=False)}
+    reader = gguf.GGUFReader(path)
+    assert sorted(ours) == sorted(t.name for t in reader.tensors)
+    for t in reader.tensors:
+        expected = gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist())))
+        got = ours[t.name].numpy()
+        if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
+            heads = cfg.num_attention_heads if "attn_q" in t.name else cfg.num_key_value_heads
+            got = llamacpp_permute(got, heads)  # the file holds llama.cpp's row order
+        np.testing.assert_array_equal(got, expected, err_msg=t.name)
+        if qtype != "F32" and len(t.shape) == 2:
+            assert t.tensor_type == QTYPES[qtype]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_f32_logits_equal_source_directory(arch: str, tiny_model, gguf_file) -> None:
+    seq = torch.randint(3, 1000, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+    logits = []
+    for source in (tiny_model(arch), gguf_file(arch, "F32")):
+        model = load_model(str(source), torch.float32, "cpu")
+        pool = Pool(model)
+        row = pool.add(len(seq))
+        logits.append(model.forward(pool.batch([(row, seq, len(seq))], all_logits=True), pool.kv))
+    torch.testing.assert_close(logits[1], logits[0], atol=1e-5, rtol=0)
+
+
+def test_config_and_tokenizer_from_metadata(tiny_model, gguf_file) -> None:
+    src, path = tiny_model("qwen3"), gguf_file("qwen3", "Q8_0")
+    assert read_model_info(path) == read_model_info(src)
+    a, b = read_model_config(src), read_model_config(path)
+    for f in ("architecture", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "head_dim", "intermediate_size", "rope_theta", "tie_word_embeddings"):
+        assert getattr(a, f) == getattr(b, f), f
+    assert b.rms_norm_eps == pytest.approx(a.rms_norm_eps)
+    ta, tb = load_tokenizer(src), load_tokenizer(path)
+    text = "Hello world, 你好 😀 12345\n\n  def f(x):\n\treturn x<|im_end|>"
+    assert tb(text).input_ids == ta(text).input_ids
+    msgs = [{"role": "user", "content": "hi"}]
+    assert tb.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == ta.apply_chat_template(
+        msgs, tokenize=False, add_generation_prompt=True
+    )
+    ids = ta(text).input_ids
+    assert load_fast_tokenizer(path).decode(ids, skip_special_tokens=False) == text
+
+
+def test_engine_serves_gguf_like_its_directory(tiny_model, gguf_file, launch_client) -> None:
+    """The whole engine on a .gguf: tokenizer, detokenizer, stop checks and grammar from its metadata."""
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, stop=["the"])
+    prompts = ["Hello world", "你好 😀", "def f(x):"]
+    outs = {}
+    for source in (tiny_model("llama"), gguf_file("llama", "F32")):
+        client = launch_client(source)
+        outs[source.suffix] = [(c.text, c.token_ids, c.finish_reason) for c in
+                               client.generate_batch(prompts, params, progress=False)]
+        json_out = client.generate("Answer:", SamplingParams(max_tokens=24, temperature=0.0, json_object=True))
+        outs[source.suffix].append(json_out.text)
+        check_idle_engine(client)
+        client.close()
+    assert outs[".gguf"] == outs[""]
+
+
+def _corrupt(path: Path, out: Path, how: str) -> Path:
+    data = bytearray(path.read_bytes())
+    if how == "truncated":
+        data = data[: len(data) // 2]
+    else:
+        data[:4] = b"GGML"
+    out.write_bytes(bytes(data))
+    return out
+
+
+@pytest.mark.parametrize("how", ["truncated", "magic"])
+def test_broken_file_is_a_clear_error(how: str, gguf_file, tmp_path) -> None:
+    bad = _corrupt(gguf_file("llama", "Q8_0"), tmp_path / f"{how}.gguf", how)
+    with pytest.raises(ModelLoadError, match="not a readable GGUF file"):
+        read_model_info(bad)
+    with pytest.raises(ModelLoadError, match="not a readable GGUF file"):
+        load_model(str(bad), torch.float32, "cpu")
+
+
+def test_unsupported_architecture_and_tensor_type(tiny_model, tmp_path) -> None:
+    src = tiny_model("llama")
+    mamba = write_gguf(src, tmp_path / "mamba.gguf", arch="mamba")
+    with pytest.raises(ModelLoadError, match="unsupported GGUF architecture 'mamba'"):
+        read_model_info(mamba)
+    ints = write_gguf(src, tmp_path / "i8.gguf", override={"blk.1.ffn_up.weight": np.ones((128, 64), np.int8)})
+    with pytest.raises(ModelLoadError, match="tensor 'blk.1.ffn_up.weight' has type I8"):
+        load_model(str(ints), torch.float32, "cpu")
+
+
+@pytest.mark.parametrize("which", ["truncated", "i8"])
+def test_serve_reports_a_bad_gguf_in_one_line(which: str, tiny_model, gguf_file, tmp_path) -> None:
+    """From the worker too (the tensor type is found while loading): the message, no traceback."""
+    if which == "truncated":
+        bad = _corrupt(gguf_file("llama", "F32"), tmp_path / "t.gguf", "truncated")
+        expect = "not a readable GGUF file"
+    else:
+        bad = write_gguf(tiny_model("llama"), tmp_path / "i8.gguf",
+                         override={"blk.0.attn_v.weight": np.ones((32, 64), np.int8)})
+        expect = "has type I8, which cannot be dequantized"
+    r = subprocess.run([sys.executable, "-m", "launch.cli", "serve", "--model", str(bad)],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 1
+    assert expect in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_pull_unknown_name_lists_the_known_ones(capsys) -> None:  # noqa: ANN001
+    from launch.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["pull", "gpt-5"])
+    assert e.value.code == 2
+    assert "unknown model 'gpt-5'; known: smollm2-135m-instruct" in capsys.readouterr().err

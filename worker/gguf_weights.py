@@ -1,0 +1,87 @@
+"""Weights from a GGUF file: read with gguf's reader, dequantized by the gguf package, renamed to the
+Hugging Face names the models load, and llama's Q/K rows put back in HF order."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from protocol.errors import ModelLoadError
+from protocol.gguf_metadata import gguf_architecture, open_gguf
+from protocol.model_config import ModelConfig
+
+# Every HF module name of the llama family (Qwen3's q/k norms included); gguf's own name map turns each
+# into its GGUF name.
+_GLOBAL = ("model.embed_tokens", "model.norm", "lm_head")
+_PER_LAYER = (
+    "input_layernorm",
+    "post_attention_layernorm",
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "self_attn.q_norm",
+    "self_attn.k_norm",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
+
+
+def gguf_to_hf_names(arch: str, num_layers: int) -> dict[str, str]:
+    """GGUF tensor name -> HF parameter name (``blk.0.attn_q.weight`` -> ``model.layers.0.self_attn.q_proj.weight``)."""
+    import gguf
+
+    arch_id = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
+    tmap = gguf.get_tensor_name_map(arch_id, num_layers)
+    hf = list(_GLOBAL) + [f"model.layers.{i}.{m}" for i in range(num_layers) for m in _PER_LAYER]
+    out: dict[str, str] = {}
+    for module in hf:
+        base = tmap.get_name(module)
+        if base is not None:
+            for suffix in (".weight", ".bias"):
+                out[base + suffix] = module + suffix
+    return out
+
+
+def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's llama converter, which reorders each head's rows from HF's rotate-half layout
+    (first half, second half) to interleaved pairs."""
+    half = w.shape[0] // n_head // 2
+    return w.reshape(n_head, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def iter_gguf_weights(
+    path: str | Path, cfg: ModelConfig, dtype: torch.dtype, progress: bool | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor in `dtype`) for every tensor, dequantized one at a time. progress: a tqdm bar on
+    stderr (None: only when stderr is a terminal)."""
+    import gguf
+
+    reader = open_gguf(path)
+    arch = gguf_architecture(reader, path)
+    names = gguf_to_hf_names(arch, cfg.num_hidden_layers)
+    heads = {"self_attn.q_proj": cfg.num_attention_heads, "self_attn.k_proj": cfg.num_key_value_heads}
+    bar = tqdm(reader.tensors, desc=f"dequantizing {Path(path).name}", unit="tensor",
+               disable=None if progress is None else not progress)
+    for t in bar:
+        name = names.get(t.name)
+        if name is None:
+            raise ModelLoadError(f"{path}: unexpected tensor {t.name!r} for architecture {arch!r}")
+        try:
+            w = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError:
+            raise ModelLoadError(
+                f"{path}: tensor {t.name!r} has type {t.tensor_type.name}, which cannot be dequantized"
+            ) from None
+        # GGUF lists dimensions innermost first; torch wants them outermost first.
+        w = w.reshape(tuple(int(d) for d in reversed(t.shape)))
+        tensor = torch.from_numpy(w if w.flags.writeable else np.array(w)).to(dtype)
+        module = name.rsplit(".", 1)[0].split(".", 3)[-1]
+        if arch == "llama" and module in heads:
+            tensor = unpermute_qk(tensor, heads[module]).contiguous()
+        yield name, tensor
