@@ -67,7 +67,7 @@ def run_frontend(cfg_bytes: bytes, ep_bytes: bytes) -> None:
 
 class Frontend:
     def __init__(
-        self, tokenizer, info, clients: zmq.Socket, inbox: zmq.Socket, scheduler: zmq.Socket,  # noqa: ANN001
+        self, tokenizer, info, clients: zmq.Socket, inbox: zmq.Socket, scheduler: zmq.Socket,
         frames: ClientFrames,
     ) -> None:
         self.tokenizer = tokenizer
@@ -110,7 +110,7 @@ class Frontend:
         ident, msg = parsed
         try:
             self.on_client(ident, msg)
-        except Exception as e:  # noqa: BLE001 - one request's surprise must not stop the engine
+        except Exception as e:  # one request's surprise must not stop the engine
             log.error("request %r failed in the frontend:\n%s", msg.rid, traceback.format_exc())
             if isinstance(msg, GenerateRequest) and msg.rid not in self.owner:
                 self.to_client(ident, RequestError(msg.rid, "request_failed.frontend", f"{type(e).__name__}: {e}"))

@@ -39,7 +39,7 @@ def tokenize_prompt(req: GenerateRequest, tokenizer: Any) -> list[int]:
     msgs = [{"role": m.role, "content": m.content} for m in req.messages]
     try:
         ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-    except Exception as e:  # noqa: BLE001 - a template error is the request's fault
+    except Exception as e:  # a template error is the request's fault
         raise InvalidRequestError(f"chat template failed: {e}", "invalid_request.messages") from e
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]

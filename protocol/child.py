@@ -28,7 +28,7 @@ def reporting_startup(launcher: zmq.Socket, role: str) -> Iterator[None]:
     """Any startup failure goes to the launcher with its traceback (so `serve` can say why), then exit."""
     try:
         yield
-    except Exception as e:  # noqa: BLE001 - whatever broke, the launcher must hear of it
+    except Exception as e:  # whatever broke, the launcher must hear of it
         # A model the engine cannot load is the user's to fix: the message says it all, no traceback.
         detail = str(e) if isinstance(e, ModelLoadError) else f"{e}\n{traceback.format_exc()}"
         launcher.send(encode(Failed(role, detail)))

@@ -182,7 +182,7 @@ class Scheduler:
             if req.to_finish is None:
                 try:
                     matched, grammar_done = self._accept_token(req, tok, lp)
-                except Exception as e:  # noqa: BLE001 - one request's fault (grammar, tokenizer) fails it alone
+                except Exception as e:  # one request's fault (grammar, tokenizer) fails it alone
                     req.to_finish = FinishReason.error(f"{type(e).__name__}: {e}", "request_failed.internal")
             req.check_finished(matched, grammar_done)
             if req.finished():

@@ -54,7 +54,7 @@ class StructuredOutput:
 
         try:
             fut = self.compiler().submit(GrammarSpec.from_params(req.params))
-        except Exception as e:  # noqa: BLE001 - reported through poll(), like a failed compilation
+        except Exception as e:  # reported through poll(), like a failed compilation
             fut = Future()
             fut.set_exception(e)
         self.compiling[req.rid] = (req, fut, self.clock() + self.timeout_s)
@@ -85,7 +85,7 @@ class StructuredOutput:
                 ready.append(req)
             except GrammarError as e:  # the constraint itself is bad: the client's error
                 failed.append((req, "invalid_request.grammar", str(e)))
-            except Exception as e:  # noqa: BLE001 - ours (e.g. the tokenizer did not load), not the client's
+            except Exception as e:  # ours (e.g. the tokenizer did not load), not the client's
                 failed.append((req, "internal_error.grammar", f"grammar compiler failed: {type(e).__name__}: {e}"))
         return ready, failed
 
@@ -104,7 +104,7 @@ class StructuredOutput:
             req = step.reqs[step.samplers[j]]
             try:
                 req.grammar.fill_bitmask(mask, k)
-            except Exception as e:  # noqa: BLE001 - a matcher error fails its request, not the engine
+            except Exception as e:  # a matcher error fails its request, not the engine
                 mask[k] = -1
                 failed.append((req, f"grammar matcher: {type(e).__name__}: {e}"))
         return SampleStep(step.step_id, rows, mask.numpy().tobytes()), failed

@@ -39,14 +39,14 @@ def _model(root: Path, arch: str, size: str = "tiny", **kw: object) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_model(model_root: Path):  # noqa: ANN201 - a factory
+def tiny_model(model_root: Path):  # a factory
     def get(arch: str = "llama", **kw: object) -> Path:
         return _model(model_root, arch, **kw)
 
     return get
 
 
-def check_idle_engine(client) -> None:  # noqa: ANN001
+def check_idle_engine(client) -> None:
     """Every scenario ends here: nothing running, every request ended, no KV slot leaked."""
     import time
 

@@ -20,7 +20,7 @@ class RefRun:
 _cache: dict[str, object] = {}
 
 
-def hf_model(model_dir: Path, dtype: torch.dtype = torch.float32):  # noqa: ANN201
+def hf_model(model_dir: Path, dtype: torch.dtype = torch.float32):
     key = f"{model_dir}:{dtype}"
     if key not in _cache:
         from transformers import AutoModelForCausalLM

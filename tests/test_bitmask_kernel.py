@@ -7,11 +7,11 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on CPU tensors
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import xgrammar as xgr  # noqa: E402
+import pytest
+import torch
+import xgrammar as xgr
 
-from kernels.bitmask import apply_bitmask, apply_bitmask_ref, apply_bitmask_triton  # noqa: E402
+from kernels.bitmask import apply_bitmask, apply_bitmask_ref, apply_bitmask_triton
 
 
 def _random_mask(gen: torch.Generator, n: int, words: int, density: float) -> torch.Tensor:

@@ -24,7 +24,7 @@ MAX_REQUEST_BYTES = 64 * 1024
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model, request):  # noqa: ANN001, ANN201
+def engine(tiny_model, request):
     model = tiny_model("llama")
     c = Client.launch(str(model), kv_cache_tokens=16384, max_running_requests=64, debug_integrity=True,
                       max_request_bytes=MAX_REQUEST_BYTES)
@@ -50,7 +50,7 @@ def _assert_aborted_promptly(client: Client, aborted_before: int, steps_before: 
 
 
 @pytest.mark.parametrize("how", ["break", "exception", "garbage"])
-def test_leaving_a_stream_early_aborts_it(engine, how: str) -> None:  # noqa: ANN001
+def test_leaving_a_stream_early_aborts_it(engine, how: str) -> None:
     _, c = engine
     before = c.stats()
     stream = c.stream([5, 6, 7], LONG)
@@ -73,7 +73,7 @@ def test_leaving_a_stream_early_aborts_it(engine, how: str) -> None:  # noqa: AN
     _assert_aborted_promptly(c, before.requests_aborted, mid.steps)
 
 
-def test_cancelled_async_call_and_left_async_stream_abort(engine) -> None:  # noqa: ANN001
+def test_cancelled_async_call_and_left_async_stream_abort(engine) -> None:
     _, c = engine
     before = c.stats()
 
@@ -94,7 +94,7 @@ def test_cancelled_async_call_and_left_async_stream_abort(engine) -> None:  # no
     _assert_aborted_promptly(c, before.requests_aborted, c.stats().steps, n=2)
 
 
-def test_an_error_in_generate_batch_aborts_the_rest(engine) -> None:  # noqa: ANN001
+def test_an_error_in_generate_batch_aborts_the_rest(engine) -> None:
     _, c = engine
     prompts: list[list[int]] = [[3, 4, 5 + i] for i in range(6)] + [[10**9]]  # the last: outside the vocabulary
     before = c.stats()
@@ -114,7 +114,7 @@ def test_an_error_in_generate_batch_aborts_the_rest(engine) -> None:  # noqa: AN
     check_idle_engine(c)
 
 
-def test_only_the_submitter_may_abort(engine) -> None:  # noqa: ANN001
+def test_only_the_submitter_may_abort(engine) -> None:
     _, c = engine
     with Client(c.endpoint) as other:
         stream = c.stream([1, 2, 3], SamplingParams(max_tokens=40, **GREEDY), request_id="mine")
@@ -126,7 +126,7 @@ def test_only_the_submitter_may_abort(engine) -> None:  # noqa: ANN001
     check_idle_engine(c)
 
 
-def test_a_vanished_client_has_its_requests_aborted(engine) -> None:  # noqa: ANN001
+def test_a_vanished_client_has_its_requests_aborted(engine) -> None:
     _, c = engine
     before = c.stats()
     ctx = zmq.Context()
@@ -139,7 +139,7 @@ def test_a_vanished_client_has_its_requests_aborted(engine) -> None:  # noqa: AN
     _assert_aborted_promptly(c, before.requests_aborted, c.stats().steps)
 
 
-def test_oversized_request_gets_a_typed_error_and_the_engine_serves_on(engine) -> None:  # noqa: ANN001
+def test_oversized_request_gets_a_typed_error_and_the_engine_serves_on(engine) -> None:
     _, c = engine
     with pytest.raises(InvalidRequestError) as e:
         c.generate("word " * (MAX_REQUEST_BYTES // 4), SamplingParams(max_tokens=2))
@@ -148,7 +148,7 @@ def test_oversized_request_gets_a_typed_error_and_the_engine_serves_on(engine) -
     check_idle_engine(c)
 
 
-def test_closed_client_fails_calls_with_a_typed_error(engine) -> None:  # noqa: ANN001
+def test_closed_client_fails_calls_with_a_typed_error(engine) -> None:
     _, c = engine
     other = Client(c.endpoint)
     other.close()
@@ -156,7 +156,7 @@ def test_closed_client_fails_calls_with_a_typed_error(engine) -> None:  # noqa: 
         other.generate([1, 2], SamplingParams(max_tokens=2))
 
 
-def test_32_threads_share_one_client(engine) -> None:  # noqa: ANN001
+def test_32_threads_share_one_client(engine) -> None:
     model, c = engine
     prompts = [[(7 * i + j) % 900 + 3 for j in range(4 + i % 9)] for i in range(32)]
     params = SamplingParams(max_tokens=12, **GREEDY)
@@ -183,7 +183,7 @@ def test_32_threads_share_one_client(engine) -> None:  # noqa: ANN001
                 st = c.stats()
                 assert st.integrity == "ok", st.integrity
                 results[rnd, i] = c.generate(prompts[i], params).token_ids
-        except BaseException as e:  # noqa: BLE001 - the main thread reports it
+        except BaseException as e:  # the main thread reports it
             errors.append(e)
 
     for rnd in range(3):
@@ -200,7 +200,7 @@ def test_32_threads_share_one_client(engine) -> None:  # noqa: ANN001
     check_idle_engine(c)
 
 
-def test_params_of_the_wrong_shape_are_a_typed_error_for_that_request(engine) -> None:  # noqa: ANN001
+def test_params_of_the_wrong_shape_are_a_typed_error_for_that_request(engine) -> None:
     _, c = engine
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)

@@ -99,7 +99,7 @@ def test_fuzzed_client_socket_never_disturbs_valid_requests(tiny_model) -> None:
                 while not stop.is_set():
                     for i, comp in enumerate(c.generate_batch(prompts, params, progress=False)):
                         got.append((i, comp.token_ids))
-            except BaseException as e:  # noqa: BLE001 - the main thread reports it
+            except BaseException as e:  # the main thread reports it
                 errors.append(e)
 
         traffic = threading.Thread(target=valid_traffic, daemon=True)

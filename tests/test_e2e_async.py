@@ -31,7 +31,7 @@ def _workload(vocab: int) -> tuple[list[list[int]], list[SamplingParams]]:
 
 
 @pytest.fixture(scope="module")
-def engines(tiny_model, request):  # noqa: ANN001, ANN201
+def engines(tiny_model, request):
     from frontend import Client
 
     model = tiny_model("llama")
@@ -46,7 +46,7 @@ def engines(tiny_model, request):  # noqa: ANN001, ANN201
     return model, out
 
 
-def test_async_equals_sync_under_kv_pressure(engines) -> None:  # noqa: ANN001
+def test_async_equals_sync_under_kv_pressure(engines) -> None:
     model, clients = engines
     prompts, params = _workload(1000)
     results = {mode: c.generate_batch(prompts, params, progress=False) for mode, c in clients.items()}
@@ -63,7 +63,7 @@ def test_async_equals_sync_under_kv_pressure(engines) -> None:  # noqa: ANN001
         check_idle_engine(c)
 
 
-def test_async_equals_sync_stop_strings_and_stop_tokens(engines) -> None:  # noqa: ANN001
+def test_async_equals_sync_stop_strings_and_stop_tokens(engines) -> None:
     _, clients = engines
     prompt = [9, 8, 7, 6, 5]
     full = clients[False].generate(prompt, SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))
@@ -81,7 +81,7 @@ def test_async_equals_sync_stop_strings_and_stop_tokens(engines) -> None:  # noq
         check_idle_engine(c)
 
 
-def test_async_abort_with_a_step_in_flight(engines) -> None:  # noqa: ANN001
+def test_async_abort_with_a_step_in_flight(engines) -> None:
     _, clients = engines
     for c in clients.values():
         for k in range(5):

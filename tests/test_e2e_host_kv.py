@@ -12,7 +12,7 @@ from tests.test_e2e_scheduling import _assert_equal_or_near_tie
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 
 
-def _conversations(client, turns: int, n_conv: int, user: int, out: int) -> list[list[int]]:  # noqa: ANN001
+def _conversations(client, turns: int, n_conv: int, user: int, out: int) -> list[list[int]]:
     rng = random.Random(3)
     hist: list[list[int]] = [[] for _ in range(n_conv)]
     answers = []

@@ -12,7 +12,7 @@ from tests.conftest import check_idle_engine
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model, request):  # noqa: ANN001, ANN201
+def engine(tiny_model, request):
     from frontend import Client
 
     model = tiny_model("qwen3")
@@ -21,7 +21,7 @@ def engine(tiny_model, request):  # noqa: ANN001, ANN201
     return model, client
 
 
-def test_seeded_sampling_reproducible_across_runs_and_batches(engine) -> None:  # noqa: ANN001
+def test_seeded_sampling_reproducible_across_runs_and_batches(engine) -> None:
     model, client = engine
     prompt = [11, 22, 33, 44, 55]
     p = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.95, top_k=50, seed=1234, ignore_eos=True)
@@ -44,7 +44,7 @@ def _fields(p: SamplingParams) -> dict:
     return {f: getattr(p, f) for f in p.__struct_fields__}
 
 
-def test_stream_concatenation_equals_full_decode_cjk_and_emoji(engine) -> None:  # noqa: ANN001
+def test_stream_concatenation_equals_full_decode_cjk_and_emoji(engine) -> None:
     model, client = engine
     tok = AutoTokenizer.from_pretrained(str(model))
     for i, prompt in enumerate(["你好，世界！今天天气很好。", "東京の夜 🌃 and emoji 👨‍👩‍👧 🇯🇵", "混合 text 😀 with 中文"]):
@@ -57,7 +57,7 @@ def test_stream_concatenation_equals_full_decode_cjk_and_emoji(engine) -> None: 
     check_idle_engine(client)
 
 
-def test_chat_messages_use_the_template(engine) -> None:  # noqa: ANN001
+def test_chat_messages_use_the_template(engine) -> None:
     model, client = engine
     tok = AutoTokenizer.from_pretrained(str(model))
     msgs = [{"role": "user", "content": "写一首诗"}]
@@ -67,7 +67,7 @@ def test_chat_messages_use_the_template(engine) -> None:  # noqa: ANN001
     assert out.prompt_tokens == len(want)
 
 
-def test_abort_while_decoding_ends_once_and_frees_kv(engine) -> None:  # noqa: ANN001
+def test_abort_while_decoding_ends_once_and_frees_kv(engine) -> None:
     _, client = engine
     stream = client.stream([1, 2, 3], SamplingParams(max_tokens=1500, ignore_eos=True), request_id="to-abort")
     first = next(stream)
@@ -110,7 +110,7 @@ def test_abort_while_decoding_ends_once_and_frees_kv(engine) -> None:  # noqa: A
         ([{"role": "user"}], {}, "invalid_request.messages"),
     ],
 )
-def test_bad_input_is_a_typed_error_and_the_engine_keeps_serving(engine, prompt, params, code) -> None:  # noqa: ANN001
+def test_bad_input_is_a_typed_error_and_the_engine_keeps_serving(engine, prompt, params, code) -> None:
     _, client = engine
     with pytest.raises(InvalidRequestError) as e:
         client.generate(prompt, params)
@@ -119,7 +119,7 @@ def test_bad_input_is_a_typed_error_and_the_engine_keeps_serving(engine, prompt,
     assert ok.completion_tokens == 3
 
 
-def test_async_client_matches_sync(engine) -> None:  # noqa: ANN001
+def test_async_client_matches_sync(engine) -> None:
     model, client = engine
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     prompts = [[5, 6, 7], [8, 9, 10, 11], "异步 client"]

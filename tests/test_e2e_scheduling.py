@@ -18,7 +18,7 @@ from tests.reference import NEAR_TIE, hf_model
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 
 
-def _prefill_tokens(client) -> int:  # noqa: ANN001
+def _prefill_tokens(client) -> int:
     return client.stats().prefill_tokens
 
 
@@ -46,7 +46,7 @@ def _first_diff(x: list[int], y: list[int]) -> int | None:
     return next((i for i, (s, t) in enumerate(zip(x, y)) if s != t), None)
 
 
-def _assert_equal_or_near_tie(model, prompt: list[int], got: list[int], want: list[int]) -> None:  # noqa: ANN001
+def _assert_equal_or_near_tie(model, prompt: list[int], got: list[int], want: list[int]) -> None:
     i = _first_diff(got, want)
     if i is None:
         assert len(got) == len(want)
@@ -79,7 +79,7 @@ def test_kv_pressure_200_requests_retract_and_match_unconstrained(tiny_model, la
     check_idle_engine(tight)
 
 
-def _token_texts(tok, ids: list[int]) -> list[str]:  # noqa: ANN001
+def _token_texts(tok, ids: list[int]) -> list[str]:
     """Text added by each token (empty while a UTF-8 character is incomplete)."""
     out, prev = [], ""
     for i in range(len(ids)):
@@ -91,7 +91,7 @@ def _token_texts(tok, ids: list[int]) -> list[str]:  # noqa: ANN001
 
 
 @pytest.fixture(scope="module")
-def qwen3_engine(tiny_model, request):  # noqa: ANN001, ANN201
+def qwen3_engine(tiny_model, request):
     from frontend import Client
 
     model = tiny_model("qwen3")
@@ -168,7 +168,7 @@ def test_abort_while_queued_prefilling_and_decoding(tiny_model, launch_client) -
     engine = launch_client(tiny_model("llama"), max_running_requests=1, max_num_batched_tokens=16,
                            debug_integrity=True)
 
-    async def collect(c: AsyncClient, prompt, rid: str, first: asyncio.Event | None = None,  # noqa: ANN001
+    async def collect(c: AsyncClient, prompt, rid: str, first: asyncio.Event | None = None,
                       max_tokens: int = 1500) -> list:
         out = []
         async for d in c.stream(prompt, SamplingParams(max_tokens=max_tokens, **GREEDY), request_id=rid):

@@ -49,7 +49,7 @@ def _valid(text: str, schema: dict) -> bool:
 
 
 @pytest.fixture(scope="module")
-def engines(tiny_model, request):  # noqa: ANN001, ANN201
+def engines(tiny_model, request):
     from frontend import Client
 
     out = {}
@@ -62,7 +62,7 @@ def engines(tiny_model, request):  # noqa: ANN001, ANN201
 
 
 @pytest.mark.parametrize("mode", [True, False], ids=["async", "sync"])
-def test_json_schemas_200_requests_validate(engines, mode: bool) -> None:  # noqa: ANN001
+def test_json_schemas_200_requests_validate(engines, mode: bool) -> None:
     client = engines[mode]
     prompts, params, schemas = [], [], []
     for i in range(200):
@@ -90,7 +90,7 @@ STRICT_SCHEMAS = [
 ]
 
 
-def test_400_length_bounded_unicode_outputs_parse_strictly(engines) -> None:  # noqa: ANN001
+def test_400_length_bounded_unicode_outputs_parse_strictly(engines) -> None:
     """Random weights at temperature 1 reach every corner of the grammars: raw control characters in
     length-bounded strings (xgrammar#800) and encoded surrogates would both show here."""
     client = engines[True]
@@ -106,7 +106,7 @@ def test_400_length_bounded_unicode_outputs_parse_strictly(engines) -> None:  # 
     check_idle_engine(client)
 
 
-def test_regex_ebnf_and_choice_hold(engines) -> None:  # noqa: ANN001
+def test_regex_ebnf_and_choice_hold(engines) -> None:
     client = engines[True]
     cases = [
         (SamplingParams(max_tokens=64, regex=r"[a-z]{2,5}-\d{3}", seed=1), lambda t: re.fullmatch(r"[a-z]{2,5}-\d{3}", t)),
@@ -131,7 +131,7 @@ def test_regex_ebnf_and_choice_hold(engines) -> None:  # noqa: ANN001
     check_idle_engine(client)
 
 
-def test_free_requests_unchanged_by_constrained_neighbours(engines) -> None:  # noqa: ANN001
+def test_free_requests_unchanged_by_constrained_neighbours(engines) -> None:
     client = engines[True]
     free = [[20 + i, 21, 22, 23] for i in range(6)]
     greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
@@ -150,7 +150,7 @@ def test_free_requests_unchanged_by_constrained_neighbours(engines) -> None:  # 
     {"grammar": "root ::= missing_rule"},
     {"regex": "a", "choice": ["b"]},
 ])
-def test_invalid_grammar_is_a_typed_error_and_engine_keeps_serving(engines, bad: dict) -> None:  # noqa: ANN001
+def test_invalid_grammar_is_a_typed_error_and_engine_keeps_serving(engines, bad: dict) -> None:
     client = engines[True]
     with pytest.raises(InvalidRequestError):
         client.generate([1, 2, 3], {"max_tokens": 8, **bad})

@@ -25,7 +25,7 @@ from worker.loader import load_model
 
 
 @pytest.fixture(scope="module")
-def gguf_file(tiny_model, tmp_path_factory):  # noqa: ANN001, ANN201 - a factory
+def gguf_file(tiny_model, tmp_path_factory):  # a factory
     root = tmp_path_factory.mktemp("gguf")
 
     def get(arch: str = "llama", qtype: str = "F32") -> Path:
@@ -151,7 +151,7 @@ def test_serve_reports_a_bad_gguf_in_one_line(which: str, tiny_model, gguf_file,
     assert expect in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
-def test_pull_unknown_name_lists_the_known_ones(capsys) -> None:  # noqa: ANN001
+def test_pull_unknown_name_lists_the_known_ones(capsys) -> None:
     from launch.cli import main
 
     with pytest.raises(SystemExit) as e:

@@ -164,7 +164,7 @@ def test_host_kv_tier_on_cuda_matches_a_large_pool(tiny_model, launch_client) ->
     check_idle_engine(tiered)
 
 
-def _runner_and_scheduler(model, **opts):  # noqa: ANN001, ANN202
+def _runner_and_scheduler(model, **opts):
     from protocol.engine_config import EngineConfig
     from protocol.model_info import read_model_info
     from scheduler.scheduler import Scheduler

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-import jsonschema  # noqa: E402
+import jsonschema
 import pytest
 import torch
 
@@ -32,14 +32,14 @@ def model_dir(tiny_model: Callable[..., Path]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tokenizer(model_dir: Path):  # noqa: ANN201
+def tokenizer(model_dir: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir)
 
 
 @pytest.fixture(scope="module")
-def service(model_dir: Path, tokenizer) -> GrammarCompilerService:  # noqa: ANN001
+def service(model_dir: Path, tokenizer) -> GrammarCompilerService:
     info = read_model_info(model_dir)
     svc = GrammarCompilerService(
         str(model_dir), info.vocab_size + PAD, stop_token_ids=info.eos_token_ids, tokenizer=tokenizer
@@ -58,7 +58,7 @@ class Walker:
     probability when allowed; after `soft_cap` steps closing tokens ("]})) are preferred so unbounded
     languages (any JSON, nested parens) still end."""
 
-    def __init__(self, service: GrammarCompilerService, tokenizer) -> None:  # noqa: ANN001
+    def __init__(self, service: GrammarCompilerService, tokenizer) -> None:
         self.service = service
         self.tokenizer = tokenizer
         self.vocab = service.vocab_size
@@ -103,7 +103,7 @@ class Walker:
 
 
 @pytest.fixture(scope="module")
-def walker(service: GrammarCompilerService, tokenizer) -> Walker:  # noqa: ANN001
+def walker(service: GrammarCompilerService, tokenizer) -> Walker:
     return Walker(service, tokenizer)
 
 
@@ -253,7 +253,7 @@ def test_choice_walks_are_members(walker: Walker) -> None:
     assert len(seen) > 2
 
 
-def test_choice_forced_text(service: GrammarCompilerService, tokenizer) -> None:  # noqa: ANN001
+def test_choice_forced_text(service: GrammarCompilerService, tokenizer) -> None:
     # Each choice is reachable by its own tokenization (escaping kept the strings exact).
     g = service.matcher(service.compile(GrammarSpec.from_fields(choice=CHOICES)))
     for c in CHOICES:
@@ -280,7 +280,7 @@ def test_spec_from_params() -> None:
 # -- compile cache and errors --------------------------------------------------------------------------
 
 
-def test_cache_compiles_once(model_dir: Path, tokenizer) -> None:  # noqa: ANN001
+def test_cache_compiles_once(model_dir: Path, tokenizer) -> None:
     svc = GrammarCompilerService(str(model_dir), 1024, max_workers=2, tokenizer=tokenizer, cache_size=2)
     try:
         spec = GrammarSpec.from_fields(regex="[0-9]{3}")
@@ -347,7 +347,7 @@ def _mask(g: RequestGrammar, vocab: int) -> torch.Tensor:
     return bm[0].clone()
 
 
-def test_reject_token_outside_mask(service: GrammarCompilerService, tokenizer) -> None:  # noqa: ANN001
+def test_reject_token_outside_mask(service: GrammarCompilerService, tokenizer) -> None:
     vocab = service.vocab_size
     g = service.matcher(service.compile(GrammarSpec.from_fields(regex="[0-9]+")))
     before = _mask(g, vocab)
@@ -368,7 +368,7 @@ def test_reject_token_outside_mask(service: GrammarCompilerService, tokenizer) -
     )
 
 
-def test_rollback_and_replay_restore_state(service: GrammarCompilerService, tokenizer) -> None:  # noqa: ANN001
+def test_rollback_and_replay_restore_state(service: GrammarCompilerService, tokenizer) -> None:
     vocab = service.vocab_size
     schema = {
         "type": "object",
@@ -402,7 +402,7 @@ def test_rollback_and_replay_restore_state(service: GrammarCompilerService, toke
     assert not g.replay([tokens[0], tokens[0]])  # '{' '{' is not JSON
 
 
-def test_bitmask_layout(service: GrammarCompilerService, tokenizer) -> None:  # noqa: ANN001
+def test_bitmask_layout(service: GrammarCompilerService, tokenizer) -> None:
     import xgrammar as xgr
 
     vocab = service.vocab_size

@@ -28,7 +28,7 @@ class Clock:
 
 
 @pytest.fixture
-def sched(tiny_model) -> Scheduler:  # noqa: ANN001
+def sched(tiny_model) -> Scheduler:
     model = tiny_model("llama")
     cfg = EngineConfig(model=str(model), grammar_compile_timeout_s=5.0, max_waiting_requests=3)
     s = Scheduler(cfg, read_model_info(model), 1024)

@@ -18,7 +18,7 @@ NAME = "tiny-llama"
 
 
 @pytest.fixture(scope="module")
-def served(tiny_model):  # noqa: ANN001, ANN201
+def served(tiny_model):
     s = Served(tiny_model("llama"), "--kv-cache-tokens", "8192", "--max-running-requests", "32",
                "--api-key", KEY, "--served-model-name", NAME).ready()
     yield s
@@ -26,12 +26,12 @@ def served(tiny_model):  # noqa: ANN001, ANN201
 
 
 @pytest.fixture(scope="module")
-def oai(served):  # noqa: ANN001, ANN201
+def oai(served):
     return openai.OpenAI(base_url=served.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="module")
-def engine(served):  # noqa: ANN001, ANN201
+def engine(served):
     from frontend import Client
 
     c = Client(served.endpoint)
@@ -39,7 +39,7 @@ def engine(served):  # noqa: ANN001, ANN201
     c.close()
 
 
-def _metric(served, name: str) -> float:  # noqa: ANN001
+def _metric(served, name: str) -> float:
     text = httpx.get(served.url + "/metrics").text
     total = 0.0
     for line in text.splitlines():
@@ -49,7 +49,7 @@ def _metric(served, name: str) -> float:  # noqa: ANN001
     return total
 
 
-def test_completion_is_what_the_engine_generates(oai, engine) -> None:  # noqa: ANN001
+def test_completion_is_what_the_engine_generates(oai, engine) -> None:
     r = oai.completions.create(model=NAME, prompt="The river", max_tokens=12, temperature=0)
     ref = engine.generate("The river", {"max_tokens": 12, "temperature": 0.0})
     assert r.model == NAME and r.object == "text_completion"
@@ -66,7 +66,7 @@ def test_completion_is_what_the_engine_generates(oai, engine) -> None:  # noqa: 
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
 
 
-def test_token_id_prompt_and_batch_of_prompts(oai, engine) -> None:  # noqa: ANN001
+def test_token_id_prompt_and_batch_of_prompts(oai, engine) -> None:
     ids = [5, 6, 7, 8, 9]
     ref = engine.generate(ids, {"max_tokens": 6, "temperature": 0.0})
     r = oai.completions.create(model=NAME, prompt=ids, max_tokens=6, temperature=0)
@@ -76,7 +76,7 @@ def test_token_id_prompt_and_batch_of_prompts(oai, engine) -> None:  # noqa: ANN
     assert r2.usage.completion_tokens == 8
 
 
-def test_chat_stream_equals_whole(oai, engine) -> None:  # noqa: ANN001
+def test_chat_stream_equals_whole(oai, engine) -> None:
     msgs = [{"role": "system", "content": "Be brief."},
             {"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": " there"}]}]
     r = oai.chat.completions.create(model=NAME, messages=msgs, max_completion_tokens=10, temperature=0)
@@ -91,7 +91,7 @@ def test_chat_stream_equals_whole(oai, engine) -> None:  # noqa: ANN001
     assert chunks[-1].usage.total_tokens == ref.prompt_tokens + 10
 
 
-def test_n_choices_and_seeds(oai) -> None:  # noqa: ANN001
+def test_n_choices_and_seeds(oai) -> None:
     kw = dict(model=NAME, prompt="Once upon", max_tokens=8, temperature=1.0, n=3, seed=11)
     a, b = oai.completions.create(**kw), oai.completions.create(**kw)
     assert [c.index for c in a.choices] == [0, 1, 2]
@@ -105,7 +105,7 @@ def test_n_choices_and_seeds(oai) -> None:  # noqa: ANN001
     assert sorted(c.index for c in chat.choices) == [0, 1, 2]
 
 
-def test_logprobs_both_formats(oai) -> None:  # noqa: ANN001
+def test_logprobs_both_formats(oai) -> None:
     r = oai.completions.create(model=NAME, prompt="The sky", max_tokens=5, temperature=0, logprobs=3)
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
@@ -130,7 +130,7 @@ SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green"]},
           "required": ["color", "size"], "additionalProperties": False}
 
 
-def test_response_format_json_schema(oai) -> None:  # noqa: ANN001
+def test_response_format_json_schema(oai) -> None:
     for seed in range(3):
         r = oai.chat.completions.create(
             model=NAME, messages=[{"role": "user", "content": "a shirt"}], max_tokens=40, seed=seed,
@@ -151,7 +151,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
              "additionalProperties": False}}}]
 
 
-def test_tool_calls(oai) -> None:  # noqa: ANN001
+def test_tool_calls(oai) -> None:
     msgs = [{"role": "user", "content": "weather in Paris?"}]
     r = oai.chat.completions.create(model=NAME, messages=msgs, tools=TOOLS, max_tokens=40,
                                     tool_choice={"type": "function", "function": {"name": "get_weather"}})
@@ -170,7 +170,7 @@ def test_tool_calls(oai) -> None:  # noqa: ANN001
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
-def test_stop_strings(oai) -> None:  # noqa: ANN001
+def test_stop_strings(oai) -> None:
     full = oai.completions.create(model=NAME, prompt="Tell", max_tokens=24, temperature=0).choices[0].text
     stop = full[len(full) // 2:len(full) // 2 + 2]
     assert len(stop) == 2
@@ -183,7 +183,7 @@ def _err(exc: openai.APIStatusError) -> dict:
     return exc.response.json()["error"]
 
 
-def test_errors_in_openai_shape(served, oai) -> None:  # noqa: ANN001
+def test_errors_in_openai_shape(served, oai) -> None:
     with pytest.raises(openai.AuthenticationError) as e:
         openai.OpenAI(base_url=served.url + "/v1", api_key="wrong", max_retries=0).models.list()
     assert e.value.status_code == 401 and _err(e.value)["code"] == "invalid_api_key"
@@ -212,7 +212,7 @@ def test_errors_in_openai_shape(served, oai) -> None:  # noqa: ANN001
     assert oai.completions.create(model=NAME, prompt="still serving", max_tokens=2).choices[0].text is not None
 
 
-def test_tokenize_detokenize_models_version_health(served, oai, engine) -> None:  # noqa: ANN001
+def test_tokenize_detokenize_models_version_health(served, oai, engine) -> None:
     h = {"Authorization": f"Bearer {KEY}"}
     t = httpx.post(served.url + "/tokenize", json={"model": NAME, "prompt": "hello world"}, headers=h).json()
     assert t["count"] == len(t["tokens"]) > 0
@@ -228,7 +228,7 @@ def test_tokenize_detokenize_models_version_health(served, oai, engine) -> None:
     assert httpx.get(served.url + "/health").status_code == 200
 
 
-def test_metrics_move(served, oai) -> None:  # noqa: ANN001
+def test_metrics_move(served, oai) -> None:
     before = {k: _metric(served, f"tandem:{k}") for k in (
         "generation_tokens_total", "prompt_tokens_total", "request_success_total", "e2e_request_latency_seconds_count",
         "time_to_first_token_seconds_count", "inter_token_latency_seconds_count", "prefix_cache_queries_total",
@@ -255,14 +255,14 @@ def test_metrics_move(served, oai) -> None:  # noqa: ANN001
     assert 'finished_reason="length"' in httpx.get(served.url + "/metrics").text
 
 
-def _wait_idle(engine) -> None:  # noqa: ANN001
+def _wait_idle(engine) -> None:
     deadline = time.monotonic() + 20
     while engine.stats().running and time.monotonic() < deadline:
         time.sleep(0.1)
     check_idle_engine(engine)
 
 
-def test_disconnect_aborts(served, engine) -> None:  # noqa: ANN001
+def test_disconnect_aborts(served, engine) -> None:
     h = {"Authorization": f"Bearer {KEY}"}
     body = {"model": NAME, "prompt": "Go on", "max_tokens": 1500, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", served.url + "/v1/completions", json=body, headers=h, timeout=60) as r:
@@ -285,7 +285,7 @@ def test_disconnect_aborts(served, engine) -> None:  # noqa: ANN001
     assert engine.stats().requests_aborted == aborted + 1
 
 
-def test_bench_serve_against_the_server(served, tmp_path, tiny_model) -> None:  # noqa: ANN001
+def test_bench_serve_against_the_server(served, tmp_path, tiny_model) -> None:
     from benchmarks.cli import main as bench_main
 
     out = tmp_path / "res"

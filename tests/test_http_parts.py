@@ -34,7 +34,7 @@ def test_hermes_tool_calls_parsed() -> None:
         assert parse_tool_calls(bad, _req()) == (bad, [])
 
 
-def test_dead_engine_is_503(tiny_model) -> None:  # noqa: ANN001
+def test_dead_engine_is_503(tiny_model) -> None:
     from transformers import AutoTokenizer
 
     from frontend.async_client import AsyncClient

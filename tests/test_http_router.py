@@ -28,7 +28,7 @@ def _finished(url: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def replicas(tiny_model, tmp_path_factory):  # noqa: ANN001, ANN201
+def replicas(tiny_model, tmp_path_factory):
     model = tiny_model("llama")
     engines = [Served(model, "--kv-cache-tokens", "4096", "--served-model-name", "tiny") for _ in range(2)]
     router = None
@@ -69,7 +69,7 @@ def _complete(url: str, prompt: str, max_tokens: int = 4) -> dict:
     return r.json()
 
 
-def test_requests_spread_and_prefixes_stick(replicas) -> None:  # noqa: ANN001
+def test_requests_spread_and_prefixes_stick(replicas) -> None:
     router, workers = replicas
     rng = random.Random(0)
     words = ["alpha", "river", "stone", "cloud", "maple", "ember", "quartz", "delta", "orbit", "lumen"]

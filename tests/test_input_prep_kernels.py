@@ -7,24 +7,24 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on CPU tensors
 
-import random  # noqa: E402
+import random
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from kernels.input_prep import (  # noqa: E402
+from kernels.input_prep import (
     PREP_BLOCK,
     prepare_inputs_ref,
     prepare_inputs_triton,
     update_table_ref,
     update_table_triton,
 )
-from kernels.sample_writeback import write_sampled_ref, write_sampled_triton  # noqa: E402
-from protocol.messages import ScheduledReq  # noqa: E402
-from worker.forward_batch import ForwardBatch  # noqa: E402
-from worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs  # noqa: E402
-from worker.kv_cache import KVCache  # noqa: E402
-from worker.request_state import RequestState  # noqa: E402
+from kernels.sample_writeback import write_sampled_ref, write_sampled_triton
+from protocol.messages import ScheduledReq
+from worker.forward_batch import ForwardBatch
+from worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs
+from worker.kv_cache import KVCache
+from worker.request_state import RequestState
 
 MAX_REQS, MAX_CTX = 8, 2 * PREP_BLOCK + 40  # long enough for a chunk that spans three blocks
 

@@ -16,7 +16,7 @@ from launch.serve import PROCESS_PREFIX, READY_PREFIX
 from protocol import EngineDeadError, SamplingParams
 
 
-def _serve(model, *flags: str) -> tuple[subprocess.Popen, str, dict[str, int]]:  # noqa: ANN001
+def _serve(model, *flags: str) -> tuple[subprocess.Popen, str, dict[str, int]]:
     pids: dict[str, int] = {}
     proc = subprocess.Popen(
         [sys.executable, "-m", "launch.cli", "serve", "--model", str(model), "--kv-cache-tokens", "4096", "--port", "0", *flags],
@@ -58,7 +58,7 @@ def test_sigterm_stops_everything_with_no_orphans(tiny_model) -> None:
     assert _wait_gone(kids) == []
 
 
-def assert_killing_stops_engine(model, victim: str, *flags: str) -> None:  # noqa: ANN001
+def assert_killing_stops_engine(model, victim: str, *flags: str) -> None:
     """Kill one engine process while a client waits: the client gets EngineDeadError within seconds,
     the launcher exits non-zero, and no process is left behind."""
     proc, endpoint, pids = _serve(model, *flags)
@@ -71,7 +71,7 @@ def assert_killing_stops_engine(model, victim: str, *flags: str) -> None:  # noq
         try:
             for _ in client.stream([5, 6, 7], SamplingParams(max_tokens=2000, ignore_eos=True)):
                 started.set()
-        except BaseException as e:  # noqa: BLE001 - the test inspects it
+        except BaseException as e:  # the test inspects it
             errors.append(e)
         started.set()
 

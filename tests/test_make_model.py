@@ -15,10 +15,10 @@ from safetensors import safe_open
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from launch import tokenizer_maker  # noqa: E402
-from launch.make_model import SIZES, build_config, main, make_model  # noqa: E402
+from launch import tokenizer_maker
+from launch.make_model import SIZES, build_config, main, make_model
 
 ARCHS = ("llama", "qwen2", "qwen3")
 TIED = {"llama": False, "qwen2": False, "qwen3": True}
@@ -127,7 +127,7 @@ def test_tokenizer_has_partial_character_tokens(models: dict[str, Path]) -> None
 
 
 @functools.cache
-def _raw_tokenizer():  # noqa: ANN202 - a tokenizers.Tokenizer
+def _raw_tokenizer():  # a tokenizers.Tokenizer
     return tokenizer_maker.train_tokenizer(1024)
 
 

@@ -7,13 +7,13 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # the triton backend runs on CPU tensors here
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config  # noqa: E402
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-from tests.kv_pool import Pool  # noqa: E402
-from worker.attention_backend import BACKENDS, select_attention_backend  # noqa: E402
-from worker.loader import load_model  # noqa: E402
+from tests.kv_pool import Pool
+from worker.attention_backend import BACKENDS, select_attention_backend
+from worker.loader import load_model
 
 VOCAB = 512
 COMMON = dict(

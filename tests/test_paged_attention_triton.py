@@ -7,12 +7,12 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on CPU tensors
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from kernels.paged_attention import paged_attention_ref  # noqa: E402
-from kernels.paged_attention_triton import BLOCK_M, BLOCK_N, paged_attention_triton  # noqa: E402
-from tests.test_paged_attention import make_case  # noqa: E402
+from kernels.paged_attention import paged_attention_ref
+from kernels.paged_attention_triton import BLOCK_M, BLOCK_N, paged_attention_triton
+from tests.test_paged_attention import make_case
 
 CASES = {
     # decodes only: the grouped decode kernel; lengths around the key block edge

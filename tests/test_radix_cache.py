@@ -164,7 +164,7 @@ def _corrupt_dup(c: RadixCache) -> None:
     lambda c: setattr(c, "_evictable", 1),
     lambda c: setattr(c, "_protected", 1),
 ])
-def test_check_integrity_catches_corruption(corrupt) -> None:  # noqa: ANN001
+def test_check_integrity_catches_corruption(corrupt) -> None:
     cache, _ = make()
     cache.insert([1, 2], [1, 2])
     cache.insert([1, 3], [3, 4])
@@ -239,7 +239,7 @@ class RadixMachine(RuleBasedStateMachine):
         for k in range(self.page_size, upto + 1, self.page_size):
             self.atime[tuple(key[:k])] = self.clock
 
-    def _match(self, key: list[int]):  # noqa: ANN202
+    def _match(self, key: list[int]):
         m = self._longest(key)
         res = self.cache.match_prefix(key)
         self.clock += 1

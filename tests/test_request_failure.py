@@ -108,7 +108,7 @@ def test_injection_spec_is_checked() -> None:
 WORKER_MARK, SCHED_MARK = 991, 992
 
 
-def test_engine_survives_injected_faults(tiny_model, launch_client, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_engine_survives_injected_faults(tiny_model, launch_client, monkeypatch: pytest.MonkeyPatch) -> None:
     from frontend import Client
 
     monkeypatch.setenv(fault_injection.ENV, f"worker.step:{WORKER_MARK},scheduler.commit:{SCHED_MARK}")

@@ -284,7 +284,7 @@ class _FakeGrammar:
     def is_terminated(self) -> bool:
         return len(self.accepted) >= 4
 
-    def fill_bitmask(self, mask, row: int) -> bool:  # noqa: ANN001
+    def fill_bitmask(self, mask, row: int) -> bool:
         self.filled_after.append(len(self.accepted))
         return True
 

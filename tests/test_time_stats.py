@@ -8,7 +8,7 @@ from tests.fake_worker import VOCAB
 from tests.test_scheduler_core import make, req, run
 
 
-def _collect_finals(sched) -> list[TokenDelta]:  # noqa: ANN001
+def _collect_finals(sched) -> list[TokenDelta]:
     finals: list[TokenDelta] = []
     take = sched.take_outbox
 

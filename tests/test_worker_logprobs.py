@@ -17,12 +17,12 @@ ATOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def model_dir(tiny_model) -> Path:  # noqa: ANN001 - conftest factory
+def model_dir(tiny_model) -> Path:  # conftest factory
     return tiny_model("llama")
 
 
 @pytest.fixture(scope="module")
-def hf(model_dir: Path):  # noqa: ANN201
+def hf(model_dir: Path):
     return AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation="eager"
     ).eval()
@@ -35,7 +35,7 @@ def _runner(model_dir: Path) -> ModelRunner:
     return ModelRunner(cfg, read_model_info(cfg.model))
 
 
-def _ref_logp(hf, tokens: list[int]) -> torch.Tensor:  # noqa: ANN001
+def _ref_logp(hf, tokens: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return hf(torch.tensor([tokens])).logits[0].float().log_softmax(-1)
 
@@ -61,7 +61,7 @@ def _check(lp: Logprobs, ref: torch.Tensor, tokens: list[int], top_n: int) -> No
     )
 
 
-def test_sampled_logprobs_match_hf(model_dir: Path, hf) -> None:  # noqa: ANN001
+def test_sampled_logprobs_match_hf(model_dir: Path, hf) -> None:
     runner = _runner(model_dir)
     # row 1: greedy, top-5; row 2: greedy, no logprobs; row 3: sampled with a penalty, top-0 (raw logprobs:
     # the penalty must not show in them).
@@ -110,7 +110,7 @@ def test_no_logprobs_field_when_nobody_asks(model_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("chunks", [[20], [7, 7, 6]], ids=["one-step", "three-chunks"])
-def test_prompt_logprobs_match_hf(model_dir: Path, hf, chunks: list[int]) -> None:  # noqa: ANN001
+def test_prompt_logprobs_match_hf(model_dir: Path, hf, chunks: list[int]) -> None:
     runner = _runner(model_dir)
     prompt, other, third = _prompt(20, 5), _prompt(11, 6), _prompt(4, 7)
     ref = _ref_logp(hf, prompt)
@@ -162,7 +162,7 @@ def _penalised(logits: torch.Tensor, prompt: list[int], outs: list[int], rp: flo
     return x
 
 
-def test_greedy_with_penalties_matches_reference(model_dir: Path, hf) -> None:  # noqa: ANN001
+def test_greedy_with_penalties_matches_reference(model_dir: Path, hf) -> None:
     runner = _runner(model_dir)
     prompt = _prompt(8, 8)
     rp, pres, freq = 1.8, 0.5, 0.7

@@ -35,7 +35,7 @@ def iter_weights(model_dir: str) -> Iterator[tuple[str, Any]]:
     bytes are read, so a tensor-parallel rank never materialises weights it does not hold."""
     for path in safetensors_files(model_dir):
         with safe_open(path, framework="pt", device="cpu") as f:
-            for name in f.keys():  # noqa: SIM118 -- safe_open is not a dict
+            for name in f.keys():  # safe_open is not a dict
                 yield name, f.get_slice(name)
 
 

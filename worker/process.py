@@ -70,7 +70,7 @@ def run_worker(cfg_bytes: bytes, ep_bytes: bytes, rank: int) -> None:
     decode = worker_in_decoder()
     try:
         serve_steps(runner, inbox, results, decode)
-    except Exception as e:  # noqa: BLE001 - tell the scheduler why before dying
+    except Exception as e:  # tell the scheduler why before dying
         if results is not None:
             results.send(encode(WorkerFailure(f"worker {rank}: {e}\n{traceback.format_exc()}")))
         raise SystemExit(1) from e
@@ -78,7 +78,7 @@ def run_worker(cfg_bytes: bytes, ep_bytes: bytes, rank: int) -> None:
         dist.close()  # after a clean Shutdown only: with a dead peer this could block
 
 
-def serve_steps(  # noqa: ANN001
+def serve_steps(
     runner, inbox: zmq.Socket | ControlInbox, results: zmq.Socket | None, decode
 ) -> None:
     """Launch steps in order; send each result as soon as its tokens are on the host.

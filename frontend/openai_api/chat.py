@@ -55,7 +55,7 @@ def render_chat(tokenizer: Any, messages: list[ChatMessage], tools: list[dict] |
         ids = tokenizer.apply_chat_template(
             msgs, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=True
         )
-    except Exception as e:  # noqa: BLE001 - a template error is the request's fault
+    except Exception as e:  # a template error is the request's fault
         raise APIError(400, f"chat template failed: {e}", "messages", "invalid_messages") from e
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]

@@ -38,7 +38,7 @@ def run_http(endpoint: str, model: str, max_model_len: int | None, serve_bytes: 
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((scfg.host, scfg.port))
         port = sock.getsockname()[1]
-    except Exception as e:  # noqa: BLE001 - reported to the parent, which fails the launch
+    except Exception as e:  # reported to the parent, which fails the launch
         conn.send_bytes(encode(Failed("http", f"{type(e).__name__}: {e}")))
         return
     name = scfg.served_model_name or os.path.basename(os.path.normpath(model))
