@@ -1,13 +1,9 @@
 """The scheduler process: requests from the frontend, steps to the workers, tokens to the detokenizer.
-
-A batch queue of depth 2 (async scheduling) keeps the next step queued at the worker while the
-previous result comes back; depth 1 is synchronous scheduling with the same code.
-"""
+The pipeline policy lives in the socket-free StepDriver (scheduler/step_driver.py)."""
 from __future__ import annotations
 
 import os
 import sys
-import time
 
 import zmq
 
@@ -16,20 +12,18 @@ from protocol.codec import encode, scheduler_in_decoder, worker_out_decoder
 from protocol.engine_config import EngineConfig
 from protocol.ipc import make_socket
 from protocol.messages import (
-    AbortReq,
-    EngineStats,
     ModelRunnerOutput,
     Ready,
     RequestFailed,
-    StatsRequest,
+    SampleStep,
+    SchedulerOutput,
     StepFailed,
-    TokenizedRequest,
     WorkerFailure,
     WorkerReady,
 )
 from protocol.model_info import read_model_info
 from scheduler.scheduler import Scheduler
-from scheduler.step_stats import StepStats
+from scheduler.step_driver import StepDriver
 
 
 def run_scheduler(cfg_bytes: bytes, ep_bytes: bytes) -> None:
@@ -51,6 +45,8 @@ def run_scheduler(cfg_bytes: bytes, ep_bytes: bytes) -> None:
 
 
 class SchedulerLoop:
+    """The sockets around a StepDriver: what they receive goes in, what it returns goes out."""
+
     def __init__(
         self,
         cfg: EngineConfig,
@@ -61,16 +57,13 @@ class SchedulerLoop:
         detok: zmq.Socket,
     ) -> None:
         self.sched = sched
-        self.depth = 2 if cfg.async_scheduling else 1
+        self.driver = StepDriver(sched, depth=2 if cfg.async_scheduling else 1)
         self.reqs_in, self.results, self.workers, self.detok = reqs_in, results, workers, detok
         self.poller = zmq.Poller()
         self.poller.register(reqs_in, zmq.POLLIN)
         self.poller.register(results, zmq.POLLIN)
         self.decode_req = scheduler_in_decoder()
         self.decode_result = worker_out_decoder()
-        self.stats = StepStats()
-        self._stalled = False  # the last schedule() found nothing to run: don't spin on it
-        self._idle = True  # nothing to do since the last step: the next one starts a burst
 
     def run(self) -> None:
         try:
@@ -82,44 +75,21 @@ class SchedulerLoop:
 
     def _serve(self) -> None:
         while True:
-            busy = self.sched.has_work or self.sched.inflight
-            if not busy:
-                self._idle = True
-            timeout = None if not busy else (0 if self._can_schedule() and not self._stalled else 50)
-            if self.sched.structured.compiling:
-                timeout = 2 if timeout is None else min(timeout, 2)  # wake up for finished compilations
-            events = dict(self.poller.poll(timeout))
+            events = dict(self.poller.poll(self.driver.poll_timeout_ms()))
             if self.reqs_in in events:
                 self._drain_requests()
             if self.results in events:
                 self._drain_results()
-            if self.sched.structured.compiling:
-                self.sched.admit_compiled()
-            self._send_due_samples()
-            while self._can_schedule():
-                t0 = time.perf_counter()
-                out = self.sched.schedule()
-                self._stalled = out is None
-                if out is None:
-                    break
-                out.after_idle, self._idle = self._idle, False
-                data = encode(out)
-                for w in self.workers:
-                    w.send(data)
-                self.stats.on_schedule(time.perf_counter() - t0)
-                self._send_due_samples()
+            self._to_workers(self.driver.pump())
             self._flush()
 
-    def _can_schedule(self) -> bool:
-        # A deferred step's sample must reach the worker before the next step (which reads its tokens).
-        waiting_sample = any(s.needs_sample and not s.sample_sent for s in self.sched.inflight)
-        return self.sched.has_work and len(self.sched.inflight) < self.depth and not waiting_sample
+    def _flush(self) -> None:
+        for msg in self.driver.take_outbox():
+            self.detok.send(encode(msg))
 
-    def _send_due_samples(self) -> None:
-        """The oldest step in flight has everything before it committed: its bitmask can be built."""
-        inflight = self.sched.inflight
-        if inflight and inflight[0].needs_sample and not inflight[0].sample_sent:
-            data = encode(self.sched.build_sample(inflight[0]))
+    def _to_workers(self, msgs: list[SchedulerOutput | SampleStep]) -> None:
+        for msg in msgs:
+            data = encode(msg)
             for w in self.workers:
                 w.send(data)
 
@@ -129,30 +99,10 @@ class SchedulerLoop:
                 data = self.reqs_in.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            msg = self.decode_req(data)
-            if isinstance(msg, TokenizedRequest):
-                self.sched.add_request(msg)
-            elif isinstance(msg, AbortReq):
-                self.sched.abort(msg.rid)
-            elif isinstance(msg, StatsRequest):
+            reply = self.driver.on_request(self.decode_req(data))
+            if reply is not None:
                 self._flush()  # outputs of requests that ended before the snapshot go first
-                self.detok.send(encode(self._stats(msg.rid)))
-
-    def _stats(self, rid: str) -> EngineStats:
-        s, st = self.sched.stats, self.stats
-        try:
-            self.sched.check_integrity()
-            integrity = "ok"
-        except AssertionError as e:
-            integrity = str(e)
-        return EngineStats(
-            rid, self.sched.kv.allocator.size, self.sched.kv.num_free_slots, self.sched.kv.tree.evictable_size,
-            self.sched.kv.tree.protected_size, len(self.sched.running),
-            len(self.sched.waiting), len(self.sched.inflight), s.finished, s.aborted, s.failed, s.retractions,
-            s.steps, s.prefill_tokens, s.decode_tokens, st.schedule_s, st.worker_busy_s, st.worker_idle_s,
-            integrity, host_hit_tokens=self.sched.kv.host_hit_tokens,
-            host_kv_pool_size=self.sched.kv.tree.host_size, host_kv_used=self.sched.kv.tree.host_used,
-        )
+                self.detok.send(encode(reply))
 
     def _drain_results(self) -> None:
         while True:
@@ -165,18 +115,10 @@ class SchedulerLoop:
                 self._fail_all(f"worker failed: {msg.message.splitlines()[0]}")
                 print(f"scheduler: worker failed: {msg.message}", file=sys.stderr)
                 raise SystemExit(1)
-            if isinstance(msg, ModelRunnerOutput):
-                self.sched.commit(msg)
-                self.stats.on_result(msg)
-                self._send_due_samples()
-            elif isinstance(msg, StepFailed):
+            if isinstance(msg, StepFailed):
                 print(f"scheduler: step {msg.step_id} failed: {msg.message}", file=sys.stderr)
-                self.sched.fail_step(msg)
-                self._send_due_samples()
-
-    def _flush(self) -> None:
-        for msg in self.sched.take_outbox():
-            self.detok.send(encode(msg))
+            if isinstance(msg, (ModelRunnerOutput, StepFailed)):
+                self._to_workers(self.driver.on_result(msg))
 
     def _fail_all(self, why: str) -> None:
         for rid in list(self.sched.reqs):

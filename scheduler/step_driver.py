@@ -1,0 +1,116 @@
+"""The pipeline step, free of sockets: drain -> schedule up to the pipeline depth -> send due samples ->
+commit. The scheduler process feeds it what its sockets receive and sends what it returns; the
+fake-worker tests drive the same object.
+
+A batch queue of depth 2 (async scheduling) keeps the next step queued at the worker while the
+previous result comes back; depth 1 is synchronous scheduling with the same code.
+"""
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+from protocol.messages import (
+    AbortReq,
+    EngineStats,
+    ModelRunnerOutput,
+    SampleStep,
+    SchedulerOutput,
+    StatsRequest,
+    StepFailed,
+    TokenizedRequest,
+)
+from scheduler.scheduler import Scheduler
+from scheduler.step_stats import StepStats
+
+
+class StepDriver:
+    def __init__(self, sched: Scheduler, depth: int) -> None:
+        self.sched = sched
+        self.depth = depth
+        self.stats = StepStats()
+        self._stalled = False  # the last schedule() found nothing to run: don't spin on it
+        self._idle = True  # nothing to do since the last step: the next one starts a burst
+
+    # ---- in ------------------------------------------------------------------------------------
+    def on_request(self, msg: TokenizedRequest | AbortReq | StatsRequest) -> EngineStats | None:
+        """A frontend message; a StatsRequest is answered at once (the reply goes to the detokenizer)."""
+        if isinstance(msg, TokenizedRequest):
+            self.sched.add_request(msg)
+        elif isinstance(msg, AbortReq):
+            self.sched.abort(msg.rid)
+        elif isinstance(msg, StatsRequest):
+            return self.engine_stats(msg.rid)
+        return None
+
+    def on_result(self, msg: ModelRunnerOutput | StepFailed) -> list[SampleStep]:
+        """Commit a step's result (or its failure on the worker); the next step's deferred sample may now
+        be due."""
+        if isinstance(msg, StepFailed):
+            self.sched.fail_step(msg)
+        else:
+            self.sched.commit(msg)
+            self.stats.on_result(msg)
+        return self._due_samples()
+
+    # ---- out -----------------------------------------------------------------------------------
+    def poll_timeout_ms(self) -> int | None:
+        """How long the process loop may wait for a message: forever when idle, 0 when a step can go."""
+        busy = self.sched.has_work or bool(self.sched.inflight)
+        if not busy:
+            self._idle = True
+        timeout = None if not busy else (0 if self._can_schedule() and not self._stalled else 50)
+        if self.sched.structured.compiling:
+            timeout = 2 if timeout is None else min(timeout, 2)  # wake up for finished compilations
+        return timeout
+
+    def pump(self) -> list[SchedulerOutput | SampleStep]:
+        """Admit finished compilations, then schedule up to the pipeline depth: the messages for the
+        workers, in order."""
+        if self.sched.structured.compiling:
+            self.sched.admit_compiled()
+        out: list[SchedulerOutput | SampleStep] = list(self._due_samples())
+        while self._can_schedule():
+            t0 = time.perf_counter()
+            step = self.sched.schedule()
+            self._stalled = step is None
+            if step is None:
+                break
+            step.after_idle, self._idle = self._idle, False
+            out.append(step)
+            self.stats.on_schedule(time.perf_counter() - t0)
+            out += self._due_samples()
+        return out
+
+    def take_outbox(self) -> list[msgspec.Struct]:
+        """Messages for the detokenizer, in order."""
+        return self.sched.take_outbox()
+
+    # ---- internals ------------------------------------------------------------------------------
+    def _can_schedule(self) -> bool:
+        # A deferred step's sample must reach the worker before the next step (which reads its tokens).
+        waiting_sample = any(s.needs_sample and not s.sample_sent for s in self.sched.inflight)
+        return self.sched.has_work and len(self.sched.inflight) < self.depth and not waiting_sample
+
+    def _due_samples(self) -> list[SampleStep]:
+        """The oldest step in flight has everything before it committed: its bitmask can be built."""
+        inflight = self.sched.inflight
+        if inflight and inflight[0].needs_sample and not inflight[0].sample_sent:
+            return [self.sched.build_sample(inflight[0])]
+        return []
+
+    def engine_stats(self, rid: str) -> EngineStats:
+        s, st, kv = self.sched.stats, self.stats, self.sched.kv
+        try:
+            self.sched.check_integrity()
+            integrity = "ok"
+        except AssertionError as e:
+            integrity = str(e)
+        return EngineStats(
+            rid, kv.allocator.size, kv.num_free_slots, kv.tree.evictable_size, kv.tree.protected_size,
+            len(self.sched.running), len(self.sched.waiting), len(self.sched.inflight), s.finished, s.aborted,
+            s.failed, s.retractions, s.steps, s.prefill_tokens, s.decode_tokens, st.schedule_s, st.worker_busy_s,
+            st.worker_idle_s, integrity, host_hit_tokens=kv.host_hit_tokens, host_kv_pool_size=kv.tree.host_size,
+            host_kv_used=kv.tree.host_used,
+        )
