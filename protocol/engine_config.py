@@ -49,6 +49,12 @@ class EngineConfig:
     )
     torch_threads: int | None = field(default=None, metadata={"help": "worker's torch intra-op threads"})
     async_scheduling: bool = True
+    speculative_method: str | None = field(
+        default=None, metadata={"help": "ngram: prompt-lookup draft tokens, verified in the forward"}
+    )
+    num_speculative_tokens: int = field(default=4, metadata={"help": "draft tokens per step (K)"})
+    prompt_lookup_min: int = field(default=2, metadata={"help": "shortest n-gram the ngram drafter matches"})
+    prompt_lookup_max: int = field(default=4, metadata={"help": "longest n-gram the ngram drafter matches"})
     seed: int = 0
     grammar_compile_timeout_s: float = field(
         default=30.0, metadata={"help": "per structured-output grammar; past it the request fails"}
@@ -92,6 +98,12 @@ class EngineConfig:
             raise bad("dist_init_addr", "is required with nnodes > 1 (host:port of node 0)")
         if self.device not in ("auto", "cpu", "cuda"):
             raise bad("device", "must be auto, cpu or cuda")
+        if self.speculative_method not in (None, "ngram"):
+            raise bad("speculative_method", "must be ngram (or unset: no speculation)")
+        if self.num_speculative_tokens < 1:
+            raise bad("num_speculative_tokens", "must be >= 1")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise bad("prompt_lookup_max", f"must be >= prompt_lookup_min={self.prompt_lookup_min} >= 1")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise bad("dtype", "must be auto, float32, bfloat16 or float16")
         if self.attention_backend not in ("auto", "torch", "torch-runs", "torch-gather", "triton"):
@@ -105,6 +117,11 @@ class EngineConfig:
         if unknown:
             raise TypeError(f"unknown engine option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         return cls(model=model, **options)  # type: ignore[arg-type]
+
+    @property
+    def spec_tokens(self) -> int:
+        """Draft tokens per step; 0 without speculation."""
+        return self.num_speculative_tokens if self.speculative_method else 0
 
     def options(self) -> dict[str, object]:
         """Everything but the model: the keyword options of `Client.launch(model, **options)`."""

@@ -206,6 +206,9 @@ class ScheduledReq(msgspec.Struct, array_like=True):
     slot_start: int
     slots: list[int]
     sample: bool  # the step reaches the end of the known tokens: sample the next one
+    # Speculation: the last num_drafts of num_tokens are the worker's own draft tokens (already in its
+    # token buffer past the known ones); it verifies them and returns 1 + the accepted ones.
+    num_drafts: int = 0
 
 
 class KVCopies(msgspec.Struct, array_like=True):
@@ -252,8 +255,9 @@ WorkerInMsg = SchedulerOutput | SampleStep | Shutdown
 # ---- worker -> scheduler ---------------------------------------------------------------------
 class ModelRunnerOutput(msgspec.Struct, tag="result"):
     step_id: int
-    sampled: list[int]  # one per scheduled request with sample=True, in scheduled order
-    # Aligned with `sampled` when any sampling request asked for logprobs (None entries for the others).
+    sampled: list[int]  # for each scheduled request with sample=True, in scheduled order, its tokens:
+    num_sampled: list[int] | None = None  # how many of `sampled` each has (None: one each; more with drafts)
+    # One per sampling request when any asked for logprobs (None entries for the others).
     logprobs: list[Logprobs | None] | None = None
     # Per request row: logprobs of the prompt tokens this step's chunk predicts (rows that asked).
     prompt_logprobs: dict[int, Logprobs] | None = None

@@ -6,12 +6,14 @@ from collections.abc import Callable
 
 from scheduler.kv_cache import KVCacheManager
 from scheduler.req import Req
+from scheduler.spec_decode import num_drafts
 from scheduler.step_plan import StepPlan
 
 
 def schedule_running(
-    running: list[Req], kv: KVCacheManager, plan: StepPlan, retract: Callable[[Req], None]
+    running: list[Req], kv: KVCacheManager, plan: StepPlan, retract: Callable[[Req], None], spec_tokens: int = 0
 ) -> None:
+    """spec_tokens: draft tokens a decode may verify (speculative decoding; 0: off)."""
     for req in list(running):
         if plan.budget <= 0:
             break
@@ -26,14 +28,19 @@ def schedule_running(
         n = min(todo, plan.prefill_budget if prefilling else plan.budget)
         if n <= 0:
             continue
-        slots = kv.grow(req, n)
+        drafts = 0 if prefilling else min(num_drafts(req, spec_tokens), plan.budget - n)
+        slots = kv.grow(req, n + drafts)
+        if slots is None and drafts:
+            drafts = 0  # short of KV: drafts are the first thing to go, before any retraction
+            slots = kv.grow(req, n)
+        n += drafts
         while slots is None:
             victim = pick_victim(running, exclude=req)
             if victim is None:
                 return  # nothing left to retract: req waits for in-flight steps to free memory
             retract(victim)
             slots = kv.grow(req, n)
-        plan.add(req, n, slots)
+        plan.add(req, n, slots, drafts=drafts)
 
 
 def pick_victim(running: list[Req], exclude: Req) -> Req | None:

@@ -126,6 +126,16 @@ class KVCacheManager:
         req.kv_allocated_len += n
         return slots
 
+    def shrink(self, req: Req, n: int) -> None:
+        """Give back the last n positions of req's allocation (rejected draft tokens). Pages are freed
+        whole: a partly used last page stays with the request, and grow() continues in it."""
+        assert req.req_pool_idx is not None and req.kv_allocated_len - n >= req.kv_committed_len
+        old = req.kv_allocated_len
+        req.kv_allocated_len -= n
+        keep = -(-req.kv_allocated_len // self.page_size) * self.page_size
+        if old > keep:
+            self.allocator.free(self.req_table.slots(req.req_pool_idx, keep, old))
+
     # ---- caching and release -----------------------------------------------------------------------
     def cache_unfinished(self, req: Req) -> None:
         """Chunked prefill inserts as it goes: hand the committed, page-aligned prefix to the tree.

@@ -32,6 +32,7 @@ from scheduler.finish import FinishReason
 from scheduler.kv_cache import KVCacheManager
 from scheduler.prefill import admit_waiting
 from scheduler.req import Req
+from scheduler.spec_decode import SpecStats, rollback
 from scheduler.step_plan import InflightStep, StepPlan, to_output
 from scheduler.stop_checker import StopChecker, StopMatch
 from scheduler.structured import StructuredOutput
@@ -68,6 +69,7 @@ class Scheduler:
         self._deltas: list[TokenDelta] = []
         self._delta_of: dict[str, TokenDelta] = {}
         self.stats = SchedulerStats()
+        self.spec = SpecStats()
         self.stop_checker = StopChecker(cfg.model)
         self.structured = StructuredOutput(cfg.model, info.vocab_size, cfg.grammar_compile_timeout_s)
         self._next_step = 0
@@ -145,7 +147,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput | None:
         budget = self.cfg.max_num_batched_tokens
         plan = StepPlan(budget=budget, prefill_cap=self.cfg.chunked_prefill_tokens or budget)
-        schedule_running(self.running, self.kv, plan, self._retract)
+        schedule_running(self.running, self.kv, plan, self._retract, self.cfg.spec_tokens)
         admit_waiting(self.waiting, self.running, self.kv, plan, self.cfg.max_running_requests)
         self._note_first_scheduled(plan.reqs)
         if not plan.items:
@@ -172,28 +174,38 @@ class Scheduler:
                 req.kv_committed_len += n
         if result.prompt_logprobs:
             self._add_prompt_logprobs(step, result.prompt_logprobs)
-        logprobs = result.logprobs or [None] * len(result.sampled)
-        for i, tok, lp in zip(step.samplers, result.sampled, logprobs):
+        counts = result.num_sampled or [1] * len(step.samplers)
+        logprobs = result.logprobs or [None] * len(step.samplers)
+        pos = 0
+        for i, count, lp in zip(step.samplers, counts, logprobs):
+            tokens = result.sampled[pos : pos + count]
+            pos += count
             req = step.reqs[i]
             if req.finished() or step.epochs[i] != req.epoch:
                 continue  # the overrun of a request that already ended (or was retracted): dropped
-            req.num_output_placeholders -= 1
-            matched, grammar_done = None, False
-            if req.to_finish is None:
-                try:
-                    matched, grammar_done = self._accept_token(req, tok, lp)
-                except Exception as e:  # one request's fault (grammar, tokenizer) fails it alone
-                    req.to_finish = FinishReason.error(f"{type(e).__name__}: {e}", "request_failed.internal")
-            req.check_finished(matched, grammar_done)
-            if req.finished():
-                self._finalize(req)
-        for req, epoch, n in zip(step.reqs, step.epochs, step.num_tokens):
+            drafts = step.num_drafts[i]
+            req.num_output_placeholders -= 1 + drafts
+            if drafts:
+                self.spec.record(drafts, len(tokens) - 1)
+                rollback(req, self.kv, drafts, len(tokens) - 1)
+            for tok in tokens:  # an accepted run ends at the first token that finishes the request
+                matched, grammar_done = None, False
+                if req.to_finish is None:
+                    try:
+                        matched, grammar_done = self._accept_token(req, tok, lp)
+                    except Exception as e:  # one request's fault (grammar, tokenizer) fails it alone
+                        req.to_finish = FinishReason.error(f"{type(e).__name__}: {e}", "request_failed.internal")
+                req.check_finished(matched, grammar_done)
+                if req.finished():
+                    self._finalize(req)
+                    break
+        for req, epoch, n, drafts in zip(step.reqs, step.epochs, step.num_tokens, step.num_drafts):
             if epoch != req.epoch or req.finished():
                 continue
             if req.to_finish is not None and req.num_inflight_steps == 0:
                 req.check_finished()
                 self._finalize(req)
-            elif n > 1:
+            elif n - drafts > 1:
                 self.kv.cache_unfinished(req)  # a prefill (chunk): others can reuse it while this one runs
         self._flush_deltas()
         if self.cfg.debug_integrity:

@@ -22,17 +22,19 @@ class StepPlan:
         return min(self.budget, self.prefill_cap - self.prefill_used)
 
     def add(
-        self, req: Req, n: int, slots: list[int], slot_start: int | None = None, prefix: list[int] | None = None
+        self, req: Req, n: int, slots: list[int], slot_start: int | None = None, prefix: list[int] | None = None,
+        drafts: int = 0,
     ) -> None:
         """Schedule n tokens of req whose KV slots were just allocated (a new request also sends its
-        cached prefix's slots, from position 0)."""
+        cached prefix's slots, from position 0); the last `drafts` of them are the worker's draft tokens,
+        counted as if all will be accepted (spec_decode.rollback corrects that at commit)."""
         start = req.num_computed_tokens
-        if n > 1 or start < len(req.origin_input_ids):
+        if n - drafts > 1 or start < len(req.origin_input_ids):
             self.prefill_used += n
         req.num_computed_tokens += n
-        sample = req.num_computed_tokens == req.seq_len
+        sample = req.num_computed_tokens - drafts == req.seq_len
         if sample:
-            req.num_output_placeholders += 1
+            req.num_output_placeholders += 1 + drafts
         req.num_inflight_steps += 1
         self.budget -= n
         self.reqs.append(req)
@@ -40,7 +42,7 @@ class StepPlan:
             slot_start = start
         all_slots = (prefix or []) + slots
         assert req.req_pool_idx is not None
-        self.items.append(ScheduledReq(req.req_pool_idx, n, slot_start, all_slots, sample))
+        self.items.append(ScheduledReq(req.req_pool_idx, n, slot_start, all_slots, sample, drafts))
 
 
 @dataclass
@@ -49,6 +51,7 @@ class InflightStep:
     reqs: list[Req]
     epochs: list[int]  # each req's retraction epoch at scheduling time: stale results are dropped
     num_tokens: list[int]
+    num_drafts: list[int]  # of num_tokens, the draft tokens to verify
     samplers: list[int]  # indices into reqs of those that sample, in result order
     needs_sample: bool = False  # structured output: the worker waits for a SampleStep with the bitmask
     sample_sent: bool = False
@@ -63,6 +66,7 @@ def to_output(step_id: int, freed_rows: list[int], plan: StepPlan) -> tuple[Sche
         plan.reqs,
         [r.epoch for r in plan.reqs],
         [it.num_tokens for it in plan.items],
+        [it.num_drafts for it in plan.items],
         samplers,
         needs_sample=defer,
     )

@@ -14,9 +14,19 @@ def toy_next(prev: int, pos: int) -> int:
     return (prev * 31 + pos * 7 + 3) % VOCAB
 
 
+def true_drafts(tokens: list[int], k: int) -> list[int]:
+    """The k tokens the toy model will produce next: every draft is accepted."""
+    return expected_output(tokens, k)
+
+
 class FakeWorker:
-    def __init__(self, num_slots: int, next_token: Callable[[int, int], int] = toy_next) -> None:
-        self.next_token = next_token  # (previous token, position) -> the token sampled there
+    """`next_token(prev, pos)`: the token sampled there. `drafter(tokens, k)`: the k draft tokens proposed
+    after each sample (speculative decoding); the default proposes the toy model's own continuation, so
+    all are accepted."""
+
+    def __init__(self, num_slots: int, next_token: Callable[[int, int], int] = toy_next,
+                 drafter: Callable[[list[int], int], list[int]] = true_drafts, k: int = 0) -> None:
+        self.next_token = next_token
         self.tokens: dict[int, list[int]] = {}
         self.computed: dict[int, int] = {}
         self.kv: dict[int, dict[int, int]] = {}  # row -> position -> slot
@@ -27,6 +37,8 @@ class FakeWorker:
         self.num_slots = num_slots
         self.copied_to_host = self.copied_to_device = 0
         self.steps: list[SchedulerOutput] = []
+        self.drafter, self.k = drafter, k
+        self.drafts: dict[int, list[int]] = {}  # row -> drafts proposed after its last sample
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         self.steps.append(so)
@@ -48,33 +60,48 @@ class FakeWorker:
                 self.slot_content[d] = self.host_content[h]  # type: ignore[assignment]
             self.copied_to_host += len(c.to_host_src)
             self.copied_to_device += len(c.to_device_src)
-        sampled = []
+        sampled: list[int] = []
+        counts: list[int] = []
         for s in so.scheduled:
             row = s.req_idx
             start = self.computed[row]
-            if s.slot_start > start:
-                raise AssertionError("slots start past the computed tokens")
+            if s.slot_start > start + s.num_tokens:
+                raise AssertionError("slots start past this step's tokens")
             for i, slot in enumerate(s.slots):
                 if not 1 <= slot <= self.num_slots:
                     raise AssertionError(f"slot {slot} out of range")
                 self.kv[row][s.slot_start + i] = slot
             end = start + s.num_tokens
-            if end > len(self.tokens[row]):
-                raise AssertionError(f"row {row}: computing to {end} but only {len(self.tokens[row])} known")
-            toks = self.tokens[row]
+            drafts = self.drafts.get(row, [])[: s.num_drafts]
+            if len(drafts) != s.num_drafts:
+                raise AssertionError(f"row {row}: {s.num_drafts} drafts scheduled, {len(drafts)} proposed")
+            toks = self.tokens[row] + drafts  # drafts sit past the known tokens
+            if end > len(toks):
+                raise AssertionError(f"row {row}: computing to {end} but only {len(toks)} known")
             for pos in range(start, end):
                 self.slot_content[self.kv[row][pos]] = hash(tuple(toks[: pos + 1]))
             for pos in range(end):
                 if self.slot_content.get(self.kv[row][pos]) != hash(tuple(toks[: pos + 1])):
                     raise AssertionError(f"row {row} position {pos}: its KV slot holds another prefix's KV")
-            self.computed[row] = end
-            if s.sample:
-                if end != len(self.tokens[row]):
-                    raise AssertionError("sample before the end of the known tokens")
-                tok = self.next_token(self.tokens[row][-1], end)
-                self.tokens[row].append(tok)
-                sampled.append(tok)
-        return ModelRunnerOutput(so.step_id, sampled)
+            if not s.sample:
+                self.computed[row] = end
+                continue
+            if end != len(toks):
+                raise AssertionError("sample before the end of the known tokens")
+            # Greedy verification: each position's target; drafts are accepted while they equal it.
+            known = len(self.tokens[row])
+            out = []
+            for j in range(s.num_drafts + 1):
+                out.append(self.next_token(toks[known - 1 + j], known + j))
+                if j == s.num_drafts or drafts[j] != out[-1]:
+                    break
+            self.tokens[row] += out
+            self.computed[row] = known - 1 + len(out)  # the rejected drafts' KV is not the row's
+            self.drafts[row] = self.drafter(self.tokens[row], self.k) if self.k else []
+            sampled += out
+            counts.append(len(out))
+        spec = any(s.num_drafts for s in so.scheduled)
+        return ModelRunnerOutput(so.step_id, sampled, num_sampled=counts if spec else None)
 
 
 def expected_output(prompt: list[int], n: int, stop: set[int] | None = None) -> list[int]:

@@ -7,43 +7,50 @@ import random
 import pytest
 
 from protocol.engine_config import EngineConfig
-from protocol.messages import RequestFailed, StepFailed, TokenBatch, TokenizedRequest
+from protocol.messages import RequestFailed, SampleStep, TokenBatch, TokenizedRequest
 from protocol.model_info import ModelInfo
 from protocol.sampling_params import SamplingParams
 from scheduler.req import KVPopError
 from scheduler.scheduler import Scheduler
-from tests.fake_worker import VOCAB, FakeWorker, expected_output
+from scheduler.step_driver import StepDriver
+from tests.fake_worker import VOCAB, FakeWorker, expected_output, true_drafts
 
 
 def make(slots: int = 4096, depth: int = 1, budget: int = 256, max_running: int = 64, max_len: int = 512,
-         page: int = 1, cache: bool = True, chunk: int | None = None):
+         page: int = 1, cache: bool = True, chunk: int | None = None, spec: int = 0, drafter=true_drafts):
     cfg = EngineConfig(model="x", max_num_batched_tokens=budget, max_running_requests=max_running,
-                       async_scheduling=depth == 2, page_size=page, prefix_cache=cache, chunked_prefill_tokens=chunk)
+                       async_scheduling=depth == 2, page_size=page, prefix_cache=cache, chunked_prefill_tokens=chunk,
+                       speculative_method="ngram" if spec else None, num_speculative_tokens=spec or 4)
     info = ModelInfo(vocab_size=VOCAB, max_model_len=max_len, eos_token_ids=[0], architecture="fake")
-    return Scheduler(cfg, info, slots), FakeWorker(slots + page - 1)
+    return Scheduler(cfg, info, slots), FakeWorker(slots + page - 1, drafter=drafter, k=spec)
 
 
 def run(sched: Scheduler, worker: FakeWorker, depth: int, on_step=None, max_steps: int = 10_000):
-    """Drive the pipeline like the scheduler process: up to `depth` steps in flight, in-order commits."""
+    """Drive the real pipeline driver (as the scheduler process does) against the fake worker: up to
+    `depth` steps in flight, in-order commits, one result committed per iteration."""
+    driver = StepDriver(sched, depth)
     outputs: dict[str, list[int]] = {}
     ends: dict[str, tuple[str, object]] = {}
-    queue = []
+    queue: list = []
+    deferred: dict = {}  # step id -> its result, held until its SampleStep (structured output)
+
+    def send(msgs) -> None:  # noqa: ANN001
+        for m in msgs:
+            if isinstance(m, SampleStep):
+                queue.append(deferred.pop(m.step_id))
+            elif m.defer_sample:
+                deferred[m.step_id] = worker.execute(m)
+            else:
+                queue.append(worker.execute(m))
+
     for step in range(max_steps):
-        while sched.has_work and len(sched.inflight) < depth:
-            so = sched.schedule()
-            if so is None:
-                break
-            queue.append(worker.execute(so))
+        send(driver.pump())
         if on_step:
             on_step(step)
         if queue:
-            result = queue.pop(0)
-            if isinstance(result, StepFailed):
-                sched.fail_step(result)
-            else:
-                sched.commit(result)
+            send(driver.on_result(queue.pop(0)))
         sched.check_integrity()
-        for msg in sched.take_outbox():
+        for msg in driver.take_outbox():
             if isinstance(msg, TokenBatch):
                 for d in msg.deltas:
                     outputs.setdefault(d.rid, []).extend(d.token_ids)
@@ -55,6 +62,8 @@ def run(sched: Scheduler, worker: FakeWorker, depth: int, on_step=None, max_step
                 ends[msg.rid] = ("error", msg.code)
         if not sched.has_work and not sched.inflight and not queue:
             break
+    else:
+        raise AssertionError(f"not done after {max_steps} steps")
     # At idle every slot is free or in the prefix cache, unlocked (evictable).
     assert sched.kv.tree.protected_size == 0, "a finished request still locks the cache"
     assert sched.kv.available_slots == sched.kv.allocator.size, "KV leaked"
