@@ -197,6 +197,8 @@ class Scheduler:
                         req.to_finish = FinishReason.error(f"{type(e).__name__}: {e}", "request_failed.internal")
                 req.check_finished(matched, grammar_done)
                 if req.finished():
+                    # The accepted tokens after the end are dropped, and so is their KV.
+                    req.kv_committed_len = min(req.kv_committed_len, len(req.fill_ids))
                     self._finalize(req)
                     break
         for req, epoch, n, drafts in zip(step.reqs, step.epochs, step.num_tokens, step.num_drafts):
