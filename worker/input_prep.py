@@ -85,8 +85,8 @@ def use_triton(device: torch.device) -> bool:
 def prepare_inputs(
     sched: list[ScheduledReq], state: RequestState, kv: KVCache, prompt_lp: PromptLogprobsPlan | None = None
 ) -> ForwardBatch:
-    """The step's batch. Its logits_indices: the last token of every request that samples, in scheduled
-    order, then prompt_lp.logits_indices when given."""
+    """The step's batch. Its logits_indices: the last known token of every request that samples, then
+    its draft tokens if it has some, in scheduled order; then prompt_lp.logits_indices when given."""
     device = state.device
     rows: list[int] = []
     starts: list[int] = []
@@ -102,9 +102,11 @@ def prepare_inputs(
     for s in sched:
         r = s.req_idx
         start = state.num_computed[r]
-        if start + s.num_tokens > state.num_tokens[r]:
+        known = start + s.num_tokens - s.num_drafts  # drafts sit past the known tokens, verified at the end
+        if known > state.num_tokens[r] or (s.num_drafts and known != state.num_tokens[r]):
             raise RuntimeError(
-                f"row {r}: asked for tokens up to {start + s.num_tokens}, knows {state.num_tokens[r]}"
+                f"row {r}: asked for tokens up to {start + s.num_tokens} with {s.num_drafts} drafts, "
+                f"knows {state.num_tokens[r]}"
             )
         if s.slots:
             slot_rows.extend(array("q", [r]) * len(s.slots))
@@ -116,8 +118,8 @@ def prepare_inputs(
         cu_lens.append(total)
         seq_lens.append(start + s.num_tokens)
         total += s.num_tokens
-        if s.sample:
-            logits_idx.append(total - 1)
+        if s.sample:  # with drafts: every draft position too, to verify it
+            logits_idx += range(total - 1 - s.num_drafts, total)
     if prompt_lp is not None:
         logits_idx += prompt_lp.logits_indices
     rows_t, starts_t, lens_t, cu_t, seq_t, logits_t, srow_t, scol_t, sval_t = to_device(
@@ -145,22 +147,32 @@ def prepare_inputs(
 
 
 def advance_state(
-    sched: list[ScheduledReq], state: RequestState, sampled: Sequence[int] | torch.Tensor
+    sched: list[ScheduledReq],
+    state: RequestState,
+    sampled: Sequence[int] | torch.Tensor,
+    counts: Sequence[int] | None = None,
 ) -> None:
     """After the step: computed counters move, sampled tokens join each row's token buffer. `sampled`
-    may be the sampler's device tensor (in sampling order), which then never visits the host."""
+    may be the sampler's device tensor (in sampling order), which then never visits the host.
+    counts: tokens per sampling request (speculation: 1 + its accepted drafts; None: one each)."""
     rows: list[int] = []
     cols: list[int] = []
+    k = 0
     for s in sched:
         r = s.req_idx
-        state.num_computed[r] += s.num_tokens
-        if s.sample:
-            n = state.num_tokens[r]
-            if n >= state.max_context:
-                raise RuntimeError(f"row {r} exceeds the context of {state.max_context}")
-            rows.append(r)
-            cols.append(n)
-            state.num_tokens[r] = n + 1
+        if not s.sample:
+            state.num_computed[r] += s.num_tokens
+            continue
+        c = counts[k] if counts is not None else 1
+        k += 1
+        # Rejected drafts were computed but are not the row's: their KV is overwritten later.
+        state.num_computed[r] += s.num_tokens - s.num_drafts + c - 1
+        n = state.num_tokens[r]
+        if n + c > state.max_context:
+            raise RuntimeError(f"row {r} exceeds the context of {state.max_context}")
+        rows += [r] * c
+        cols += range(n, n + c)
+        state.num_tokens[r] = n + c
     if not rows:
         return
     if isinstance(sampled, torch.Tensor):

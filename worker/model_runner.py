@@ -24,6 +24,7 @@ from worker.penalties import process_logits
 from worker.pending_step import PendingStep, StepClock
 from worker.request_state import RequestState
 from worker.sampler import sample
+from worker.spec_verify import propose_drafts, sample_with_drafts
 
 
 @dataclass
@@ -101,12 +102,13 @@ class ModelRunner:
         logits = self.model.forward(batch, self.kv)
         rows = [s.req_idx for s in so.scheduled if s.sample]
         step = PendingStep(so.step_id, None)
-        if plp is not None:  # the prompt positions' logits follow the sampling rows'
+        if plp is not None:  # the prompt positions' logits follow the sampling rows' (and drafts')
+            n = len(rows) + sum(s.num_drafts for s in so.scheduled)
             try:
-                step.prompt_logprobs = prompt_logprobs(logits[len(rows) :], plp)
+                step.prompt_logprobs = prompt_logprobs(logits[n:], plp)
             except torch.OutOfMemoryError as e:  # a long chunk's [positions, vocab] log-softmax
                 raise RequestFault(plp.rows, "request_failed.out_of_memory", f"prompt logprobs: {e}") from e
-            logits = logits[: len(rows)]
+            logits = logits[:n]
         if so.defer_sample:
             self._deferred = _Deferred(so, step, logits, rows, t0, start)
             self._current = None
@@ -156,9 +158,14 @@ class ModelRunner:
         start: torch.cuda.Event | None,
     ) -> PendingStep:
         tokens = None
-        if rows:
+        if any(s.num_drafts for s in so.scheduled):
+            tokens, step.num_sampled, step.logprobs = sample_with_drafts(logits, so.scheduled, self.state, self._sample)
+        elif rows:
             tokens, step.logprobs = self._sample(logits, rows)
-        advance_state(so.scheduled, self.state, tokens if tokens is not None else [])
+        advance_state(so.scheduled, self.state, tokens if tokens is not None else [], step.num_sampled)
+        if self.cfg.spec_tokens:  # the next step's drafts, from this step's real tokens, on the device
+            cfg = self.cfg
+            propose_drafts(so.scheduled, self.state, cfg.spec_tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max)
         if tokens is not None:
             # Pinned + non_blocking: on CUDA the copy is queued behind the step, not waited for.
             host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=self.device.type == "cuda")

@@ -113,14 +113,15 @@ class RequestState:
     def num_outputs(self, i: int) -> int:
         return self.num_tokens[i] - self.num_prompt[i]
 
-    def seeded_generator(self, i: int) -> torch.Generator | None:
+    def seeded_generator(self, i: int, ahead: int = 0) -> torch.Generator | None:
         """The row's generator, seeded by (seed, output position): the draw for the k-th output of
-        a request is the same whatever the batch, and after a retraction."""
+        a request is the same whatever the batch, and after a retraction. `ahead`: for the output that
+        many positions after the next (a draft token's verification)."""
         seed = self.seed[i]
         if seed is None:
             return None
         g = self.generators[i]
         assert g is not None
-        k = self.num_tokens[i] - self.num_prompt[i]
+        k = self.num_tokens[i] - self.num_prompt[i] + ahead
         g.manual_seed((seed * _GOLDEN + k) % (2**63))
         return g

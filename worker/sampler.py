@@ -92,6 +92,25 @@ def sample(
     return out if is_greedy is None else torch.where(is_greedy, logits.argmax(dim=-1), out)
 
 
+def sampling_probs(
+    logits: torch.Tensor, temps: list[float], ks: list[int], ps: list[float], mps: list[float]
+) -> torch.Tensor:
+    """The distribution sample() draws a non-greedy row from: logits [B, V] with temperature (> 0), top-k
+    (<= 0 or >= V: off), top-p (>= 1: off) and min-p (<= 0: off) -> probabilities [B, V], normalised.
+    Speculative decoding's rejection rule needs it explicitly (worker/spec_verify.py)."""
+    vocab, dev = logits.shape[-1], logits.device
+    x = logits / torch.tensor(temps, device=dev, dtype=logits.dtype)[:, None]
+    ks_h = [k if 0 < k < vocab else vocab for k in ks]
+    if any(k < vocab or p < 1.0 for k, p in zip(ks_h, ps, strict=True)):
+        x = _top_k_top_p(x, ks_h, ps)
+    probs = x.softmax(dim=-1)
+    if any(m > 0 for m in mps):
+        thresh = probs.amax(dim=-1, keepdim=True) * torch.tensor(mps, device=dev, dtype=probs.dtype)[:, None]
+        probs = probs.masked_fill(probs < thresh, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
 def _top_k_top_p(
     x: torch.Tensor, ks: list[int], ps: list[float], k_t: torch.Tensor | None = None,
     p_t: torch.Tensor | None = None,

@@ -1,0 +1,157 @@
+"""Speculative decoding, the worker's side: verify draft tokens against the target's logits at every
+draft position, and propose the next step's drafts on the device.
+
+Greedy rows accept the longest prefix of drafts equal to the target's argmax, plus the argmax after
+it. Sampled rows use the rejection rule for a deterministic proposer: draft d at a position is
+accepted with probability p(d); at the first rejection the token is drawn from p with d removed and
+renormalised; after all are accepted, a bonus token from p. Each emitted token is then distributed
+exactly as p (P(d) = p(d), P(x != d) = (1 - p(d)) * p(x) / (1 - p(d))), so outputs follow the
+target's distribution whatever the drafts.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from kernels.ngram_propose import propose_ngram_ref, propose_ngram_triton
+from protocol.messages import Logprobs, ScheduledReq
+from protocol.sampling_params import GREEDY_BELOW_TEMPERATURE
+from worker.host_to_device import to_device
+from worker.input_prep import use_triton
+from worker.request_state import RequestState
+from worker.sampler import sampling_probs
+
+
+def verify(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    num_drafts: torch.Tensor,
+    temps: Sequence[float],
+    top_ks: Sequence[int],
+    top_ps: Sequence[float],
+    min_ps: Sequence[float],
+    generator: Callable[[int, int], torch.Generator | None],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, K+1, V] at each request's last known token and its K draft positions (rows past a
+    request's num_drafts[b] are padding); drafts [B, K]. generator(b, j): seeded for the draws at
+    position j of request b, just before they are made (None: unseeded). Returns tokens [B, K+1] and
+    counts [B]: request b emits tokens[b, :counts[b]]."""
+    b, k1, vocab = logits.shape
+    k = k1 - 1
+    dev = logits.device
+    pos = torch.arange(k, device=dev)
+    valid = pos[None, :] < num_drafts[:, None]
+    greedy = [t < GREEDY_BELOW_TEMPERATURE or tk == 1 for t, tk in zip(temps, top_ks, strict=True)]
+    out = torch.empty(b, k1, dtype=torch.int64, device=dev)
+    accepted = torch.empty(b, dtype=torch.int64, device=dev)
+    g_rows = [i for i in range(b) if greedy[i]]
+    s_rows = [i for i in range(b) if not greedy[i]]
+    if g_rows:
+        gi = torch.tensor(g_rows, device=dev)
+        target = logits[gi].argmax(dim=-1)
+        ok = (drafts[gi] == target[:, :k]) & valid[gi]
+        accepted[gi] = ok.long().cumprod(dim=-1).sum(dim=-1)
+        out[gi] = target  # accepted drafts equal the target there
+    if s_rows:
+        si = torch.tensor(s_rows, device=dev)
+        rep = [j for i in s_rows for j in [i] * k1]
+        probs = sampling_probs(
+            logits[si].reshape(-1, vocab), [temps[i] for i in rep], [top_ks[i] for i in rep],
+            [top_ps[i] for i in rep], [min_ps[i] for i in rep],
+        ).view(len(s_rows), k1, vocab)
+        d = drafts[si]
+        # One uniform (accept?) and V uniforms (the exponential race) per position.
+        u = torch.empty(len(s_rows), k1, vocab + 1, device=dev, dtype=probs.dtype)
+        for r, i in enumerate(s_rows):
+            for j in range(k1):
+                g = generator(i, j)
+                u[r, j].uniform_(generator=g) if g is not None else u[r, j].uniform_()
+        p_d = probs[:, :k].gather(-1, d[..., None]).squeeze(-1)
+        ok = (u[:, :k, 0] < p_d) & valid[si]
+        acc = ok.long().cumprod(dim=-1).sum(dim=-1)
+        # Residual at each draft position: p without the draft (only where a draft was verified).
+        resid = probs.clone()
+        drop = torch.zeros(len(s_rows), k1, vocab, dtype=torch.bool, device=dev)
+        drop[:, :k].scatter_(-1, d[..., None], valid[si][..., None])
+        resid = resid.masked_fill(drop, 0.0)
+        # p(d) == 1 within rounding and rejected anyway: nothing is left; keep p.
+        resid = torch.where(resid.sum(dim=-1, keepdim=True) > 0, resid, probs)
+        drawn = (resid / u[..., 1:].log_().neg_()).argmax(dim=-1)
+        padded = torch.cat([d, d[:, :1]], dim=-1)
+        out[si] = torch.where(torch.arange(k1, device=dev)[None, :] < acc[:, None], padded, drawn)
+        accepted[si] = acc
+    return out, accepted + 1
+
+
+PlainSampler = Callable[[torch.Tensor, list[int]], tuple[torch.Tensor, list[Logprobs | None] | None]]
+
+
+def sample_with_drafts(
+    logits: torch.Tensor, sched: list[ScheduledReq], state: RequestState, sample_plain: PlainSampler
+) -> tuple[torch.Tensor, list[int], list[Logprobs | None] | None]:
+    """The sampling logits of a step with drafts ([sum over samplers of 1 + num_drafts, V], in scheduled
+    order) -> every sampling request's tokens (flat, in order, on the device), their counts, and
+    logprobs per request (only plain ones have any). Requests without drafts go to sample_plain (the
+    runner's sampler, with penalties and logprobs). Reads the accepted counts to the host (a sync)."""
+    samplers = [s for s in sched if s.sample]
+    offsets, off = [], 0
+    for s in samplers:
+        offsets.append(off)
+        off += 1 + s.num_drafts
+    dev = logits.device
+    plain = [i for i, s in enumerate(samplers) if not s.num_drafts]
+    spec = [i for i, s in enumerate(samplers) if s.num_drafts]
+    parts: list[torch.Tensor] = []
+    plain_lps = None
+    if plain:
+        plain_tokens, plain_lps = sample_plain(
+            logits[torch.tensor([offsets[i] for i in plain], device=dev)], [samplers[i].req_idx for i in plain]
+        )
+        parts.append(plain_tokens)
+    k = max(samplers[i].num_drafts for i in spec)
+    rows = [samplers[i].req_idx for i in spec]
+    nd = [samplers[i].num_drafts for i in spec]
+    # [n_spec, K+1] logits rows and [n_spec, K] drafts; padding past a request's drafts repeats its last.
+    idx = [offsets[i] + min(j, n) for i, n in zip(spec, nd) for j in range(k + 1)]
+    cols = [state.num_tokens[r] + min(j, n - 1) for r, n in zip(rows, nd) for j in range(k)]
+    idx_t, rows_t, cols_t, nd_t = to_device([idx, [r for r in rows for _ in range(k)], cols, nd], dev)
+    drafts = state.tokens[rows_t, cols_t].view(len(spec), k)
+    out, counts_t = verify(
+        logits[idx_t].view(len(spec), k + 1, -1), drafts, nd_t,
+        [state.temperature[r] for r in rows], [state.top_k[r] for r in rows],
+        [state.top_p[r] for r in rows], [state.min_p[r] for r in rows],
+        lambda b, j: state.seeded_generator(rows[b], j),
+    )
+    parts.append(out.flatten())
+    spec_counts = counts_t.tolist()
+    # Gather each request's tokens, in sampling order, from [plain tokens | spec tokens row by row].
+    counts = [1] * len(samplers)
+    take: list[int] = []
+    base = len(plain)
+    p_of = {i: n for n, i in enumerate(plain)}
+    q_of = {i: n for n, i in enumerate(spec)}
+    for i in range(len(samplers)):
+        if i in p_of:
+            take.append(p_of[i])
+        else:
+            q = q_of[i]
+            counts[i] = spec_counts[q]
+            take += range(base + q * (k + 1), base + q * (k + 1) + counts[i])
+    tokens = torch.cat(parts)[torch.tensor(take, device=dev)]
+    lps: list[Logprobs | None] | None = None
+    if plain_lps is not None:
+        lps = [None] * len(samplers)
+        for n, i in enumerate(plain):
+            lps[i] = plain_lps[n]
+    return tokens, counts, lps
+
+
+def propose_drafts(sched: list[ScheduledReq], state: RequestState, k: int, min_n: int, max_n: int) -> None:
+    """Drafts for every row that just sampled, written past its known tokens (state already advanced)."""
+    rows = [s.req_idx for s in sched if s.sample]
+    if not rows:
+        return
+    rows_t, lens_t = to_device([rows, [state.num_tokens[r] for r in rows]], state.device)
+    propose = propose_ngram_triton if use_triton(state.device) else propose_ngram_ref
+    propose(state.tokens, rows_t, lens_t, k, min_n, max_n)
