@@ -62,7 +62,7 @@ class Detokenizer:
                 RequestOutput(
                     d.rid, text, d.token_ids, finished, d.finish_reason, d.matched_stop,
                     d.prompt_tokens, d.completion_tokens, d.logprobs, d.prompt_logprobs,
-                    d.time_stats, d.cached_tokens, d.load,
+                    d.time_stats, d.cached_tokens, d.load, d.spec_accepted_tokens,
                 )
             )
         return OutputBatch(outs)

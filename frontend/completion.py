@@ -38,6 +38,7 @@ class Completion:
     # The scheduler's timeline: metrics.queue_s, .ttft_s, .decode_s, .e2e_s, .retractions.
     metrics: TimeStats | None = None
     cached_tokens: int = 0
+    spec_accepted_tokens: int = 0  # draft tokens accepted (speculative decoding)
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text
@@ -53,6 +54,7 @@ class Completion:
             self.completion_tokens = out.completion_tokens
             self.metrics = out.time_stats
             self.cached_tokens = out.cached_tokens
+            self.spec_accepted_tokens = out.spec_accepted_tokens
 
 
 def _joined(acc: Logprobs | None, more: Logprobs) -> Logprobs:

@@ -106,6 +106,7 @@ class RequestOutput(msgspec.Struct, array_like=True):
     time_stats: TimeStats | None = None  # with the final output
     cached_tokens: int = 0  # prompt tokens served by the prefix cache; with the final output
     load: EngineLoad | None = None
+    spec_accepted_tokens: int = 0  # on the final output: draft tokens accepted (speculative decoding)
 
 
 class OutputBatch(msgspec.Struct, tag="outputs"):
@@ -144,6 +145,9 @@ class EngineStats(msgspec.Struct, tag="stats"):
     worker_busy_s: float
     worker_idle_s: float  # worker idle gaps between steps (the bubble)
     integrity: str  # "ok" or what check_integrity() found
+    spec_draft_tokens: int = 0  # speculative decoding: draft tokens verified ...
+    spec_accepted_tokens: int = 0  # ... and accepted
+    spec_accepted_per_position: list[int] = []  # [j]: drafts accepted at draft position j
     frontend_pending: int = 0  # filled in by the frontend
     # Host KV tier (--host-kv-tokens): prompt tokens whose KV was copied back from it instead of computed.
     host_hit_tokens: int = 0
@@ -311,6 +315,7 @@ class TokenDelta(msgspec.Struct, array_like=True):
     cached_tokens: int = 0
     load: EngineLoad | None = None
     stop_cut: int = 0  # a stop string ended it: characters to cut from the end of the text
+    spec_accepted_tokens: int = 0
 
 
 class TokenBatch(msgspec.Struct, tag="tokens"):

@@ -63,6 +63,8 @@ class Req:
         self.prompt_lp_delivered = 0
         self.prompt_lp_seen_this_epoch = 0
 
+        self.spec_accepted_tokens = 0  # draft tokens accepted (speculative decoding)
+
         self.grammar: Any = None  # a RequestGrammar (structured output) once compiled
 
         self.to_finish: FinishReason | None = None

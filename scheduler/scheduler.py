@@ -187,6 +187,7 @@ class Scheduler:
             req.num_output_placeholders -= 1 + drafts
             if drafts:
                 self.spec.record(drafts, len(tokens) - 1)
+                req.spec_accepted_tokens += len(tokens) - 1
                 rollback(req, self.kv, drafts, len(tokens) - 1)
             for tok in tokens:  # an accepted run ends at the first token that finishes the request
                 matched, grammar_done = None, False
@@ -328,6 +329,7 @@ class Scheduler:
         d.time_stats = req.time_stats
         d.cached_tokens = req.cached_tokens
         d.stop_cut = reason.cut
+        d.spec_accepted_tokens = req.spec_accepted_tokens
 
     def _note_first_scheduled(self, reqs: list[Req]) -> None:
         now = time.time()

@@ -113,4 +113,6 @@ class StepDriver:
             s.failed, s.retractions, s.steps, s.prefill_tokens, s.decode_tokens, st.schedule_s, st.worker_busy_s,
             st.worker_idle_s, integrity, host_hit_tokens=kv.host_hit_tokens, host_kv_pool_size=kv.tree.host_size,
             host_kv_used=kv.tree.host_used,
+            spec_draft_tokens=self.sched.spec.draft_tokens, spec_accepted_tokens=self.sched.spec.accepted_tokens,
+            spec_accepted_per_position=list(self.sched.spec.accepted_at),
         )

@@ -62,19 +62,19 @@ def verify(
         ).view(len(s_rows), k1, vocab)
         d = drafts[si]
         # One uniform (accept?) and V uniforms (the exponential race) per position.
-        u = torch.empty(len(s_rows), k1, vocab + 1, device=dev, dtype=probs.dtype)
+        u = torch.empty(len(s_rows), k1, vocab + 1, device=dev, dtype=probs.dtype).uniform_()
         for r, i in enumerate(s_rows):
             for j in range(k1):
                 g = generator(i, j)
-                u[r, j].uniform_(generator=g) if g is not None else u[r, j].uniform_()
+                if g is not None:  # seeded: this position's draws depend on the seed alone
+                    u[r, j].uniform_(generator=g)
         p_d = probs[:, :k].gather(-1, d[..., None]).squeeze(-1)
         ok = (u[:, :k, 0] < p_d) & valid[si]
         acc = ok.long().cumprod(dim=-1).sum(dim=-1)
         # Residual at each draft position: p without the draft (only where a draft was verified).
-        resid = probs.clone()
         drop = torch.zeros(len(s_rows), k1, vocab, dtype=torch.bool, device=dev)
         drop[:, :k].scatter_(-1, d[..., None], valid[si][..., None])
-        resid = resid.masked_fill(drop, 0.0)
+        resid = probs.masked_fill(drop, 0.0)
         # p(d) == 1 within rounding and rejected anyway: nothing is left; keep p.
         resid = torch.where(resid.sum(dim=-1, keepdim=True) > 0, resid, probs)
         drawn = (resid / u[..., 1:].log_().neg_()).argmax(dim=-1)
