@@ -1,4 +1,4 @@
-"""`tandem bench offline|latency`: workload flags plus every engine flag (from launch.cli_options).
+"""`tandem bench offline|latency|prefix|async|structured|spec`: workload flags plus every engine flag (from launch.cli_options).
 
 `--seed` is the engine's seed flag; the benchmarks also seed their random prompts with it.
 """
@@ -55,7 +55,14 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--num-requests", type=int, default=64)
     st.add_argument("--output-len", type=int, default=128)
 
-    for s in (o, lat, pre, asy, st):
+    sp = sub.add_parser("spec", help="speculative decoding on vs off, repetitive and random prompts",
+                        allow_abbrev=False)
+    add_engine_flags(sp)
+    sp.add_argument("--batches", default="1,16", help="comma-separated batch sizes")
+    sp.add_argument("--output-len", type=int, default=128)
+    sp.add_argument("--num-requests", type=int, default=1, help=argparse.SUPPRESS)
+
+    for s in (o, lat, pre, asy, st, sp):
         s.add_argument("--json", type=Path, help="also write the results here")
         s.add_argument("--skip-baseline", action="store_true", help="do not run transformers")
 
@@ -137,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
 
         batches = [int(b) for b in args.batches.split(",") if b]
         result = run_async(cfg, batches, parse_range(args.input_len), args.output_len, cfg.seed)
+    elif args.bench == "spec":
+        from benchmarks.spec_bench import run as run_spec
+
+        batches = [int(b) for b in args.batches.split(",") if b]
+        result = run_spec(cfg, batches, cfg.num_speculative_tokens, args.output_len, cfg.seed)
     elif args.bench == "structured":
         from benchmarks.structured_bench import run as run_structured
 

@@ -1,0 +1,97 @@
+"""`tandem bench spec`: speculative decoding (ngram) on vs off in one run, on a repetitive workload
+(prompts that hold most of their answer: code to reformat, a passage to quote) and a non-repetitive
+one (random tokens), at several batch sizes: output tok/s and the acceptance rate.
+
+The prompts are generated here, seeded, never downloaded.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from typing import Any
+
+from benchmarks.workload import random_prompts
+from protocol.engine_config import EngineConfig
+
+_WORDS = ("alpha beta gamma delta value total count index result buffer name item list map key "
+          "score limit offset width height price amount").split()
+
+
+def _code(rng: random.Random) -> str:
+    """A small generated Python function."""
+    name = "_".join(rng.sample(_WORDS, 2))
+    args = rng.sample(_WORDS, 3)
+    lines = [f"def {name}({', '.join(args)}):"]
+    for i in range(rng.randrange(6, 12)):
+        a, b = rng.sample(args, 2)
+        lines.append(f"    {rng.choice(_WORDS)}_{i} = {a} * {rng.randrange(2, 99)} + {b}")
+    lines.append(f"    return {args[0]}")
+    return "\n".join(lines)
+
+
+def _passage(rng: random.Random) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(rng.randrange(80, 140))) + "."
+
+
+def repetitive_prompts(n: int, seed: int) -> list[str]:
+    """Editing code and quoting a passage: the answer copies most of the prompt."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        if i % 2 == 0:
+            code = _code(rng)
+            out.append(f"Here is a function:\n\n{code}\n\nRewrite it with a docstring, keeping every line:\n\n"
+                       f"{code.splitlines()[0]}\n")
+        else:
+            text = _passage(rng)
+            out.append(f"Passage: {text}\n\nQuote the passage exactly, then summarise it.\nQuote: \"")
+    return out
+
+
+def _run_mode(cfg: EngineConfig, workloads: dict[str, dict[int, list]], output_len: int) -> dict[str, Any]:
+    from frontend import Client
+    from protocol import SamplingParams
+
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    out: dict[str, Any] = {}
+    with Client.launch(cfg.model, **cfg.options()) as client:
+        client.generate([5, 6, 7], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
+        for name, by_batch in workloads.items():
+            for b, prompts in by_batch.items():
+                before = client.stats()
+                t0 = time.perf_counter()
+                comps = client.generate_batch(prompts, params, progress=False)
+                dt = time.perf_counter() - t0
+                after = client.stats()
+                drafts = after.spec_draft_tokens - before.spec_draft_tokens
+                accepted = after.spec_accepted_tokens - before.spec_accepted_tokens
+                n = sum(len(c.token_ids) for c in comps)
+                out[f"{name}/{b}"] = {
+                    "tok_s": n / dt, "tokens": n, "steps": after.steps - before.steps,
+                    "acceptance": accepted / drafts if drafts else 0.0, "draft_tokens": drafts,
+                    "outputs": [c.token_ids for c in comps],
+                }
+    return out
+
+
+def run(cfg: EngineConfig, batches: list[int], k: int, output_len: int, seed: int) -> dict[str, Any]:
+    workloads = {
+        "repetitive": {b: repetitive_prompts(b, seed + b) for b in batches},
+        "random": {b: random_prompts(cfg.model, b, (64, 128), seed + b) for b in batches},
+    }
+    on = _run_mode(dataclasses.replace(cfg, speculative_method="ngram", num_speculative_tokens=k), workloads,
+                   output_len)
+    off = _run_mode(dataclasses.replace(cfg, speculative_method=None), workloads, output_len)
+    print(f"speculative decoding (ngram, K={k}) on vs off: greedy, output {output_len} tokens")
+    print(f"{'workload':>10} {'batch':>5} {'on tok/s':>9} {'off tok/s':>9} {'speedup':>8} {'accept':>7} "
+          f"{'steps on/off':>12} {'same':>5}")
+    for key in on:
+        name, b = key.split("/")
+        a, o = on[key], off[key]
+        same = a["outputs"] == o["outputs"]
+        print(f"{name:>10} {b:>5} {a['tok_s']:>9.1f} {o['tok_s']:>9.1f} {a['tok_s'] / o['tok_s']:>7.2f}x "
+              f"{100 * a['acceptance']:>6.1f}% {a['steps']:>5}/{o['steps']:<6} {'yes' if same else 'NO':>5}")
+    for r in (*on.values(), *off.values()):
+        del r["outputs"]
+    return {"benchmark": "spec", "k": k, "batches": batches, "spec_on": on, "spec_off": off}

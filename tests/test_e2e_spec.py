@@ -1,0 +1,158 @@
+"""Speculative decoding through the whole stack: with --speculative-method ngram, greedy outputs are
+token for token those of speculation off (async on and off, stop strings and max_tokens inside
+accepted runs, aborts in flight, KV pressure with retraction), and constrained requests stay valid and
+unchanged.
+
+Two models: the seeded tiny llama (its attention matters, so wrong KV after a rollback would show;
+its outputs rarely repeat, so most drafts are rejected) and a copy with every attention output
+projection zeroed (a bigram model: greedy outputs fall into short cycles, so most drafts are accepted
+and runs end inside accepted spans)."""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import jsonschema
+import pytest
+from safetensors.torch import load_file, save_file
+
+from protocol import SamplingParams
+from tests.conftest import check_idle_engine
+from tests.test_e2e_parity import prompts
+
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
+SPEC = {"speculative_method": "ngram", "num_speculative_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model, tmp_path_factory) -> dict[str, Path]:  # noqa: ANN001
+    base = tiny_model("llama")
+    loopy = tmp_path_factory.mktemp("spec") / "loopy"
+    shutil.copytree(base, loopy)
+    for f in loopy.glob("*.safetensors"):
+        w = load_file(f)
+        save_file({k: v * 0 if "o_proj" in k else v for k, v in w.items()}, f, metadata={"format": "pt"})
+    return {"attn": base, "loopy": loopy}
+
+
+@pytest.fixture(scope="module")
+def engines(models, request):  # noqa: ANN001, ANN201
+    """(model, mode) -> a client; mode: off, async or sync (speculation on)."""
+    from frontend import Client
+
+    made: dict = {}
+
+    def get(model: str, mode: str, **opts: object):  # noqa: ANN202
+        key = (model, mode, tuple(sorted(opts.items())))
+        if key not in made:
+            spec = {} if mode == "off" else SPEC
+            c = Client.launch(str(models[model]), kv_cache_tokens=opts.pop("kv", 8192), max_running_requests=64,
+                              async_scheduling=mode != "sync", **spec, **opts)
+            request.addfinalizer(c.close)
+            made[key] = c
+        return made[key]
+
+    return get
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_greedy_equals_off_on_the_parity_prompts(engines, mode: str) -> None:  # noqa: ANN001
+    ps = prompts(1000)[::3] + [p * 3 for p in prompts(1000, seed=4)[2:5]]  # some repeat themselves
+    params = SamplingParams(max_tokens=24, **GREEDY)
+    want = [o.token_ids for o in engines("attn", "off").generate_batch(ps, params, progress=False)]
+    on = engines("attn", mode)
+    got = on.generate_batch(ps, params, progress=False)
+    assert [o.token_ids for o in got] == want
+    st = on.stats()
+    assert st.spec_draft_tokens > 0 and 0 < st.spec_accepted_tokens < st.spec_draft_tokens
+    check_idle_engine(on)
+
+
+def test_runs_end_inside_accepted_spans_like_off(engines) -> None:  # noqa: ANN001
+    off, on = engines("loopy", "off"), engines("loopy", "async")
+    rng = random.Random(3)
+    ps = [[rng.randrange(3, 1000) for _ in range(rng.randrange(1, 12))] for _ in range(3)]
+    before = on.stats().spec_accepted_tokens
+    accepted = 0
+    for max_tokens in (1, 7, 29, 63):
+        params = SamplingParams(max_tokens=max_tokens, **GREEDY)
+        want = off.generate_batch(ps, params, progress=False)
+        got = on.generate_batch(ps, params, progress=False)
+        assert [(o.token_ids, o.finish_reason) for o in got] == [(o.token_ids, o.finish_reason) for o in want]
+        accepted += sum(o.spec_accepted_tokens for o in got)
+    # Stop strings and stop tokens from inside the (cycling) output, with the text after them dropped.
+    full = off.generate_batch(ps, SamplingParams(max_tokens=48, **GREEDY), progress=False)
+    for i, (p, f) in enumerate(zip(ps, full)):
+        k = rng.randrange(30, 48)
+        stop = f.text[len(f.text) * 3 // 4 :][:3]  # late: in the cycle, where runs are accepted
+        cases = [
+            SamplingParams(max_tokens=48, stop_token_ids=[f.token_ids[k]], **GREEDY),
+            SamplingParams(max_tokens=48, stop=[stop], include_stop_str_in_output=bool(i % 2), **GREEDY),
+        ]
+        for sp in cases:
+            w, g = off.generate(p, sp), on.generate(p, sp)
+            assert (g.token_ids, g.text, g.finish_reason, g.matched_stop) == (
+                w.token_ids, w.text, w.finish_reason, w.matched_stop
+            )
+            accepted += g.spec_accepted_tokens
+    st = on.stats()
+    assert st.spec_accepted_tokens - before == accepted  # each output carries its own share
+    # In a cycle every draft is right: whole runs of K were accepted, so ends fell inside them.
+    assert st.spec_accepted_per_position[-1] >= 10
+    assert len(st.spec_accepted_per_position) == SPEC["num_speculative_tokens"]
+    assert st.spec_accepted_per_position == sorted(st.spec_accepted_per_position, reverse=True)
+    check_idle_engine(on)
+
+
+@pytest.mark.parametrize("model", ["attn", "loopy"])
+def test_aborts_in_flight(engines, model: str) -> None:  # noqa: ANN001
+    on = engines(model, "async")
+    params = SamplingParams(max_tokens=60, **GREEDY)
+    for stop_after in (1, 3):
+        streams = [on.stream([7, 8, 9 + i], params) for i in range(4)]
+        for s in streams:
+            for _ in range(stop_after):
+                next(s)
+        for s in streams[::2]:
+            s.close()  # closing a stream aborts its request
+        for s in streams[1::2]:
+            assert sum(len(d.token_ids) for d in s) > 0
+    check_idle_engine(on)
+    want = engines(model, "off").generate([7, 8, 9], SamplingParams(max_tokens=30, **GREEDY)).token_ids
+    assert on.generate([7, 8, 9], SamplingParams(max_tokens=30, **GREEDY)).token_ids == want
+
+
+def test_kv_pressure_with_retraction_equals_off(engines) -> None:  # noqa: ANN001
+    rng = random.Random(11)
+    ps = [[rng.randrange(3, 1000) for _ in range(rng.randrange(20, 60))] for _ in range(12)]
+    params = SamplingParams(max_tokens=30, **GREEDY)
+    want = [o.token_ids for o in engines("attn", "off").generate_batch(ps, params, progress=False)]
+    tight = engines("attn", "async", kv=200)
+    got = [o.token_ids for o in tight.generate_batch(ps, params, progress=False)]
+    assert got == want
+    st = tight.stats()
+    assert st.retractions > 0 and st.spec_draft_tokens > 0
+    check_idle_engine(tight)
+
+
+SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]},
+                                           "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+          "required": ["color", "n"], "additionalProperties": False}
+
+
+def test_constrained_requests_valid_and_unchanged(engines) -> None:  # noqa: ANN001
+    free = [[20 + i, 21, 22, 23] for i in range(3)]
+    greedy = SamplingParams(max_tokens=40, **GREEDY)
+    prompts_ = free + [[5, 6, i] for i in range(4)]
+    params = [greedy] * 3 + [SamplingParams(max_tokens=60, temperature=1.0, seed=i, json_schema=SCHEMA)
+                             for i in range(4)]
+    want = engines("loopy", "off").generate_batch(prompts_, params, progress=False)
+    on = engines("loopy", "async")
+    got = on.generate_batch(prompts_, params, progress=False)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    for o in got[3:]:
+        jsonschema.validate(json.loads(o.text), SCHEMA)
+        assert o.spec_accepted_tokens == 0  # constrained requests are never speculated
+    check_idle_engine(on)
