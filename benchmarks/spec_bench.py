@@ -89,7 +89,7 @@ def run(cfg: EngineConfig, batches: list[int], k: int, output_len: int, seed: in
     for key in on:
         name, b = key.split("/")
         a, o = on[key], off[key]
-        same = a["outputs"] == o["outputs"]
+        same = a["same_outputs"] = a["outputs"] == o["outputs"]  # greedy: speculation changes no token
         print(f"{name:>10} {b:>5} {a['tok_s']:>9.1f} {o['tok_s']:>9.1f} {a['tok_s'] / o['tok_s']:>7.2f}x "
               f"{100 * a['acceptance']:>6.1f}% {a['steps']:>5}/{o['steps']:<6} {'yes' if same else 'NO':>5}")
     for r in (*on.values(), *off.values()):

@@ -72,3 +72,20 @@ def test_multiturn_host_tier_benchmark_reports(tiny_model, tmp_path: Path) -> No
     assert r["host_tier"]["host_hit_tokens"] > 0 and r["no_host_tier"]["host_hit_tokens"] == 0
     assert r["host_tier"]["prefill_tokens"] < r["no_host_tier"]["prefill_tokens"]
     _positive(r, "ttft_ratio", "throughput_ratio")
+
+
+def test_spec_benchmark_reports(tiny_model, tmp_path: Path) -> None:
+    out = tmp_path / "spec.json"
+    rc = main(["spec", "--model", str(tiny_model("llama")), "--batches", "1,2", "--output-len", "6",
+               "--num-speculative-tokens", "2", "--kv-cache-tokens", "2048", "--json", str(out)])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["k"] == 2 and set(r["spec_on"]) == set(r["spec_off"]) == {
+        f"{w}/{b}" for w in ("repetitive", "random") for b in (1, 2)
+    }
+    for key, on in r["spec_on"].items():
+        off = r["spec_off"][key]
+        _positive(on, "tok_s", "tokens", "steps", "draft_tokens")
+        assert on["tokens"] == off["tokens"] == 6 * int(key.split("/")[1])
+        assert off["draft_tokens"] == 0 and 0 <= on["acceptance"] <= 1
+        assert on["same_outputs"]

@@ -24,7 +24,7 @@ from worker.penalties import process_logits
 from worker.pending_step import PendingStep, StepClock
 from worker.request_state import RequestState
 from worker.sampler import sample
-from worker.spec_verify import propose_drafts, sample_with_drafts
+from worker.spec_verify import propose_drafts, sample_with_drafts, sampler_logit_rows
 
 
 @dataclass
@@ -150,7 +150,11 @@ class ModelRunner:
         self._current = d.so
         if msg.mask_rows:
             words = torch.frombuffer(bytearray(msg.bitmask), dtype=torch.int32).view(len(msg.mask_rows), -1)
-            apply_bitmask(d.logits, words, rows=to_device([msg.mask_rows], d.logits.device)[0])
+            rows = msg.mask_rows
+            if any(s.num_drafts for s in d.so.scheduled):  # drafts' rows sit between the samplers' rows
+                first = sampler_logit_rows(d.so.scheduled)
+                rows = [first[i] for i in rows]
+            apply_bitmask(d.logits, words, rows=to_device([rows], d.logits.device)[0])
         return self._finish(d.so, d.step, d.logits, d.rows, d.t0, d.start)
 
     def _finish(

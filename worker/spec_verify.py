@@ -84,6 +84,16 @@ def verify(
     return out, accepted + 1
 
 
+def sampler_logit_rows(sched: list[ScheduledReq]) -> list[int]:
+    """Each sampling request's first row among the step's sampling logits (1 + num_drafts rows each)."""
+    rows, n = [], 0
+    for s in sched:
+        if s.sample:
+            rows.append(n)
+            n += 1 + s.num_drafts
+    return rows
+
+
 PlainSampler = Callable[[torch.Tensor, list[int]], tuple[torch.Tensor, list[Logprobs | None] | None]]
 
 
@@ -95,10 +105,7 @@ def sample_with_drafts(
     logprobs per request (only plain ones have any). Requests without drafts go to sample_plain (the
     runner's sampler, with penalties and logprobs). Reads the accepted counts to the host (a sync)."""
     samplers = [s for s in sched if s.sample]
-    offsets, off = [], 0
-    for s in samplers:
-        offsets.append(off)
-        off += 1 + s.num_drafts
+    offsets = sampler_logit_rows(sched)
     dev = logits.device
     plain = [i for i, s in enumerate(samplers) if not s.num_drafts]
     spec = [i for i, s in enumerate(samplers) if s.num_drafts]
