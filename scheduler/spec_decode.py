@@ -23,8 +23,8 @@ def num_drafts(req: Req, k: int) -> int:
     p = req.params
     if p.logprobs is not None or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
         return 0
-    if p.min_tokens > req.num_outputs_optimistic:
-        return 0
+    if p.min_tokens > len(req.output_ids):
+        return 0  # committed outputs: in-flight drafts may be rejected, leaving suppression still due
     return max(0, min(k, req.max_new_tokens - req.num_outputs_optimistic - 1))
 
 
