@@ -27,7 +27,7 @@ SPEC = {"speculative_method": "ngram", "num_speculative_tokens": 4}
 
 
 @pytest.fixture(scope="module")
-def models(tiny_model, tmp_path_factory) -> dict[str, Path]:  # noqa: ANN001
+def models(tiny_model, tmp_path_factory) -> dict[str, Path]:
     base = tiny_model("llama")
     loopy = tmp_path_factory.mktemp("spec") / "loopy"
     shutil.copytree(base, loopy)
@@ -38,13 +38,13 @@ def models(tiny_model, tmp_path_factory) -> dict[str, Path]:  # noqa: ANN001
 
 
 @pytest.fixture(scope="module")
-def engines(models, request):  # noqa: ANN001, ANN201
+def engines(models, request):
     """(model, mode) -> a client; mode: off, async or sync (speculation on)."""
     from frontend import Client
 
     made: dict = {}
 
-    def get(model: str, mode: str, **opts: object):  # noqa: ANN202
+    def get(model: str, mode: str, **opts: object):
         key = (model, mode, tuple(sorted(opts.items())))
         if key not in made:
             spec = {} if mode == "off" else SPEC
@@ -58,7 +58,7 @@ def engines(models, request):  # noqa: ANN001, ANN201
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
-def test_greedy_equals_off_on_the_parity_prompts(engines, mode: str) -> None:  # noqa: ANN001
+def test_greedy_equals_off_on_the_parity_prompts(engines, mode: str) -> None:
     ps = prompts(1000)[::3] + [p * 3 for p in prompts(1000, seed=4)[2:5]]  # some repeat themselves
     params = SamplingParams(max_tokens=24, **GREEDY)
     want = [o.token_ids for o in engines("attn", "off").generate_batch(ps, params, progress=False)]
@@ -70,7 +70,7 @@ def test_greedy_equals_off_on_the_parity_prompts(engines, mode: str) -> None:  #
     check_idle_engine(on)
 
 
-def test_runs_end_inside_accepted_spans_like_off(engines) -> None:  # noqa: ANN001
+def test_runs_end_inside_accepted_spans_like_off(engines) -> None:
     off, on = engines("loopy", "off"), engines("loopy", "async")
     rng = random.Random(3)
     ps = [[rng.randrange(3, 1000) for _ in range(rng.randrange(1, 12))] for _ in range(3)]
@@ -107,7 +107,7 @@ def test_runs_end_inside_accepted_spans_like_off(engines) -> None:  # noqa: ANN0
 
 
 @pytest.mark.parametrize("model", ["attn", "loopy"])
-def test_aborts_in_flight(engines, model: str) -> None:  # noqa: ANN001
+def test_aborts_in_flight(engines, model: str) -> None:
     on = engines(model, "async")
     params = SamplingParams(max_tokens=60, **GREEDY)
     for stop_after in (1, 3):
@@ -124,7 +124,7 @@ def test_aborts_in_flight(engines, model: str) -> None:  # noqa: ANN001
     assert on.generate([7, 8, 9], SamplingParams(max_tokens=30, **GREEDY)).token_ids == want
 
 
-def test_kv_pressure_with_retraction_equals_off(engines) -> None:  # noqa: ANN001
+def test_kv_pressure_with_retraction_equals_off(engines) -> None:
     rng = random.Random(11)
     ps = [[rng.randrange(3, 1000) for _ in range(rng.randrange(20, 60))] for _ in range(12)]
     params = SamplingParams(max_tokens=30, **GREEDY)
@@ -142,7 +142,7 @@ SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green", "b
           "required": ["color", "n"], "additionalProperties": False}
 
 
-def test_constrained_requests_valid_and_unchanged(engines) -> None:  # noqa: ANN001
+def test_constrained_requests_valid_and_unchanged(engines) -> None:
     """Constrained requests are never speculated, but share steps with requests that are: their grammar
     masks must land on their own logits rows, between the draft rows of the others."""
     free = [[20 + i, 21, 22, 23] for i in range(3)]

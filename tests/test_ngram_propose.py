@@ -6,12 +6,12 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on CPU tensors
 
-import random  # noqa: E402
+import random
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from kernels.ngram_propose import BLOCK, propose_ngram_ref, propose_ngram_triton  # noqa: E402
+from kernels.ngram_propose import BLOCK, propose_ngram_ref, propose_ngram_triton
 
 
 def rule(seq: list[int], k: int, min_n: int, max_n: int) -> list[int]:

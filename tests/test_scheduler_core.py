@@ -34,7 +34,7 @@ def run(sched: Scheduler, worker: FakeWorker, depth: int, on_step=None, max_step
     queue: list = []
     deferred: dict = {}  # step id -> its result, held until its SampleStep (structured output)
 
-    def send(msgs) -> None:  # noqa: ANN001
+    def send(msgs) -> None:
         for m in msgs:
             if isinstance(m, SampleStep):
                 queue.append(deferred.pop(m.step_id))

@@ -19,7 +19,7 @@ def wrong_drafts(tokens: list[int], k: int) -> list[int]:
     return [(t + 1) % VOCAB for t in true_drafts(tokens, k)]
 
 
-def first_right(m: int):  # noqa: ANN201 - a drafter
+def first_right(m: int):
     def drafter(tokens: list[int], k: int) -> list[int]:
         return true_drafts(tokens, k)[:m] + wrong_drafts(tokens, k)[m:]
 

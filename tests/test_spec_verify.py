@@ -33,7 +33,7 @@ def test_greedy_accepts_the_longest_matching_prefix_plus_one() -> None:
         assert out[b, :c].tolist() == target[b, :c].tolist()
 
 
-def _target_logits(tiny_model) -> torch.Tensor:  # noqa: ANN001
+def _target_logits(tiny_model) -> torch.Tensor:
     model = hf_model(tiny_model("llama"))
     with torch.no_grad():
         logits = model(torch.tensor([[5, 17, 300, 42, 9]])).logits[0, -2:].float()
@@ -41,7 +41,7 @@ def _target_logits(tiny_model) -> torch.Tensor:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("which", ["liked", "disliked"])
-def test_rejection_rule_keeps_the_target_distribution(tiny_model, which: str) -> None:  # noqa: ANN001
+def test_rejection_rule_keeps_the_target_distribution(tiny_model, which: str) -> None:
     temperature = 1.0
     logits = _target_logits(tiny_model)
     p = (logits[0] / temperature).softmax(-1)
@@ -78,7 +78,7 @@ def test_rejection_rule_keeps_the_target_distribution(tiny_model, which: str) ->
     assert result.pvalue > 0.01, (which, result)
 
 
-def test_rejection_rule_detects_a_wrong_distribution(tiny_model) -> None:  # noqa: ANN001
+def test_rejection_rule_detects_a_wrong_distribution(tiny_model) -> None:
     """The test above can fail: the same draws checked against a slightly different target do."""
     logits = _target_logits(tiny_model)
     p = logits[0].softmax(-1)
