@@ -20,13 +20,22 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+_EVERYWHERE = shutil.ignore_patterns("*.egg-info", "__pycache__", ".*_cache", ".hypothesis")
+
+
+def _not_source(folder: str, names: list[str]) -> set[str]:
+    """What the copy leaves out: the checkout's own venv, git data, models and build output (at the top
+    only: `worker/models` is source), and caches anywhere."""
+    top = {".venv", ".git", "models", "build"} if Path(folder) == REPO else set()
+    return (top & set(names)) | set(_EVERYWHERE(folder, names))
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("wheel")
     # Built from a copy: setuptools writes build/ and *.egg-info into the source tree it builds.
     src = tmp / "src"
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv", ".git", "models", "build", "*.egg-info",
-                                                             "__pycache__", ".*_cache", ".hypothesis"))
+    shutil.copytree(REPO, src, ignore=_not_source)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src), "-w", str(tmp)],
         check=True, cwd=tmp, timeout=300,
