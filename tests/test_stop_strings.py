@@ -40,6 +40,7 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, tok in (("bytes", byte_level_tokenizer()), ("metaspace", metaspace_tokenizer())):
         d = tmp_path_factory.mktemp(name)
         tok.save(str(d / "tokenizer.json"))
+        (d / "config.json").write_text("{}")  # what makes a directory a model for the tokenizer loader
         dirs[name] = d
     return dirs
 
