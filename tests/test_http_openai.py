@@ -159,10 +159,15 @@ def test_tool_calls(oai) -> None:
     assert ch.finish_reason == "tool_calls" and ch.message.content is None
     call = ch.message.tool_calls[0]
     assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
+    # One call at most (parallel_tool_calls=False), so the random model's JSON always closes within max_tokens;
+    # with parallel calls allowed it may keep adding items until max_tokens cuts the array, which is then text.
     r = oai.chat.completions.create(model=NAME, messages=msgs, tools=TOOLS, max_tokens=60, tool_choice="required",
-                                    stream=True)
-    calls = [tc for c in r for tc in (c.choices[0].delta.tool_calls or [])]
-    assert calls and all(c.function.name in ("get_weather", "get_time") for c in calls)
+                                    parallel_tool_calls=False, stream=True)
+    chunks = list(r)
+    calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].function.name in ("get_weather", "get_time")
+    assert json.loads(calls[0].function.arguments)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
     # The result goes back in as a tool message and an assistant message with tool_calls.
     follow = msgs + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                      {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
