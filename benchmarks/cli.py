@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.bench == "prefix":
         from benchmarks.prefix_ttft import run as run_prefix
 
-        if cfg.host_kv_tokens:
+        if cfg.host_tier:
             from benchmarks.multiturn_host import run as run_multiturn
 
             if args.conversations < 1 or args.turns < 1:

@@ -30,6 +30,11 @@ class EngineConfig:
     host_kv_tokens: int = field(
         default=0, metadata={"help": "host KV tier under the prefix cache, in tokens (pinned RAM on CUDA); 0: off"}
     )
+    host_kv_memory_gb: float | None = field(
+        default=None,
+        metadata={"help": "host KV tier size in GB (10^9 bytes) per worker, instead of --host-kv-tokens: "
+                  "tokens = GB / the model's KV bytes per token at the KV dtype"},
+    )
     host_kv_policy: str = field(
         default="write_back", metadata={"help": "write_back (copy to host on eviction) or write_through"}
     )
@@ -77,6 +82,13 @@ class EngineConfig:
             raise bad("host_kv_tokens", "must be >= 0")
         if self.host_kv_tokens and not self.prefix_cache:
             raise bad("host_kv_tokens", "needs the prefix cache (the host tier lives under it)")
+        if self.host_kv_memory_gb is not None:
+            if not self.host_kv_memory_gb > 0:  # also rejects NaN
+                raise bad("host_kv_memory_gb", "must be > 0 (leave it unset for no host tier)")
+            if self.host_kv_tokens:
+                raise bad("host_kv_memory_gb", "give the host tier's size once: host_kv_tokens or host_kv_memory_gb")
+            if not self.prefix_cache:
+                raise bad("host_kv_memory_gb", "needs the prefix cache (the host tier lives under it)")
         if self.host_kv_tokens % self.page_size:
             raise bad("host_kv_tokens", f"must be a multiple of page_size={self.page_size}")
         if self.host_kv_policy not in ("write_back", "write_through"):
@@ -117,6 +129,11 @@ class EngineConfig:
         if unknown:
             raise TypeError(f"unknown engine option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         return cls(model=model, **options)  # type: ignore[arg-type]
+
+    @property
+    def host_tier(self) -> bool:
+        """A host KV tier under the prefix cache, sized either way."""
+        return bool(self.host_kv_tokens) or self.host_kv_memory_gb is not None
 
     @property
     def spec_tokens(self) -> int:

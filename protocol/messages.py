@@ -279,6 +279,7 @@ class WorkerReady(msgspec.Struct, tag="ready"):
     num_kv_slots: int  # usable slots 1..num_kv_slots (slot 0 is the padding slot)
     max_reqs: int
     max_context: int
+    num_host_slots: int = 0  # the host KV tier's slots (--host-kv-tokens or --host-kv-memory-gb); 0: none
 
 
 class StepFailed(msgspec.Struct, tag="step_failed"):

@@ -52,12 +52,14 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, info: ModelInfo, num_kv_slots: int) -> None:
+    def __init__(self, cfg: EngineConfig, info: ModelInfo, num_kv_slots: int, num_host_slots: int | None = None,
+                 ) -> None:
+        """num_host_slots: the worker's host tier (from --host-kv-memory-gb); default cfg.host_kv_tokens."""
         self.cfg = cfg
         self.info = info
         self.kv = KVCacheManager(
             num_kv_slots, cfg.max_running_requests, info.max_model_len, cfg.page_size, cfg.prefix_cache,
-            cfg.host_kv_tokens, cfg.host_kv_policy == "write_through",
+            cfg.host_kv_tokens if num_host_slots is None else num_host_slots, cfg.host_kv_policy == "write_through",
         )
         self.eos = frozenset(info.eos_token_ids)
         self.waiting: deque[Req] = deque()

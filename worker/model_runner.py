@@ -19,7 +19,7 @@ from worker.input_prep import advance_state, plan_prompt_logprobs, prepare_input
 from worker.kv_cache import KVCache
 from worker.loader import load_model
 from worker.logprobs import prompt_logprobs, sampled_logprobs
-from worker.memory import kv_pool_tokens
+from worker.memory import host_pool_tokens, kv_pool_tokens
 from worker.penalties import process_logits
 from worker.pending_step import PendingStep, StepClock
 from worker.request_state import RequestState
@@ -56,6 +56,7 @@ class ModelRunner:
         self.num_kv_slots = kv_pool_tokens(cfg, mc, self.dtype, self.device, max_reqs * self.max_context)
         if dist is not None:  # every rank's pool must hold the slots the scheduler hands out
             self.num_kv_slots = dist.min_int(self.num_kv_slots)
+        self.num_host_slots = host_pool_tokens(cfg, mc, self.dtype)  # the same on every rank
         # + a page: page 0 (slot 0 is the padding slot) is never handed out by the scheduler.
         self.kv = KVCache(
             mc.num_hidden_layers,
@@ -66,7 +67,7 @@ class ModelRunner:
             self.device,
             max_reqs=max_reqs,
             max_context=self.max_context,
-            host_slots=cfg.host_kv_tokens + cfg.page_size if cfg.host_kv_tokens else 0,
+            host_slots=self.num_host_slots + cfg.page_size if self.num_host_slots else 0,
         )
         self.state = RequestState(max_reqs, self.max_context, self.device)
         self.clock = StepClock(self.device)

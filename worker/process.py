@@ -63,8 +63,9 @@ def run_worker(cfg_bytes: bytes, ep_bytes: bytes, rank: int) -> None:
         inbox = zmq_inbox if dist is None else ControlInbox(dist, zmq_inbox)
         results = make_socket(ctx, zmq.PUSH, ep.scheduler_results, bind=False) if rank == 0 else None
         if results is not None:
-            results.send(encode(WorkerReady(runner.num_kv_slots, runner.max_reqs, runner.max_context)))
-        launcher.send(encode(Ready("worker", rank, f"kv_slots={runner.num_kv_slots} dtype={runner.dtype} "
+            results.send(encode(WorkerReady(runner.num_kv_slots, runner.max_reqs, runner.max_context,
+                                         runner.num_host_slots)))
+        launcher.send(encode(Ready("worker", rank, f"kv_slots={runner.num_kv_slots} host_kv_slots={runner.num_host_slots} dtype={runner.dtype} "
                                       f"attention={runner.model.attn_backend.name} pid={os.getpid()}")))
 
     decode = worker_in_decoder()
