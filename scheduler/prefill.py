@@ -3,6 +3,13 @@
 A request is matched against the prefix cache first, so only its uncached suffix is computed (the part
 found in the host tier is copied back, not computed); a long prompt is split over steps (chunked prefill)
 by the same token accounting.
+
+A load is not free: it costs the step ceil(L / HOST_LOAD_DIVISOR) budget tokens for L tokens copied, so a
+step cannot load a huge prefix and prefill a full budget besides. The divisor is what a loaded token costs
+next to a computed one, taken where copies are dearest: on a GPU, a token's KV crosses PCIe (~25 GB/s) in
+roughly a tenth to a fiftieth of the time its prefill takes for 0.1B-8B models; on a CPU a copy within RAM
+measured 100-500x cheaper than the prefill (SmolLM2-135M, bench-llama). The first admission of a step
+always goes in (with at least one token to compute), so a load bigger than a whole step still runs.
 """
 from __future__ import annotations
 
@@ -13,6 +20,8 @@ from scheduler.kv_cache import KVCacheManager
 from scheduler.req import Req
 from scheduler.step_plan import StepPlan
 
+HOST_LOAD_DIVISOR = 16  # host-tier tokens loaded per step-budget token (see the module docstring)
+
 
 def admit_waiting(
     waiting: deque[Req], running: list[Req], kv: KVCacheManager, plan: StepPlan, max_running: int
@@ -22,7 +31,13 @@ def admit_waiting(
         if not kv.assign_row(req):
             break
         kv.match_prefix(req, prefix_limit(req))
-        n = min(req.num_tokens_to_compute, plan.prefill_budget)
+        load = -(-req.host_hit_length // HOST_LOAD_DIVISOR)
+        room = plan.prefill_budget - load
+        first = not plan.prefill_used and not plan.load_used
+        if room < 1 and not first:  # the load does not fit beside this step's other prefills: next step
+            release_unadmitted(req, kv)
+            break
+        n = min(req.num_tokens_to_compute, max(room, 1))
         # Device slots for the host part of the match and the tokens to compute; plus a page per running
         # request in reserve so the admitted prefill doesn't force a retraction at the very next decode.
         need = req.host_hit_length + kv.pages_needed(req, n) * kv.page_size
@@ -31,6 +46,7 @@ def admit_waiting(
             release_unadmitted(req, kv)
             break
         kv.load_host(req)  # neither can run short now: nothing can fail once a load is queued
+        plan.add_load(load)
         slots = kv.grow(req, n)
         if slots is None:
             raise RuntimeError(f"{req.rid}: KV slots vanished during admission")

@@ -16,10 +16,16 @@ class StepPlan:
     new_reqs: list[NewReqData] = field(default_factory=list)
 
     prefill_used: int = 0
+    load_used: int = 0  # budget charged for host-tier loads (`add_load`)
 
     @property
     def prefill_budget(self) -> int:
-        return min(self.budget, self.prefill_cap - self.prefill_used)
+        return min(self.budget, self.prefill_cap - self.prefill_used - self.load_used)
+
+    def add_load(self, cost: int) -> None:
+        """Charge a host -> device load to the step, against the prefill budget (loads come with admissions)."""
+        self.load_used += cost
+        self.budget -= cost
 
     def add(
         self, req: Req, n: int, slots: list[int], slot_start: int | None = None, prefix: list[int] | None = None,
