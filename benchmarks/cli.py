@@ -34,14 +34,19 @@ def _parser() -> argparse.ArgumentParser:
     lat.add_argument("--num-requests", type=int, default=3, help="sequential requests; medians are reported")
 
     pre = sub.add_parser("prefix", help="TTFT with a shared system prompt: prefix cache on vs off; with "
-                         "--host-kv-tokens, multi-turn conversations: host KV tier vs none", allow_abbrev=False)
+                         "--host-kv-tokens or --host-kv-memory-gb, multi-turn conversations: host KV tier vs none",
+                         allow_abbrev=False)
     add_engine_flags(pre)
     pre.add_argument("--num-requests", type=int, default=32)
-    pre.add_argument("--system-len", type=int, default=1000)
-    pre.add_argument("--question-len", type=int, default=24)
-    pre.add_argument("--output-len", type=int, default=4, help="answer tokens (multi-turn)")
+    pre.add_argument("--system-len", help="system prompt tokens (default 1000); multi-turn: a range LOW:HIGH, "
+                     "drawn per conversation (default 512:1024)")
+    pre.add_argument("--question-len", help="question tokens (default 24); multi-turn: a range LOW:HIGH, drawn "
+                     "per turn (default 16:48)")
+    pre.add_argument("--output-len", type=int, default=16, help="answer tokens (multi-turn)")
     pre.add_argument("--conversations", type=int, default=16, help="multi-turn conversations")
     pre.add_argument("--turns", type=int, default=6, help="turns per conversation, each resending the history")
+    pre.add_argument("--concurrency", type=int, default=4, help="multi-turn: requests in flight (the users "
+                     "take turns round-robin)")
 
     asy = sub.add_parser("async", help="async scheduling on vs off at several batch sizes", allow_abbrev=False)
     add_engine_flags(asy)
@@ -155,16 +160,25 @@ def main(argv: list[str] | None = None) -> int:
         result = run_structured(cfg, args.num_requests, args.output_len, cfg.seed)
     elif args.bench == "prefix":
         from benchmarks.prefix_ttft import run as run_prefix
+        from benchmarks.workload import parse_range
 
-        if cfg.host_tier:
+        multiturn = cfg.host_tier
+        try:
+            system = parse_range(args.system_len or ("512:1024" if multiturn else "1000"))
+            question = parse_range(args.question_len or ("16:48" if multiturn else "24"))
+        except ValueError as e:
+            raise SystemExit(f"--system-len/--question-len: {e}") from e
+        if multiturn:
             from benchmarks.multiturn_host import run as run_multiturn
 
-            if args.conversations < 1 or args.turns < 1:
-                raise SystemExit("--conversations and --turns must be >= 1")
-            result = run_multiturn(cfg, args.conversations, args.turns, args.system_len, args.question_len,
-                                   args.output_len, cfg.seed)
+            if min(args.conversations, args.turns, args.concurrency) < 1:
+                raise SystemExit("--conversations, --turns and --concurrency must be >= 1")
+            result = run_multiturn(cfg, args.conversations, args.turns, system, question, args.output_len,
+                                   args.concurrency, cfg.seed)
         else:
-            result = run_prefix(cfg, args.num_requests, args.system_len, args.question_len, cfg.seed)
+            if system[0] != system[1] or question[0] != question[1]:
+                raise SystemExit("the shared-prefix benchmark takes one --system-len and one --question-len")
+            result = run_prefix(cfg, args.num_requests, system[0], question[0], cfg.seed)
     else:
         from benchmarks.latency import run as run_latency
 
