@@ -125,27 +125,20 @@ def run(cfg: EngineConfig, conversations: int, turns: int, system_len: tuple[int
         raise SystemExit(f"a device pool of {device} tokens can't hold one conversation of {longest}: "
                          "use more --conversations or a larger --kv-cache-tokens")
     base = dataclasses.replace(cfg, kv_cache_tokens=device, prefix_cache=True)
-    cpu = (f"{cpu_caps().describe()}; {usable_cores()} usable cores, torch {torch.__version__}, "
-           f"{torch.get_num_threads()} threads")
-    host = _measure(base, convs, answer_len, concurrency)
-    none = _measure(dataclasses.replace(base, host_kv_tokens=0, host_kv_memory_gb=None), convs, answer_len,
-                    concurrency)
-    ratio = none["ttft"]["mean_ms"] / host["ttft"]["mean_ms"]
-    later = none["ttft_later_turns"]["mean_ms"] / host["ttft_later_turns"]["mean_ms"]
+    cpu = (f"{cpu_caps().describe()}; torch {torch.__version__}, worker threads "
+           f"{cfg.torch_threads or usable_cores()}, load average {os.getloadavg()[0]:.1f}")
     print(f"multi-turn host KV tier, {cfg.model}: {conversations} conversations x {turns} turns, system prompt "
           f"{system_len[0]}-{system_len[1]}, question {question_len[0]}-{question_len[1]}, answer {answer_len} "
           f"tokens, {concurrency} in flight; KV {total_kv} tokens = {total_kv / device:.1f}x the device pool of "
           f"{device}; host pool {cfg.host_kv_tokens or f'{cfg.host_kv_memory_gb} GB'}")
-    print(f"  CPU: {cpu}")
-    for name, r in (("host tier", host), ("no host  ", none)):
-        t, lt = r["ttft"], r["ttft_later_turns"]
-        print(f"  {name}: TTFT mean {t['mean_ms']:.0f} ms, median {t['median_ms']:.0f} ms, p90 {t['p90_ms']:.0f} "
-              f"ms (turns 2+: mean {lt['mean_ms']:.0f} ms); per turn "
-              f"{', '.join(f'{m:.0f}' for m in r['ttft_mean_ms_per_turn'])} ms; {r['requests_per_s']:.2f} req/s, "
-              f"{r['output_tok_s']:.1f} output tok/s, wall {r['wall_s']:.1f} s; prefill {r['prefill_tokens']}, "
-              f"from host {r['host_hit_tokens']}, retractions {r['retractions']}; {r['steps']} steps, worker busy "
-              f"{r['worker_busy_s']:.1f} s, scheduling {r['schedule_s']:.1f} s; load avg "
-              f"{r['load_avg_1min'][0]:.1f}->{r['load_avg_1min'][1]:.1f}")
+    print(f"  {cpu}", flush=True)
+    host = _measure(base, convs, answer_len, concurrency)
+    _report("host tier", host)
+    none = _measure(dataclasses.replace(base, host_kv_tokens=0, host_kv_memory_gb=None), convs, answer_len,
+                    concurrency)
+    _report("no host  ", none)
+    ratio = none["ttft"]["mean_ms"] / host["ttft"]["mean_ms"]
+    later = none["ttft_later_turns"]["mean_ms"] / host["ttft_later_turns"]["mean_ms"]
     print(f"RESULT ttft_ratio_none_over_host={ratio:.2f}x (turns 2+: {later:.2f}x) "
           f"throughput_ratio={host['requests_per_s'] / none['requests_per_s']:.2f}x")
     return {"benchmark": "multiturn_host", "model": cfg.model, "cpu": cpu, "conversations": conversations,
@@ -154,3 +147,14 @@ def run(cfg: EngineConfig, conversations: int, turns: int, system_len: tuple[int
             "host_kv_tokens": cfg.host_kv_tokens, "host_kv_memory_gb": cfg.host_kv_memory_gb,
             "host_tier": host, "no_host_tier": none, "ttft_ratio": ratio, "ttft_ratio_later_turns": later,
             "throughput_ratio": host["requests_per_s"] / none["requests_per_s"]}
+
+
+def _report(name: str, r: dict[str, Any]) -> None:
+    t, lt = r["ttft"], r["ttft_later_turns"]
+    print(f"  {name}: TTFT mean {t['mean_ms']:.0f} ms, median {t['median_ms']:.0f} ms, p90 {t['p90_ms']:.0f} "
+          f"ms (turns 2+: mean {lt['mean_ms']:.0f} ms); per turn "
+          f"{', '.join(f'{m:.0f}' for m in r['ttft_mean_ms_per_turn'])} ms; {r['requests_per_s']:.2f} req/s, "
+          f"{r['output_tok_s']:.1f} output tok/s, wall {r['wall_s']:.1f} s; prefill {r['prefill_tokens']}, "
+          f"from host {r['host_hit_tokens']}, retractions {r['retractions']}; {r['steps']} steps, worker busy "
+          f"{r['worker_busy_s']:.1f} s, scheduling {r['schedule_s']:.1f} s; load avg "
+          f"{r['load_avg_1min'][0]:.1f}->{r['load_avg_1min'][1]:.1f}")
