@@ -6,10 +6,11 @@ by the same token accounting.
 
 A load is not free: it costs the step ceil(L / HOST_LOAD_DIVISOR) budget tokens for L tokens copied, so a
 step cannot load a huge prefix and prefill a full budget besides. The divisor is what a loaded token costs
-next to a computed one, taken where copies are dearest: on a GPU, a token's KV crosses PCIe (~25 GB/s) in
-roughly a tenth to a fiftieth of the time its prefill takes for 0.1B-8B models; on a CPU a copy within RAM
-measured 100-500x cheaper than the prefill (SmolLM2-135M, bench-llama). The first admission of a step
-always goes in (with at least one token to compute), so a load bigger than a whole step still runs.
+next to a computed one, taken where copies are dearest: on a GPU a token's KV crosses PCIe (~25 GB/s) in
+an estimated tenth to fiftieth of the time its prefill takes for 0.1B-8B models; on a CPU the copy within
+RAM measured over 100x cheaper than the prefill (SmolLM2-135M and bench-llama, 1024-token prompts). The
+first admission of a step always goes in (with at least one token to compute), so a load bigger than a
+whole step still runs.
 """
 from __future__ import annotations
 
