@@ -151,6 +151,27 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
              "additionalProperties": False}}}]
 
 
+def _streamed_choice(chunks: list) -> tuple[str | None, list[tuple[str, str]], str | None, int]:
+    """What a streaming client builds of choice 0: content, (name, arguments) per call, finish reason, and
+    how many chunks carried argument text."""
+    content, names, args, pieces = None, {}, {}, 0
+    for c in chunks:
+        d = c.choices[0].delta
+        if d.content:
+            content = (content or "") + d.content
+        for tc in d.tool_calls or []:
+            if tc.id is not None:
+                assert tc.index not in names and tc.function.name
+                names[tc.index] = tc.function.name
+            args[tc.index] = args.get(tc.index, "") + (tc.function.arguments or "")
+            pieces += bool(tc.function.arguments)
+    return content, [(names[i], args[i]) for i in sorted(names)], chunks[-1].choices[0].finish_reason, pieces
+
+
+HERMES = (r'Checking\.\n<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Paris|Oslo)", '
+          r'"days": [1-9]\}\}\n</tool_call>')
+
+
 def test_tool_calls(oai) -> None:
     msgs = [{"role": "user", "content": "weather in Paris?"}]
     r = oai.chat.completions.create(model=NAME, messages=msgs, tools=TOOLS, max_tokens=40,
@@ -160,19 +181,41 @@ def test_tool_calls(oai) -> None:
     call = ch.message.tool_calls[0]
     assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
     # One call at most (parallel_tool_calls=False), so the random model's JSON always closes within max_tokens;
-    # with parallel calls allowed it may keep adding items until max_tokens cuts the array, which is then text.
+    # with parallel calls allowed it may keep adding items until max_tokens cuts the array ("length").
     r = oai.chat.completions.create(model=NAME, messages=msgs, tools=TOOLS, max_tokens=60, tool_choice="required",
                                     parallel_tool_calls=False, stream=True)
-    chunks = list(r)
-    calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
-    assert len(calls) == 1 and calls[0].function.name in ("get_weather", "get_time")
-    assert json.loads(calls[0].function.arguments)
-    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    _, calls, finish, _ = _streamed_choice(list(r))
+    assert len(calls) == 1 and calls[0][0] in ("get_weather", "get_time") and json.loads(calls[0][1])
+    assert finish == "tool_calls"
     # The result goes back in as a tool message and an assistant message with tool_calls.
     follow = msgs + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                      {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
     r = oai.chat.completions.create(model=NAME, messages=follow, tools=TOOLS, max_tokens=5)
     assert r.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("how", ["named", "required", "hermes"])
+def test_tool_calls_stream_as_they_grow(oai, how) -> None:
+    kw: dict = dict(model=NAME, messages=[{"role": "user", "content": "weather?"}], tools=TOOLS, max_tokens=200,
+                    temperature=1.0, seed=5)
+    if how == "named":
+        kw["tool_choice"] = {"type": "function", "function": {"name": "get_time"}}
+    elif how == "required":
+        kw.update(tool_choice="required", parallel_tool_calls=False)
+    else:  # the model's own format, forced here by a regex since a random model never writes it
+        kw["extra_body"] = {"regex": HERMES}
+    whole = oai.chat.completions.create(**kw).choices[0]
+    chunks = list(oai.chat.completions.create(**kw, stream=True))
+    content, calls, finish, pieces = _streamed_choice(chunks)
+    assert whole.finish_reason == finish == "tool_calls"
+    assert content == whole.message.content
+    assert calls == [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    assert len(calls) == 1 and json.loads(calls[0][1])
+    assert pieces > 1  # the arguments came in fragments, not at the end in one piece
+    if how == "hermes":
+        assert content == "Checking." and calls[0][0] == "get_weather"
+        first_call = next(i for i, c in enumerate(chunks) if c.choices[0].delta.tool_calls)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks[:first_call]) == "Checking."
 
 
 def test_stop_strings(oai) -> None:

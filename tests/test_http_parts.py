@@ -1,5 +1,4 @@
-"""HTTP server parts without a live engine: a dead engine is 503 in OpenAI's shape; Hermes tool-call
-parsing; the serve options."""
+"""HTTP server parts without a live engine: a dead engine is 503 in OpenAI's shape; the serve options."""
 from __future__ import annotations
 
 import asyncio
@@ -9,29 +8,7 @@ import sys
 import httpx2 as httpx
 import pytest
 
-from frontend.openai_api.chat import parse_tool_calls
-from frontend.openai_api.schemas import ChatCompletionRequest
 from protocol.serve_config import ServeConfig
-
-TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
-
-
-def _req(**kw: object) -> ChatCompletionRequest:
-    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=[TOOL], **kw)
-
-
-def test_hermes_tool_calls_parsed() -> None:
-    text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-    content, calls = parse_tool_calls(text, _req())
-    assert content == "Let me check."
-    assert calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
-    assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
-    two = '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {"x": 1}}</tool_call>'
-    content, calls = parse_tool_calls(two, _req())
-    assert content is None and [c["function"]["name"] for c in calls] == ["a", "b"]
-    # Not well-formed: it stays text, never a half-parsed call.
-    for bad in ('<tool_call>{"name": "a", "arguments": </tool_call>', "plain answer", '<tool_call>{"x": 1}</tool_call>'):
-        assert parse_tool_calls(bad, _req()) == (bad, [])
 
 
 def test_dead_engine_is_503(tiny_model) -> None:

@@ -1,20 +1,17 @@
-"""Chat: messages (and tools) through the model's chat template, and tool calls out of its text.
+"""Chat: messages (and tools) through the model's chat template, and the way tool calls come out.
 
-Tool calls are parsed in the Hermes/Qwen format: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
-`tool_choice: "required"` or a named function constrains the output with a JSON schema instead (the
-grammar path), and the whole output is then the call(s).
+With `tool_choice` "auto" the model writes calls in its own (Hermes/Qwen) format; "required" or a named
+function constrains the output with a JSON schema instead (the grammar path), and the whole output is
+then the call(s). `tool_calls.py` reads them out of the text either way.
 """
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from typing import Any
 
 from frontend.openai_api.errors import APIError
 from frontend.openai_api.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
-
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+from frontend.openai_api.tool_calls import ToolCallParser
 
 
 def _text(m: ChatMessage) -> str:
@@ -88,29 +85,10 @@ def forced_schema(req: ChatCompletionRequest) -> dict | None:
             **({} if req.parallel_tool_calls else {"maxItems": 1})}
 
 
-def _call(name: str, arguments: Any) -> dict:
-    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
-
-
-def parse_tool_calls(text: str, req: ChatCompletionRequest) -> tuple[str | None, list[dict]]:
-    """(content, tool_calls) of a finished chat choice. Text that is not a well-formed call stays content."""
+def tool_call_parser(req: ChatCompletionRequest) -> ToolCallParser | None:
+    """The parser for a choice's tool calls (None when no tools are active)."""
+    if active_tools(req) is None:
+        return None
     if isinstance(req.tool_choice, NamedToolChoice):
-        return None, [_call(req.tool_choice.function.name, text)]
-    if req.tool_choice == "required":
-        try:
-            items = json.loads(text)
-            return None, [_call(it["name"], it["arguments"]) for it in items]
-        except (ValueError, KeyError, TypeError):
-            return text, []  # cut off by max_tokens before the JSON closed: left as text
-    calls: list[dict] = []
-    for body in _TOOL_CALL.findall(text):
-        try:
-            obj = json.loads(body)
-            calls.append(_call(obj["name"], obj.get("arguments", obj.get("parameters", {}))))
-        except (ValueError, KeyError, TypeError):
-            return text, []
-    if not calls:
-        return text, []
-    rest = _TOOL_CALL.sub("", text).strip()
-    return rest or None, calls
+        return ToolCallParser("named", req.tool_choice.function.name)
+    return ToolCallParser("required" if req.tool_choice == "required" else "auto")

@@ -1,7 +1,7 @@
 """POST /v1/chat/completions: messages through the chat template, n choices, tools, SSE or whole.
 
-With tools in play a choice's text is held until it finishes, since only the whole text tells a
-tool call from content; without tools, text streams as it comes.
+With tools in play a choice's text goes through its tool-call parser, streamed or not, so a streamed
+choice's content and call arguments add up to exactly the whole response's.
 """
 from __future__ import annotations
 
@@ -13,30 +13,45 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from frontend.completion import CompletionDelta
-from frontend.openai_api.chat import active_tools, parse_tool_calls, render_chat
+from frontend.openai_api.chat import active_tools, render_chat, tool_call_parser
 from frontend.openai_api.choices import ChoiceRun
 from frontend.openai_api.logprobs import chat_logprobs
 from frontend.openai_api.sampling import chat_params, per_choice
 from frontend.openai_api.schemas import ChatCompletionRequest
 from frontend.openai_api.state import ServerState
 from frontend.openai_api.streaming import sse, stream_response, until_disconnect
+from frontend.openai_api.tool_calls import ParsedDelta
 from frontend.openai_api.usage import Usage
 
 
 class _Choice:
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, body: ChatCompletionRequest) -> None:
         self.index = index
         self.text = ""
         self.logprobs: list[dict] | None = None
         self.finish_reason: str | None = None
-        self.tool_calls: list[dict] = []
+        self.parser = tool_call_parser(body)
 
-    def finish(self, d: CompletionDelta, body: ChatCompletionRequest, tools: bool) -> None:
-        self.finish_reason = "length" if d.finish_reason == "length" else "stop"
-        if tools:
-            content, self.tool_calls = parse_tool_calls(self.text, body)
-            if self.tool_calls:
-                self.text, self.finish_reason = content or "", "tool_calls"
+    def add(self, d: CompletionDelta) -> ParsedDelta:
+        """This delta's content and tool-call entries (a text cut off by max_tokens stays "length")."""
+        if self.parser is None:
+            self.text += d.text
+            out = ParsedDelta(d.text)
+        else:
+            out = self.parser.feed(d.text)
+            if d.finished:
+                rest = self.parser.finish()
+                out = ParsedDelta(out.content + rest.content, out.tool_calls + rest.tool_calls)
+            self.text = self.parser.content
+        if d.finished:
+            self.finish_reason = "length" if d.finish_reason == "length" else "stop"
+            if self.tool_calls and self.finish_reason == "stop":
+                self.finish_reason = "tool_calls"
+        return out
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        return [c.message() for c in self.parser.calls] if self.parser is not None else []
 
 
 async def create_chat_completion(st: ServerState, body: ChatCompletionRequest, request: Request) -> Response:
@@ -45,20 +60,16 @@ async def create_chat_completion(st: ServerState, body: ChatCompletionRequest, r
     ids = render_chat(st.tokenizer, body.messages, tools)
     params = chat_params(body)
     run = ChoiceRun(st.client, st.metrics, [ids] * body.n, per_choice(params, body.n))
-    choices = [_Choice(i) for i in range(body.n)]
+    choices = [_Choice(i, body) for i in range(body.n)]
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     usage = Usage()
-    holds_text = tools is not None
 
-    def on(d: CompletionDelta, c: _Choice) -> list[dict] | None:
+    def on(d: CompletionDelta, c: _Choice) -> tuple[ParsedDelta, list[dict] | None]:
         lp = chat_logprobs(st, d.logprobs) if body.logprobs and d.logprobs is not None else None
         if lp is not None:
             c.logprobs = (c.logprobs or []) + lp
-        c.text += d.text
         usage.add(d, 0)
-        if d.finished:
-            c.finish(d, body, holds_text)
-        return lp
+        return c.add(d), lp
 
     def head(obj: str) -> dict:
         return {"id": cid, "object": obj, "created": created, "model": st.model_name}
@@ -91,17 +102,12 @@ async def create_chat_completion(st: ServerState, body: ChatCompletionRequest, r
             yield chunk(c, {"role": "assistant", "content": ""}, None)
         async for i, d in deltas:
             c = choices[i]
-            lp = on(d, c)
-            if not holds_text:
-                if d.text or lp or d.finished:
-                    yield chunk(c, {"content": d.text} if d.text else {}, lp)
-                continue
-            if not d.finished:
-                continue
-            delta: dict = {"content": c.text} if c.text else {}
-            if c.tool_calls:
-                delta["tool_calls"] = [{"index": k, **tc} for k, tc in enumerate(c.tool_calls)]
-            yield chunk(c, delta, c.logprobs if body.logprobs else None)
+            out, lp = on(d, c)
+            if out or lp or d.finished:
+                delta: dict = {"content": out.content} if out.content else {}
+                if out.tool_calls:
+                    delta["tool_calls"] = out.tool_calls
+                yield chunk(c, delta, lp)
         if include_usage:
             yield sse({**head("chat.completion.chunk"), "choices": [], "usage": usage.body()})
 
