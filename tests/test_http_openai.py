@@ -333,7 +333,7 @@ def test_disconnect_aborts(served, engine) -> None:
     assert engine.stats().requests_aborted == aborted + 1
 
 
-def test_bench_serve_against_the_server(served, tmp_path, tiny_model) -> None:
+def test_bench_serve_against_the_server(served, tmp_path, tiny_model, capsys) -> None:
     from benchmarks.cli import main as bench_main
 
     out = tmp_path / "res"
@@ -350,3 +350,15 @@ def test_bench_serve_against_the_server(served, tmp_path, tiny_model) -> None:
         assert r["request_goodput"] == pytest.approx(r["request_throughput"])  # a generous SLO: every request
         assert sum(r["output_throughput_timeline"]) == pytest.approx(r["total_output_tokens"])
     assert sorted(p.name for p in out.glob("*.png")) == ["t_latency.png", "t_throughput.png", "t_timeline.png"]
+    # Runs side by side: one PNG and a markdown table, a row per server and rate; other rates are refused.
+    from benchmarks import serve_compare
+
+    capsys.readouterr()
+    assert serve_compare.main(["--out", str(out / "cmp.png"), str(out / "t.json"), str(out / "t.json")]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()
+    assert len(rows) == 2 + 4 and rows[2].startswith("| t | 50.0 | 6/6 |") and (out / "cmp.png").stat().st_size
+    other = json.loads((out / "t.json").read_text())
+    other["results"] = other["results"][:1]
+    (out / "u.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="different request rates"):
+        serve_compare.main(["--out", str(out / "cmp2.png"), str(out / "t.json"), str(out / "u.json")])
