@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
+from typing import Literal
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _ARGUMENT_KEYS = ("arguments", "parameters")
@@ -49,7 +50,7 @@ class _CallObject:
             elif ch == '"':
                 self.in_str = False
                 if self.depth == 1 and self.state == "key":
-                    key = self._loads(self.key_start, pos + 1)
+                    key = self.decode(self.key_start, pos + 1)
                     self.bad, self.key, self.state = key is None, key or "", "colon"
                 elif self.depth == 1:  # a string value at the top level
                     self._end(pos + 1)
@@ -105,7 +106,7 @@ class _CallObject:
             i -= 1
         return i
 
-    def _loads(self, start: int, end: int) -> str | None:
+    def decode(self, start: int, end: int) -> str | None:
         """A complete JSON string literal's value (None for a bad escape)."""
         try:
             return json.loads("".join(self.raw[start:end]))
@@ -124,7 +125,7 @@ class _CallObject:
         span = self.spans.get("name")
         if span is None or span[1] is None or self.raw[span[0]] != '"':
             return None
-        return self._loads(span[0], span[1])
+        return self.decode(span[0], span[1])
 
     def arguments_key(self) -> str | None:
         return next((k for k in _ARGUMENT_KEYS if k in self.spans), None)
@@ -153,8 +154,8 @@ class ParsedDelta:
 class ToolCallParser:
     """Feed a choice's text as it comes; `content` and `calls` add up what has been handed out."""
 
-    def __init__(self, mode: str, named: str | None = None) -> None:
-        self.mode = mode  # "auto", "required" or "named"
+    def __init__(self, mode: Literal["auto", "required", "named"], named: str | None = None) -> None:
+        self.mode = mode
         self.calls: list[ToolCall] = []
         self.content = ""
         self._out = ParsedDelta()
@@ -165,7 +166,8 @@ class ToolCallParser:
         self._after_call = False  # auto: a call just closed; skip whitespace and its closing tag
         self._array = "before"  # required: before, inside, done
         if mode == "named":
-            assert named is not None
+            if named is None:
+                raise ValueError("a named tool choice needs its function's name")
             self._start_call(named, "")
 
     def feed(self, text: str) -> ParsedDelta:
@@ -278,10 +280,10 @@ class ToolCallParser:
         if name is None:
             return False
         key = obj.arguments_key()
-        args = obj.text(key) if key is not None else "{}"
-        if args is not None and args.startswith('"'):
-            span = obj.spans[key]  # type: ignore[index]
-            args = obj._loads(span[0], span[1] or 0) or args  # arguments given as a JSON string
+        args = obj.text(key) or "" if key is not None else "{}"
+        if key is not None and args.startswith('"'):
+            start, end = obj.spans[key]
+            args = obj.decode(start, end or 0) or args  # arguments given as a JSON string
         self._start_call(name, args)
         return True
 
