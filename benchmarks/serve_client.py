@@ -27,6 +27,12 @@ class RequestResult:
         return (self.latency - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else 0.0
 
 
+def _data(event: bytes) -> bytes:
+    """An SSE event's data: its `data:` lines joined; comments (`:` keep-alives) and other fields ignored."""
+    lines = event.replace(b"\r\n", b"\n").split(b"\n")
+    return b"\n".join(x[5:].strip() for x in lines if x.startswith(b"data:"))
+
+
 async def send(session: aiohttp.ClientSession, url: str, model: str, req: BenchRequest,
                headers: dict[str, str]) -> RequestResult:
     body = {"model": model, "prompt": req.prompt, "max_tokens": req.output_len, "temperature": 0.0,
@@ -44,10 +50,13 @@ async def send(session: aiohttp.ClientSession, url: str, model: str, req: BenchR
                 buf += piece
                 while b"\n\n" in buf:
                     event, buf = buf.split(b"\n\n", 1)
-                    data = event.strip().removeprefix(b"data:").strip()
+                    data = _data(event)
                     if not data or data == b"[DONE]":
                         continue
-                    msg = json.loads(data)
+                    try:
+                        msg = json.loads(data)
+                    except ValueError as e:
+                        raise ValueError(f"{e}: {data[:200]!r}") from e
                     if msg.get("usage"):
                         res.output_tokens = msg["usage"].get("completion_tokens", 0)
                     if any(c.get("text") for c in msg.get("choices") or []):

@@ -91,3 +91,12 @@ def test_spec_benchmark_reports(tiny_model, tmp_path: Path) -> None:
         assert on["tokens"] == off["tokens"] == 6 * int(key.split("/")[1])
         assert off["draft_tokens"] == 0 and 0 <= on["acceptance"] <= 1
         assert on["same_outputs"]
+
+
+def test_serve_client_reads_only_sse_data_lines() -> None:
+    from benchmarks.serve_client import _data
+
+    assert _data(b": keep-alive") == b""  # a comment: no data
+    assert _data(b"event: delta\r\ndata: {\"a\": 1}") == b'{"a": 1}'
+    assert _data(b"data: [DONE]") == b"[DONE]"
+    assert _data(b"data: {\"a\":\ndata: 2}") == b'{"a":\n2}'  # a payload split over data lines
