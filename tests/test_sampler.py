@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from scipy.stats import chisquare
 
 from protocol.messages import NewReqData, ScheduledReq, WorkerSampling
 from worker.input_prep import advance_state
 from worker.penalties import process_logits
 from worker.request_state import RequestState
-from worker.sampler import _top_k_top_p, compute_logprobs, sample
+from worker.sampler import _top_k_top_p, compute_logprobs, sample, sampling_probs
 
 V = 100
 
@@ -257,3 +258,27 @@ def test_default_rows_skip_processing() -> None:
     assert st.penalty_rows == st.logprob_rows == st.prompt_logprob_rows == {2}
     st.free(2)
     assert not (st.penalty_rows or st.logprob_rows or st.prompt_logprob_rows)
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p", "min_p"),
+                         [(0.7, 20, 1.0, 0.0), (1.3, -1, 0.8, 0.0), (1.0, 30, 0.9, 0.02), (0.9, -1, 1.0, 0.05)])
+def test_sample_draws_from_sampling_probs(temperature: float, top_k: int, top_p: float, min_p: float) -> None:
+    """The distribution speculative decoding verifies against (sampling_probs) is the one sample() draws
+    from: 20,000 draws of one row, beside a greedy row, fit it (chi-square) and never leave its support."""
+    n = 20_000
+    logits = torch.randn(V, generator=torch.Generator().manual_seed(5)) * 2
+    probs = sampling_probs(logits[None], [temperature], [top_k], [top_p], [min_p])[0]
+    batch = logits.expand(n + 1, V).clone()
+    params = [list(x) for x in _params(n + 1, temperature, top_k, top_p, min_p)]
+    params[0][0] = 0.0  # row 0 greedy: its argmax, whatever the filters of the others
+    tokens = sample(batch, *params, [None] * (n + 1))
+    assert int(tokens[0]) == int(logits.argmax())
+    observed = torch.bincount(tokens[1:], minlength=V).double()
+    assert observed[probs == 0].sum() == 0
+    expected = probs.double() * n
+    big = expected >= 5
+    obs, exp = observed[big], expected[big]
+    if expected[~big].sum() > 0:  # the rarely drawn tokens pooled into one bin
+        obs = torch.cat([obs, observed[~big].sum()[None]])
+        exp = torch.cat([exp, expected[~big].sum()[None]])
+    assert chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue > 0.01

@@ -49,21 +49,52 @@ def sample(
     (built from the host values when not given). With both given, nothing is copied to or read back from
     the device, so on CUDA the step is queued without a sync.
     """
-    b, vocab = logits.shape
-    dev = logits.device
-    temps = [float(t) for t in _as_list(temperature)]
+    b = logits.shape[0]
+    greedy = _greedy_rows(temperature, top_k)
+    if all(greedy):
+        return logits.argmax(dim=-1)
+    probs, is_greedy = _probs(logits, greedy, temperature, top_k, top_p, min_p, device_params)
+    # Exp(1) noise as -log(U): several times faster than exponential_() on CPU. U in [0, 1) gives
+    # E in (0, inf]; E = inf only zeroes that token's score, so no 0/0 can arise.
+    noise = torch.empty_like(probs).uniform_()
+    for j in range(b):
+        if generators[j] is not None and not greedy[j]:
+            noise[j].uniform_(generator=generators[j])  # a seeded row draws from its own generator only
+    out = (probs / noise.log_().neg_()).argmax(dim=-1)
+    return out if is_greedy is None else torch.where(is_greedy, logits.argmax(dim=-1), out)
+
+
+def sampling_probs(
+    logits: torch.Tensor, temps: list[float], ks: list[int], ps: list[float], mps: list[float]
+) -> torch.Tensor:
+    """The distribution sample() draws a non-greedy row from: logits [B, V] with temperature, top-k, top-p
+    and min-p as in sample() -> probabilities [B, V], normalised. Speculative decoding's rejection rule
+    needs it explicitly (worker/spec_verify.py). Greedy rows get their unfiltered softmax."""
+    return _probs(logits, _greedy_rows(temps, ks), temps, ks, ps, mps, None)[0]
+
+
+def _greedy_rows(temperature: torch.Tensor | Sequence[float], top_k: torch.Tensor | Sequence[int]) -> list[bool]:
+    # top_k == 1 is greedy by definition; taking argmax also gets ties right (lowest index).
+    return [float(t) < GREEDY_BELOW_TEMPERATURE or int(k) == 1
+            for t, k in zip(_as_list(temperature), _as_list(top_k), strict=True)]
+
+
+def _probs(
+    logits: torch.Tensor, greedy: list[bool], temperature: torch.Tensor | Sequence[float],
+    top_k: torch.Tensor | Sequence[int], top_p: torch.Tensor | Sequence[float],
+    min_p: torch.Tensor | Sequence[float], dp: DeviceParams | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The one path from logits to the filtered distribution (temperature, top-k, top-p, min-p, then
+    normalised), and the device mask of the greedy rows (None when there are none). Greedy rows are
+    computed like the rest with the filters off (no host-built row subsets); callers take their argmax."""
+    vocab, dev = logits.shape[-1], logits.device
     ks = [int(k) for k in _as_list(top_k)]
     ps = [float(p) for p in _as_list(top_p)]
     mps = [float(m) for m in _as_list(min_p)]
-    # top_k == 1 is greedy by definition; taking argmax also gets ties right (lowest index).
-    greedy = [t < GREEDY_BELOW_TEMPERATURE or k == 1 for t, k in zip(temps, ks, strict=True)]
-    if all(greedy):
-        return logits.argmax(dim=-1)
-    dp = device_params or DeviceParams(
-        torch.tensor(temps, device=dev), torch.tensor(ks, device=dev), torch.tensor(ps, device=dev),
-        torch.tensor(mps, device=dev),
+    dp = dp or DeviceParams(
+        torch.tensor([float(t) for t in _as_list(temperature)], device=dev), torch.tensor(ks, device=dev),
+        torch.tensor(ps, device=dev), torch.tensor(mps, device=dev),
     )  # fmt: skip
-    # Every row is computed alike (no host-built row subsets); greedy rows take their argmax at the end.
     is_greedy = (dp.temperature < GREEDY_BELOW_TEMPERATURE) | (dp.top_k == 1) if any(greedy) else None
     temp_t = dp.temperature if is_greedy is None else dp.temperature.masked_fill(is_greedy, 1.0)
     x = logits / temp_t.to(logits.dtype)[:, None]
@@ -79,36 +110,11 @@ def sample(
     probs = x.softmax(dim=-1)
     if any(m > 0 and not g for m, g in zip(mps, greedy, strict=True)):
         # min-p: keep tokens with p >= min_p * p_max (scale-free, so renormalising first changes nothing).
-        thresh = probs.amax(dim=-1, keepdim=True) * dp.min_p.to(probs.dtype)[:, None]
-        probs = probs.masked_fill(probs < thresh, 0.0)
-
-    # Exp(1) noise as -log(U): several times faster than exponential_() on CPU. U in [0, 1) gives
-    # E in (0, inf]; E = inf only zeroes that token's score, so no 0/0 can arise.
-    noise = torch.empty_like(probs).uniform_()
-    for j in range(b):
-        if generators[j] is not None and not greedy[j]:
-            noise[j].uniform_(generator=generators[j])  # a seeded row draws from its own generator only
-    out = (probs / noise.log_().neg_()).argmax(dim=-1)
-    return out if is_greedy is None else torch.where(is_greedy, logits.argmax(dim=-1), out)
-
-
-def sampling_probs(
-    logits: torch.Tensor, temps: list[float], ks: list[int], ps: list[float], mps: list[float]
-) -> torch.Tensor:
-    """The distribution sample() draws a non-greedy row from: logits [B, V] with temperature (> 0), top-k
-    (<= 0 or >= V: off), top-p (>= 1: off) and min-p (<= 0: off) -> probabilities [B, V], normalised.
-    Speculative decoding's rejection rule needs it explicitly (worker/spec_verify.py)."""
-    vocab, dev = logits.shape[-1], logits.device
-    x = logits / torch.tensor(temps, device=dev, dtype=logits.dtype)[:, None]
-    ks_h = [k if 0 < k < vocab else vocab for k in ks]
-    if any(k < vocab or p < 1.0 for k, p in zip(ks_h, ps, strict=True)):
-        x = _top_k_top_p(x, ks_h, ps)
-    probs = x.softmax(dim=-1)
-    if any(m > 0 for m in mps):
-        thresh = probs.amax(dim=-1, keepdim=True) * torch.tensor(mps, device=dev, dtype=probs.dtype)[:, None]
+        min_p_t = dp.min_p if is_greedy is None else dp.min_p.masked_fill(is_greedy, 0.0)
+        thresh = probs.amax(dim=-1, keepdim=True) * min_p_t.to(probs.dtype)[:, None]
         probs = probs.masked_fill(probs < thresh, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs
+    return probs, is_greedy
 
 
 def _top_k_top_p(
