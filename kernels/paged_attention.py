@@ -5,9 +5,11 @@ tokens that sit at positions seq_lens[i]-extend_lens[i] .. seq_lens[i]-1 and att
 KV slots req_to_token[req_pool_indices[i], :seq_lens[i]], which already include this step's K/V.
 
 Speed: everything that does not depend on the layer (which slots to gather, masks, grouping) is worked
-out once per step in an AttentionPlan and reused by every layer. Single-token requests (decodes) run as
-padded batches -- grouped by similar length so padding costs at most ~2x -- with GQA handled by viewing
-the G query heads of a KV head as G query rows (no K/V repeat). Multi-token requests run one SDPA each.
+out once per step in an AttentionPlan and reused by every layer. Single-token requests (decodes), and
+requests with a few new tokens over a cached prefix (draft verification), run as padded batches --
+grouped by new-token count and by similar length so padding costs at most ~2x -- with GQA handled by
+viewing the G query heads of a KV head as G query rows (no K/V repeat). Other multi-token requests
+(prefills, chunks) run one SDPA each.
 Gathered K/V go into persistent workspace buffers (GatherWorkspace), a cache-sized chunk of decodes at a
 time; the buffers are module-global, so calls must not run concurrently from several threads.
 """
@@ -57,11 +59,24 @@ def _gather(name: str, pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class DecodeGroup:
-    token_idx: torch.Tensor | None  # [Bd] rows of q / out; None = all of q, in order
+    """Requests with the same few new tokens (q_len: 1 for decodes, 1 + K to verify K drafts) over a
+    cached prefix, attended as one padded batch."""
+
+    token_idx: torch.Tensor | None  # [Bd * q_len] rows of q / out; None = all of q, in order
     slots: torch.Tensor  # [Bd * L] KV slots, padded with slot 0
-    mask: torch.Tensor | None  # [Bd, 1, 1, L] bool, True = attend; None when nothing is padded
+    mask: torch.Tensor | None  # [Bd, 1, q_len, L] bool, True = attend; None when nothing is masked
     size: int
     max_len: int
+    q_len: int = 1
+    _rows_mask: torch.Tensor | None = None  # mask with each query's G head rows, built by the first layer
+
+    def mask_for(self, group: int) -> torch.Tensor | None:
+        """The mask for q laid out [Bd, Hkv, q_len * G, D] (query j's G heads are rows j*G .. j*G+G-1)."""
+        if self.q_len == 1 or self.mask is None:
+            return self.mask
+        if self._rows_mask is None or self._rows_mask.shape[2] != self.q_len * group:
+            self._rows_mask = self.mask.repeat_interleave(group, dim=2)
+        return self._rows_mask
 
 
 @dataclass
@@ -77,6 +92,11 @@ class AttentionPlan:
     num_tokens: int
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     extends: list[ExtendSeg] = field(default_factory=list)
+
+
+# Multi-token requests over a cached prefix with at most this many new tokens (draft verification) are
+# batched like decodes: one SDPA per request and layer cost more than the attention itself.
+SHORT_EXTEND = 16
 
 
 def _group_decodes(reqs: list[int], seq_lens: Sequence[int]) -> list[list[int]]:
@@ -114,31 +134,17 @@ def build_attention_plan(
         t += e
     plan = AttentionPlan(num_tokens=t)
 
-    single = [i for i, e in enumerate(ext_l) if e == 1] if decodes else []
-    for grp in _group_decodes(single, seq_l):
-        lens = [seq_l[i] for i in grp]
-        max_len = max(lens)
-        table = req_to_token[torch.tensor([rows[i] for i in grp], device=dev), :max_len]
-        mask = None
-        if min(lens) != max_len:
-            mask = torch.arange(max_len, device=dev)[None, :] < torch.tensor(lens, device=dev)[:, None]
-            # Slots past a request's length may hold anything; point them at slot 0 (masked anyway).
-            table = table.masked_fill(~mask, 0)
-            mask = mask[:, None, None, :]
-        tok = [starts[i] for i in grp]
-        identity = len(tok) == t and tok == list(range(t))
-        plan.decode_groups.append(
-            DecodeGroup(
-                token_idx=None if identity else torch.tensor(tok, device=dev),
-                slots=table.reshape(-1),
-                mask=mask,
-                size=len(grp),
-                max_len=max_len,
-            )
-        )
+    by_len: dict[int, list[int]] = {}  # new tokens -> requests attended as padded batches
+    for i, e in enumerate(ext_l):
+        if (e == 1 and decodes) or 1 < e <= SHORT_EXTEND and seq_l[i] > e:
+            by_len.setdefault(e, []).append(i)
+    for e, reqs in by_len.items():
+        for grp in _group_decodes(reqs, seq_l):
+            plan.decode_groups.append(_padded_group(req_to_token, rows, seq_l, starts, t, grp, e))
+    batched = {i for reqs in by_len.values() for i in reqs}
 
     for i, e in enumerate(ext_l):
-        if e <= 1:  # decodes are grouped above; e == 0 contributes no queries
+        if e <= 1 or i in batched:  # decodes are grouped above or run by the caller; e == 0: no queries
             continue
         s, prefix = seq_l[i], seq_l[i] - e
         mask = None
@@ -146,6 +152,30 @@ def build_attention_plan(
             mask = torch.arange(s, device=dev)[None, :] <= torch.arange(prefix, s, device=dev)[:, None]
         plan.extends.append(ExtendSeg(starts[i], e, req_to_token[rows[i], :s], mask))
     return plan
+
+
+def _padded_group(
+    req_to_token: torch.Tensor, rows: list[int], seq_l: list[int], starts: list[int], t: int, grp: list[int],
+    q_len: int,
+) -> DecodeGroup:
+    dev = req_to_token.device
+    lens = [seq_l[i] for i in grp]
+    max_len = max(lens)
+    table = req_to_token[torch.tensor([rows[i] for i in grp], device=dev), :max_len]
+    mask = None
+    if min(lens) != max_len or q_len > 1:
+        # Query j of a request sits at position len - q_len + j and sees keys up to it.
+        last = torch.tensor(lens, device=dev)[:, None] - q_len + torch.arange(q_len, device=dev)[None, :]
+        mask = torch.arange(max_len, device=dev)[None, None, :] <= last[:, :, None]  # [Bd, q_len, L]
+        # Slots past a request's length may hold anything; point them at slot 0 (masked anyway).
+        table = table.masked_fill(~mask[:, -1], 0)
+        mask = mask[:, None]
+    tok = [starts[i] + j for i in grp for j in range(q_len)]
+    identity = len(tok) == t and tok == list(range(t))
+    return DecodeGroup(
+        token_idx=None if identity else torch.tensor(tok, device=dev), slots=table.reshape(-1), mask=mask,
+        size=len(grp), max_len=max_len, q_len=q_len,
+    )
 
 
 def paged_attention_ref(
@@ -174,7 +204,11 @@ def paged_attention_ref(
     for g in plan.decode_groups:
         # unflatten, not view: q may be a strided view (the model rotates q and k in one tensor).
         qd = (q if g.token_idx is None else q.index_select(0, g.token_idx)).unflatten(1, (hkv, group))
-        o = qd.new_empty(g.size, hkv, group, D)
+        rows_per = g.q_len * group
+        if g.q_len > 1:  # [Bd * q_len, Hkv, G, D] -> [Bd, Hkv, q_len * G, D]
+            qd = qd.view(g.size, g.q_len, hkv, group, D).transpose(1, 2).reshape(g.size, hkv, rows_per, D)
+        o = qd.new_empty(g.size, hkv, rows_per, D)
+        full_mask = g.mask_for(group)
         # Gather a few requests at a time so their K/V is still in cache when SDPA reads it back.
         row_bytes = 2 * g.max_len * hkv * D * k_pool.element_size()
         chunk = max(1, DECODE_CHUNK_BYTES // row_bytes)
@@ -184,11 +218,13 @@ def paged_attention_ref(
             # [n, L, Hkv, D] -> [n, Hkv, L, D]; the G query heads of each KV head act as G query rows.
             k = _gather("k", k_pool, slots).view(n, g.max_len, hkv, D).transpose(1, 2)
             v = _gather("v", v_pool, slots).view(n, g.max_len, hkv, D).transpose(1, 2)
-            mask = None if g.mask is None else g.mask[c0 : c0 + n]
+            mask = None if full_mask is None else full_mask[c0 : c0 + n]
             o[c0 : c0 + n] = F.scaled_dot_product_attention(
                 qd[c0 : c0 + n], k, v, attn_mask=mask, scale=scale
             )
-        o = o.view(g.size, H, D)
+        if g.q_len > 1:
+            o = o.view(g.size, hkv, g.q_len, group, D).transpose(1, 2)
+        o = o.reshape(g.size * g.q_len, H, D)
         if g.token_idx is None:
             return o  # the whole batch was one decode group
         if out is None:

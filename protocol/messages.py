@@ -261,6 +261,9 @@ class ModelRunnerOutput(msgspec.Struct, tag="result"):
     step_id: int
     sampled: list[int]  # for each scheduled request with sample=True, in scheduled order, its tokens:
     num_sampled: list[int] | None = None  # how many of `sampled` each has (None: one each; more with drafts)
+    # Drafts each sampling request really verified, when the worker verified fewer than scheduled (a CPU
+    # worker skips rows whose proposer found no match); None: as scheduled.
+    num_drafts: list[int] | None = None
     # One per sampling request when any asked for logprobs (None entries for the others).
     logprobs: list[Logprobs | None] | None = None
     # Per request row: logprobs of the prompt tokens this step's chunk predicts (rows that asked).

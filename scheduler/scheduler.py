@@ -32,7 +32,7 @@ from scheduler.finish import FinishReason
 from scheduler.kv_cache import KVCacheManager
 from scheduler.prefill import admit_waiting
 from scheduler.req import Req
-from scheduler.spec_decode import SpecStats, rollback
+from scheduler.spec_decode import SpecStats, commit_drafts
 from scheduler.step_plan import InflightStep, StepPlan, to_output
 from scheduler.stop_checker import StopChecker, StopMatch
 from scheduler.structured import StructuredOutput
@@ -178,8 +178,9 @@ class Scheduler:
             self._add_prompt_logprobs(step, result.prompt_logprobs)
         counts = result.num_sampled or [1] * len(step.samplers)
         logprobs = result.logprobs or [None] * len(step.samplers)
+        verified = result.num_drafts or [step.num_drafts[i] for i in step.samplers]
         pos = 0
-        for i, count, lp in zip(step.samplers, counts, logprobs):
+        for i, count, lp, checked in zip(step.samplers, counts, logprobs, verified):
             tokens = result.sampled[pos : pos + count]
             pos += count
             req = step.reqs[i]
@@ -187,10 +188,7 @@ class Scheduler:
                 continue  # the overrun of a request that already ended (or was retracted): dropped
             drafts = step.num_drafts[i]
             req.num_output_placeholders -= 1 + drafts
-            if drafts:
-                self.spec.record(drafts, len(tokens) - 1)
-                req.spec_accepted_tokens += len(tokens) - 1
-                rollback(req, self.kv, drafts, len(tokens) - 1)
+            commit_drafts(req, self.kv, self.spec, drafts, checked, len(tokens) - 1)
             for tok in tokens:  # an accepted run ends at the first token that finishes the request
                 matched, grammar_done = None, False
                 if req.to_finish is None:

@@ -30,17 +30,28 @@ def num_drafts(req: Req, k: int) -> int:
 
 @dataclass
 class SpecStats:
+    num_drafts: int = 0  # verify steps of a request with at least one draft
     draft_tokens: int = 0
     accepted_tokens: int = 0
     accepted_at: list[int] = field(default_factory=list)  # [j]: drafts accepted at position j
 
     def record(self, drafts: int, accepted: int) -> None:
+        self.num_drafts += drafts > 0
         self.draft_tokens += drafts
         self.accepted_tokens += accepted
         if len(self.accepted_at) < drafts:
             self.accepted_at += [0] * (drafts - len(self.accepted_at))
         for j in range(accepted):
             self.accepted_at[j] += 1
+
+
+def commit_drafts(req: Req, kv: KVCacheManager, stats: SpecStats, drafts: int, verified: int, accepted: int) -> None:
+    """At commit, a request scheduled with `drafts` drafts: the worker verified `verified` of them (fewer
+    where its proposer matched nothing) and accepted `accepted`. The rest, skipped or rejected, roll back."""
+    if drafts:
+        stats.record(verified, accepted)
+        req.spec_accepted_tokens += accepted
+        rollback(req, kv, drafts, accepted)
 
 
 def rollback(req: Req, kv: KVCacheManager, drafts: int, accepted: int) -> None:

@@ -20,9 +20,9 @@ def true_drafts(tokens: list[int], k: int) -> list[int]:
 
 
 class FakeWorker:
-    """`next_token(prev, pos)`: the token sampled there. `drafter(tokens, k)`: the k draft tokens proposed
-    after each sample (speculative decoding); the default proposes the toy model's own continuation, so
-    all are accepted."""
+    """`next_token(prev, pos)`: the token sampled there. `drafter(tokens, k)`: up to k draft tokens proposed
+    after each sample (speculative decoding; fewer, or none, where it matched nothing); the default
+    proposes the toy model's own continuation, so all are accepted."""
 
     def __init__(self, num_slots: int, next_token: Callable[[int, int], int] = toy_next,
                  drafter: Callable[[list[int], int], list[int]] = true_drafts, k: int = 0) -> None:
@@ -62,6 +62,7 @@ class FakeWorker:
             self.copied_to_device += len(c.to_device_src)
         sampled: list[int] = []
         counts: list[int] = []
+        verified: list[int] = []  # drafts verified per sampling request
         for s in so.scheduled:
             row = s.req_idx
             start = self.computed[row]
@@ -69,10 +70,9 @@ class FakeWorker:
                 if not 1 <= slot <= self.num_slots:
                     raise AssertionError(f"slot {slot} out of range")
                 self.kv[row][s.slot_start + i] = slot
-            end = start + s.num_tokens
+            # Like the CPU worker: only the drafts the proposer matched are verified (none: a plain decode).
             drafts = self.drafts.get(row, [])[: s.num_drafts]
-            if len(drafts) != s.num_drafts:
-                raise AssertionError(f"row {row}: {s.num_drafts} drafts scheduled, {len(drafts)} proposed")
+            end = start + s.num_tokens - (s.num_drafts - len(drafts))
             toks = self.tokens[row] + drafts  # drafts sit past the known tokens
             if end > len(toks):
                 raise AssertionError(f"row {row}: computing to {end} but only {len(toks)} known")
@@ -94,17 +94,19 @@ class FakeWorker:
             # Greedy verification: each position's target; drafts are accepted while they equal it.
             known = len(self.tokens[row])
             out = []
-            for j in range(s.num_drafts + 1):
+            for j in range(len(drafts) + 1):
                 out.append(self.next_token(toks[known - 1 + j], known + j))
-                if j == s.num_drafts or drafts[j] != out[-1]:
+                if j == len(drafts) or drafts[j] != out[-1]:
                     break
             self.tokens[row] += out
             self.computed[row] = known - 1 + len(out)  # the rejected drafts' KV is not the row's
             self.drafts[row] = self.drafter(self.tokens[row], self.k) if self.k else []
             sampled += out
             counts.append(len(out))
+            verified.append(len(drafts))
         spec = any(s.num_drafts for s in so.scheduled)
-        return ModelRunnerOutput(so.step_id, sampled, num_sampled=counts if spec else None)
+        return ModelRunnerOutput(so.step_id, sampled, num_sampled=counts if spec else None,
+                                 num_drafts=verified if spec else None)
 
 
 def expected_output(prompt: list[int], n: int, stop: set[int] | None = None) -> list[int]:

@@ -88,6 +88,10 @@ CASES = {
     "prefills-only": [(12, 12), (100, 36), (2, 2)],
     "single-prefill": [(64, 64)],
     "single-token-prompt": [(1, 1), (5, 5)],
+    # draft verification: a few new tokens over a cached prefix, batched like decodes (by new-token count
+    # and length group), beside decodes, a fresh prefill of the same length and a longer chunk
+    "verify": [(30, 5), (140, 5), (12, 5), (40, 1), (7, 3), (60, 5), (5, 5), (90, 17), (9, 3)],
+    "verify-one-group": [(33, 5), (40, 5), (21, 5)],
 }
 
 
@@ -113,3 +117,4 @@ def test_chunked_decode_gather(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("kernels.paged_attention.DECODE_CHUNK_BYTES", 1)
     run_case(CASES["mixed"], hkv=2, group=2, seed=11)
     run_case(CASES["decodes-one-group"], hkv=1, group=4, seed=12)
+    run_case(CASES["verify"], hkv=2, group=3, seed=13)

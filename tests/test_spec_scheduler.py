@@ -148,3 +148,60 @@ def test_ineligible_requests_get_no_drafts(depth: int) -> None:
     # min_tokens only holds drafts back until it is reached: its last outputs may be speculated.
     assert len(rows_with_drafts) <= 1
     assert outputs["pen"] == expected_output([1, 2, 3], 6) and outputs["lp"] == expected_output([1, 2, 4], 6)
+
+
+def matches_when(pred):
+    """A drafter that proposes the true continuation where pred(tokens) holds and nothing (no match)
+    elsewhere, as the CPU worker's proposer does for a row whose n-grams never recur."""
+    def drafter(tokens: list[int], k: int) -> list[int]:
+        return true_drafts(tokens, k) if pred(tokens) else []
+
+    return drafter
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("every", [1, 2, 3])
+def test_no_match_rows_run_as_plain_decodes(depth: int, every: int) -> None:
+    """Rows without a match verify nothing: the worker computes one token, the scheduler rolls the
+    scheduled drafts back like rejected ones (counters, placeholders and KV at every step), and the
+    draft totals count only what was verified. every=1: a row that never matches."""
+    sched, worker = make(depth=depth, spec=K, drafter=matches_when(lambda t: every > 1 and len(t) % every == 0))
+    prompt = [5, 6, 7, 8, 9]
+    sched.add_request(req("a", prompt, max_tokens=30))
+
+    def on_step(step: int) -> None:
+        r = sched.reqs.get("a")
+        if r is not None:
+            check_counters(sched, r)
+
+    outputs, ends = run(sched, worker, depth, on_step)
+    assert outputs["a"] == expected_output(prompt, 30)
+    assert ends["a"] == ("length", None)
+    scheduled = sum(s.num_drafts for so in worker.steps for s in so.scheduled)
+    assert scheduled > 0
+    spec = sched.spec
+    if every == 1:
+        assert spec.draft_tokens == spec.accepted_tokens == spec.num_drafts == 0
+    else:
+        # Each matched draft is right (true continuation): every verified draft is accepted.
+        assert 0 < spec.draft_tokens == spec.accepted_tokens < scheduled
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_matched_and_unmatched_rows_in_one_step(depth: int) -> None:
+    """One row always matches, one never: outputs equal speculation off, and the unmatched row's
+    counters and KV are right at every step with the other's drafts verified beside it."""
+    prompts = {"m": [1, 2, 3, 4], "n": [40, 41, 42]}
+    sched, worker = make(depth=depth, spec=K, drafter=matches_when(lambda t: t[0] == 1))
+    for rid, p in prompts.items():
+        sched.add_request(req(rid, p, max_tokens=25))
+
+    def on_step(step: int) -> None:
+        for r in list(sched.reqs.values()):
+            check_counters(sched, r)
+
+    outputs, _ = run(sched, worker, depth, on_step)
+    assert outputs == {rid: expected_output(p, 25) for rid, p in prompts.items()}
+    both = [so for so in worker.steps if len([s for s in so.scheduled if s.num_drafts]) == 2]
+    assert both, "the two rows never had drafts scheduled in one step"
+    assert sched.spec.accepted_tokens == sched.spec.draft_tokens > 0

@@ -24,7 +24,7 @@ from worker.penalties import process_logits
 from worker.pending_step import PendingStep, StepClock
 from worker.request_state import RequestState
 from worker.sampler import sample
-from worker.spec_verify import propose_drafts, sample_with_drafts, sampler_logit_rows
+from worker.spec_verify import propose_drafts, sample_with_drafts, sampler_logit_rows, trim_drafts
 
 
 @dataclass
@@ -95,14 +95,19 @@ class ModelRunner:
             self.poisoned.discard(row)
         for r in so.new_reqs:
             st.add(r)
+        step = PendingStep(so.step_id, None)
         if so.kv_copies is not None:
             self.kv.copy(so.kv_copies)  # before the forward, which may write the slots they free
         self._check_faults(so)
+        if self.cfg.spec_tokens:
+            trimmed = trim_drafts(so, st)
+            if trimmed is not so:
+                step.num_drafts = [s.num_drafts for s in trimmed.scheduled if s.sample]
+                so = trimmed
         plp = plan_prompt_logprobs(so.scheduled, st)
         batch = prepare_inputs(so.scheduled, st, self.kv, plp)
         logits = self.model.forward(batch, self.kv)
         rows = [s.req_idx for s in so.scheduled if s.sample]
-        step = PendingStep(so.step_id, None)
         if plp is not None:  # the prompt positions' logits follow the sampling rows' (and drafts')
             n = len(rows) + sum(s.num_drafts for s in so.scheduled)
             try:

@@ -21,6 +21,7 @@ class PendingStep:
     step_id: int
     tokens: torch.Tensor | None  # sampled ids: a host tensor (maybe still being copied) or None
     num_sampled: list[int] | None = None  # tokens per sampling request when some had drafts
+    num_drafts: list[int] | None = None  # drafts per sampling request, when fewer were verified than scheduled
     logprobs: list[Logprobs | None] | None = None
     prompt_logprobs: dict[int, Logprobs] | None = None
     busy_s: float = 0.0  # CPU path: measured at launch
@@ -43,7 +44,8 @@ class PendingStep:
                 self.idle_s = max(0.0, self.prev_end.elapsed_time(self.start) / 1000)
         sampled = self.tokens.tolist() if self.tokens is not None else []
         return ModelRunnerOutput(
-            self.step_id, sampled, num_sampled=self.num_sampled, logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs,
+            self.step_id, sampled, num_sampled=self.num_sampled, num_drafts=self.num_drafts,
+            logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs,
             busy_s=self.busy_s, idle_s=self.idle_s,
         )
 

@@ -24,6 +24,8 @@ class RequestState:
         self.num_computed = [0] * max_reqs
         self.num_prompt = [0] * max_reqs
         self.live = [False] * max_reqs
+        # Drafts the proposer matched for each row's next step, where it runs on the host (CPU).
+        self.num_proposed = [0] * max_reqs
         # Host lists: the sampler decides per row on the host, so reading them never waits for the device.
         # Their device twins are written once, when a request is added, and gathered by row each step.
         self.temperature_t = torch.zeros(max_reqs, dtype=torch.float32, device=device)
@@ -66,6 +68,7 @@ class RequestState:
         self.num_computed[i] = r.num_cached
         self.num_prompt[i] = r.num_prompt
         self.live[i] = True
+        self.num_proposed[i] = 0
         s = r.sampling
         self.temperature[i] = s.temperature
         self.top_k[i] = s.top_k

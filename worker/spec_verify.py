@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import msgspec
 import torch
 
 from kernels.ngram_propose import propose_ngram_ref, propose_ngram_triton
-from protocol.messages import Logprobs, ScheduledReq
+from protocol.messages import Logprobs, ScheduledReq, SchedulerOutput
 from protocol.sampling_params import GREEDY_BELOW_TEMPERATURE
 from worker.host_to_device import to_device
 from worker.input_prep import use_triton
@@ -155,10 +156,30 @@ def sample_with_drafts(
 
 
 def propose_drafts(sched: list[ScheduledReq], state: RequestState, k: int, min_n: int, max_n: int) -> None:
-    """Drafts for every row that just sampled, written past its known tokens (state already advanced)."""
+    """Drafts for every row that just sampled, written past its known tokens (state already advanced).
+    The host reference also records how many each row matched (state.num_proposed)."""
     rows = [s.req_idx for s in sched if s.sample]
     if not rows:
         return
     rows_t, lens_t = to_device([rows, [state.num_tokens[r] for r in rows]], state.device)
-    propose = propose_ngram_triton if use_triton(state.device) else propose_ngram_ref
-    propose(state.tokens, rows_t, lens_t, k, min_n, max_n)
+    if use_triton(state.device):
+        propose_ngram_triton(state.tokens, rows_t, lens_t, k, min_n, max_n)
+        return
+    for r, n in zip(rows, propose_ngram_ref(state.tokens, rows_t, lens_t, k, min_n, max_n), strict=True):
+        state.num_proposed[r] = n
+
+
+def trim_drafts(so: SchedulerOutput, state: RequestState) -> SchedulerOutput:
+    """The step as the worker runs it: where the proposer ran on the host, a row verifies only the drafts
+    it matched, so a row without a match computes one token, like a plain decode. The scheduler reserved
+    KV for all it scheduled; the table still gets every slot (a step in flight may already count on
+    them), and the rollback at commit returns the unused ones as it does for rejected drafts. With the
+    device proposer (Triton) the counts stay on the device: every scheduled draft is verified."""
+    if use_triton(state.device) or not any(s.num_drafts for s in so.scheduled):
+        return so
+    items = []
+    for s in so.scheduled:
+        cut = s.num_drafts - min(s.num_drafts, state.num_proposed[s.req_idx])
+        items.append(msgspec.structs.replace(s, num_tokens=s.num_tokens - cut, num_drafts=s.num_drafts - cut)
+                     if cut else s)
+    return msgspec.structs.replace(so, scheduled=items)
