@@ -7,12 +7,14 @@ The prompts are generated here, seeded, never downloaded.
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import time
 from typing import Any
 
 from benchmarks.workload import random_prompts
 from protocol.engine_config import EngineConfig
+from worker.cpu_caps import cpu_caps
 
 _WORDS = ("alpha beta gamma delta value total count index result buffer name item list map key "
           "score limit offset width height price amount").split()
@@ -83,7 +85,9 @@ def run(cfg: EngineConfig, batches: list[int], k: int, output_len: int, seed: in
     on = _run_mode(dataclasses.replace(cfg, speculative_method="ngram", num_speculative_tokens=k), workloads,
                    output_len)
     off = _run_mode(dataclasses.replace(cfg, speculative_method=None), workloads, output_len)
+    load = os.getloadavg()
     print(f"speculative decoding (ngram, K={k}) on vs off: greedy, output {output_len} tokens")
+    print(f"{cpu_caps().describe()}; load average after the run {load[0]:.1f} (other work shares the cores)")
     print(f"{'workload':>10} {'batch':>5} {'on tok/s':>9} {'off tok/s':>9} {'speedup':>8} {'accept':>7} "
           f"{'steps on/off':>12} {'same':>5}")
     for key in on:
@@ -94,4 +98,5 @@ def run(cfg: EngineConfig, batches: list[int], k: int, output_len: int, seed: in
               f"{100 * a['acceptance']:>6.1f}% {a['steps']:>5}/{o['steps']:<6} {'yes' if same else 'NO':>5}")
     for r in (*on.values(), *off.values()):
         del r["outputs"]
-    return {"benchmark": "spec", "k": k, "batches": batches, "spec_on": on, "spec_off": off}
+    return {"benchmark": "spec", "k": k, "batches": batches, "cpu": cpu_caps().describe(), "load_average": load,
+            "spec_on": on, "spec_off": off}

@@ -88,6 +88,12 @@ class EngineLoad(msgspec.Struct, array_like=True):
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache (first admissions)
     prefix_hits: int = 0  # of which found there
     preemptions: int = 0  # retractions
+    # Speculative decoding: verify steps with drafts, draft tokens verified, accepted (all, and at each
+    # draft position).
+    spec_num_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_position: list[int] = []
 
 
 class RequestOutput(msgspec.Struct, array_like=True):

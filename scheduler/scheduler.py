@@ -345,7 +345,8 @@ class Scheduler:
         return EngineLoad(
             len(self.running), len(self.reqs) - len(self.running),  # waiting includes grammars compiling
             1.0 - self.kv.available_slots / self.kv.allocator.size,
-            self.stats.prefix_queries, self.stats.prefix_hits, self.stats.retractions,
+            self.stats.prefix_queries, self.stats.prefix_hits, self.stats.retractions, self.spec.num_drafts,
+            self.spec.draft_tokens, self.spec.accepted_tokens, list(self.spec.accepted_at),
         )
 
     def _flush_deltas(self) -> None:

@@ -103,6 +103,13 @@ def test_runs_end_inside_accepted_spans_like_off(engines) -> None:
     assert st.spec_accepted_per_position[-1] >= 10
     assert len(st.spec_accepted_per_position) == SPEC["num_speculative_tokens"]
     assert st.spec_accepted_per_position == sorted(st.spec_accepted_per_position, reverse=True)
+    # The engine totals ride with the outputs (the HTTP server's /metrics reads them there).
+    last = list(on.stream(ps[0], SamplingParams(max_tokens=20, **GREEDY)))[-1]
+    st = on.stats()
+    assert last.load is not None
+    assert (last.load.spec_draft_tokens, last.load.spec_accepted_tokens, last.load.spec_accepted_per_position) == (
+        st.spec_draft_tokens, st.spec_accepted_tokens, st.spec_accepted_per_position)
+    assert 0 < last.load.spec_num_drafts <= st.spec_draft_tokens
     check_idle_engine(on)
 
 

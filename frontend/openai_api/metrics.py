@@ -1,7 +1,8 @@
 """Prometheus metrics under vLLM's names with a `tandem:` prefix.
 
-Engine gauges and totals (running, waiting, KV use, prefix cache, preemptions) come from the EngineLoad
-that rides with every output; per-request figures from each request's final output (TimeStats).
+Engine gauges and totals (running, waiting, KV use, prefix cache, preemptions, speculative decoding's
+drafts and acceptance, also per draft position) come from the EngineLoad that rides with every output;
+per-request figures from each request's final output (TimeStats).
 """
 from __future__ import annotations
 
@@ -37,6 +38,13 @@ class Metrics:
         self.prefix_queries = counter("prefix_cache_queries", "prompt tokens looked up in the prefix cache")
         self.prefix_hits = counter("prefix_cache_hits", "prompt tokens found in the prefix cache")
         self.preemptions = counter("num_preemptions", "requests retracted to free KV")
+        self.spec_drafts = counter("spec_decode_num_drafts", "verify steps of a request with draft tokens")
+        self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "draft tokens verified")
+        self.spec_accepted = counter("spec_decode_num_accepted_tokens", "draft tokens accepted")
+        self.spec_accepted_per_pos = Counter(
+            "tandem:spec_decode_num_accepted_tokens_per_pos", "draft tokens accepted at each draft position",
+            lab + ["position"], registry=r,
+        )
         self.prompt_tokens = counter("prompt_tokens", "prompt tokens of finished requests")
         self.generation_tokens = counter("generation_tokens", "generated tokens of finished requests")
         self.success = Counter("tandem:request_success", "finished requests", lab + ["finished_reason"],
@@ -53,10 +61,18 @@ class Metrics:
         self.waiting.set(load.waiting)
         self.kv_usage.set(load.kv_usage)
         # The engine sends totals; count what is new since the last output (a restarted engine starts over).
-        for counter, now, seen in ((self.prefix_queries, load.prefix_queries, self._seen.prefix_queries),
-                                   (self.prefix_hits, load.prefix_hits, self._seen.prefix_hits),
-                                   (self.preemptions, load.preemptions, self._seen.preemptions)):
-            counter.inc(max(0, now - seen))
+        seen = self._seen
+        pairs = [(self.prefix_queries, load.prefix_queries, seen.prefix_queries),
+                 (self.prefix_hits, load.prefix_hits, seen.prefix_hits),
+                 (self.preemptions, load.preemptions, seen.preemptions),
+                 (self.spec_drafts, load.spec_num_drafts, seen.spec_num_drafts),
+                 (self.spec_draft_tokens, load.spec_draft_tokens, seen.spec_draft_tokens),
+                 (self.spec_accepted, load.spec_accepted_tokens, seen.spec_accepted_tokens)]
+        for pos, now in enumerate(load.spec_accepted_per_position):
+            before = seen.spec_accepted_per_position[pos] if pos < len(seen.spec_accepted_per_position) else 0
+            pairs.append((self.spec_accepted_per_pos.labels(self.model_name, str(pos)), now, before))
+        for counter, now, was in pairs:
+            counter.inc(max(0, now - was))
         self._seen = load
 
     def on_delta(self, d: CompletionDelta, last_token_at: float | None) -> float | None:
