@@ -51,42 +51,49 @@ def repetitive_prompts(n: int, seed: int) -> list[str]:
     return out
 
 
-def _run_mode(cfg: EngineConfig, workloads: dict[str, dict[int, list]], output_len: int) -> dict[str, Any]:
-    from frontend import Client
+def _measure(client: Any, prompts: list, output_len: int) -> dict[str, Any]:
     from protocol import SamplingParams
 
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
-    out: dict[str, Any] = {}
-    with Client.launch(cfg.model, **cfg.options()) as client:
-        client.generate([5, 6, 7], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
-        for name, by_batch in workloads.items():
-            for b, prompts in by_batch.items():
-                before = client.stats()
-                t0 = time.perf_counter()
-                comps = client.generate_batch(prompts, params, progress=False)
-                dt = time.perf_counter() - t0
-                after = client.stats()
-                drafts = after.spec_draft_tokens - before.spec_draft_tokens
-                accepted = after.spec_accepted_tokens - before.spec_accepted_tokens
-                n = sum(len(c.token_ids) for c in comps)
-                out[f"{name}/{b}"] = {
-                    "tok_s": n / dt, "tokens": n, "steps": after.steps - before.steps,
-                    "acceptance": accepted / drafts if drafts else 0.0, "draft_tokens": drafts,
-                    "outputs": [c.token_ids for c in comps],
-                }
-    return out
+    before = client.stats()
+    t0 = time.perf_counter()
+    comps = client.generate_batch(prompts, params, progress=False)
+    dt = time.perf_counter() - t0
+    after = client.stats()
+    drafts = after.spec_draft_tokens - before.spec_draft_tokens
+    accepted = after.spec_accepted_tokens - before.spec_accepted_tokens
+    n = sum(len(c.token_ids) for c in comps)
+    return {
+        "tok_s": n / dt, "tokens": n, "steps": after.steps - before.steps,
+        "acceptance": accepted / drafts if drafts else 0.0, "draft_tokens": drafts,
+        "outputs": [c.token_ids for c in comps],
+    }
 
 
 def run(cfg: EngineConfig, batches: list[int], k: int, output_len: int, seed: int) -> dict[str, Any]:
+    from frontend import Client
+    from protocol import SamplingParams
+
     workloads = {
         "repetitive": {b: repetitive_prompts(b, seed + b) for b in batches},
         "random": {b: random_prompts(cfg.model, b, (64, 128), seed + b) for b in batches},
     }
-    on = _run_mode(dataclasses.replace(cfg, speculative_method="ngram", num_speculative_tokens=k), workloads,
-                   output_len)
-    off = _run_mode(dataclasses.replace(cfg, speculative_method=None), workloads, output_len)
+    on_cfg = dataclasses.replace(cfg, speculative_method="ngram", num_speculative_tokens=k)
+    off_cfg = dataclasses.replace(cfg, speculative_method=None)
+    on: dict[str, Any] = {}
+    off: dict[str, Any] = {}
+    # Both engines up at once (an idle one uses no CPU), each workload measured on then off back to back:
+    # on a machine shared with other work, drifting load then hits both sides of a ratio alike.
+    with Client.launch(cfg.model, **on_cfg.options()) as c_on, Client.launch(cfg.model, **off_cfg.options()) as c_off:
+        for c in (c_on, c_off):
+            c.generate([5, 6, 7], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
+        for name, by_batch in workloads.items():
+            for b, prompts in by_batch.items():
+                on[f"{name}/{b}"] = _measure(c_on, prompts, output_len)
+                off[f"{name}/{b}"] = _measure(c_off, prompts, output_len)
     load = os.getloadavg()
-    print(f"speculative decoding (ngram, K={k}) on vs off: greedy, output {output_len} tokens")
+    print(f"speculative decoding (ngram, K={k}) on vs off: greedy, output {output_len} tokens; "
+          "each workload on then off, back to back")
     print(f"{cpu_caps().describe()}; load average after the run {load[0]:.1f} (other work shares the cores)")
     print(f"{'workload':>10} {'batch':>5} {'on tok/s':>9} {'off tok/s':>9} {'speedup':>8} {'accept':>7} "
           f"{'steps on/off':>12} {'same':>5}")
