@@ -82,6 +82,11 @@ def run(cfg: EngineConfig, batches: list[int], k: int, output_len: int, seed: in
     off_cfg = dataclasses.replace(cfg, speculative_method=None)
     on: dict[str, Any] = {}
     off: dict[str, Any] = {}
+    print(f"speculative decoding (ngram, K={k}) on vs off: greedy, output {output_len} tokens; "
+          "each workload on then off, back to back")
+    print(cpu_caps().describe())
+    print(f"{'workload':>10} {'batch':>5} {'on tok/s':>9} {'off tok/s':>9} {'speedup':>8} {'accept':>7} "
+          f"{'steps on/off':>12} {'same':>5} {'load':>5}", flush=True)
     # Both engines up at once (an idle one uses no CPU), each workload measured on then off back to back:
     # on a machine shared with other work, drifting load then hits both sides of a ratio alike.
     with Client.launch(cfg.model, **on_cfg.options()) as c_on, Client.launch(cfg.model, **off_cfg.options()) as c_off:
@@ -89,21 +94,15 @@ def run(cfg: EngineConfig, batches: list[int], k: int, output_len: int, seed: in
             c.generate([5, 6, 7], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
         for name, by_batch in workloads.items():
             for b, prompts in by_batch.items():
-                on[f"{name}/{b}"] = _measure(c_on, prompts, output_len)
-                off[f"{name}/{b}"] = _measure(c_off, prompts, output_len)
-    load = os.getloadavg()
-    print(f"speculative decoding (ngram, K={k}) on vs off: greedy, output {output_len} tokens; "
-          "each workload on then off, back to back")
-    print(f"{cpu_caps().describe()}; load average after the run {load[0]:.1f} (other work shares the cores)")
-    print(f"{'workload':>10} {'batch':>5} {'on tok/s':>9} {'off tok/s':>9} {'speedup':>8} {'accept':>7} "
-          f"{'steps on/off':>12} {'same':>5}")
-    for key in on:
-        name, b = key.split("/")
-        a, o = on[key], off[key]
-        same = a["same_outputs"] = a["outputs"] == o["outputs"]  # greedy: speculation changes no token
-        print(f"{name:>10} {b:>5} {a['tok_s']:>9.1f} {o['tok_s']:>9.1f} {a['tok_s'] / o['tok_s']:>7.2f}x "
-              f"{100 * a['acceptance']:>6.1f}% {a['steps']:>5}/{o['steps']:<6} {'yes' if same else 'NO':>5}")
+                key = f"{name}/{b}"
+                a = on[key] = _measure(c_on, prompts, output_len)
+                o = off[key] = _measure(c_off, prompts, output_len)
+                same = a["same_outputs"] = a["outputs"] == o["outputs"]  # greedy: speculation changes no token
+                a["load_average"] = os.getloadavg()[0]  # other work on the cores while it ran
+                print(f"{name:>10} {b:>5} {a['tok_s']:>9.1f} {o['tok_s']:>9.1f} {a['tok_s'] / o['tok_s']:>7.2f}x "
+                      f"{100 * a['acceptance']:>6.1f}% {a['steps']:>5}/{o['steps']:<6} {'yes' if same else 'NO':>5} "
+                      f"{a['load_average']:>5.1f}", flush=True)
     for r in (*on.values(), *off.values()):
         del r["outputs"]
-    return {"benchmark": "spec", "k": k, "batches": batches, "cpu": cpu_caps().describe(), "load_average": load,
-            "spec_on": on, "spec_off": off}
+    return {"benchmark": "spec", "k": k, "batches": batches, "cpu": cpu_caps().describe(), "spec_on": on,
+            "spec_off": off}
