@@ -267,8 +267,8 @@ class ModelRunnerOutput(msgspec.Struct, tag="result"):
     step_id: int
     sampled: list[int]  # for each scheduled request with sample=True, in scheduled order, its tokens:
     num_sampled: list[int] | None = None  # how many of `sampled` each has (None: one each; more with drafts)
-    # Drafts each sampling request really verified, when the worker verified fewer than scheduled (a CPU
-    # worker skips rows whose proposer found no match); None: as scheduled.
+    # Drafts each sampling request really verified, where the worker decides (a CPU worker skips drafts
+    # its proposer did not match); None: as scheduled.
     num_drafts: list[int] | None = None
     # One per sampling request when any asked for logprobs (None entries for the others).
     logprobs: list[Logprobs | None] | None = None

@@ -21,7 +21,7 @@ class PendingStep:
     step_id: int
     tokens: torch.Tensor | None  # sampled ids: a host tensor (maybe still being copied) or None
     num_sampled: list[int] | None = None  # tokens per sampling request when some had drafts
-    num_drafts: list[int] | None = None  # drafts per sampling request, when fewer were verified than scheduled
+    num_drafts: list[int] | None = None  # drafts each sampling request verified (CPU: only matched ones)
     logprobs: list[Logprobs | None] | None = None
     prompt_logprobs: dict[int, Logprobs] | None = None
     busy_s: float = 0.0  # CPU path: measured at launch
