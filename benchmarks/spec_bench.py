@@ -1,6 +1,8 @@
 """`tandem bench spec`: speculative decoding (ngram) on vs off in one run, on a repetitive workload
-(prompts that hold most of their answer: code to reformat, a passage to quote) and a non-repetitive
-one (random tokens), at several batch sizes: output tok/s and the acceptance rate.
+(prompts that hold most of their answer: code to reformat, a passage to quote), open questions whose
+answers are new text, and random tokens, at several batch sizes: output tok/s and the acceptance rate.
+(A small greedy model often loops on random tokens, which drafts then predict well: the open questions
+are the workload where drafts rarely match.)
 
 The prompts are generated here, seeded, never downloaded.
 """
@@ -51,6 +53,18 @@ def repetitive_prompts(n: int, seed: int) -> list[str]:
     return out
 
 
+_TOPICS = ("a lighthouse keeper", "the history of bread", "how bees talk", "a city under the sea",
+           "learning to ride a bicycle", "why the sky changes colour", "a robot that paints", "winter in a forest")
+_ASKS = ("Write a short story about {}.", "Explain {} to a child.", "Give five surprising facts about {}.",
+         "Write a poem about {}.")
+
+
+def open_prompts(n: int, seed: int) -> list[str]:
+    """Open questions: the answer is new text, little of it in the prompt."""
+    rng = random.Random(seed)
+    return [f"Question: {rng.choice(_ASKS).format(rng.choice(_TOPICS))}\nAnswer:" for _ in range(n)]
+
+
 def _measure(client: Any, prompts: list, output_len: int) -> dict[str, Any]:
     from protocol import SamplingParams
 
@@ -76,6 +90,7 @@ def run(cfg: EngineConfig, batches: list[int], k: int, output_len: int, seed: in
 
     workloads = {
         "repetitive": {b: repetitive_prompts(b, seed + b) for b in batches},
+        "open": {b: open_prompts(b, seed + b) for b in batches},
         "random": {b: random_prompts(cfg.model, b, (64, 128), seed + b) for b in batches},
     }
     on_cfg = dataclasses.replace(cfg, speculative_method="ngram", num_speculative_tokens=k)

@@ -83,7 +83,7 @@ def test_spec_benchmark_reports(tiny_model, tmp_path: Path) -> None:
     assert rc == 0
     r = json.loads(out.read_text())
     assert r["k"] == 2 and set(r["spec_on"]) == set(r["spec_off"]) == {
-        f"{w}/{b}" for w in ("repetitive", "random") for b in (1, 2)
+        f"{w}/{b}" for w in ("repetitive", "open", "random") for b in (1, 2)
     }
     for key, on in r["spec_on"].items():
         off = r["spec_off"][key]
