@@ -199,7 +199,7 @@ class WorkerSampling(msgspec.Struct, array_like=True):
 class NewReqData(msgspec.Struct, array_like=True):
     """A request's data, sent once when it (re)enters the running set."""
 
-    req_idx: int  # its row in the worker's persistent request state and req_to_token table
+    req_pool_idx: int  # its row in the worker's persistent request state and req_to_token table
     token_ids: list[int]  # fill_ids at admission: prompt (+ outputs kept across a retraction)
     num_prompt: int
     num_cached: int  # leading tokens whose KV comes from the prefix cache: computed already
@@ -209,9 +209,9 @@ class NewReqData(msgspec.Struct, array_like=True):
 class ScheduledReq(msgspec.Struct, array_like=True):
     """One request in one step: compute `num_tokens` tokens after the ones already computed."""
 
-    req_idx: int
+    req_pool_idx: int
     num_tokens: int
-    # KV slots for req_to_token[req_idx, slot_start : slot_start + len(slots)]; covers at least
+    # KV slots for req_to_token[req_pool_idx, slot_start : slot_start + len(slots)]; covers at least
     # the tokens computed this step (and a prefix-cache hit when the request is new).
     slot_start: int
     slots: list[int]
@@ -235,7 +235,7 @@ class KVCopies(msgspec.Struct, array_like=True):
 class SchedulerOutput(msgspec.Struct, tag="step"):
     step_id: int
     # Rows of requests finished or retracted since the previous step: freed before new_reqs are added.
-    finished_req_idxs: list[int]
+    finished_req_pool_indices: list[int]
     new_reqs: list[NewReqData]
     scheduled: list[ScheduledReq]
     # The engine had no work before this step: the worker's idle gap before it is not a bubble.
@@ -292,11 +292,11 @@ class WorkerReady(msgspec.Struct, tag="ready"):
 
 
 class StepFailed(msgspec.Struct, tag="step_failed"):
-    """A step raised on the worker and produced no tokens; the worker serves on. `req_idxs`: the rows
+    """A step raised on the worker and produced no tokens; the worker serves on. `req_pool_indices`: the rows
     whose requests caused it (they fail); empty: no single request is to blame (all of the step fail)."""
 
     step_id: int
-    req_idxs: list[int]
+    req_pool_indices: list[int]
     code: str
     message: str
 

@@ -76,7 +76,7 @@ def new_req_data(req: Req) -> NewReqData:
     p = req.params
     assert req.req_pool_idx is not None
     return NewReqData(
-        req_idx=req.req_pool_idx,
+        req_pool_idx=req.req_pool_idx,
         token_ids=req.fill_ids,
         num_prompt=len(req.origin_input_ids),
         num_cached=req.num_computed_tokens,

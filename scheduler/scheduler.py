@@ -223,7 +223,7 @@ class Scheduler:
         step = self.inflight.popleft()
         if step.step_id != msg.step_id:
             raise RuntimeError(f"failure of step {msg.step_id} while step {step.step_id} was expected")
-        blamed = set(msg.req_idxs)
+        blamed = set(msg.req_pool_indices)
         for req, epoch in zip(step.reqs, step.epochs):
             if epoch == req.epoch and not req.finished() and (not blamed or req.req_pool_idx in blamed):
                 self._fail(req, msg.code, msg.message)

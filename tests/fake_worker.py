@@ -42,14 +42,14 @@ class FakeWorker:
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         self.steps.append(so)
-        for row in so.finished_req_idxs:
+        for row in so.finished_req_pool_indices:
             del self.tokens[row], self.computed[row], self.kv[row]
         for r in so.new_reqs:
-            if r.req_idx in self.tokens:
-                raise AssertionError(f"row {r.req_idx} added while live")
-            self.tokens[r.req_idx] = list(r.token_ids)
-            self.computed[r.req_idx] = r.num_cached
-            self.kv[r.req_idx] = {}
+            if r.req_pool_idx in self.tokens:
+                raise AssertionError(f"row {r.req_pool_idx} added while live")
+            self.tokens[r.req_pool_idx] = list(r.token_ids)
+            self.computed[r.req_pool_idx] = r.num_cached
+            self.kv[r.req_pool_idx] = {}
         c = so.kv_copies
         if c is not None:  # device -> host first, then host -> device, before the step's compute
             for d, h in zip(c.to_host_src, c.to_host_dst, strict=True):
@@ -64,7 +64,7 @@ class FakeWorker:
         counts: list[int] = []
         verified: list[int] = []  # drafts verified per sampling request
         for s in so.scheduled:
-            row = s.req_idx
+            row = s.req_pool_idx
             start = self.computed[row]
             for i, slot in enumerate(s.slots):
                 if not 1 <= slot <= self.num_slots:
@@ -133,12 +133,12 @@ class FaultyWorker:
         self.failed: list[SchedulerOutput] = []
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput | StepFailed:
-        self.poisoned -= set(so.finished_req_idxs)
-        rows = {s.req_idx for s in so.scheduled}
-        blamed = [r.req_idx for r in so.new_reqs if self.marker in r.token_ids[: r.num_prompt]]
+        self.poisoned -= set(so.finished_req_pool_indices)
+        rows = {s.req_pool_idx for s in so.scheduled}
+        blamed = [r.req_pool_idx for r in so.new_reqs if self.marker in r.token_ids[: r.num_prompt]]
         if not blamed and not self.poisoned & rows:
             return self.inner.execute(so)
-        self.inner.execute(SchedulerOutput(so.step_id, so.finished_req_idxs, so.new_reqs, []))  # rows only
+        self.inner.execute(SchedulerOutput(so.step_id, so.finished_req_pool_indices, so.new_reqs, []))  # rows only
         self.poisoned |= rows
         self.failed.append(so)
         return StepFailed(so.step_id, blamed if self.name_culprit else [], "request_failed.internal", "injected")

@@ -31,7 +31,7 @@ def _evicted(budget: int) -> tuple[Scheduler, FakeWorker, list[int]]:
 
 def _tokens(sched: Scheduler, so: SchedulerOutput) -> dict[str, int]:
     rows = {r.req_pool_idx: rid for rid, r in sched.reqs.items()}
-    return {rows[s.req_idx]: s.num_tokens for s in so.scheduled}
+    return {rows[s.req_pool_idx]: s.num_tokens for s in so.scheduled}
 
 
 def _loaded(so: SchedulerOutput) -> int:

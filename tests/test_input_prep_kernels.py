@@ -167,10 +167,10 @@ def test_prepare_inputs_triton_path_equals_ref(seed: int, monkeypatch: pytest.Mo
     ids, locs, logits = [], [], []
     total = 0
     for s in sched:
-        exp_table[s.req_idx, s.slot_start : s.slot_start + len(s.slots)] = _t(s.slots)
-        lo = state.num_computed[s.req_idx]
-        ids.append(state.tokens[s.req_idx, lo : lo + s.num_tokens])
-        locs.append(exp_table[s.req_idx, lo : lo + s.num_tokens])
+        exp_table[s.req_pool_idx, s.slot_start : s.slot_start + len(s.slots)] = _t(s.slots)
+        lo = state.num_computed[s.req_pool_idx]
+        ids.append(state.tokens[s.req_pool_idx, lo : lo + s.num_tokens])
+        locs.append(exp_table[s.req_pool_idx, lo : lo + s.num_tokens])
         total += s.num_tokens
         if s.sample:
             logits.append(total - 1)
@@ -178,7 +178,7 @@ def test_prepare_inputs_triton_path_equals_ref(seed: int, monkeypatch: pytest.Mo
     assert torch.equal(b0.input_ids, torch.cat(ids))
     assert torch.equal(b0.out_cache_loc, torch.cat(locs))
     assert b0.logits_indices.tolist() == logits + (p0.logits_indices if p0 else [])
-    assert b0.req_pool_indices_cpu == [s.req_idx for s in sched]
+    assert b0.req_pool_indices_cpu == [s.req_pool_idx for s in sched]
 
 
 @pytest.mark.parametrize("as_tensor", [False, True])
@@ -197,7 +197,7 @@ def test_advance_state_triton_path_equals_ref(as_tensor: bool, monkeypatch: pyte
     assert a.num_tokens == b.num_tokens and a.num_computed == b.num_computed
     it = iter(sampled)
     for s in sched:
-        r = s.req_idx
+        r = s.req_pool_idx
         assert a.num_computed[r] == state.num_computed[r] + s.num_tokens
         if s.sample:
             assert a.num_tokens[r] == state.num_tokens[r] + 1

@@ -73,10 +73,10 @@ def test_unattributed_step_fault_fails_every_request_of_that_step(depth: int) ->
     outputs, ends = run(sched, worker, depth, on_step=add_rest)
     rid_of_row: dict[int, str] = {}
     for so in inner.steps:
-        rid_of_row.update({r.req_idx: by_prompt[tuple(r.token_ids[: r.num_prompt])] for r in so.new_reqs})
+        rid_of_row.update({r.req_pool_idx: by_prompt[tuple(r.token_ids[: r.num_prompt])] for r in so.new_reqs})
         if so.step_id == worker.failed[0].step_id:
             break
-    in_step = {rid_of_row[s.req_idx] for s in worker.failed[0].scheduled}
+    in_step = {rid_of_row[s.req_pool_idx] for s in worker.failed[0].scheduled}
     assert "r4" in in_step and len(in_step) > 1
     assert {rid for rid, (kind, _) in ends.items() if kind == "error"} == in_step
     for r in reqs:

@@ -197,8 +197,8 @@ def test_new_request_joins_next_step(depth: int) -> None:
         # Arrived before N+1 was scheduled: joins N+1 while N is still in flight, beside a's decode.
         second = sched.schedule()
         assert second is not None
-        assert [r.req_idx for r in second.new_reqs] == [sched.reqs["b"].req_pool_idx]
-        assert sched.reqs["a"].req_pool_idx in [s.req_idx for s in second.scheduled]
+        assert [r.req_pool_idx for r in second.new_reqs] == [sched.reqs["b"].req_pool_idx]
+        assert sched.reqs["a"].req_pool_idx in [s.req_pool_idx for s in second.scheduled]
         results.append(worker.execute(second))
     for r in results:
         sched.commit(r)
@@ -247,7 +247,7 @@ def test_chunked_prefill_keeps_decodes_going_every_step(depth: int) -> None:
     while sched.reqs.get("long") is not None and len(sched.reqs["long"].output_ids) == 0:
         so = sched.schedule()
         assert so is not None
-        rows = {s.req_idx: s.num_tokens for s in so.scheduled}
+        rows = {s.req_pool_idx: s.num_tokens for s in so.scheduled}
         decoders = [r for r in sched.running if r.rid.startswith("d") and not r.finished()]
         assert all(rows.get(r.req_pool_idx) == 1 for r in decoders), "a decode skipped a step"
         long_row = sched.reqs["long"].req_pool_idx
@@ -272,8 +272,8 @@ def test_capacity_freed_by_step_n_is_used_from_n_plus_2() -> None:
     assert sched.schedule() is None  # a is at max_tokens in flight; b still has no row
     sched.commit(worker.execute(n1))  # a finishes: its row is free from the next step on
     n2 = sched.schedule()
-    assert n2 is not None and [r.req_idx for r in n2.new_reqs] == [sched.reqs["b"].req_pool_idx]
-    assert n2.finished_req_idxs  # a's row is dropped before b is added
+    assert n2 is not None and [r.req_pool_idx for r in n2.new_reqs] == [sched.reqs["b"].req_pool_idx]
+    assert n2.finished_req_pool_indices  # a's row is dropped before b is added
     sched.commit(worker.execute(n2))
     outputs, _ = run(sched, worker, 2)
     assert outputs["b"] == expected_output([4, 5], 2)

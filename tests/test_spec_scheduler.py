@@ -144,7 +144,7 @@ def test_ineligible_requests_get_no_drafts(depth: int) -> None:
     sched.add_request(req("lp", [1, 2, 4], max_tokens=6, logprobs=2))
     sched.add_request(req("mt", [1, 2, 5], max_tokens=6, min_tokens=3))
     outputs, _ = run(sched, worker, depth)
-    rows_with_drafts = {s.req_idx for so in worker.steps for s in so.scheduled if s.num_drafts}
+    rows_with_drafts = {s.req_pool_idx for so in worker.steps for s in so.scheduled if s.num_drafts}
     # min_tokens only holds drafts back until it is reached: its last outputs may be speculated.
     assert len(rows_with_drafts) <= 1
     assert outputs["pen"] == expected_output([1, 2, 3], 6) and outputs["lp"] == expected_output([1, 2, 4], 6)

@@ -134,7 +134,7 @@ def test_prompt_logprobs_match_hf(model_dir: Path, hf, chunks: list[int]) -> Non
         sched = [mine] if step else [s or mine for s in first]
         out = runner.execute(SchedulerOutput(step, [], new, sched))
         new = []
-        sampled = dict(zip([s.req_idx for s in sched if s.sample], out.sampled, strict=True))
+        sampled = dict(zip([s.req_pool_idx for s in sched if s.sample], out.sampled, strict=True))
         assert out.prompt_logprobs is not None and set(out.prompt_logprobs) == ({2} if step else {2, 5})
         part = out.prompt_logprobs[2]
         # positions start .. start+n-1 predict tokens start+1 .. start+n, those < len(prompt)

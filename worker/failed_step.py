@@ -30,13 +30,13 @@ class FailedStep:
     """Stands in the worker's queue of launched steps like a PendingStep."""
 
     step_id: int
-    req_idxs: list[int]
+    req_pool_indices: list[int]
     code: str
     message: str
     ready: bool = True
 
     def result(self) -> StepFailed:
-        return StepFailed(self.step_id, self.req_idxs, self.code, self.message)
+        return StepFailed(self.step_id, self.req_pool_indices, self.code, self.message)
 
 
 def describe(step_id: int, e: Exception) -> FailedStep:

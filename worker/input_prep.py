@@ -53,7 +53,7 @@ def plan_prompt_logprobs(sched: list[ScheduledReq], state: RequestState) -> Prom
     tgt_cols: list[int] = []
     total = 0
     for s in sched:
-        r = s.req_idx
+        r = s.req_pool_idx
         if r in state.prompt_logprob_rows:
             start = state.num_computed[r]
             lo = max(start, state.prompt_logprob_start[r] - 1)  # logits at lo predict token lo + 1
@@ -100,7 +100,7 @@ def prepare_inputs(
     slot_vals: list[int] = []
     total = 0
     for s in sched:
-        r = s.req_idx
+        r = s.req_pool_idx
         start = state.num_computed[r]
         known = start + s.num_tokens - s.num_drafts  # drafts sit past the known tokens, verified at the end
         if known > state.num_tokens[r] or (s.num_drafts and known != state.num_tokens[r]):
@@ -159,7 +159,7 @@ def advance_state(
     cols: list[int] = []
     k = 0
     for s in sched:
-        r = s.req_idx
+        r = s.req_pool_idx
         if not s.sample:
             state.num_computed[r] += s.num_tokens
             continue

@@ -90,7 +90,7 @@ class ModelRunner:
         t0, start = self.clock.begin()
         self._current = so
         st = self.state
-        for row in so.finished_req_idxs:
+        for row in so.finished_req_pool_indices:
             st.free(row)
             self.poisoned.discard(row)
         for r in so.new_reqs:
@@ -107,7 +107,7 @@ class ModelRunner:
         plp = plan_prompt_logprobs(so.scheduled, st)
         batch = prepare_inputs(so.scheduled, st, self.kv, plp)
         logits = self.model.forward(batch, self.kv)
-        rows = [s.req_idx for s in so.scheduled if s.sample]
+        rows = [s.req_pool_idx for s in so.scheduled if s.sample]
         if plp is not None:  # the prompt positions' logits follow the sampling rows' (and drafts')
             n = len(rows) + sum(s.num_drafts for s in so.scheduled)
             try:
@@ -122,14 +122,14 @@ class ModelRunner:
         return self._finish(so, step, logits, rows, t0, start)
 
     def _check_faults(self, so: SchedulerOutput) -> None:
-        poisoned = self.poisoned.intersection(s.req_idx for s in so.scheduled)
+        poisoned = self.poisoned.intersection(s.req_pool_idx for s in so.scheduled)
         if poisoned:
             raise RequestFault([], "request_failed.internal", f"skipped: rows {sorted(poisoned)} failed before")
         for r in so.new_reqs:
             try:
                 fault_injection.check("worker.step", r.token_ids[: r.num_prompt])
             except fault_injection.InjectedFault as e:
-                raise RequestFault([r.req_idx], "request_failed.internal", str(e)) from e
+                raise RequestFault([r.req_pool_idx], "request_failed.internal", str(e)) from e
 
     @property
     def running_step(self) -> bool:
@@ -139,7 +139,7 @@ class ModelRunner:
         """The step being run raised: its rows are poisoned until freed, and its StepFailed is due."""
         so, self._current, self._deferred = self._current, None, None
         assert so is not None, "no step was running"
-        self.poisoned.update(s.req_idx for s in so.scheduled)
+        self.poisoned.update(s.req_pool_idx for s in so.scheduled)
         self._failed_step = so.step_id
         return describe(so.step_id, e)
 

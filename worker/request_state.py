@@ -59,7 +59,7 @@ class RequestState:
         self.prompt_logprob_rows: set[int] = set()
 
     def add(self, r: NewReqData) -> None:
-        i = r.req_idx
+        i = r.req_pool_idx
         if self.live[i]:
             raise RuntimeError(f"request row {i} is already live")
         n = len(r.token_ids)

@@ -114,11 +114,11 @@ def sample_with_drafts(
     plain_lps = None
     if plain:
         plain_tokens, plain_lps = sample_plain(
-            logits[torch.tensor([offsets[i] for i in plain], device=dev)], [samplers[i].req_idx for i in plain]
+            logits[torch.tensor([offsets[i] for i in plain], device=dev)], [samplers[i].req_pool_idx for i in plain]
         )
         parts.append(plain_tokens)
     k = max(samplers[i].num_drafts for i in spec)
-    rows = [samplers[i].req_idx for i in spec]
+    rows = [samplers[i].req_pool_idx for i in spec]
     nd = [samplers[i].num_drafts for i in spec]
     # [n_spec, K+1] logits rows and [n_spec, K] drafts; padding past a request's drafts repeats its last.
     idx = [offsets[i] + min(j, n) for i, n in zip(spec, nd) for j in range(k + 1)]
@@ -158,7 +158,7 @@ def sample_with_drafts(
 def propose_drafts(sched: list[ScheduledReq], state: RequestState, k: int, min_n: int, max_n: int) -> None:
     """Drafts for every row that just sampled, written past its known tokens (state already advanced).
     The host reference also records how many each row matched (state.num_proposed)."""
-    rows = [s.req_idx for s in sched if s.sample]
+    rows = [s.req_pool_idx for s in sched if s.sample]
     if not rows:
         return
     rows_t, lens_t = to_device([rows, [state.num_tokens[r] for r in rows]], state.device)
@@ -179,7 +179,7 @@ def trim_drafts(so: SchedulerOutput, state: RequestState) -> SchedulerOutput:
         return so
     items = []
     for s in so.scheduled:
-        cut = s.num_drafts - min(s.num_drafts, state.num_proposed[s.req_idx])
+        cut = s.num_drafts - min(s.num_drafts, state.num_proposed[s.req_pool_idx])
         items.append(msgspec.structs.replace(s, num_tokens=s.num_tokens - cut, num_drafts=s.num_drafts - cut)
                      if cut else s)
     return msgspec.structs.replace(so, scheduled=items)
