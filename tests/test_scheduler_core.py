@@ -123,7 +123,13 @@ def test_many_requests_chunked_budget_match_reference(depth: int) -> None:
 @pytest.mark.parametrize("abort_at", [0, 1, 2, 3, 5, 8])
 def test_abort_at_staggered_steps(depth: int, abort_at: int) -> None:
     sched, worker = make(depth=depth, budget=16)
-    sched.add_request(req("long", list(range(1, 40)), max_tokens=30))  # prefills over 3 steps
+    abort_long_at(sched, worker, depth, abort_at)
+
+
+def abort_long_at(sched: Scheduler, worker: FakeWorker, depth: int, abort_at: int) -> None:
+    """A long request (prefilled over 3 steps at budget 16) aborted at step abort_at beside a short one:
+    the long one ends `abort` with a prefix of its output, the short one is untouched."""
+    sched.add_request(req("long", list(range(1, 40)), max_tokens=30))
     sched.add_request(req("other", [3, 4], max_tokens=12))
 
     def on_step(step: int) -> None:
@@ -132,7 +138,8 @@ def test_abort_at_staggered_steps(depth: int, abort_at: int) -> None:
 
     outputs, ends = run(sched, worker, depth, on_step)
     assert ends["long"][0] == "abort"
-    assert outputs.get("long", []) == expected_output(list(range(1, 40)), 30)[: len(outputs.get("long", []))]
+    got = outputs.get("long", [])
+    assert got == expected_output(list(range(1, 40)), 30)[: len(got)]
     assert outputs["other"] == expected_output([3, 4], 12)
 
 

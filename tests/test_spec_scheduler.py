@@ -10,7 +10,7 @@ import pytest
 from scheduler.req import Req
 from scheduler.scheduler import Scheduler
 from tests.fake_worker import VOCAB, expected_output, true_drafts
-from tests.test_scheduler_core import make, req, run
+from tests.test_scheduler_core import abort_long_at, make, req, run
 
 K = 4
 
@@ -104,18 +104,7 @@ def test_stop_token_inside_an_accepted_run_drops_the_rest(depth: int, at: int) -
 @pytest.mark.parametrize("right", [0, 2, K])
 def test_abort_in_flight(depth: int, abort_at: int, right: int) -> None:
     sched, worker = make(depth=depth, budget=16, spec=K, drafter=first_right(right))
-    sched.add_request(req("long", list(range(1, 40)), max_tokens=30))
-    sched.add_request(req("other", [3, 4], max_tokens=12))
-
-    def on_step(step: int) -> None:
-        if step == abort_at:
-            sched.abort("long")
-
-    outputs, ends = run(sched, worker, depth, on_step)
-    assert ends["long"][0] == "abort"
-    got = outputs.get("long", [])
-    assert got == expected_output(list(range(1, 40)), 30)[: len(got)]
-    assert outputs["other"] == expected_output([3, 4], 12)
+    abort_long_at(sched, worker, depth, abort_at)
 
 
 @pytest.mark.parametrize("depth", [1, 2])
