@@ -9,10 +9,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-# Up to this many rows, the CPU LM head runs as weight @ h.T: for a tall [vocab, hidden] weight the CPU
-# BLAS's GEMM for a few rows costs 2-3x its one-row GEMV when given h @ weight.T, and no more than the
-# GEMV given the product the other way round (`python -m benchmarks.lm_head_shape` measures both).
-CPU_HEAD_TRANSPOSED_MAX_ROWS = 64
+from worker.layers.cpu_linear import cpu_linear
 
 
 class VocabEmbedding(nn.Module):
@@ -49,10 +46,7 @@ class VocabEmbedding(nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [N, hidden] -> float32 logits [N, vocab], the same on every rank."""
-        if h.device.type == "cpu" and 1 < h.shape[0] <= CPU_HEAD_TRANSPOSED_MAX_ROWS:
-            local = torch.mm(self.weight, h.t()).t().float()
-        else:
-            local = F.linear(h, self.weight).float()
+        local = cpu_linear(h, self.weight).float()
         if self.tp_size == 1:
             return local
         parts = [torch.empty_like(local) for _ in range(self.tp_size)]

@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
+
+from worker.layers.cpu_linear import cpu_linear
 
 
 def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -64,7 +65,7 @@ class ColumnParallelLinear(nn.Module):
         getattr(self, param).data[off : off + n].copy_(tensor[start : start + n])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return cpu_linear(x, self.weight, self.bias)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -136,7 +137,7 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Adding the bias on one rank only keeps it counted once after the all-reduce.
-        out = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        out = cpu_linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
         if self.tp_size > 1:
             dist.all_reduce(out)
         return out
