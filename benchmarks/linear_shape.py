@@ -1,7 +1,7 @@
-"""The two shapes of one CPU product, x [rows, in] times weight [out, in]: `F.linear(x, weight)` against
-`cpu_linear` (weight @ x.T, one row padded to two), over every linear layer of a model shape (each layer's
-own weights, so they stream from memory as in a decode step) and over its LM head. Prints the CPU beside
-the times; the worker takes the transposed form up to `CPU_TRANSPOSED_MAX_ROWS` rows.
+"""One CPU product, x [rows, in] times weight [out, in], three ways: `F.linear(x, weight)` (the BLAS),
+`weight @ x.T`, and oneDNN on the packed weight (`packed_linear`, what the worker runs in float32), over
+every linear layer of a model shape (each layer's own weights, so they stream from memory as in a decode
+step) and over its LM head. Prints the CPU beside the times.
 
     python -m benchmarks.linear_shape [--layers 30 --hidden 576 --intermediate 1536 --q-heads 9 \
         --kv-heads 3 --head-dim 64 --vocab 49152 --threads N]     (defaults: SmolLM2-135M)
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from worker.cpu_caps import cpu_caps, usable_cores
-from worker.layers.cpu_linear import CPU_TRANSPOSED_MAX_ROWS, cpu_linear
+from worker.layers.cpu_linear import pack_weight, packed_linear
 
 
 def _ms(f: Callable[[], object], reps: int) -> float:
@@ -31,7 +31,7 @@ def _ms(f: Callable[[], object], reps: int) -> float:
 
 
 def _transposed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return cpu_linear(x, w, max_rows=1 << 30)  # the transposed form at any row count
+    return torch.mm(w, x.t()).t().contiguous()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,27 +53,30 @@ def main(argv: list[str] | None = None) -> None:
     shapes = [((args.q_heads + 2 * args.kv_heads) * d, h), (h, args.q_heads * d),
               (2 * args.intermediate, h), (h, args.intermediate)]  # fmt: skip
     layers = [[torch.randn(o, i) for o, i in shapes] for _ in range(args.layers)]
+    packed = [[pack_weight(w) for w in ws] for ws in layers]
     head = torch.randn(args.vocab, h)
-    print(f"layers {args.layers} x {shapes}, head {tuple(head.shape)}, float32")
-    print(f"{'rows':>5} {'layers linear':>14} {'cpu_linear':>11} {'ratio':>6}   {'head linear':>12} "
-          f"{'cpu_linear':>11} {'ratio':>6}")
+    head_packed = pack_weight(head)
+    print(f"layers {args.layers} x {shapes}, head {tuple(head.shape)}, float32; ms, median of {args.reps}")
+    print(f"{'rows':>5} | {'layers: linear':>14} {'w @ x.T':>8} {'packed':>7} {'gain':>6} | {'head: linear':>12} "
+          f"{'w @ x.T':>8} {'packed':>7} {'gain':>6}")
     with torch.inference_mode():
         for rows in (int(r) for r in args.rows.split(",")):
             xs = {i: torch.randn(rows, i) for _, i in shapes}
 
-            def stack(fn: Callable[..., torch.Tensor], xs: dict = xs) -> None:
-                for ws in layers:
-                    for w in ws:
-                        fn(xs[w.shape[1]], w)
+            def stack(fn: Callable[..., torch.Tensor], ws: list = layers, xs: dict = xs) -> None:
+                for lw, lp in zip(layers, ws, strict=True):
+                    for w, p in zip(lw, lp, strict=True):
+                        fn(xs[w.shape[1]], p)
 
             a = _ms(lambda: stack(F.linear), args.reps)
             b = _ms(lambda: stack(_transposed), args.reps)
+            c = _ms(lambda: stack(packed_linear, packed), args.reps)
             hx = torch.randn(rows, h)
-            c = _ms(lambda hx=hx: F.linear(hx, head), args.reps)
+            d = _ms(lambda hx=hx: F.linear(hx, head), args.reps)
             e = _ms(lambda hx=hx: _transposed(hx, head), args.reps)
-            mark = "" if rows <= CPU_TRANSPOSED_MAX_ROWS else " (worker: F.linear)"
-            print(f"{rows:>5} {a:>12.1f}ms {b:>9.1f}ms {a / b:>5.2f}x{mark:<19} {c:>10.2f}ms {e:>9.2f}ms "
-                  f"{c / e:>5.2f}x", flush=True)
+            f = _ms(lambda hx=hx: packed_linear(hx, head_packed), args.reps)
+            print(f"{rows:>5} | {a:>14.1f} {b:>8.1f} {c:>7.1f} {a / c:>5.2f}x | {d:>12.2f} {e:>8.2f} {f:>7.2f} "
+                  f"{d / f:>5.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -65,13 +65,23 @@ def open_prompts(n: int, seed: int) -> list[str]:
     return [f"Question: {rng.choice(_ASKS).format(rng.choice(_TOPICS))}\nAnswer:" for _ in range(n)]
 
 
-def _measure(client: Any, prompts: list, output_len: int) -> dict[str, Any]:
+# Small batches run this many requests in all, a batch at a time: one request alone is too few to time.
+MIN_REQUESTS = 4
+
+
+def _num_requests(batch: int) -> int:
+    return batch * max(1, -(-MIN_REQUESTS // batch))
+
+
+def _measure(client: Any, prompts: list, batch: int, output_len: int) -> dict[str, Any]:
     from protocol import SamplingParams
 
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     before = client.stats()
     t0 = time.perf_counter()
-    comps = client.generate_batch(prompts, params, progress=False)
+    comps = []
+    for g in range(0, len(prompts), batch):
+        comps += client.generate_batch(prompts[g : g + batch], params, progress=False)
     dt = time.perf_counter() - t0
     after = client.stats()
     drafts = after.spec_draft_tokens - before.spec_draft_tokens
@@ -88,17 +98,19 @@ def run(cfg: EngineConfig, batches: list[int], k: int, output_len: int, seed: in
     from frontend import Client
     from protocol import SamplingParams
 
+    n = {b: _num_requests(b) for b in batches}  # requests per batch size, run `b` at a time
     workloads = {
-        "repetitive": {b: repetitive_prompts(b, seed + b) for b in batches},
-        "open": {b: open_prompts(b, seed + b) for b in batches},
-        "random": {b: random_prompts(cfg.model, b, (64, 128), seed + b) for b in batches},
+        "repetitive": {b: repetitive_prompts(n[b], seed + b) for b in batches},
+        "open": {b: open_prompts(n[b], seed + b) for b in batches},
+        "random": {b: random_prompts(cfg.model, n[b], (64, 128), seed + b) for b in batches},
     }
     on_cfg = dataclasses.replace(cfg, speculative_method="ngram", num_speculative_tokens=k)
     off_cfg = dataclasses.replace(cfg, speculative_method=None)
     on: dict[str, Any] = {}
     off: dict[str, Any] = {}
     print(f"speculative decoding (ngram, K={k}) on vs off: greedy, output {output_len} tokens; "
-          "each workload on then off, back to back")
+          f"each workload on then off, back to back; batches under {MIN_REQUESTS} run {MIN_REQUESTS} "
+          "requests, a batch at a time")
     print(cpu_caps().describe())
     print(f"{'workload':>10} {'batch':>5} {'on tok/s':>9} {'off tok/s':>9} {'speedup':>8} {'accept':>7} "
           f"{'steps on/off':>12} {'same':>5} {'load':>5}", flush=True)
@@ -110,8 +122,8 @@ def run(cfg: EngineConfig, batches: list[int], k: int, output_len: int, seed: in
         for name, by_batch in workloads.items():
             for b, prompts in by_batch.items():
                 key = f"{name}/{b}"
-                a = on[key] = _measure(c_on, prompts, output_len)
-                o = off[key] = _measure(c_off, prompts, output_len)
+                a = on[key] = _measure(c_on, prompts, b, output_len)
+                o = off[key] = _measure(c_off, prompts, b, output_len)
                 same = a["same_outputs"] = a["outputs"] == o["outputs"]  # greedy: speculation changes no token
                 a["load_average"] = os.getloadavg()[0]  # other work on the cores while it ran
                 print(f"{name:>10} {b:>5} {a['tok_s']:>9.1f} {o['tok_s']:>9.1f} {a['tok_s'] / o['tok_s']:>7.2f}x "

@@ -15,7 +15,7 @@ from worker.device import resolve_device, resolve_dtype
 from worker.distributed import Dist, local_rank
 from worker.failed_step import FailedStep, RequestFault, describe
 from worker.host_to_device import to_device
-from worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs
+from worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs, use_triton
 from worker.kv_cache import KVCache
 from worker.loader import load_model
 from worker.logprobs import prompt_logprobs, sampled_logprobs
@@ -24,7 +24,13 @@ from worker.penalties import process_logits
 from worker.pending_step import PendingStep, StepClock
 from worker.request_state import RequestState
 from worker.sampler import sample
-from worker.spec_verify import propose_drafts, sample_with_drafts, sampler_logit_rows, trim_drafts
+from worker.spec_verify import (
+    propose_drafts,
+    record_drafts,
+    sample_with_drafts,
+    sampler_logit_rows,
+    trim_drafts,
+)
 
 
 @dataclass
@@ -49,6 +55,7 @@ class ModelRunner:
         self.model = load_model(
             cfg.model, dtype=self.dtype, device=self.device, tp_rank=rank, tp_size=cfg.tp_size
         )
+        self.model.pack_cpu_weights()
         self.model.attn_backend = select_attention_backend(cfg.attention_backend, self.device)
         mc = self.model.config
         max_reqs = cfg.max_running_requests
@@ -175,6 +182,8 @@ class ModelRunner:
         advance_state(so.scheduled, self.state, tokens if tokens is not None else [], step.num_sampled)
         if self.cfg.spec_tokens:  # the next step's drafts, from this step's real tokens, on the device
             cfg = self.cfg
+            if not use_triton(self.device):  # the host proposer's path: drafts verified as they pay off
+                record_drafts(so.scheduled, step.num_sampled, self.state)
             propose_drafts(so.scheduled, self.state, cfg.spec_tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max)
         if tokens is not None:
             # Pinned + non_blocking: on CUDA the copy is queued behind the step, not waited for.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from protocol.messages import NewReqData
+from worker.draft_record import DraftRecord
 from worker.host_to_device import to_device
 from worker.sampler import DeviceParams
 
@@ -24,8 +25,10 @@ class RequestState:
         self.num_computed = [0] * max_reqs
         self.num_prompt = [0] * max_reqs
         self.live = [False] * max_reqs
-        # Drafts the proposer matched for each row's next step, where it runs on the host (CPU).
+        # Drafts the proposer matched for each row's next step, where it runs on the host (CPU), and the
+        # row's draft acceptance record (spec_decode's DraftRecord), which bounds how many it verifies.
         self.num_proposed = [0] * max_reqs
+        self.draft_record = [DraftRecord() for _ in range(max_reqs)]
         # Host lists: the sampler decides per row on the host, so reading them never waits for the device.
         # Their device twins are written once, when a request is added, and gathered by row each step.
         self.temperature_t = torch.zeros(max_reqs, dtype=torch.float32, device=device)
@@ -69,6 +72,7 @@ class RequestState:
         self.num_prompt[i] = r.num_prompt
         self.live[i] = True
         self.num_proposed[i] = 0
+        self.draft_record[i] = DraftRecord()
         s = r.sampling
         self.temperature[i] = s.temperature
         self.top_k[i] = s.top_k

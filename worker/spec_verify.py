@@ -157,7 +157,8 @@ def sample_with_drafts(
 
 def propose_drafts(sched: list[ScheduledReq], state: RequestState, k: int, min_n: int, max_n: int) -> None:
     """Drafts for every row that just sampled, written past its known tokens (state already advanced).
-    The host reference also records how many each row matched (state.num_proposed)."""
+    The host reference also records how many of its matched drafts each row will verify
+    (state.num_proposed: as many as its acceptance record says pay off at this batch size)."""
     rows = [s.req_pool_idx for s in sched if s.sample]
     if not rows:
         return
@@ -166,7 +167,19 @@ def propose_drafts(sched: list[ScheduledReq], state: RequestState, k: int, min_n
         propose_ngram_triton(state.tokens, rows_t, lens_t, k, min_n, max_n)
         return
     for r, n in zip(rows, propose_ngram_ref(state.tokens, rows_t, lens_t, k, min_n, max_n), strict=True):
-        state.num_proposed[r] = n
+        state.num_proposed[r] = state.draft_record[r].worth(n, len(rows))
+
+
+def record_drafts(sched: list[ScheduledReq], num_sampled: list[int] | None, state: RequestState) -> None:
+    """After a step of the host proposer's path (`sched` as trimmed: the drafts each row verified), each
+    sampling row's acceptance record learns how its drafts fared; num_sampled: tokens per sampling row
+    (None: no row had drafts)."""
+    for i, s in enumerate(s for s in sched if s.sample):
+        rec = state.draft_record[s.req_pool_idx]
+        if s.num_drafts and num_sampled is not None:
+            rec.verified(s.num_drafts, num_sampled[i] - 1)
+        else:
+            rec.skipped()
 
 
 def trim_drafts(so: SchedulerOutput, state: RequestState) -> SchedulerOutput:

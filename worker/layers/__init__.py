@@ -1,12 +1,19 @@
 """Building blocks of the decoder models (tensor-parallel: each rank holds its shard)."""
 
 from worker.layers.embedding import VocabEmbedding
-from worker.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear, local_heads
+from worker.layers.linear import (
+    ColumnParallelLinear,
+    PackableLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+    local_heads,
+)
 from worker.layers.norm import RMSNorm
 from worker.layers.rotary import RotaryEmbedding, apply_rotary
 
 __all__ = [
     "ColumnParallelLinear",
+    "PackableLinear",
     "QKVParallelLinear",
     "RMSNorm",
     "RotaryEmbedding",

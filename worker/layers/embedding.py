@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from worker.layers.cpu_linear import cpu_linear
+from worker.layers.cpu_linear import pack_weight, packable, packed_linear
 
 
 class VocabEmbedding(nn.Module):
@@ -29,6 +29,16 @@ class VocabEmbedding(nn.Module):
             torch.zeros(self.shard, hidden_size, dtype=dtype, device=device), requires_grad=False
         )
 
+    head_packed: torch.Tensor | None = None
+
+    def pack_for_cpu(self, keep_weight: bool) -> None:
+        """The LM head's product through oneDNN (cpu_linear.py) on a packed copy of the weight; without
+        keep_weight (a head that is not also the embedding) the plain weight is freed."""
+        if self.weight is not None and packable(self.weight):
+            self.head_packed = pack_weight(self.weight)
+            if not keep_weight:
+                self.weight = None
+
     def load_weight(self, tensor: Any, shard: int = 0, param: str = "weight") -> None:
         n = self.end - self.start
         if n > 0:
@@ -46,7 +56,7 @@ class VocabEmbedding(nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [N, hidden] -> float32 logits [N, vocab], the same on every rank."""
-        local = cpu_linear(h, self.weight).float()
+        local = (F.linear(h, self.weight) if self.head_packed is None else packed_linear(h, self.head_packed)).float()
         if self.tp_size == 1:
             return local
         parts = [torch.empty_like(local) for _ in range(self.tp_size)]

@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
-from worker.layers.cpu_linear import cpu_linear
+from worker.layers.cpu_linear import pack_weight, packable, packed_linear
 
 
 def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -25,7 +26,25 @@ def full_tensor(src: Any) -> torch.Tensor:
     return src if isinstance(src, torch.Tensor) else src[:]
 
 
-class ColumnParallelLinear(nn.Module):
+class PackableLinear(nn.Module):
+    """A linear layer whose weight the worker may swap, once loaded, for oneDNN's packed copy on CPU
+    (cpu_linear.py); the plain weight is then freed and `weight` is None."""
+
+    weight: nn.Parameter | None
+    packed: torch.Tensor | None = None
+
+    def pack_for_cpu(self) -> None:
+        if self.weight is not None and packable(self.weight):
+            self.packed = pack_weight(self.weight)
+            self.weight = None
+
+    def product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.packed is not None:
+            return packed_linear(x, self.packed, bias)
+        return F.linear(x, self.weight, bias)
+
+
+class ColumnParallelLinear(PackableLinear):
     """``y = x @ W.T + b`` where W stacks several logical outputs (q/k/v or gate/up) row-wise.
 
     Each logical output of size ``output_sizes[i]`` is split evenly over the ranks and rank r keeps slice r
@@ -65,7 +84,7 @@ class ColumnParallelLinear(nn.Module):
         getattr(self, param).data[off : off + n].copy_(tensor[start : start + n])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return cpu_linear(x, self.weight, self.bias)
+        return self.product(x, self.bias)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -107,7 +126,7 @@ def local_heads(num_heads: int, num_kv_heads: int, tp_size: int) -> tuple[int, i
     return num_heads // tp_size, 1
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(PackableLinear):
     """``y = x @ W.T + b`` with W's input features split over ranks; the partial outputs are summed."""
 
     def __init__(
@@ -137,7 +156,7 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Adding the bias on one rank only keeps it counted once after the all-reduce.
-        out = cpu_linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        out = self.product(x, self.bias if self.tp_rank == 0 else None)
         if self.tp_size > 1:
             dist.all_reduce(out)
         return out

@@ -19,6 +19,7 @@ from worker.forward_batch import ForwardBatch
 from worker.kv_cache import KVCache
 from worker.layers import (
     ColumnParallelLinear,
+    PackableLinear,
     QKVParallelLinear,
     RMSNorm,
     RotaryEmbedding,
@@ -163,6 +164,17 @@ class LlamaForCausalLM(nn.Module):
         h = self.model.norm(h[batch.logits_indices])  # per-token norm: only the rows we need
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
         return head.logits(h)  # vocab-parallel: each rank's slice, gathered to full logits on every rank
+
+    def pack_cpu_weights(self) -> None:
+        """On CPU in float32, swap every linear layer's weight and the LM head's for oneDNN's packed copy
+        (worker/layers/cpu_linear.py); elsewhere nothing changes. Call once, after load_weights."""
+        for module in self.modules():
+            if isinstance(module, PackableLinear):
+                module.pack_for_cpu()
+        if self.lm_head is None:
+            self.model.embed_tokens.pack_for_cpu(keep_weight=True)  # tied: also the embedding
+        else:
+            self.lm_head.pack_for_cpu(keep_weight=False)
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """Load HF-named tensors (full, or lazy safetensors slices of which each layer reads only its
