@@ -1,8 +1,9 @@
 """`tandem bench spec`: speculative decoding (ngram) on vs off in one run, on a repetitive workload
-(prompts that hold most of their answer: code to reformat, a passage to quote), open questions whose
-answers are new text, and random tokens, at several batch sizes: output tok/s and the acceptance rate.
-(A small greedy model often loops on random tokens, which drafts then predict well: the open questions
-are the workload where drafts rarely match.)
+(prompts that hold most of their answer: a function to give a docstring, a paragraph to repeat), open
+questions whose answers are new text, and random tokens, at several batch sizes: output tok/s and the
+acceptance rate. The asks go through the model's chat template when it has one: an instruct model copies
+only when asked in its own format. (A small greedy model often loops on random tokens, which drafts then
+predict well: the open questions are the workload where drafts rarely match.)
 
 The prompts are generated here, seeded, never downloaded.
 """
@@ -34,22 +35,31 @@ def _code(rng: random.Random) -> str:
     return "\n".join(lines)
 
 
+_SUBJECTS = ("The old bridge", "Our team", "The new library", "A small bakery", "The river", "The council",
+             "My neighbour", "The museum", "The night train", "The village school")
+_EVENTS = ("opened", "closed", "was rebuilt", "moved", "grew", "was painted", "was sold", "changed its hours")
+_WHEN = ("in the spring of 1998", "last winter", "after the storm", "on a quiet Sunday", "two years ago",
+         "during the festival")
+_WHY = ("because the roads were flooded", "so that more people could visit", "after a long debate",
+        "to save money", "when the owners retired")
+
+
 def _passage(rng: random.Random) -> str:
-    return " ".join(rng.choice(_WORDS) for _ in range(rng.randrange(80, 140))) + "."
+    """A paragraph of plain sentences."""
+    return " ".join(f"{rng.choice(_SUBJECTS)} {rng.choice(_EVENTS)} {rng.choice(_WHEN)} {rng.choice(_WHY)}."
+                    for _ in range(rng.randrange(6, 10)))
 
 
 def repetitive_prompts(n: int, seed: int) -> list[str]:
-    """Editing code and quoting a passage: the answer copies most of the prompt."""
+    """Editing code and repeating a paragraph: the answer copies most of the prompt."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
         if i % 2 == 0:
-            code = _code(rng)
-            out.append(f"Here is a function:\n\n{code}\n\nRewrite it with a docstring, keeping every line:\n\n"
-                       f"{code.splitlines()[0]}\n")
+            out.append(f"Add a docstring to this Python function. Reply with the whole function.\n\n```python\n"
+                       f"{_code(rng)}\n```")
         else:
-            text = _passage(rng)
-            out.append(f"Passage: {text}\n\nQuote the passage exactly, then summarise it.\nQuote: \"")
+            out.append(f"Repeat this text exactly, word for word:\n\n{_passage(rng)}")
     return out
 
 
@@ -62,14 +72,27 @@ _ASKS = ("Write a short story about {}.", "Explain {} to a child.", "Give five s
 def open_prompts(n: int, seed: int) -> list[str]:
     """Open questions: the answer is new text, little of it in the prompt."""
     rng = random.Random(seed)
-    return [f"Question: {rng.choice(_ASKS).format(rng.choice(_TOPICS))}\nAnswer:" for _ in range(n)]
+    return [rng.choice(_ASKS).format(rng.choice(_TOPICS)) for _ in range(n)]
+
+
+def as_chat(model: str, asks: list[str]) -> list[str]:
+    """Each ask as a user turn in the model's chat template (an instruct model answers it; the
+    repetitive asks are copied only then), or as plain text when the model has no template."""
+    from protocol.tokenizer_loader import load_tokenizer
+
+    tok = load_tokenizer(model)
+    if not getattr(tok, "chat_template", None):
+        return asks
+    return [tok.apply_chat_template([{"role": "user", "content": a}], tokenize=False, add_generation_prompt=True)
+            for a in asks]
 
 
 # Small batches run this many requests in all, a batch at a time: one request alone is too few to time.
 MIN_REQUESTS = 4
 
 
-def _num_requests(batch: int) -> int:
+def num_requests(batch: int) -> int:
+    """Requests a batch size's row runs: `batch` at a time, at least MIN_REQUESTS in all."""
     return batch * max(1, -(-MIN_REQUESTS // batch))
 
 
@@ -88,7 +111,7 @@ def _measure(client: Any, prompts: list, batch: int, output_len: int) -> dict[st
     accepted = after.spec_accepted_tokens - before.spec_accepted_tokens
     n = sum(len(c.token_ids) for c in comps)
     return {
-        "tok_s": n / dt, "tokens": n, "steps": after.steps - before.steps,
+        "tok_s": n / dt, "tokens": n, "requests": len(prompts), "steps": after.steps - before.steps,
         "acceptance": accepted / drafts if drafts else 0.0, "draft_tokens": drafts,
         "outputs": [c.token_ids for c in comps],
     }
@@ -98,10 +121,10 @@ def run(cfg: EngineConfig, batches: list[int], k: int, output_len: int, seed: in
     from frontend import Client
     from protocol import SamplingParams
 
-    n = {b: _num_requests(b) for b in batches}  # requests per batch size, run `b` at a time
+    n = {b: num_requests(b) for b in batches}  # requests per batch size, run `b` at a time
     workloads = {
-        "repetitive": {b: repetitive_prompts(n[b], seed + b) for b in batches},
-        "open": {b: open_prompts(n[b], seed + b) for b in batches},
+        "repetitive": {b: as_chat(cfg.model, repetitive_prompts(n[b], seed + b)) for b in batches},
+        "open": {b: as_chat(cfg.model, open_prompts(n[b], seed + b)) for b in batches},
         "random": {b: random_prompts(cfg.model, n[b], (64, 128), seed + b) for b in batches},
     }
     on_cfg = dataclasses.replace(cfg, speculative_method="ngram", num_speculative_tokens=k)

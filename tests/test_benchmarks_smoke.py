@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.cli import main
+from benchmarks.spec_bench import num_requests
 
 
 def _positive(result: dict, *fields: str) -> None:
@@ -89,7 +90,9 @@ def test_spec_benchmark_reports(tiny_model, tmp_path: Path) -> None:
         off = r["spec_off"][key]
         # draft_tokens counts verified drafts only: the random tiny model's outputs may match no n-gram.
         _positive(on, "tok_s", "tokens", "steps")
-        assert on["tokens"] == off["tokens"] == 6 * int(key.split("/")[1])
+        batch = int(key.split("/")[1])
+        assert on["requests"] == off["requests"] == num_requests(batch) == batch * (4 // batch)  # 1 -> 4, 2 -> 4
+        assert on["tokens"] == off["tokens"] == 6 * on["requests"]
         assert off["draft_tokens"] == 0 and 0 <= on["acceptance"] <= 1
         assert on["same_outputs"]
 
