@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -17,6 +18,7 @@ from protocol.engine_config import EngineConfig
 from protocol.model_config import read_model_config
 from worker.cpu_caps import cpu_caps, usable_cores
 from worker.device import resolve_device, resolve_dtype
+from worker.layers.cpu_linear import pack_weight, packable, packed_linear
 
 
 def engine_dtype(cfg: EngineConfig) -> torch.dtype:
@@ -103,14 +105,16 @@ def _linear_rates(dims: ModelDims, m: int, min_time_s: float) -> tuple[float, di
     by_linear: dict[str, float] = {}
     total_flops = total_time = 0.0
     for name, (k, n, count) in dims.linears().items():
-        # F.linear layout, as the engine's layers use it
+        # The product the engine's layers run: oneDNN on the packed weight where the worker packs it
+        # (CPU float32, worker/layers/cpu_linear.py), F.linear elsewhere.
         x, w = torch.randn(m, k, dtype=dims.dtype), torch.randn(n, k, dtype=dims.dtype)
-        F.linear(x, w)  # warm-up: first-call allocation and kernel selection
+        product = partial(packed_linear, x, pack_weight(w)) if packable(w) else partial(F.linear, x, w)
+        product()  # warm-up: first-call allocation and kernel selection
         # The fastest call: a peak rate is what a floor needs, and it shrugs off other processes' bursts.
         reps, per_call, start = 0, float("inf"), time.perf_counter()
         while reps < 5 or time.perf_counter() - start < min_time_s:
             t0 = time.perf_counter()
-            F.linear(x, w)
+            product()
             per_call = min(per_call, time.perf_counter() - t0)
             reps += 1
         flops = 2.0 * m * k * n
