@@ -15,7 +15,7 @@ from worker.device import resolve_device, resolve_dtype
 from worker.distributed import Dist, local_rank
 from worker.failed_step import FailedStep, RequestFault, describe
 from worker.host_to_device import to_device
-from worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs, use_triton
+from worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs
 from worker.kv_cache import KVCache
 from worker.loader import load_model
 from worker.logprobs import prompt_logprobs, sampled_logprobs
@@ -182,8 +182,7 @@ class ModelRunner:
         advance_state(so.scheduled, self.state, tokens if tokens is not None else [], step.num_sampled)
         if self.cfg.spec_tokens:  # the next step's drafts, from this step's real tokens, on the device
             cfg = self.cfg
-            if not use_triton(self.device):  # the host proposer's path: drafts verified as they pay off
-                record_drafts(so.scheduled, step.num_sampled, self.state)
+            record_drafts(so.scheduled, step.num_sampled, self.state)
             propose_drafts(so.scheduled, self.state, cfg.spec_tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max)
         if tokens is not None:
             # Pinned + non_blocking: on CUDA the copy is queued behind the step, not waited for.

@@ -26,7 +26,7 @@ class RequestState:
         self.num_prompt = [0] * max_reqs
         self.live = [False] * max_reqs
         # Drafts the proposer matched for each row's next step, where it runs on the host (CPU), and the
-        # row's draft acceptance record (spec_decode's DraftRecord), which bounds how many it verifies.
+        # row's draft acceptance record (worker/draft_record.py), which bounds how many it verifies.
         self.num_proposed = [0] * max_reqs
         self.draft_record = [DraftRecord() for _ in range(max_reqs)]
         # Host lists: the sampler decides per row on the host, so reading them never waits for the device.

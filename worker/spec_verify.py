@@ -173,7 +173,9 @@ def propose_drafts(sched: list[ScheduledReq], state: RequestState, k: int, min_n
 def record_drafts(sched: list[ScheduledReq], num_sampled: list[int] | None, state: RequestState) -> None:
     """After a step of the host proposer's path (`sched` as trimmed: the drafts each row verified), each
     sampling row's acceptance record learns how its drafts fared; num_sampled: tokens per sampling row
-    (None: no row had drafts)."""
+    (None: no row had drafts). The device proposer (Triton) keeps no records: every draft is verified."""
+    if use_triton(state.device):
+        return
     for i, s in enumerate(s for s in sched if s.sample):
         rec = state.draft_record[s.req_pool_idx]
         if s.num_drafts and num_sampled is not None:

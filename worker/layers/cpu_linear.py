@@ -12,6 +12,7 @@ once into its blocked layout is smooth in the row count and faster at every size
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def packable(weight: torch.Tensor) -> bool:
@@ -27,3 +28,9 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias) for x [rows, in] (any strides) with pack_weight(weight)."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor | None, packed: torch.Tensor | None,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """A layer's product: through its packed weight when it has one, else F.linear on the plain one."""
+    return F.linear(x, weight, bias) if packed is None else packed_linear(x, packed, bias)

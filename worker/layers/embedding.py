@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from worker.layers.cpu_linear import pack_weight, packable, packed_linear
+from worker.layers.cpu_linear import linear, pack_weight, packable
 
 
 class VocabEmbedding(nn.Module):
@@ -56,7 +56,7 @@ class VocabEmbedding(nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [N, hidden] -> float32 logits [N, vocab], the same on every rank."""
-        local = (F.linear(h, self.weight) if self.head_packed is None else packed_linear(h, self.head_packed)).float()
+        local = linear(h, self.weight, self.head_packed).float()
         if self.tp_size == 1:
             return local
         parts = [torch.empty_like(local) for _ in range(self.tp_size)]

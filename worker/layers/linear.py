@@ -11,10 +11,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
-from worker.layers.cpu_linear import pack_weight, packable, packed_linear
+from worker.layers.cpu_linear import linear, pack_weight, packable
 
 
 def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -39,9 +38,7 @@ class PackableLinear(nn.Module):
             self.weight = None
 
     def product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if self.packed is not None:
-            return packed_linear(x, self.packed, bias)
-        return F.linear(x, self.weight, bias)
+        return linear(x, self.weight, self.packed, bias)
 
 
 class ColumnParallelLinear(PackableLinear):
