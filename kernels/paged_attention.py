@@ -67,6 +67,7 @@ class DecodeGroup:
     mask: torch.Tensor | None  # [Bd, 1, q_len, L] bool, True = attend; None when nothing is masked
     size: int
     max_len: int
+    lens: torch.Tensor  # [Bd] int64 keys per request (its last query's position + 1)
     q_len: int = 1
     _rows_mask: torch.Tensor | None = None  # mask with each query's G head rows, built by the first layer
 
@@ -122,8 +123,11 @@ def build_attention_plan(
     extend_lens_cpu: Sequence[int] | None = None,
     req_pool_indices_cpu: Sequence[int] | None = None,
     decodes: bool = True,
+    by_length: bool = True,
 ) -> AttentionPlan:
-    """decodes=False: plan the multi-token requests only (the caller attends the decodes its own way)."""
+    """decodes=False: plan the multi-token requests only (the caller attends the decodes its own way).
+    by_length=False: one padded group per new-token count, for a caller that reads only each request's
+    own keys (padding costs it nothing)."""
     seq_l = list(seq_lens_cpu) if seq_lens_cpu is not None else seq_lens.tolist()
     ext_l = list(extend_lens_cpu) if extend_lens_cpu is not None else extend_lens.tolist()
     rows = list(req_pool_indices_cpu) if req_pool_indices_cpu is not None else req_pool_indices.tolist()
@@ -139,7 +143,7 @@ def build_attention_plan(
         if (e == 1 and decodes) or 1 < e <= SHORT_EXTEND and seq_l[i] > e:
             by_len.setdefault(e, []).append(i)
     for e, reqs in by_len.items():
-        for grp in _group_decodes(reqs, seq_l):
+        for grp in _group_decodes(reqs, seq_l) if by_length else [reqs]:
             plan.decode_groups.append(_padded_group(req_to_token, rows, seq_l, starts, t, grp, e))
     batched = {i for reqs in by_len.values() for i in reqs}
 
@@ -174,7 +178,7 @@ def _padded_group(
     identity = len(tok) == t and tok == list(range(t))
     return DecodeGroup(
         token_idx=None if identity else torch.tensor(tok, device=dev), slots=table.reshape(-1), mask=mask,
-        size=len(grp), max_len=max_len, q_len=q_len,
+        size=len(grp), max_len=max_len, lens=torch.tensor(lens, device=dev), q_len=q_len,
     )
 
 
@@ -233,7 +237,21 @@ def paged_attention_ref(
 
     if out is None:
         out = q.new_empty(T, H, D)
-    for seg in plan.extends:
+    return attend_extends(out, q, k_pool, v_pool, plan.extends, scale, new_kv)
+
+
+def attend_extends(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    extends: list[ExtendSeg],
+    scale: float,
+    new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """The plan's multi-token requests (prefills, chunks): one SDPA each, written into their rows of out."""
+    group = q.shape[1] // k_pool.shape[1]
+    for seg in extends:
         rows = slice(seg.start, seg.start + seg.length)
         qs = q[rows].transpose(0, 1).unsqueeze(0)  # [1, H, E, D]
         if new_kv is not None and seg.mask is None:  # fresh prefill: its keys are exactly this step's

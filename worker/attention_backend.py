@@ -4,8 +4,11 @@ The model asks its backend for a per-step plan once (`plan`: whatever every laye
 the batch's host-side lists) and then calls `forward` per layer. The backend is chosen by device and by
 `EngineConfig.attention_backend`:
 
-- `torch` (CPU default): fresh prefills attend their own K/V as computed instead of gathering them back
-  from the pool; decodes and the prefixes of chunked or cached prefills are gathered.
+- `cpu` (CPU default): `torch`, but decode and draft-verify rows are attended by a C kernel that reads
+  K/V where it lies in the pool (kernels/cpu_paged_decode.py), float32 only; a step it cannot take
+  (another dtype, or no C compiler to build it) runs as `torch`.
+- `torch`: fresh prefills attend their own K/V as computed instead of gathering them back from the
+  pool; decodes and the prefixes of chunked or cached prefills are gathered.
 - `torch-runs`: `torch`, and decodes attend their longest contiguous run of pool slots in place,
   gathering only the rest (kernels/decode_attention_runs.py). One call per request and layer: on the
   2-core machine it was measured on (busy with other work) it was slower than gathering, so not the
@@ -24,12 +27,13 @@ from typing import Any
 
 import torch
 
+from kernels import cpu_paged_decode
 from kernels.decode_attention_runs import DecodeRuns, decode_attention_runs, plan_decode_runs
 from kernels.paged_attention import AttentionPlan, build_attention_plan, paged_attention_ref
 from worker.forward_batch import ForwardBatch
 from worker.kv_cache import KVCache
 
-BACKENDS = ("auto", "torch", "torch-runs", "torch-gather", "triton")
+BACKENDS = ("auto", "cpu", "torch", "torch-runs", "torch-gather", "triton")
 
 
 class AttentionBackend(ABC):
@@ -94,6 +98,34 @@ class TorchBackend(AttentionBackend):
         return out
 
 
+class CpuBackend(TorchBackend):
+    """`torch` with the decode and verify groups in one padded group each, attended in the pool by the C
+    kernel; the torch plan for a step whose pool is not float32 on CPU or when the kernel is unavailable."""
+
+    def __init__(self) -> None:
+        super().__init__(in_place=True)
+        self.name = "cpu"
+
+    def plan(self, batch: ForwardBatch, kv: KVCache) -> TorchPlan:
+        if not (kv.dtype == torch.float32 and kv.req_to_token.device.type == "cpu" and cpu_paged_decode.available()):
+            return super().plan(batch, kv)
+        attn = build_attention_plan(
+            kv.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens,
+            seq_lens_cpu=batch.seq_lens_cpu, extend_lens_cpu=batch.extend_lens_cpu,
+            req_pool_indices_cpu=batch.req_pool_indices_cpu, by_length=False,
+        )  # fmt: skip
+        return TorchPlan(batch, attn, None, native=True)
+
+    def forward(
+        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, plan: Any,
+        scale: float,
+    ) -> torch.Tensor:
+        if not plan.native:
+            return super().forward(layer_id, q, k, v, kv, plan, scale)
+        kv.write(layer_id, plan.batch.out_cache_loc, k, v)
+        return cpu_paged_decode.paged_attention_cpu(q, kv.k[layer_id], kv.v[layer_id], plan.attn, scale, (k, v))
+
+
 class TritonBackend(AttentionBackend):
     name = "triton"
 
@@ -121,6 +153,7 @@ class TorchPlan:
     batch: ForwardBatch
     attn: AttentionPlan
     runs: DecodeRuns | None  # the decodes, when the backend attends them run by run
+    native: bool = False  # decode and verify groups through kernels/cpu_paged_decode.py
 
 
 @dataclass
@@ -131,11 +164,13 @@ class TritonPlan:
 
 
 def select_attention_backend(name: str, device: torch.device) -> AttentionBackend:
-    """`auto`: triton on CUDA, torch elsewhere. `triton` off CUDA needs TRITON_INTERPRET=1 (tests)."""
+    """`auto`: triton on CUDA, cpu elsewhere. `triton` off CUDA needs TRITON_INTERPRET=1 (tests)."""
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; known: {', '.join(BACKENDS)}")
     if name == "auto":
-        name = "triton" if device.type == "cuda" else "torch"
+        name = "triton" if device.type == "cuda" else "cpu"
     if name == "triton":
         return TritonBackend()
+    if name == "cpu":
+        return CpuBackend()
     return TorchBackend(in_place=name != "torch-gather", decode_runs=name == "torch-runs")

@@ -1,0 +1,124 @@
+"""The C paged-decode kernel (kernels/cpu_paged_decode.c) against the torch reference and dense attention,
+its batch invariance, and how it is built and refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu_paged_decode
+from kernels.cpu_paged_decode import build, paged_attention_cpu, paged_decode
+from kernels.paged_attention import build_attention_plan, paged_attention_ref
+from tests.kv_pool import Pool
+from tests.test_paged_attention import make_case, naive
+from worker.attention_backend import select_attention_backend
+from worker.forward_batch import ForwardBatch
+
+
+def _plan(c: dict, by_length: bool = False):
+    return build_attention_plan(
+        c["req_to_token"], c["req_pool_indices"], c["seq_lens"], c["extend_lens"], by_length=by_length
+    )
+
+
+@pytest.mark.parametrize("d", [16, 64, 80, 128])  # 80: a head size that is not a multiple of the 16 lanes
+@pytest.mark.parametrize(("hkv", "group"), [(1, 1), (2, 1), (2, 3), (1, 4), (3, 3)])
+def test_decodes_match_reference_and_dense(d: int, hkv: int, group: int) -> None:
+    reqs = [(s, 1) for s in (1, 2, 7, 8, 9, 16, 17, 33, 100, 150)]
+    c = make_case(reqs, hkv, group, seed=d + 10 * hkv + group, d=d)
+    args = (c["q"], c["k_pool"], c["v_pool"])
+    got = paged_attention_cpu(*args, _plan(c), c["scale"])
+    ref = paged_attention_ref(*args, c["req_to_token"], c["req_pool_indices"], c["seq_lens"], c["extend_lens"],
+                              c["scale"], plan=_plan(c, by_length=True))  # fmt: skip
+    dense = naive(*args, c["slot_lists"], c["seq_lens"].tolist(), c["extend_lens"].tolist(), c["scale"])
+    torch.testing.assert_close(got, ref, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(got, dense, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mixed_batch_of_decodes_verifies_and_prefills(seed: int) -> None:
+    """Decodes (1 new token), verify rows (1 + K over a prefix), fresh prefills and chunks in one batch:
+    the kernel takes the first two, the torch path the rest, each row lands where it belongs."""
+    reqs = [(40, 1), (20, 20), (90, 5), (3, 1), (60, 17), (77, 5), (150, 1), (31, 3), (12, 12), (45, 1)]
+    g = torch.Generator().manual_seed(seed)
+    reqs = [reqs[i] for i in torch.randperm(len(reqs), generator=g).tolist()]
+    c = make_case(reqs, hkv=2, group=3, seed=seed, d=64)
+    args = (c["q"], c["k_pool"], c["v_pool"])
+    got = paged_attention_cpu(*args, _plan(c), c["scale"])
+    dense = naive(*args, c["slot_lists"], c["seq_lens"].tolist(), c["extend_lens"].tolist(), c["scale"])
+    torch.testing.assert_close(got, dense, atol=3e-6, rtol=1e-5)
+
+
+def test_a_query_is_the_same_whatever_runs_beside_it() -> None:
+    """Bitwise: a request decoding alone, in a batch with longer neighbours, on one or two threads, and
+    as one row of a verify step at the same position all give the same output (what lets speculative
+    decoding on equal it off)."""
+    c = make_case([(70, 1), (150, 1), (5, 1), (129, 1)], hkv=2, group=2, seed=3, d=64)
+    q, kp, vp = c["q"], c["k_pool"], c["v_pool"]
+    table = torch.stack([torch.nn.functional.pad(s, (0, 150 - len(s))) for s in c["slot_lists"]])
+    lens = c["seq_lens"]
+    together = paged_decode(q, kp, vp, table, lens, 1, c["scale"], threads=2)
+    one_thread = paged_decode(q, kp, vp, table, lens, 1, c["scale"], threads=1)
+    assert torch.equal(together, one_thread)
+    for b in range(4):
+        alone = paged_decode(q[b : b + 1], kp, vp, table[b : b + 1, : lens[b]], lens[b : b + 1], 1, c["scale"])
+        assert torch.equal(alone[0], together[b])
+    # Request 0 verifying 4 rows ending at its position 69: its last row is its decode above; the
+    # earlier rows equal decodes at positions 66..68.
+    qv = torch.randn(4, *q.shape[1:])
+    qv[3] = q[0]
+    rows = paged_decode(qv, kp, vp, table[:1], lens[:1], 4, c["scale"])
+    assert torch.equal(rows[3], together[0])
+    for j in range(3):
+        n = int(lens[0]) - 3 + j
+        dec = paged_decode(qv[j : j + 1], kp, vp, table[:1, :n], torch.tensor([n]), 1, c["scale"])
+        assert torch.equal(rows[j], dec[0])
+
+
+def test_rows_of_q_picked_by_index() -> None:
+    c = make_case([(30, 1), (50, 1), (9, 1)], hkv=1, group=2, seed=5, d=32)
+    q, kp, vp = c["q"], c["k_pool"], c["v_pool"]
+    table = torch.stack([torch.nn.functional.pad(s, (0, 50 - len(s))) for s in c["slot_lists"]])
+    order = torch.tensor([2, 0, 1])
+    picked = paged_decode(q, kp, vp, table[order], c["seq_lens"][order], 1, c["scale"], q_rows=order)
+    plain = paged_decode(q, kp, vp, table, c["seq_lens"], 1, c["scale"])
+    assert torch.equal(picked, plain[order])
+
+
+def test_refuses_what_it_does_not_handle() -> None:
+    c = make_case([(10, 1)], hkv=1, group=1, seed=0)
+    table, lens = c["slot_lists"][0][None], c["seq_lens"]
+    with pytest.raises(ValueError, match="float32"):
+        paged_decode(c["q"].bfloat16(), c["k_pool"].bfloat16(), c["v_pool"].bfloat16(), table, lens, 1, 1.0)
+    with pytest.raises(ValueError, match="int64"):
+        paged_decode(c["q"], c["k_pool"], c["v_pool"], table.int(), lens, 1, 1.0)
+
+
+def test_build_is_cached_and_failures_are_reported(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TANDEM_KERNEL_CACHE", str(tmp_path))
+    lib = build()
+    assert lib.parent == tmp_path and lib.exists()
+    mtime = lib.stat().st_mtime_ns
+    assert build() == lib and lib.stat().st_mtime_ns == mtime  # found, not rebuilt
+    with pytest.raises(RuntimeError, match="failed"):
+        build(compiler="false")  # a "compiler" that exits 1
+    assert [p.name for p in tmp_path.iterdir()] == [lib.name]  # no half-written files left behind
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CC", raising=False)
+    with pytest.raises(RuntimeError, match="no C compiler"):
+        build()
+
+
+def test_backend_uses_the_kernel_for_float32_and_the_torch_path_otherwise() -> None:
+    assert cpu_paged_decode.available()  # this machine has a C compiler: the kernel must build
+    backend = select_attention_backend("cpu", torch.device("cpu"))
+    for dtype, native in ((torch.float32, True), (torch.bfloat16, False)):
+        model = type("M", (), {"config": _Cfg(), "dtype": dtype})()
+        pool = Pool(model, num_slots=64, max_reqs=4)
+        row = pool.add(5)
+        batch: ForwardBatch = pool.batch([(row, [1], 5)])
+        assert backend.plan(batch, pool.kv).native is native
+
+
+class _Cfg:
+    num_hidden_layers, num_key_value_heads, head_dim = 1, 1, 16
