@@ -120,5 +120,28 @@ def test_backend_uses_the_kernel_for_float32_and_the_torch_path_otherwise() -> N
         assert backend.plan(batch, pool.kv).native is native
 
 
+def test_without_the_kernel_the_backend_runs_the_torch_path(monkeypatch) -> None:
+    """No compiler (here: TANDEM_NO_NATIVE=1): the cpu backend plans and attends as `torch` does."""
+    monkeypatch.setenv("TANDEM_NO_NATIVE", "1")
+    cpu_paged_decode._library.cache_clear()
+    try:
+        assert not cpu_paged_decode.available()
+        model = type("M", (), {"config": _Cfg(), "dtype": torch.float32})()
+        pool = Pool(model, num_slots=64, max_reqs=4)
+        rows = [pool.add(n) for n in (5, 9)]
+        batch = pool.batch([(rows[0], [1], 5), (rows[1], [2], 9)])
+        q, k, v = torch.randn(2, 1, 16), torch.randn(2, 1, 16), torch.randn(2, 1, 16)
+        outs = []
+        for name in ("cpu", "torch"):
+            backend = select_attention_backend(name, torch.device("cpu"))
+            plan = backend.plan(batch, pool.kv)
+            assert not plan.native
+            outs.append(backend.forward(0, q, k, v, pool.kv, plan, 0.25))
+        assert torch.equal(outs[0], outs[1])
+    finally:
+        monkeypatch.delenv("TANDEM_NO_NATIVE")
+        cpu_paged_decode._library.cache_clear()
+
+
 class _Cfg:
     num_hidden_layers, num_key_value_heads, head_dim = 1, 1, 16

@@ -105,6 +105,7 @@ class CpuBackend(TorchBackend):
     def __init__(self) -> None:
         super().__init__(in_place=True)
         self.name = "cpu"
+        cpu_paged_decode.available()  # build (or find) the kernel now, not in the first request's step
 
     def plan(self, batch: ForwardBatch, kv: KVCache) -> TorchPlan:
         if not (kv.dtype == torch.float32 and kv.req_to_token.device.type == "cpu" and cpu_paged_decode.available()):
