@@ -69,6 +69,9 @@ def test_every_module_imports_from_the_wheel(installed: tuple[Path, Path], tmp_p
         f"for m in {modules!r}:\n"
         "    mod = importlib.import_module(m)\n"
         "    assert 'site-packages' in mod.__file__, (m, mod.__file__)\n"
+        # The C kernel ships as source and builds from the installed copy.
+        "from kernels import cpu_paged_decode\n"
+        "assert 'site-packages' in str(cpu_paged_decode.SOURCE) and cpu_paged_decode.available()\n"
     )
     r = subprocess.run([str(venv / "bin" / "python"), "-c", script], cwd=tmp_path, env=_clean_env(),
                        capture_output=True, text=True, timeout=300)
