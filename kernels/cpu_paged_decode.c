@@ -39,7 +39,7 @@ static inline float dot(const float *a, const float *b, int64_t n) {
  * (libm's expf is a scalar call per element here). exp(x) = 2^n * exp(r), r = x - n ln2, |r| <= ln2/2. */
 static inline float exp_nonpositive(float x) {
     x = x < -87.0f ? -87.0f : x; /* exp(-87) ~ 1.6e-38: the smallest normal float's neighbourhood */
-    const float n = __builtin_roundf(x * 1.44269504f);
+    const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest: 1.5 * 2^23 */
     const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f; /* ln2 in two parts (Cody-Waite) */
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
@@ -48,8 +48,10 @@ static inline float exp_nonpositive(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    union { float f; int32_t i; } scale = {.i = ((int32_t)n + 127) << 23};
-    return p * scale.f;
+    int32_t bits = ((int32_t)n + 127) << 23; /* 2^n as a float's exponent field */
+    float scale;
+    __builtin_memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
 }
 
 static inline void prefetch_row(const float *row, int64_t floats) {
@@ -88,21 +90,24 @@ static void attend_request(
         for (int64_t i = 0; i < nq; i++) {
             float *s = work + i * len;
             float m = -INFINITY, lanes[KB] = {0};
-            for (int64_t t = 0; t < len; t++) m = s[t] > m ? s[t] : m;
-            /* Lane t % KB: the same keys give the same sum whatever the padding or later keys. */
+#pragma omp simd reduction(max : m)
+            for (int64_t t = 0; t < len; t++) m = fmaxf(m, s[t]);
+            /* Lane t % KB: the same keys give the same sum whatever the padding or later keys. Masked
+             * (-inf) scores weigh exactly 0. */
             int64_t t0 = 0;
             for (; t0 + KB <= len; t0 += KB) /* whole blocks: a fixed trip count, so one SIMD step */
+#pragma omp simd
                 for (int64_t u = 0; u < KB; u++) {
                     const float x = s[t0 + u];
-                    const float e = x == -INFINITY ? 0.0f : exp_nonpositive(x - m);
-                    s[t0 + u] = e;
-                    lanes[u] += e;
+                    const float e = exp_nonpositive(x - m);
+                    s[t0 + u] = x == -INFINITY ? 0.0f : e;
+                    lanes[u] += s[t0 + u];
                 }
             for (int64_t u = 0; t0 + u < len; u++) {
                 const float x = s[t0 + u];
-                const float e = x == -INFINITY ? 0.0f : exp_nonpositive(x - m);
-                s[t0 + u] = e;
-                lanes[u] += e;
+                const float e = exp_nonpositive(x - m);
+                s[t0 + u] = x == -INFINITY ? 0.0f : e;
+                lanes[u] += s[t0 + u];
             }
             float sum = 0.0f;
             for (int64_t u = 0; u < KB; u++) sum += lanes[u];
