@@ -18,7 +18,6 @@ import functools
 import hashlib
 import logging
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 from kernels.paged_attention import AttentionPlan, attend_extends
+from worker.cpu_caps import cpu_caps
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +45,9 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
+def _this_cpu() -> str:
+    caps = cpu_caps()
+    return caps.model + " " + " ".join(sorted(caps.flags))
 
 
 def build(compiler: str | None = None) -> Path:
@@ -63,7 +58,7 @@ def build(compiler: str | None = None) -> Path:
         raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
     # -march=native: the library is only valid on this CPU, so its flags are part of the name.
     key = hashlib.sha256(
-        b"\0".join([SOURCE.read_bytes(), cc.encode(), " ".join(FLAGS).encode(), _cpu_flags().encode()])
+        b"\0".join([SOURCE.read_bytes(), cc.encode(), " ".join(FLAGS).encode(), _this_cpu().encode()])
     ).hexdigest()[:16]
     out_dir = cache_dir()
     lib = out_dir / f"cpu_paged_decode-{key}.so"
