@@ -28,7 +28,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--input-len", default="64:512")
     ap.add_argument("--decoded", type=int, default=64, help="tokens each request has decoded so far")
-    ap.add_argument("--backends", default="torch-gather,torch,torch-runs")
+    ap.add_argument("--backends", default="torch-gather,torch,torch-runs,cpu")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
