@@ -22,7 +22,8 @@ from worker.forward_batch import ForwardBatch
 from worker.kv_cache import KVCache
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Prints each backend's best step time; returns them in ms by backend name."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="models/bench-llama")
     ap.add_argument("--batch", type=int, default=64)
@@ -32,7 +33,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     dims = ModelDims.from_dir(args.model)
@@ -74,9 +75,16 @@ def main() -> None:
                 for layer in range(dims.layers):
                     b.forward(layer, q, k, k, kv, plan, dims.head_dim**-0.5)
                 best[b.name] = min(best[b.name], time.perf_counter() - t0)
+        # A faster wrong answer is no result: every backend must compute what the first one does.
+        want = backends[0].forward(0, q, k, k, kv, backends[0].plan(batch, kv), dims.head_dim**-0.5)
+        for b in backends[1:]:
+            got = b.forward(0, q, k, k, kv, b.plan(batch, kv), dims.head_dim**-0.5)
+            if not torch.allclose(got, want, atol=1e-5, rtol=1e-4):
+                raise SystemExit(f"{b.name} differs from {backends[0].name} by {(got - want).abs().max():.3g}")
     base = best[backends[0].name]
     for name, t in best.items():
         print(f"{name:>14}: {1000 * t:8.1f} ms per step (all layers), {base / t:.2f}x {backends[0].name}")
+    return {name: 1000 * t for name, t in best.items()}
 
 
 if __name__ == "__main__":
