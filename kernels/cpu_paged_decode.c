@@ -67,68 +67,66 @@ static void attend_request(
     float *out, int64_t b, float *work) {
     const int64_t group = num_heads / num_kv_heads, D = head_dim, row_floats = num_kv_heads * D;
     const int64_t nq = num_heads * q_len; /* query i = j * num_heads + h: query j, head h */
-    {
-        const int64_t len = lens[b];
-        const int64_t *sl = slots + b * slots_stride;
-        const float *qb[nq];
+    const int64_t len = lens[b];
+    const int64_t *sl = slots + b * slots_stride;
+    const float *qb[nq];
+    for (int64_t j = 0; j < q_len; j++) {
+        const int64_t row = q_rows ? q_rows[b * q_len + j] : b * q_len + j;
+        for (int64_t h = 0; h < num_heads; h++) qb[j * num_heads + h] = q + row * q_row_stride + h * q_head_stride;
+    }
+    /* pass 1: work[i * len + t] = scaled score of query i against key t (-inf past its position) */
+    for (int64_t t = 0; t < len; t++) {
+        if (t + PREFETCH_AHEAD < len) prefetch_row(k_pool + sl[t + PREFETCH_AHEAD] * slot_stride, row_floats);
+        const float *kt = k_pool + sl[t] * slot_stride;
         for (int64_t j = 0; j < q_len; j++) {
-            const int64_t row = q_rows ? q_rows[b * q_len + j] : b * q_len + j;
-            for (int64_t h = 0; h < num_heads; h++) qb[j * num_heads + h] = q + row * q_row_stride + h * q_head_stride;
-        }
-        /* pass 1: work[i * len + t] = scaled score of query i against key t (-inf past its position) */
-        for (int64_t t = 0; t < len; t++) {
-            if (t + PREFETCH_AHEAD < len) prefetch_row(k_pool + sl[t + PREFETCH_AHEAD] * slot_stride, row_floats);
-            const float *kt = k_pool + sl[t] * slot_stride;
-            for (int64_t j = 0; j < q_len; j++) {
-                const int visible = t <= len - q_len + j;
-                for (int64_t h = 0; h < num_heads; h++) {
-                    const int64_t i = j * num_heads + h;
-                    work[i * len + t] = visible ? dot(qb[i], kt + (h / group) * D, D) * scale : -INFINITY;
-                }
+            const int visible = t <= len - q_len + j;
+            for (int64_t h = 0; h < num_heads; h++) {
+                const int64_t i = j * num_heads + h;
+                work[i * len + t] = visible ? dot(qb[i], kt + (h / group) * D, D) * scale : -INFINITY;
             }
         }
-        for (int64_t i = 0; i < nq; i++) {
-            float *s = work + i * len;
-            float m = -INFINITY, lanes[KB] = {0};
+    }
+    for (int64_t i = 0; i < nq; i++) {
+        float *s = work + i * len;
+        float m = -INFINITY, lanes[KB] = {0};
 #pragma omp simd reduction(max : m)
-            for (int64_t t = 0; t < len; t++) m = fmaxf(m, s[t]);
-            /* Lane t % KB: the same keys give the same sum whatever the padding or later keys. Masked
-             * (-inf) scores weigh exactly 0. */
-            int64_t t0 = 0;
-            for (; t0 + KB <= len; t0 += KB) /* whole blocks: a fixed trip count, so one SIMD step */
+        for (int64_t t = 0; t < len; t++) m = fmaxf(m, s[t]);
+        /* Lane t % KB: the same keys give the same sum whatever the padding or later keys. Masked
+         * (-inf) scores weigh exactly 0. */
+        int64_t t0 = 0;
+        for (; t0 + KB <= len; t0 += KB) /* whole blocks: a fixed trip count, so one SIMD step */
 #pragma omp simd
-                for (int64_t u = 0; u < KB; u++) {
-                    const float x = s[t0 + u];
-                    const float e = exp_nonpositive(x - m);
-                    s[t0 + u] = x == -INFINITY ? 0.0f : e;
-                    lanes[u] += s[t0 + u];
-                }
-            for (int64_t u = 0; t0 + u < len; u++) {
+            for (int64_t u = 0; u < KB; u++) {
                 const float x = s[t0 + u];
                 const float e = exp_nonpositive(x - m);
                 s[t0 + u] = x == -INFINITY ? 0.0f : e;
                 lanes[u] += s[t0 + u];
             }
-            float sum = 0.0f;
-            for (int64_t u = 0; u < KB; u++) sum += lanes[u];
-            const float inv = 1.0f / sum;
-#pragma omp simd
-            for (int64_t t = 0; t < len; t++) s[t] *= inv;
+        for (int64_t u = 0; t0 + u < len; u++) {
+            const float x = s[t0 + u];
+            const float e = exp_nonpositive(x - m);
+            s[t0 + u] = x == -INFINITY ? 0.0f : e;
+            lanes[u] += s[t0 + u];
         }
-        float *ob = out + b * q_len * num_heads * D; /* this request's rows, [q_len, H, D] */
-        memset(ob, 0, (size_t)(nq * D) * sizeof(float));
-        /* pass 2: out[i] = sum_t p[i, t] * v[t] */
-        for (int64_t t = 0; t < len; t++) {
-            if (t + PREFETCH_AHEAD < len) prefetch_row(v_pool + sl[t + PREFETCH_AHEAD] * slot_stride, row_floats);
-            const float *vt = v_pool + sl[t] * slot_stride;
-            for (int64_t i = 0; i < nq; i++) {
-                const float p = work[i * len + t];
-                if (p == 0.0f) continue; /* a later query's key, or a weight that underflowed */
-                const float *vh = vt + ((i % num_heads) / group) * D;
-                float *o = ob + i * D;
+        float sum = 0.0f;
+        for (int64_t u = 0; u < KB; u++) sum += lanes[u];
+        const float inv = 1.0f / sum;
 #pragma omp simd
-                for (int64_t d = 0; d < D; d++) o[d] += p * vh[d];
-            }
+        for (int64_t t = 0; t < len; t++) s[t] *= inv;
+    }
+    float *ob = out + b * q_len * num_heads * D; /* this request's rows, [q_len, H, D] */
+    memset(ob, 0, (size_t)(nq * D) * sizeof(float));
+    /* pass 2: out[i] = sum_t p[i, t] * v[t] */
+    for (int64_t t = 0; t < len; t++) {
+        if (t + PREFETCH_AHEAD < len) prefetch_row(v_pool + sl[t + PREFETCH_AHEAD] * slot_stride, row_floats);
+        const float *vt = v_pool + sl[t] * slot_stride;
+        for (int64_t i = 0; i < nq; i++) {
+            const float p = work[i * len + t];
+            if (p == 0.0f) continue; /* a later query's key, or a weight that underflowed */
+            const float *vh = vt + ((i % num_heads) / group) * D;
+            float *o = ob + i * D;
+#pragma omp simd
+            for (int64_t d = 0; d < D; d++) o[d] += p * vh[d];
         }
     }
 }
