@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.paged_attention import AttentionPlan, attend_extends
+from kernels.paged_attention import WORKSPACE, AttentionPlan, attend_extends
 from worker.cpu_caps import cpu_caps
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ def paged_decode(
         raise ValueError("each request needs q_len <= len <= slots.shape[1], and q_rows B * q_len rows")
     work_stride = H * q_len * max(lens_l)
     n = max(1, min(threads or torch.get_num_threads(), B, sum(lens_l) // PARALLEL_MIN_KEYS))
-    work = torch.empty(n * work_stride, dtype=torch.float32)
+    work = WORKSPACE.get("decode_scores", (n * work_stride,), out)  # reused: a fresh one per layer is page-faulted in
     rows = None if q_rows is None else q_rows.contiguous()
     lib.tandem_paged_decode_f32(
         q.data_ptr(), q.stride(0), q.stride(1), None if rows is None else rows.data_ptr(),
