@@ -3,9 +3,9 @@
 The torch path gathers every request's K/V into a dense copy per layer before SDPA; at batch 64 that copy
 alone was a quarter of a decode step. kernels/cpu_paged_decode.c reads each key and value once, straight
 from the pool, for all the query heads that share it. It is C (compiled here on first use with the
-system's C compiler, `-march=native`, cached per source, flags and CPU), called through ctypes, and
-spreads the requests over the threads of the OpenMP runtime torch runs on (see the .c file). The
-reference is kernels/paged_attention.py.
+system's C compiler, see kernels/native_build.py), called through ctypes, and spreads the requests over
+the threads of the OpenMP runtime torch runs on (see the .c file). The reference is
+kernels/paged_attention.py.
 
 `available()` is False, and the caller keeps the torch path, when there is no C compiler, the build
 fails, or TANDEM_NO_NATIVE=1.
@@ -15,73 +15,21 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
+from kernels import native_build
 from kernels.paged_attention import WORKSPACE, AttentionPlan, attend_extends
-from worker.cpu_caps import cpu_caps
-
-log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_suffix(".c")
-FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-shared", "-fPIC")
-# Tried first; a compiler without OpenMP builds the kernel single-threaded.
-OPENMP = ("-fopenmp",)
 # Below this many key reads per call, one thread: waking another costs more than it saves.
 PARALLEL_MIN_KEYS = 2048
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("TANDEM_KERNEL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tandem", "kernels"
-    )
-    return Path(root)
-
-
-def _this_cpu() -> str:
-    caps = cpu_caps()
-    return caps.model + " " + " ".join(sorted(caps.flags))
-
-
 def build(compiler: str | None = None) -> Path:
-    """Compile the kernel (or find it already compiled) and return the shared library's path.
-    Raises RuntimeError with the compiler's message when there is no compiler or it fails."""
-    cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if not cc:
-        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
-    # -march=native: the library is only valid on this CPU, so its flags are part of the name.
-    key = hashlib.sha256(
-        b"\0".join([SOURCE.read_bytes(), cc.encode(), " ".join(FLAGS).encode(), _this_cpu().encode()])
-    ).hexdigest()[:16]
-    out_dir = cache_dir()
-    lib = out_dir / f"cpu_paged_decode-{key}.so"
-    if lib.exists():
-        return lib
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename: processes starting together never load a half-written file.
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-    os.close(fd)
-    try:
-        errors = []
-        for extra in (OPENMP, ()):
-            proc = subprocess.run(
-                [cc, *FLAGS, *extra, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True, timeout=120
-            )
-            if proc.returncode == 0:
-                os.replace(tmp, lib)
-                return lib
-            errors.append(proc.stderr.strip()[-1000:])
-        raise RuntimeError(f"{cc} failed: {errors[-1]}")
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """This kernel's shared library (see kernels/native_build.py)."""
+    return native_build.build(SOURCE, compiler)
 
 
 _i64, _f32p, _i64p = ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
@@ -89,12 +37,8 @@ _i64, _f32p, _i64p = ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    if os.environ.get("TANDEM_NO_NATIVE") == "1":
-        return None
-    try:
-        lib = ctypes.CDLL(str(build()))
-    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
-        log.warning("CPU paged-decode kernel unavailable, gathering K/V instead: %s", e)
+    lib = native_build.load(SOURCE, "gathering K/V instead")
+    if lib is None:
         return None
     fn = lib.tandem_paged_decode_f32
     fn.restype = None
