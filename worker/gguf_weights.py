@@ -1,10 +1,13 @@
-"""Weights from a GGUF file: read with gguf's reader, dequantized by the gguf package, renamed to the
-Hugging Face names the models load, and llama's Q/K rows put back in HF order."""
+"""Weights from a GGUF file: read with gguf's reader, dequantized by the gguf package (or, on request, kept
+as the file's blocks for the CPU kernel of kernels/cpu_quant_linear.py), renamed to the Hugging Face names
+the models load, and llama's Q/K rows put back in HF order."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,11 +58,54 @@ def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
+@dataclass(frozen=True)
+class GGUFBlocks:
+    """A 2-D weight as the file's quantized blocks: raw uint8 [out_features, in_features / 32 * block bytes].
+    Sliced like a tensor (``w[a:b]`` rows; ``w[:, a:b]`` inputs, which stay blocks when a and b fall on
+    block edges and are dequantized otherwise), so tensor-parallel layers take their part as they do of a
+    float tensor."""
+
+    raw: np.ndarray
+    qtype: str  # GGUF type name, e.g. "Q4_1"
+    in_features: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.raw.shape[0], self.in_features
+
+    def dequantize(self) -> torch.Tensor:
+        import gguf
+
+        w = gguf.quants.dequantize(self.raw, gguf.GGMLQuantizationType[self.qtype])
+        return torch.from_numpy(np.ascontiguousarray(w).reshape(self.shape))
+
+    def __getitem__(self, key: Any) -> GGUFBlocks | torch.Tensor:
+        if isinstance(key, slice):
+            return GGUFBlocks(self.raw[key], self.qtype, self.in_features)
+        rows, cols = key
+        a, b, step = cols.indices(self.in_features)
+        if step == 1 and a % 32 == 0 and b % 32 == 0:
+            per = self.raw.shape[1] // (self.in_features // 32)
+            return GGUFBlocks(self.raw[rows, a // 32 * per : b // 32 * per], self.qtype, b - a)
+        return self.dequantize()[rows, cols]
+
+
+def unpermute_qk_rows(raw: np.ndarray, n_head: int) -> np.ndarray:
+    """unpermute_qk for any array whose rows are the weight's output rows (quantized blocks included)."""
+    half = raw.shape[0] // n_head // 2
+    return np.ascontiguousarray(raw.reshape(n_head, half, 2, *raw.shape[1:]).swapaxes(1, 2).reshape(raw.shape))
+
+
 def iter_gguf_weights(
-    path: str | Path, cfg: ModelConfig, dtype: torch.dtype, progress: bool | None = None
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor in `dtype`) for every tensor, dequantized one at a time. progress: a tqdm bar on
-    stderr (None: only when stderr is a terminal)."""
+    path: str | Path,
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    progress: bool | None = None,
+    keep_blocks: frozenset[str] = frozenset(),
+) -> Iterator[tuple[str, torch.Tensor | GGUFBlocks]]:
+    """(HF name, tensor in `dtype`) for every tensor, dequantized one at a time; 2-D tensors of a type in
+    keep_blocks come as GGUFBlocks instead. progress: a tqdm bar on stderr (None: only when stderr is a
+    terminal)."""
     import gguf
 
     reader = open_gguf(path)
@@ -72,6 +118,13 @@ def iter_gguf_weights(
         name = names.get(t.name)
         if name is None:
             raise ModelLoadError(f"{path}: unexpected tensor {t.name!r} for architecture {arch!r}")
+        module = name.rsplit(".", 1)[0].split(".", 3)[-1]
+        if t.tensor_type.name in keep_blocks and len(t.shape) == 2 and t.data.ndim == 2:
+            blocks = GGUFBlocks(np.asarray(t.data), t.tensor_type.name, int(t.shape[0]))
+            if arch == "llama" and module in heads:  # a permutation of whole rows: the blocks move as they are
+                blocks = GGUFBlocks(unpermute_qk_rows(blocks.raw, heads[module]), blocks.qtype, blocks.in_features)
+            yield name, blocks
+            continue
         try:
             w = gguf.quants.dequantize(t.data, t.tensor_type)
         except NotImplementedError:
@@ -81,7 +134,6 @@ def iter_gguf_weights(
         # GGUF lists dimensions innermost first; torch wants them outermost first.
         w = w.reshape(tuple(int(d) for d in reversed(t.shape)))
         tensor = torch.from_numpy(w if w.flags.writeable else np.array(w)).to(dtype)
-        module = name.rsplit(".", 1)[0].split(".", 3)[-1]
         if arch == "llama" and module in heads:
             tensor = unpermute_qk(tensor, heads[module]).contiguous()
         yield name, tensor

@@ -1,5 +1,6 @@
 """Build a model from a HF-format directory (config.json + *.safetensors, read with safetensors) or from a
-GGUF file (dequantized while loading, see worker/gguf_weights.py)."""
+GGUF file (see worker/gguf_weights.py: on CPU in float32 its 4- and 8-bit weights stay quantized for
+kernels/cpu_quant_linear.py; otherwise they are dequantized while loading)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from kernels import cpu_quant_linear
 from protocol.gguf_metadata import is_gguf
 from protocol.model_config import ModelConfig, read_hf_config
 from worker.gguf_weights import iter_gguf_weights
@@ -48,5 +50,17 @@ def load_model(
     cls = get_model_class(arch)
     cfg = ModelConfig.from_hf(hf, **cls.arch_flags(hf))
     m = cls(cfg, dtype, device, tp_rank=tp_rank, tp_size=tp_size)
-    m.load_weights(iter_gguf_weights(model, cfg, dtype) if is_gguf(model) else iter_weights(model))
+    if is_gguf(model):
+        m.load_weights(iter_gguf_weights(model, cfg, dtype, keep_blocks=quantized_types(dtype, device)))
+    else:
+        m.load_weights(iter_weights(model))
     return m.eval()
+
+
+def quantized_types(dtype: torch.dtype, device: torch.device | str) -> frozenset[str]:
+    """GGUF block types the model keeps as they are in the file: on CPU in float32, those the quantized
+    kernel takes (kernels/cpu_quant_linear.py), as llama.cpp runs a quantized file; elsewhere none (the
+    weights are dequantized to `dtype` while loading)."""
+    if torch.device(device).type != "cpu" or dtype != torch.float32 or not cpu_quant_linear.available():
+        return frozenset()
+    return frozenset(cpu_quant_linear.GGUF_BLOCKS)

@@ -9,6 +9,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.cpu_quant_linear import QuantWeight, pack, quant_linear
+from worker.gguf_weights import GGUFBlocks
 from worker.layers.cpu_linear import linear, pack_weight, packable
 
 
@@ -30,19 +32,37 @@ class VocabEmbedding(nn.Module):
         )
 
     head_packed: torch.Tensor | None = None
+    # The LM head from a GGUF file's blocks (kernels/cpu_quant_linear.py); the lookup keeps the float rows.
+    head_quant: QuantWeight | None = None
+    _head_blocks: GGUFBlocks | None = None
 
     def pack_for_cpu(self, keep_weight: bool) -> None:
-        """The LM head's product through oneDNN (cpu_linear.py) on a packed copy of the weight; without
-        keep_weight (a head that is not also the embedding) the plain weight is freed."""
-        if self.weight is not None and packable(self.weight):
+        """The LM head's product through oneDNN (cpu_linear.py) on a packed copy of the weight, unless it
+        runs from quantized blocks; without keep_weight (a head that is not also the embedding) the plain
+        weight is freed."""
+        if self.weight is not None and packable(self.weight) and self.head_quant is None:
             self.head_packed = pack_weight(self.weight)
-            if not keep_weight:
-                self.weight = None
+        if not keep_weight and (self.head_packed is not None or self.head_quant is not None):
+            self.weight = None
 
     def load_weight(self, tensor: Any, shard: int = 0, param: str = "weight") -> None:
         n = self.end - self.start
         if n > 0:
-            self.weight.data[:n].copy_(tensor[self.start : self.end])
+            part = tensor[self.start : self.end]
+            if isinstance(part, GGUFBlocks):
+                self._head_blocks = part
+                part = part.dequantize()
+            self.weight.data[:n].copy_(part)
+
+    def finish_loading(self, head: bool) -> None:
+        """As the LM head (`head`), its product from the blocks it was loaded from, when the kernel takes
+        them; an embedding that is not the head drops its blocks."""
+        blocks, self._head_blocks = self._head_blocks, None
+        if blocks is not None and head:
+            try:
+                self.head_quant = pack(blocks.raw, blocks.qtype, blocks.in_features)
+            except ValueError:
+                pass  # a scale the repacking cannot hold: the float weight serves
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
@@ -56,7 +76,12 @@ class VocabEmbedding(nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [N, hidden] -> float32 logits [N, vocab], the same on every rank."""
-        local = linear(h, self.weight, self.head_packed).float()
+        if self.head_quant is not None:
+            local = quant_linear(h, self.head_quant)
+            if local.shape[1] < self.shard:  # the last rank's padding rows past the vocab: zero logits
+                local = torch.cat([local, local.new_zeros(local.shape[0], self.shard - local.shape[1])], dim=1)
+        else:
+            local = linear(h, self.weight, self.head_packed).float()
         if self.tp_size == 1:
             return local
         parts = [torch.empty_like(local) for _ in range(self.tp_size)]

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from kernels.cpu_quant_linear import QuantWeight, pack, quant_linear
+from worker.gguf_weights import GGUFBlocks
 from worker.layers.cpu_linear import linear, pack_weight, packable
 
 
@@ -27,10 +30,41 @@ def full_tensor(src: Any) -> torch.Tensor:
 
 class PackableLinear(nn.Module):
     """A linear layer whose weight the worker may swap, once loaded, for oneDNN's packed copy on CPU
-    (cpu_linear.py); the plain weight is then freed and `weight` is None."""
+    (cpu_linear.py), or that keeps a GGUF file's quantized blocks for the CPU kernel
+    (kernels/cpu_quant_linear.py); the plain weight is then freed and `weight` is None."""
 
     weight: nn.Parameter | None
     packed: torch.Tensor | None = None
+    quant: QuantWeight | None = None
+    # rows offset -> that part's GGUF blocks, until finish_loading packs (or dequantizes) them
+    _blocks: dict[int, GGUFBlocks]
+
+    def take_blocks(self, blocks: GGUFBlocks, offset: int) -> None:
+        if not hasattr(self, "_blocks"):
+            self._blocks = {}
+        self._blocks[offset] = blocks
+
+    def finish_loading(self) -> None:
+        """Once every part is in: the kernel's layout when all of the weight came as blocks of one type
+        (the plain weight is freed); otherwise the blocks that came are dequantized into the weight."""
+        parts = getattr(self, "_blocks", None)
+        if not parts:
+            return
+        self._blocks = {}
+        order = sorted(parts)
+        rows = sum(parts[o].shape[0] for o in order)
+        same = len({(parts[o].qtype, parts[o].in_features) for o in order}) == 1
+        if same and rows == self.weight.shape[0] and order == _contiguous(parts, order):
+            raw = np.concatenate([parts[o].raw for o in order])
+            try:
+                self.quant = pack(raw, parts[order[0]].qtype, parts[order[0]].in_features)
+            except ValueError:
+                pass  # a scale the repacking cannot hold: dequantized below
+            else:
+                self.weight = None
+                return
+        for o in order:
+            self.weight.data[o : o + parts[o].shape[0]].copy_(parts[o].dequantize())
 
     def pack_for_cpu(self) -> None:
         if self.weight is not None and packable(self.weight):
@@ -38,7 +72,19 @@ class PackableLinear(nn.Module):
             self.weight = None
 
     def product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.quant is not None:
+            y = quant_linear(x, self.quant)
+            return y if bias is None else y.add_(bias)
         return linear(x, self.weight, self.packed, bias)
+
+
+def _contiguous(parts: dict[int, GGUFBlocks], order: list[int]) -> list[int]:
+    """The offsets the parts would have if laid end to end from 0 (equal to `order` when they tile the rows)."""
+    out, at = [], 0
+    for o in order:
+        out.append(at)
+        at += parts[o].shape[0]
+    return out
 
 
 class ColumnParallelLinear(PackableLinear):
@@ -78,7 +124,11 @@ class ColumnParallelLinear(PackableLinear):
     def load_weight(self, tensor: Any, shard: int = 0, param: str = "weight") -> None:
         """Copy this rank's rows of the checkpoint tensor (full or lazy slice) of logical output `shard`."""
         n, off, start = self.shard_sizes[shard], self.shard_offsets[shard], self.shard_starts[shard]
-        getattr(self, param).data[off : off + n].copy_(tensor[start : start + n])
+        part = tensor[start : start + n]
+        if isinstance(part, GGUFBlocks):
+            self.take_blocks(part, off)
+        else:
+            getattr(self, param).data[off : off + n].copy_(part)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.product(x, self.bias)
@@ -149,7 +199,11 @@ class RowParallelLinear(PackableLinear):
             self.bias.data.copy_(full_tensor(tensor))
         else:
             a = self.tp_rank * self.shard_size
-            self.weight.data.copy_(tensor[:, a : a + self.shard_size])
+            part = tensor[:, a : a + self.shard_size]
+            if isinstance(part, GGUFBlocks):
+                self.take_blocks(part, 0)
+            else:
+                self.weight.data.copy_(part)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Adding the bias on one rank only keeps it counted once after the all-reduce.

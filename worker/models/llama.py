@@ -200,6 +200,12 @@ class LlamaForCausalLM(nn.Module):
         missing = self._expected_weight_names() - loaded
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} weights, e.g. {sorted(missing)[:5]}")
+        for module in self.modules():  # layers loaded from GGUF blocks pack them now
+            if isinstance(module, PackableLinear):
+                module.finish_loading()
+        self.model.embed_tokens.finish_loading(head=self.lm_head is None)
+        if self.lm_head is not None:
+            self.lm_head.finish_loading(head=True)
 
     def _expected_weight_names(self) -> set[str]:
         names: set[str] = set()

@@ -1,0 +1,117 @@
+"""The quantized-linear CPU kernel (kernels/cpu_quant_linear.c): its repacking gives back gguf's own
+dequantization exactly, its products match the float32 reference at every row count on both of its paths,
+a row's result is the same bits alone, in any batch, at any stride and on any number of threads, and what
+it cannot take is refused with a typed error."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from kernels import cpu_quant_linear
+from kernels.cpu_quant_linear import GGUF_BLOCKS, dequantize, pack, quant_linear
+from tests.test_cpu_paged_decode import HAS_CC, needs_cc
+from worker.gguf_weights import GGUFBlocks
+from worker.layers import ColumnParallelLinear
+
+
+def _blocks(qtype: str, n: int, k: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    # rows of different scales, and an offset so Q4_1's minimum is not always ~ -max
+    w = rng.standard_normal((n, k)).astype(np.float32) * rng.uniform(0.01, 3, (n, 1)).astype(np.float32)
+    w += rng.uniform(-0.5, 0.5, (n, 1)).astype(np.float32)
+    return gguf.quants.quantize(w, gguf.GGMLQuantizationType[qtype])
+
+
+def _gguf_dequant(raw: np.ndarray, qtype: str, k: int) -> torch.Tensor:
+    return torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype]).reshape(-1, k))
+
+
+@pytest.mark.parametrize("qtype", sorted(GGUF_BLOCKS))
+@pytest.mark.parametrize(("n", "k"), [(1, 32), (16, 64), (37, 96), (130, 32)])
+def test_repacking_keeps_gguf_dequantization_exactly(qtype: str, n: int, k: int) -> None:
+    raw = _blocks(qtype, n, k, seed=n + k)
+    w = pack(raw, qtype, k)
+    assert (w.out_features, w.in_features) == (n, k)
+    assert torch.equal(dequantize(w), _gguf_dequant(raw, qtype, k))
+
+
+@needs_cc
+@pytest.mark.parametrize("qtype", sorted(GGUF_BLOCKS))
+@pytest.mark.parametrize(("n", "k"), [(16, 32), (70, 96), (200, 288)])  # 70, 200: a last panel part-filled
+def test_products_match_the_float32_reference(qtype: str, n: int, k: int) -> None:
+    raw = _blocks(qtype, n, k, seed=3)
+    w = pack(raw, qtype, k)
+    ref_w = _gguf_dequant(raw, qtype, k)
+    g = torch.Generator().manual_seed(n)
+    # 1-7 rows: weights dequantized in registers; 8 and more: through the float32 scratch; 150: two row blocks
+    for rows in (1, 2, 3, 4, 5, 7, 8, 9, 13, 64, 150):
+        x = torch.randn(rows, k, generator=g)
+        got = quant_linear(x, w)
+        want = (x.double() @ ref_w.double().T).float()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * k ** 0.5)
+
+
+@needs_cc
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_a_row_gives_the_same_bits_alone_in_any_batch_and_thread_count(qtype: str) -> None:
+    k, n = 96, 70
+    w = pack(_blocks(qtype, n, k, seed=9), qtype, k)
+    wide = torch.randn(150, k + 32, generator=torch.Generator().manual_seed(1))
+    x = wide[:, 5 : 5 + k]  # rows at a stride: read in place
+    full = quant_linear(x, w)
+    assert torch.equal(full, quant_linear(x.contiguous(), w))
+    assert torch.equal(full, quant_linear(x, w, threads=1))
+    for a, b in ((0, 1), (17, 18), (3, 10), (40, 53), (100, 150), (0, 64), (20, 150)):
+        assert torch.equal(quant_linear(x[a:b], w), full[a:b]), (a, b)
+
+
+@needs_cc
+def test_blocks_sliced_on_block_edges_stay_blocks() -> None:
+    raw = _blocks("Q4_1", 24, 128)
+    blocks = GGUFBlocks(raw, "Q4_1", 128)
+    full = blocks.dequantize()
+    assert torch.equal(full, _gguf_dequant(raw, "Q4_1", 128))
+    part = blocks[4:20, 32:96]
+    assert isinstance(part, GGUFBlocks) and part.shape == (16, 64)
+    assert torch.equal(part.dequantize(), full[4:20, 32:96])
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(quant_linear(x, pack(part.raw, "Q4_1", 64)), x @ full[4:20, 32:96].T)
+    off_edge = blocks[:, 16:80]  # not on block edges: dequantized
+    assert isinstance(off_edge, torch.Tensor) and torch.equal(off_edge, full[:, 16:80])
+
+
+def test_what_the_kernel_does_not_take_is_refused() -> None:
+    raw = _blocks("Q8_0", 16, 64)
+    with pytest.raises(ValueError, match="no CPU kernel for GGUF type Q6_K"):
+        pack(raw, "Q6_K", 64)
+    with pytest.raises(ValueError, match="expected uint8 rows of 68 bytes"):
+        pack(raw[:, :34], "Q8_0", 64)
+    with pytest.raises(ValueError, match="expected uint8 rows"):
+        pack(raw, "Q8_0", 48)  # not a whole number of blocks
+    if HAS_CC:
+        w = pack(raw, "Q8_0", 64)
+        with pytest.raises(ValueError, match="float32 CPU x"):
+            quant_linear(torch.randn(2, 64).bfloat16(), w)
+        with pytest.raises(ValueError, match=r"x \[rows, 64\]"):
+            quant_linear(torch.randn(2, 32), w)
+        assert quant_linear(torch.randn(0, 64), w).shape == (0, 16)
+
+
+def test_the_kernel_builds_where_there_is_a_compiler() -> None:
+    assert cpu_quant_linear.available() == HAS_CC
+
+
+def test_a_scale_the_repacking_cannot_hold_falls_back_to_float32() -> None:
+    """Q4_0's d * (q - 8) is repacked as d * q + m with m = -8 d in float16: a d past 8191 would overflow,
+    so that weight is refused here and the layer dequantizes it instead."""
+    raw = _blocks("Q4_0", 16, 64)
+    raw[0, 0:2] = np.array([60000.0], np.float16).view(np.uint8)  # row 0, block 0: d = 60000
+    with pytest.raises(ValueError, match="too large"):
+        pack(raw, "Q4_0", 64)
+    layer = ColumnParallelLinear(64, [16], bias=False, dtype=torch.float32, device="cpu")
+    layer.load_weight(GGUFBlocks(raw, "Q4_0", 64))
+    layer.finish_loading()
+    assert layer.quant is None and torch.equal(layer.weight, _gguf_dequant(raw, "Q4_0", 64))
