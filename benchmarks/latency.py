@@ -80,7 +80,7 @@ def run(cfg: EngineConfig, prompt_len: int, output_len: int, num_requests: int, 
     print(f"latency: {num_requests} sequential requests, prompt {prompt_len} tokens, output {output_len}, "
           f"seed {seed}", flush=True)
 
-    dims = roofline.ModelDims.from_dir(cfg.model, roofline.engine_dtype(cfg))
+    dims = roofline.model_dims(cfg)
     # GEMM rates are not needed for a bandwidth bound; measure small shapes quickly, report the copy rate.
     mach = roofline.measure(dims, prefill_m=prompt_len, decode_m=1, min_time_s=0.05)
     floor_tok_s = roofline.batch1_decode_floor_tok_s(dims, mach, prompt_len, output_len)

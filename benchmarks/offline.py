@@ -80,7 +80,7 @@ def run(cfg: EngineConfig, num_requests: int, input_len: tuple[int, int], output
     print(f"offline: {num_requests} requests, prompt {input_len[0]}:{input_len[1]} tokens (total {sum(lens)}), "
           f"output {output_len} each (total {expected}), seed {seed}", flush=True)
 
-    dims = roofline.ModelDims.from_dir(cfg.model, roofline.engine_dtype(cfg))
+    dims = roofline.model_dims(cfg)
     decode_m = min(num_requests, cfg.max_running_requests, DECODE_BATCH)
     mach = roofline.measure(dims, prefill_m=cfg.max_num_batched_tokens, decode_m=decode_m)
     floor = roofline.offline_floor(dims, mach, lens, output_len)

@@ -7,7 +7,7 @@ with its own threads, so the two never compete for the cores).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -15,15 +15,22 @@ import torch
 import torch.nn.functional as F
 
 from protocol.engine_config import EngineConfig
+from protocol.gguf_metadata import is_gguf, open_gguf
 from protocol.model_config import read_model_config
 from worker.cpu_caps import cpu_caps, usable_cores
 from worker.device import resolve_device, resolve_dtype
 from worker.layers.cpu_linear import pack_weight, packable, packed_linear
+from worker.loader import quantized_types
 
 
 def engine_dtype(cfg: EngineConfig) -> torch.dtype:
     """The dtype the engine's worker will run in (what `--dtype auto` picks on this machine)."""
     return resolve_dtype(cfg.dtype, resolve_device(cfg.device))
+
+
+def model_dims(cfg: EngineConfig) -> ModelDims:
+    """The dimensions of the model the engine will run, in its dtype and weight storage."""
+    return ModelDims.from_dir(cfg.model, engine_dtype(cfg), resolve_device(cfg.device).type)
 
 
 @dataclass(frozen=True)
@@ -36,16 +43,29 @@ class ModelDims:
     intermediate: int
     vocab: int
     dtype: torch.dtype = torch.float32  # of the weights and the KV cache
+    # Bytes of matmul weights as the worker holds them when that is not params x dtype (a GGUF whose blocks
+    # stay quantized, worker/loader.py); None: params x dtype.
+    stored_weight_bytes: int | None = None
 
     @classmethod
-    def from_dir(cls, model: str | Path, dtype: torch.dtype = torch.float32) -> ModelDims:
-        """`model`: a HF directory or a .gguf file."""
+    def from_dir(cls, model: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> ModelDims:
+        """`model`: a HF directory or a .gguf file (on `device`, whose quantized weights may stay so)."""
         c = read_model_config(model)
-        return cls(
+        dims = cls(
             hidden=c.hidden_size, layers=c.num_hidden_layers, heads=c.num_attention_heads,
             kv_heads=c.num_key_value_heads, head_dim=c.head_dim, intermediate=c.intermediate_size,
             vocab=c.vocab_size, dtype=dtype,
         )
+        kept = quantized_types(dtype, device) if is_gguf(model) else frozenset()
+        if not kept:
+            return dims
+        stored = 0
+        for t in open_gguf(model).tensors:
+            if len(t.shape) == 2:
+                stored += int(t.n_bytes) if t.tensor_type.name in kept else int(t.n_elements) * dims.elem_bytes
+        if not c.tie_word_embeddings:  # the embedding is looked up, not streamed; the head is
+            stored -= c.hidden_size * c.vocab_size * dims.elem_bytes
+        return replace(dims, stored_weight_bytes=stored)
 
     def linears(self) -> dict[str, tuple[int, int, int]]:
         """name -> (in_features, out_features, how many per forward)."""
@@ -73,7 +93,9 @@ class ModelDims:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes a decode step must stream from memory: every matmul weight, in the engine's dtype."""
+        """Bytes a decode step must stream from memory: every matmul weight, as the worker holds it."""
+        if self.stored_weight_bytes is not None:
+            return self.stored_weight_bytes
         return self.matmul_params * self.elem_bytes
 
     @property
