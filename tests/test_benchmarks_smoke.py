@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks.cli import main
 from benchmarks.spec_bench import num_requests
+from tests.test_cpu_paged_decode import needs_cc
 
 
 def _positive(result: dict, *fields: str) -> None:
@@ -106,6 +107,18 @@ def test_attention_step_times_every_cpu_backend_and_checks_they_agree(tiny_model
     assert list(best) == names and all(ms > 0 for ms in best.values())
     out = capsys.readouterr().out
     assert out.startswith("CPU: ") and all(f"{n}:" in out for n in names)
+
+
+@needs_cc
+def test_quant_linear_benchmark_checks_and_times_a_gguf(tiny_model, tmp_path: Path, capsys) -> None:
+    from benchmarks import quant_linear
+    from tests.gguf_files import write_gguf
+
+    path = write_gguf(tiny_model("qwen3"), tmp_path / "q.gguf", "Q4_1")
+    res = quant_linear.main(["--model", str(path), "--rows", "1,9", "--reps", "1"])
+    assert list(res) == [1, 9] and all(ms > 0 for row in res.values() for ms in row)
+    out = capsys.readouterr().out
+    assert out.startswith("CPU: ") and "quantized layer weights" in out and "rows     9" in out
 
 
 def test_serve_client_reads_only_sse_data_lines() -> None:
