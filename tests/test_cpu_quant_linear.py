@@ -46,8 +46,8 @@ def test_products_match_the_float32_reference(qtype: str, n: int, k: int) -> Non
     w = pack(raw, qtype, k)
     ref_w = _gguf_dequant(raw, qtype, k)
     g = torch.Generator().manual_seed(n)
-    # 1-7 rows: weights dequantized in registers; 8 and more: through the float32 scratch; 150: two row blocks
-    for rows in (1, 2, 3, 4, 5, 7, 8, 9, 13, 64, 150):
+    # 1-15 rows: weights dequantized in registers; 16 and more: through the float32 scratch; 150: two row blocks
+    for rows in (1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 20, 64, 150):
         x = torch.randn(rows, k, generator=g)
         got = quant_linear(x, w)
         want = (x.double() @ ref_w.double().T).float()
