@@ -1,5 +1,6 @@
-"""`make demo`: pull SmolLM2-135M-Instruct if absent, serve it, stream four concurrent chat requests
-(one in Chinese, one constrained to a JSON schema) through the client, print the answers, shut down."""
+"""`make demo`: pull SmolLM2-135M-Instruct if absent, serve its GGUF file (on CPU its Q4_1 weights run
+quantized, as llama.cpp runs them), stream four concurrent chat requests (one in Chinese, one constrained
+to a JSON schema) through the client, print the answers, shut down."""
 from __future__ import annotations
 
 import argparse
@@ -61,14 +62,15 @@ async def _run(model: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
-    ap.add_argument("--model", default=f"models/{DEFAULT_MODEL}",
+    default = f"models/{DEFAULT_MODEL}/model.gguf"
+    ap.add_argument("--model", default=default,
                     help="a model directory or .gguf file; the default is pulled when absent")
     args = ap.parse_args(argv)
-    if args.model == f"models/{DEFAULT_MODEL}" and not (Path(args.model) / "config.json").exists():
+    if args.model == default and not Path(args.model).exists():
         from launch.pull import pull
 
-        print(f"pulling {DEFAULT_MODEL} into {args.model} ...", flush=True)
-        pull(DEFAULT_MODEL, args.model)
+        print(f"pulling {DEFAULT_MODEL} into {Path(default).parent} ...", flush=True)
+        pull(DEFAULT_MODEL, Path(default).parent)
     asyncio.run(_run(args.model))
     return 0
 
