@@ -5,6 +5,12 @@ it cannot take is refused with a typed error."""
 
 from __future__ import annotations
 
+import ctypes
+import os
+import platform
+import shutil
+import subprocess
+
 import gguf
 import numpy as np
 import pytest
@@ -115,3 +121,26 @@ def test_a_scale_the_repacking_cannot_hold_falls_back_to_float32() -> None:
     layer.load_weight(GGUFBlocks(raw, "Q4_0", 64))
     layer.finish_loading()
     assert layer.quant is None and torch.equal(layer.weight, _gguf_dequant(raw, "Q4_0", 64))
+
+
+@needs_cc
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the SIMD path is x86's AVX2")
+def test_portable_c_path_gives_the_avx2_paths_bits(tmp_path) -> None:
+    """Built for plain x86-64 (no AVX2: the portable loops an ARM or older CPU compiles), the kernel gives
+    the same bits as the build for this CPU: the same weights and the same FMA chain per output."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    lib_path = tmp_path / "portable.so"
+    subprocess.run([cc, "-O2", "-march=x86-64", "-fno-math-errno", "-shared", "-fPIC", "-o", str(lib_path),
+                    str(cpu_quant_linear.SOURCE), "-lm"], check=True, capture_output=True, timeout=120)
+    fn = ctypes.CDLL(str(lib_path)).tandem_quant_linear_f32
+    fn.restype = None
+    fn.argtypes = [ctypes.c_void_p, *[ctypes.c_int64] * 3, ctypes.c_void_p, *[ctypes.c_int64] * 2,
+                   ctypes.c_void_p, *[ctypes.c_int64] * 2]
+    g = torch.Generator().manual_seed(4)
+    for qtype in sorted(GGUF_BLOCKS):
+        w = pack(_blocks(qtype, 70, 96, seed=5), qtype, 96)
+        for rows in (1, 3, 9, 20, 150):
+            x = torch.randn(rows, 96, generator=g)
+            y = torch.empty(rows, 70)
+            fn(x.data_ptr(), rows, 96, 96, w.data.data_ptr(), w.kind, 70, y.data_ptr(), 70, 1)
+            assert torch.equal(y, quant_linear(x, w)), (qtype, rows)
