@@ -20,7 +20,8 @@ from worker.cpu_caps import cpu_caps, usable_cores
 from worker.layers.cpu_linear import pack_weight, packed_linear
 
 
-def _ms(f: Callable[[], object], reps: int) -> float:
+def median_ms(f: Callable[[], object], reps: int) -> float:
+    """Median wall time of `reps` calls of f, in ms, after one warm-up call."""
     f()
     times = []
     for _ in range(reps):
@@ -68,13 +69,13 @@ def main(argv: list[str] | None = None) -> None:
                     for w, p in zip(lw, lp, strict=True):
                         fn(xs[w.shape[1]], p)
 
-            a = _ms(lambda: stack(F.linear), args.reps)
-            b = _ms(lambda: stack(_transposed), args.reps)
-            c = _ms(lambda: stack(packed_linear, packed), args.reps)
+            a = median_ms(lambda: stack(F.linear), args.reps)
+            b = median_ms(lambda: stack(_transposed), args.reps)
+            c = median_ms(lambda: stack(packed_linear, packed), args.reps)
             hx = torch.randn(rows, h)
-            d = _ms(lambda hx=hx: F.linear(hx, head), args.reps)
-            e = _ms(lambda hx=hx: _transposed(hx, head), args.reps)
-            f = _ms(lambda hx=hx: packed_linear(hx, head_packed), args.reps)
+            d = median_ms(lambda hx=hx: F.linear(hx, head), args.reps)
+            e = median_ms(lambda hx=hx: _transposed(hx, head), args.reps)
+            f = median_ms(lambda hx=hx: packed_linear(hx, head_packed), args.reps)
             print(f"{rows:>5} | {a:>14.1f} {b:>8.1f} {c:>7.1f} {a / c:>5.2f}x | {d:>12.2f} {e:>8.2f} {f:>7.2f} "
                   f"{d / f:>5.2f}x", flush=True)
 

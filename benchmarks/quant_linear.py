@@ -9,27 +9,15 @@ the same products first. Prints the CPU beside the times.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
 
 import numpy as np
 import torch
 
+from benchmarks.linear_shape import median_ms
 from kernels.cpu_quant_linear import GGUF_BLOCKS, available, dequantize, pack, quant_linear
 from protocol.gguf_metadata import open_gguf
 from worker.cpu_caps import cpu_caps, usable_cores
 from worker.layers.cpu_linear import pack_weight, packed_linear
-
-
-def _ms(f: Callable[[], object], reps: int) -> float:
-    f()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 def main(argv: list[str] | None = None) -> dict[int, tuple[float, float, float, float]]:
@@ -65,12 +53,12 @@ def main(argv: list[str] | None = None) -> dict[int, tuple[float, float, float, 
         for q, p in layers[:4] + ([head] if head else []):
             torch.testing.assert_close(quant_linear(xs[q.in_features], q), packed_linear(xs[q.in_features], p),
                                        rtol=1e-4, atol=1e-4)
-        a = _ms(lambda xs=xs: [quant_linear(xs[q.in_features], q) for q, _ in layers], args.reps)
-        b = _ms(lambda xs=xs: [packed_linear(xs[q.in_features], p) for q, p in layers], args.reps)
+        a = median_ms(lambda xs=xs: [quant_linear(xs[q.in_features], q) for q, _ in layers], args.reps)
+        b = median_ms(lambda xs=xs: [packed_linear(xs[q.in_features], p) for q, p in layers], args.reps)
         c = d = float("nan")
         if head:
-            c = _ms(lambda xs=xs: quant_linear(xs[head[0].in_features], head[0]), args.reps)
-            d = _ms(lambda xs=xs: packed_linear(xs[head[0].in_features], head[1]), args.reps)
+            c = median_ms(lambda xs=xs: quant_linear(xs[head[0].in_features], head[0]), args.reps)
+            d = median_ms(lambda xs=xs: packed_linear(xs[head[0].in_features], head[1]), args.reps)
         results[m] = (a, b, c, d)
         print(f"rows {m:5d}: layers quantized {a:8.1f} ms, oneDNN float32 {b:8.1f} ms ({b / a:.2f}x) | "
               f"head {c:7.1f} vs {d:7.1f} ({d / c:.2f}x)", flush=True)

@@ -163,56 +163,41 @@ static inline __attribute__((always_inline)) void tile_f32(const float *x, int64
     }
 }
 #else
+/* Column c's weight at input kk of block blk, as the AVX2 path computes it. */
+static inline float weight_at(int64_t qtype, const uint8_t *blk, int c, int64_t kk) {
+    const int64_t qbytes = qtype == 0 ? 256 : 512;
+    uint16_t hd, hm = 0;
+    memcpy(&hd, blk + qbytes + 2 * c, 2);
+    if (qtype == 0) memcpy(&hm, blk + qbytes + 32 + 2 * c, 2);
+    float q;
+    if (qtype == 0) {
+        const uint8_t byte = blk[kk * 8 + (c & 7)];
+        q = (float)(c < 8 ? byte & 15 : byte >> 4);
+    } else {
+        q = (float)(int8_t)blk[kk * 16 + c];
+    }
+    return __builtin_fmaf(half_to_float(hd), q, half_to_float(hm));
+}
+
 /* Portable twin of the AVX2 tile: the same weights and the same FMA chain per output. */
 static void tile(int64_t qtype, const float *x, int64_t ldx, int64_t K, const uint8_t *w, int64_t panel_stride,
                  float *out, int64_t ldo, const int MR, const int NP) {
-    const int64_t bb = block_bytes(qtype), qbytes = qtype == 0 ? 256 : 512;
+    const int64_t bb = block_bytes(qtype);
     for (int p = 0; p < NP; p++)
         for (int c = 0; c < PANEL; c++)
             for (int r = 0; r < MR; r++) {
                 float acc = 0.0f;
-                for (int64_t b = 0; b < K / KBLK; b++) {
-                    const uint8_t *blk = w + p * panel_stride + b * bb;
-                    uint16_t hd, hm = 0;
-                    memcpy(&hd, blk + qbytes + 2 * c, 2);
-                    if (qtype == 0) memcpy(&hm, blk + qbytes + 32 + 2 * c, 2);
-                    const float d = half_to_float(hd), m = half_to_float(hm);
-                    for (int64_t kk = 0; kk < KBLK; kk++) {
-                        float q;
-                        if (qtype == 0) {
-                            const uint8_t byte = blk[kk * 8 + (c & 7)];
-                            q = (float)(c < 8 ? byte & 15 : byte >> 4);
-                        } else {
-                            q = (float)(int8_t)blk[kk * 16 + c];
-                        }
-                        acc = __builtin_fmaf(x[r * ldx + b * KBLK + kk], __builtin_fmaf(d, q, m), acc);
-                    }
-                }
+                for (int64_t k = 0; k < K; k++)
+                    acc = __builtin_fmaf(x[r * ldx + k], weight_at(qtype, w + p * panel_stride + k / KBLK * bb, c,
+                                                                   k % KBLK), acc);
                 out[r * ldo + p * PANEL + c] = acc;
             }
 }
 
 static void dequant_panel(int64_t qtype, const uint8_t *w, int64_t K, float *wf) {
-    const int64_t bb = block_bytes(qtype), qbytes = qtype == 0 ? 256 : 512;
-    for (int64_t b = 0; b < K / KBLK; b++) {
-        const uint8_t *blk = w + b * bb;
-        for (int c = 0; c < PANEL; c++) {
-            uint16_t hd, hm = 0;
-            memcpy(&hd, blk + qbytes + 2 * c, 2);
-            if (qtype == 0) memcpy(&hm, blk + qbytes + 32 + 2 * c, 2);
-            const float d = half_to_float(hd), m = half_to_float(hm);
-            for (int64_t kk = 0; kk < KBLK; kk++) {
-                float q;
-                if (qtype == 0) {
-                    const uint8_t byte = blk[kk * 8 + (c & 7)];
-                    q = (float)(c < 8 ? byte & 15 : byte >> 4);
-                } else {
-                    q = (float)(int8_t)blk[kk * 16 + c];
-                }
-                wf[(b * KBLK + kk) * PANEL + c] = __builtin_fmaf(d, q, m);
-            }
-        }
-    }
+    for (int64_t k = 0; k < K; k++)
+        for (int c = 0; c < PANEL; c++)
+            wf[k * PANEL + c] = weight_at(qtype, w + k / KBLK * block_bytes(qtype), c, k % KBLK);
 }
 
 static void tile_f32(const float *x, int64_t ldx, int64_t k0, int64_t k1, const float *wf, float *out, int64_t ldo,
