@@ -1,5 +1,5 @@
 """A GGUF file's quantized linear layers, two ways, on the CPU: the quantized kernel on the file's blocks
-(kernels/cpu_quant_linear.py, what the worker runs for Q4_0/Q4_1/Q8_0 in float32) against oneDNN on the
+(kernels/cpu_quant_linear.py, what the worker runs for Q4_0/Q4_1/Q4_K/Q8_0 in float32) against oneDNN on the
 dequantized float32 weights (worker/layers/cpu_linear.py, what it runs for the converted directory). Every
 decoder layer's own weights, so they stream from memory as in a step, and the LM head; checks both give
 the same products first. Prints the CPU beside the times.

@@ -1,4 +1,4 @@
-/* y = x @ W.T on CPU, float32 activations, W kept in GGUF's 4- and 8-bit blocks (Q4_0, Q4_1, Q8_0).
+/* y = x @ W.T on CPU, float32 activations, W kept in GGUF's 4- and 8-bit blocks (Q4_0, Q4_1, Q4_K, Q8_0).
  *
  * Built and loaded by kernels/cpu_quant_linear.py, which also repacks GGUF's blocks into the layout below;
  * the plain-torch reference (dequantize, then x @ W.T) is there too.
@@ -7,9 +7,11 @@
  * panel in blocks of 32 along K. A Q4 block is 320 bytes: for each of its 32 k, 8 bytes of nibbles
  * (byte j: column j in the low nibble, column j + 8 in the high one), then d[16] and m[16] as float16
  * (weight = d * q + m). A Q8 block is 544 bytes: 32 x 16 int8 (k-major), then d[16] (weight = d * q).
- * Each weight is dequantized in registers as fma(d, q, m): d * q is exact in float32 (an 11-bit by 4- or
- * 8-bit product), so this is the very float gguf's dequantization computes ((d * q) + m), and the product
- * uses the same weights as the float32 conversion of the file.
+ * A Q4F block (Q4_K) is 384 bytes: the nibbles, then d[16] and m[16] as float32 (d = d_super * scale and
+ * m = -dmin * min, each exact in float32 but not in float16).
+ * Each weight is dequantized in registers as fma(d, q, m): d * q is exact in float32 (at most a 17-bit by
+ * 4-bit or an 11-bit by 8-bit product), so this is the very float gguf's dequantization computes
+ * ((d * q) + m), and the product uses the same weights as the float32 conversion of the file.
  *
  * Each output y[r, n] is one chain of FMAs over k = 0 .. K-1 in order, started from 0: its bits depend
  * on row r of x and column n of W only, not on how many rows the call has, which rows sit beside it or
@@ -29,6 +31,7 @@
 #define KBLK 32
 #define Q4_BYTES 320
 #define Q8_BYTES 544
+#define Q4F_BYTES 384
 /* Rows of x kept hot per pass over the panels (measured: capping them to fit L2 at large K was slower). */
 #define ROW_BLOCK 128
 /* From this many rows a panel is dequantized once into float32 scratch and shared by all of them (below,
@@ -37,7 +40,10 @@
 /* Inputs per pass of the many-rows path: 256 x 16 weights (16 KB) and 6 rows' 256 inputs fit in L1. */
 #define K_CHUNK 256
 
-static inline int64_t block_bytes(int64_t qtype) { return qtype == 0 ? Q4_BYTES : Q8_BYTES; }
+/* qtype 0: 4-bit, float16 d and m; 1: 8-bit, float16 d; 2: 4-bit, float32 d and m (Q4_K's d * scale and
+ * dmin * min, exact in float32 but not in float16). */
+static inline int64_t block_bytes(int64_t qtype) { return qtype == 0 ? Q4_BYTES : qtype == 1 ? Q8_BYTES : Q4F_BYTES; }
+static inline int64_t quant_bytes(int64_t qtype) { return qtype == 1 ? 512 : 256; }
 
 static inline float half_to_float(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
@@ -66,7 +72,7 @@ static inline float half_to_float(uint16_t h) {
 /* The 16 weights of column pairs (0..7, 8..15) at k = kk of block blk. */
 static inline void weights_at(int64_t qtype, const uint8_t *blk, int64_t kk, __m256 d0, __m256 d1, __m256 m0,
                               __m256 m1, __m256 *w0, __m256 *w1) {
-    if (qtype == 0) {
+    if (qtype != 1) {
         const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + kk * 8)));
         const __m256 q0 = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15)));
         const __m256 q1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
@@ -81,6 +87,22 @@ static inline void weights_at(int64_t qtype, const uint8_t *blk, int64_t kk, __m
     }
 }
 
+/* A block's d and m for columns 0..7 and 8..15 (m = 0 for 8-bit blocks). */
+static inline void scales_at(int64_t qtype, const uint8_t *blk, __m256 *d0, __m256 *d1, __m256 *m0, __m256 *m1) {
+    const uint8_t *s = blk + quant_bytes(qtype);
+    if (qtype == 2) {
+        *d0 = _mm256_loadu_ps((const float *)s);
+        *d1 = _mm256_loadu_ps((const float *)(s + 32));
+        *m0 = _mm256_loadu_ps((const float *)(s + 64));
+        *m1 = _mm256_loadu_ps((const float *)(s + 96));
+        return;
+    }
+    *d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s));
+    *d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16)));
+    *m0 = qtype == 0 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 32))) : _mm256_setzero_ps();
+    *m1 = qtype == 0 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 48))) : _mm256_setzero_ps();
+}
+
 /* MR rows x NP panels: MR * NP * 2 accumulators, independent chains so the FMA latency is hidden. */
 static inline __attribute__((always_inline)) void tile(int64_t qtype, const float *x, int64_t ldx, int64_t K,
                                                        const uint8_t *w, int64_t panel_stride, float *out,
@@ -88,20 +110,10 @@ static inline __attribute__((always_inline)) void tile(int64_t qtype, const floa
     __m256 acc[4][4][2];
     for (int r = 0; r < MR; r++)
         for (int p = 0; p < NP; p++) acc[r][p][0] = acc[r][p][1] = _mm256_setzero_ps();
-    const int64_t bb = block_bytes(qtype), qbytes = qtype == 0 ? 256 : 512;
+    const int64_t bb = block_bytes(qtype);
     for (int64_t b = 0; b < K / KBLK; b++) {
         __m256 d0[4], d1[4], m0[4], m1[4];
-        for (int p = 0; p < NP; p++) {
-            const uint8_t *s = w + p * panel_stride + b * bb + qbytes;
-            d0[p] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s));
-            d1[p] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16)));
-            if (qtype == 0) {
-                m0[p] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 32)));
-                m1[p] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 48)));
-            } else {
-                m0[p] = m1[p] = _mm256_setzero_ps();
-            }
-        }
+        for (int p = 0; p < NP; p++) scales_at(qtype, w + p * panel_stride + b * bb, &d0[p], &d1[p], &m0[p], &m1[p]);
         const float *xb = x + b * KBLK;
         for (int64_t kk = 0; kk < KBLK; kk++) {
             for (int p = 0; p < NP; p++) {
@@ -124,13 +136,11 @@ static inline __attribute__((always_inline)) void tile(int64_t qtype, const floa
 
 /* Panel p's weights as float32, k-major: wf[k * 16 + c]. */
 static void dequant_panel(int64_t qtype, const uint8_t *w, int64_t K, float *wf) {
-    const int64_t bb = block_bytes(qtype), qbytes = qtype == 0 ? 256 : 512;
+    const int64_t bb = block_bytes(qtype);
     for (int64_t b = 0; b < K / KBLK; b++) {
-        const uint8_t *blk = w + b * bb, *s = blk + qbytes;
-        const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s));
-        const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16)));
-        const __m256 m0 = qtype == 0 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 32))) : _mm256_setzero_ps();
-        const __m256 m1 = qtype == 0 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 48))) : _mm256_setzero_ps();
+        const uint8_t *blk = w + b * bb;
+        __m256 d0, d1, m0, m1;
+        scales_at(qtype, blk, &d0, &d1, &m0, &m1);
         for (int64_t kk = 0; kk < KBLK; kk++) {
             __m256 w0, w1;
             weights_at(qtype, blk, kk, d0, d1, m0, m1, &w0, &w1);
@@ -165,18 +175,26 @@ static inline __attribute__((always_inline)) void tile_f32(const float *x, int64
 #else
 /* Column c's weight at input kk of block blk, as the AVX2 path computes it. */
 static inline float weight_at(int64_t qtype, const uint8_t *blk, int c, int64_t kk) {
-    const int64_t qbytes = qtype == 0 ? 256 : 512;
-    uint16_t hd, hm = 0;
-    memcpy(&hd, blk + qbytes + 2 * c, 2);
-    if (qtype == 0) memcpy(&hm, blk + qbytes + 32 + 2 * c, 2);
+    const uint8_t *s = blk + quant_bytes(qtype);
+    float d, m = 0.0f;
+    if (qtype == 2) {
+        memcpy(&d, s + 4 * c, 4);
+        memcpy(&m, s + 64 + 4 * c, 4);
+    } else {
+        uint16_t hd, hm = 0;
+        memcpy(&hd, s + 2 * c, 2);
+        if (qtype == 0) memcpy(&hm, s + 32 + 2 * c, 2);
+        d = half_to_float(hd);
+        m = half_to_float(hm);
+    }
     float q;
-    if (qtype == 0) {
+    if (qtype != 1) {
         const uint8_t byte = blk[kk * 8 + (c & 7)];
         q = (float)(c < 8 ? byte & 15 : byte >> 4);
     } else {
         q = (float)(int8_t)blk[kk * 16 + c];
     }
-    return __builtin_fmaf(half_to_float(hd), q, half_to_float(hm));
+    return __builtin_fmaf(d, q, m);
 }
 
 /* Portable twin of the AVX2 tile: the same weights and the same FMA chain per output. */
@@ -287,7 +305,7 @@ static void run_scratch(int64_t qtype, const float *x, int64_t ldx, int64_t K, c
     }
 }
 
-/* y[M, N] (row stride ldy) = x[M, K] (row stride ldx) @ W.T; qtype 0: Q4 blocks, 1: Q8 blocks. K is a
+/* y[M, N] (row stride ldy) = x[M, K] (row stride ldx) @ W.T; qtype: see block_bytes. K is a
  * multiple of 32. Rows go in blocks of ROW_BLOCK; each thread of the OpenMP runtime torch runs on (see
  * cpu_paged_decode.c) takes a contiguous range of panels, so it streams its own share of the weights.
  * Both paths give every output the same bits (the same weights, one FMA chain over k in order). */

@@ -60,10 +60,10 @@ def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class GGUFBlocks:
-    """A 2-D weight as the file's quantized blocks: raw uint8 [out_features, in_features / 32 * block bytes].
-    Sliced like a tensor (``w[a:b]`` rows; ``w[:, a:b]`` inputs, which stay blocks when a and b fall on
-    block edges and are dequantized otherwise), so tensor-parallel layers take their part as they do of a
-    float tensor."""
+    """A 2-D weight as the file's quantized blocks: raw uint8 [out_features, in_features / block weights *
+    block bytes]. Sliced like a tensor (``w[a:b]`` rows; ``w[:, a:b]`` inputs, which stay blocks when a and b
+    fall on block edges and are dequantized otherwise), so tensor-parallel layers take their part as they do
+    of a float tensor."""
 
     raw: np.ndarray
     qtype: str  # GGUF type name, e.g. "Q4_1"
@@ -82,11 +82,13 @@ class GGUFBlocks:
     def __getitem__(self, key: Any) -> GGUFBlocks | torch.Tensor:
         if isinstance(key, slice):
             return GGUFBlocks(self.raw[key], self.qtype, self.in_features)
+        import gguf
+
         rows, cols = key
         a, b, step = cols.indices(self.in_features)
-        if step == 1 and a % 32 == 0 and b % 32 == 0:
-            per = self.raw.shape[1] // (self.in_features // 32)
-            return GGUFBlocks(self.raw[rows, a // 32 * per : b // 32 * per], self.qtype, b - a)
+        elems, per = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[self.qtype]]
+        if step == 1 and a % elems == 0 and b % elems == 0:
+            return GGUFBlocks(self.raw[rows, a // elems * per : b // elems * per], self.qtype, b - a)
         return self.dequantize()[rows, cols]
 
 
