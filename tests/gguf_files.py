@@ -16,7 +16,18 @@ QTYPES = {
     "Q8_0": gguf.GGMLQuantizationType.Q8_0,
     "Q4_0": gguf.GGMLQuantizationType.Q4_0,
     "Q4_1": gguf.GGMLQuantizationType.Q4_1,
+    "Q4_K": gguf.GGMLQuantizationType.Q4_K,  # random blocks: gguf cannot quantize to it (see q4_k_blocks)
 }
+
+
+def q4_k_blocks(rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random Q4_K blocks for a [rows, cols] weight (cols a multiple of 256): any bytes are a valid block
+    given finite scales; d and dmin small, so the weights stay within about +-0.05."""
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (rows, cols // 256, 144), dtype=np.uint8)
+    for at in (0, 2):
+        raw[..., at : at + 2] = rng.uniform(1e-5, 1e-4, (rows, cols // 256, 1)).astype(np.float16).view(np.uint8)
+    return raw.reshape(rows, -1)
 
 
 def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -94,6 +105,8 @@ def write_gguf(
             w.add_tensor(name, t)
         elif qtype == "F16":
             w.add_tensor(name, t.astype(np.float16))
+        elif qtype == "Q4_K":
+            w.add_tensor(name, q4_k_blocks(*t.shape, seed=len(name) + t.size), raw_dtype=q)
         else:
             w.add_tensor(name, gguf.quants.quantize(t, q), raw_dtype=q)
     w.write_header_to_file()
