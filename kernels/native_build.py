@@ -39,10 +39,15 @@ def _this_cpu() -> str:
     return caps.model + " " + " ".join(sorted(caps.flags))
 
 
+def find_compiler() -> str | None:
+    """$CC, else the first of cc, gcc, clang on PATH; None when there is none."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
 def build(source: Path, compiler: str | None = None) -> Path:
     """Compile `source` (or find it already compiled) and return the shared library's path.
     Raises RuntimeError with the compiler's message when there is no compiler or it fails."""
-    cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    cc = compiler or find_compiler()
     if not cc:
         raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
     # -march=native: the library is only valid on this CPU, so its flags are part of the name.

@@ -3,13 +3,10 @@ its batch invariance, and how it is built and refused."""
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import pytest
 import torch
 
-from kernels import cpu_paged_decode
+from kernels import cpu_paged_decode, native_build
 from kernels.cpu_paged_decode import build, paged_attention_cpu, paged_decode
 from kernels.paged_attention import build_attention_plan, paged_attention_ref
 from tests.kv_pool import Pool
@@ -17,7 +14,7 @@ from tests.test_paged_attention import make_case, naive
 from worker.attention_backend import select_attention_backend
 from worker.forward_batch import ForwardBatch
 
-HAS_CC = bool(os.environ.get("CC")) or any(shutil.which(c) for c in ("cc", "gcc", "clang"))
+HAS_CC = native_build.find_compiler() is not None
 # Like the GPU tests: the kernel's own tests need what builds it; the fallback is tested either way.
 needs_cc = pytest.mark.skipif(not HAS_CC, reason="no C compiler to build the kernel")
 

@@ -6,9 +6,7 @@ it cannot take is refused with a typed error."""
 from __future__ import annotations
 
 import ctypes
-import os
 import platform
-import shutil
 import subprocess
 
 import gguf
@@ -16,8 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import cpu_quant_linear
+from kernels import cpu_quant_linear, native_build
 from kernels.cpu_quant_linear import GGUF_BLOCKS, dequantize, pack, quant_linear
+from tests.gguf_files import q4_k_blocks
 from tests.test_cpu_paged_decode import HAS_CC, needs_cc
 from worker.gguf_weights import GGUFBlocks
 from worker.layers import ColumnParallelLinear
@@ -31,11 +30,8 @@ def _fit(qtype: str, k: int) -> int:
 
 def _blocks(qtype: str, n: int, k: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    if qtype == "Q4_K":  # gguf cannot quantize to it; any bytes are a valid block, given finite d and dmin
-        raw = rng.integers(0, 256, (n, k // 256, 144), dtype=np.uint8)
-        for at in (0, 2):
-            raw[..., at : at + 2] = rng.uniform(1e-4, 0.05, (n, k // 256, 1)).astype(np.float16).view(np.uint8)
-        return raw.reshape(n, -1)
+    if qtype == "Q4_K":  # gguf cannot quantize to it: random blocks
+        return q4_k_blocks(n, k, seed)
     # rows of different scales, and an offset so Q4_1's minimum is not always ~ -max
     w = rng.standard_normal((n, k)).astype(np.float32) * rng.uniform(0.01, 3, (n, 1)).astype(np.float32)
     w += rng.uniform(-0.5, 0.5, (n, 1)).astype(np.float32)
@@ -148,7 +144,7 @@ def test_a_scale_the_repacking_cannot_hold_falls_back_to_float32() -> None:
 def test_portable_c_path_gives_the_avx2_paths_bits(tmp_path) -> None:
     """Built for plain x86-64 (no AVX2: the portable loops an ARM or older CPU compiles), the kernel gives
     the same bits as the build for this CPU: the same weights and the same FMA chain per output."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    cc = native_build.find_compiler()
     lib_path = tmp_path / "portable.so"
     subprocess.run([cc, "-O2", "-march=x86-64", "-fno-math-errno", "-shared", "-fPIC", "-o", str(lib_path),
                     str(cpu_quant_linear.SOURCE), "-lm"], check=True, capture_output=True, timeout=120)
