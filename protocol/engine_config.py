@@ -52,6 +52,9 @@ class EngineConfig:
     attention_backend: str = field(
         default="auto", metadata={"help": "auto (triton on CUDA, cpu on CPU), cpu, torch, torch-runs, torch-gather, triton"}
     )
+    enforce_eager: bool = field(
+        default=False, metadata={"help": "no CUDA graphs: every decode step launches its kernels one by one"}
+    )
     torch_threads: int | None = field(default=None, metadata={"help": "worker's torch intra-op threads"})
     async_scheduling: bool = True
     speculative_method: str | None = field(

@@ -53,10 +53,11 @@ def test_triton_input_prep_kernels_equal_references_on_cuda() -> None:
     assert torch.equal(k1, k2)
 
 
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_cuda_fp32_greedy_parity_with_transformers(arch: str, tiny_model, launch_client) -> None:
+def test_cuda_fp32_greedy_parity_with_transformers(arch: str, eager: bool, tiny_model, launch_client) -> None:
     model = tiny_model(arch)
-    client = launch_client(model, device="cuda", dtype="float32")
+    client = launch_client(model, device="cuda", dtype="float32", enforce_eager=eager)
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (1, 7, 33, 120, 300)]
     outs = client.generate_batch(prompts, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True),
@@ -66,9 +67,10 @@ def test_cuda_fp32_greedy_parity_with_transformers(arch: str, tiny_model, launch
     check_idle_engine(client)
 
 
-def test_cuda_bf16_greedy_parity_with_transformers_bf16(tiny_model, launch_client) -> None:
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+def test_cuda_bf16_greedy_parity_with_transformers_bf16(eager: bool, tiny_model, launch_client) -> None:
     model = tiny_model("llama")
-    client = launch_client(model, device="cuda", dtype="auto")  # auto is bf16 on CUDA
+    client = launch_client(model, device="cuda", dtype="auto", enforce_eager=eager)  # auto is bf16 on CUDA
     rng = random.Random(4)
     prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (1, 7, 33, 120, 300)]
     outs = client.generate_batch(prompts, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True),
@@ -177,8 +179,8 @@ def _runner_and_scheduler(model, **opts):
 
 
 def test_step_launch_never_waits_for_the_device(tiny_model) -> None:
-    """A step's launch (new requests with every sampling feature but logprobs, input prep, attention,
-    penalties, sampling, write-back) queues work without one host-device sync."""
+    """A step's launch (new requests with every sampling feature but logprobs, input prep, attention or
+    a decode graph's replay, penalties, sampling, write-back) queues work without one host-device sync."""
     from protocol.messages import TokenizedRequest
 
     runner, sched = _runner_and_scheduler(tiny_model("llama"), dtype="bfloat16")
@@ -209,3 +211,4 @@ def test_step_launch_never_waits_for_the_device(tiny_model) -> None:
         sched.commit(pending.result())
         sched.take_outbox()
     assert launched >= 5
+    assert runner.graphs is not None and runner.graphs.num_runs >= 3  # decode steps replayed graphs

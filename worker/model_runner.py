@@ -11,6 +11,7 @@ from protocol.engine_config import EngineConfig
 from protocol.messages import Logprobs, ModelRunnerOutput, SampleStep, SchedulerOutput
 from protocol.model_info import ModelInfo
 from worker.attention_backend import select_attention_backend
+from worker.decode_graphs import MAX_GRAPH_BATCH, DecodeGraphs, graphs_apply
 from worker.device import resolve_device, resolve_dtype
 from worker.distributed import Dist, local_rank
 from worker.failed_step import FailedStep, RequestFault, describe
@@ -77,6 +78,10 @@ class ModelRunner:
             host_slots=self.num_host_slots + cfg.page_size if self.num_host_slots else 0,
         )
         self.state = RequestState(max_reqs, self.max_context, self.device)
+        self.graphs: DecodeGraphs | None = None
+        if graphs_apply(cfg, self.device, self.model.attn_backend):
+            # After the KV pool: capture takes its memory from what the pool left.
+            self.graphs = DecodeGraphs(self.model, self.kv, min(max_reqs, MAX_GRAPH_BATCH), self.max_context)
         self.clock = StepClock(self.device)
         self._deferred: _Deferred | None = None
         self.max_reqs = max_reqs
@@ -113,7 +118,10 @@ class ModelRunner:
                 so = trimmed
         plp = plan_prompt_logprobs(so.scheduled, st)
         batch = prepare_inputs(so.scheduled, st, self.kv, plp)
-        logits = self.model.forward(batch, self.kv)
+        if self.graphs is not None and self.graphs.can_run(batch):
+            logits = self.graphs.run(batch)
+        else:
+            logits = self.model.forward(batch, self.kv)
         rows = [s.req_pool_idx for s in so.scheduled if s.sample]
         if plp is not None:  # the prompt positions' logits follow the sampling rows' (and drafts')
             n = len(rows) + sum(s.num_drafts for s in so.scheduled)

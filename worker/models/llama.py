@@ -156,12 +156,21 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Runs the step's tokens, fills their K/V, returns float32 logits [N, vocab] of batch.logits_indices."""
+        return self.compute_logits(self.hidden_states(batch, kv))
+
+    @torch.inference_mode()
+    def hidden_states(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        """The forward up to the LM head: the final-normed hidden states [N, hidden] of batch.logits_indices
+        (what a decode graph captures; its logits are computed outside, so no graph holds a vocab-wide
+        output of its own)."""
         plan = self.attn_backend.plan(batch, kv)
         cos, sin = self.rotary.cos_sin(batch.positions, batch.max_seq_len)
         h = self.model.embed_tokens(batch.input_ids)
         for layer in self.model.layers:
             h = layer(h, cos, sin, kv, self.attn_backend, plan)
-        h = self.model.norm(h[batch.logits_indices])  # per-token norm: only the rows we need
+        return self.model.norm(h[batch.logits_indices])  # per-token norm: only the rows we need
+
+    def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
         return head.logits(h)  # vocab-parallel: each rank's slice, gathered to full logits on every rank
 
