@@ -3,12 +3,14 @@
  * Built and loaded by kernels/cpu_paged_decode.py (ctypes; no torch headers, so it compiles in about a
  * second). The plain-torch reference is kernels/paged_attention.py; the tests compare the two.
  *
- * A call attends requests [b0, b1) of a group: request b has q_len queries (rows q_rows[b*q_len + j] of q,
- * or b*q_len + j when q_rows is NULL) over the keys in pool slots slots[b*slots_stride + 0 .. lens[b]-1];
- * query j sits at position lens[b] - q_len + j and sees keys up to it (causal). Each pool row (all KV
- * heads of one slot) is read once per pass for all H * q_len queries: pass 1 scores every key, then a
- * softmax per query, pass 2 sums the weighted values. A query's result depends only on its own keys,
- * not on the rest of the batch or on padding.
+ * A call attends B requests: request b has q_len queries (rows q_rows[b*q_len + j] of q, or b*q_len + j
+ * when q_rows is NULL) over the keys in pool slots slots[b*slots_stride + 0 .. lens[b]-1]; query j sits at
+ * position lens[b] - q_len + j and sees keys up to it (causal). The work is split by (request, KV head):
+ * pass 1 reads each key of that head once, eight keys at a time, for all the G * q_len queries that share
+ * it; then a softmax per query; pass 2 sums the weighted values into accumulators held in registers. A
+ * query's result depends only on its own keys, not on the rest of the batch, on padding or on threads.
+ * With AVX2 and FMA (and a head size that is a multiple of 8) the passes run eight lanes per instruction;
+ * the portable loops compute the same sums in the same order elsewhere (the exp's rounding may differ).
  */
 #include <math.h>
 #include <stdint.h>
@@ -17,23 +19,18 @@
 #include <omp.h>
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define TANDEM_AVX2 1
+#endif
+
 /* How many slots ahead to prefetch: a request's slots may be scattered over the pool. */
 #define PREFETCH_AHEAD 4
-/* Softmax sums go in KB lanes by key index: a fixed order, so the same keys give the same sum. */
+/* Keys per block: a score row is padded to a multiple of KB (padding scores are -inf), and the softmax
+ * sums go in KB lanes by key index, a fixed order, so the same keys give the same sum. */
 #define KB 8
 
-/* 16 independent lanes: the compiler turns this into SIMD FMAs without reassociating a reduction, and a
- * score is the same whichever other queries run beside it. */
-static inline float dot(const float *a, const float *b, int64_t n) {
-    float acc[16] = {0};
-    int64_t d = 0;
-    for (; d + 16 <= n; d += 16)
-        for (int u = 0; u < 16; u++) acc[u] += a[d + u] * b[d + u];
-    float s = 0.0f;
-    for (; d < n; d++) s += a[d] * b[d];
-    for (int u = 0; u < 16; u++) s += acc[u];
-    return s;
-}
+static inline int64_t padded(int64_t len) { return (len + KB - 1) / KB * KB; }
 
 /* exp(x) for x <= 0 (scores minus their max), within ~2 ulp; plain arithmetic so the loop vectorizes
  * (libm's expf is a scalar call per element here). exp(x) = 2^n * exp(r), r = x - n ln2, |r| <= ln2/2. */
@@ -54,87 +51,199 @@ static inline float exp_nonpositive(float x) {
     return p * scale;
 }
 
+/* One key's score: 8 lanes over d (lane l sums d = l, l+8, ... in order), added ((0+1)+(2+3))+((4+5)+(6+7)),
+ * then the head sizes past a multiple of 8 in order. A score depends on its query and key alone. */
+static inline float score1(const float *q, const float *k, int64_t D) {
+    float a[8] = {0};
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8)
+        for (int l = 0; l < 8; l++) a[l] += q[d + l] * k[d + l];
+    float s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    for (; d < D; d++) s += q[d] * k[d];
+    return s;
+}
+
 static inline void prefetch_row(const float *row, int64_t floats) {
     for (int64_t off = 0; off < floats; off += 16) __builtin_prefetch(row + off);
 }
 
-/* Request b's queries; work: H * q_len * lens[b] floats of scratch. */
-static void attend_request(
-    const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *q_rows,
-    const float *k_pool, const float *v_pool, int64_t slot_stride,
-    const int64_t *slots, int64_t slots_stride, const int64_t *lens,
-    int64_t q_len, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
-    float *out, int64_t b, float *work) {
-    const int64_t group = num_heads / num_kv_heads, D = head_dim, row_floats = num_kv_heads * D;
-    const int64_t nq = num_heads * q_len; /* query i = j * num_heads + h: query j, head h */
-    const int64_t len = lens[b];
-    const int64_t *sl = slots + b * slots_stride;
-    const float *qb[nq];
-    for (int64_t j = 0; j < q_len; j++) {
-        const int64_t row = q_rows ? q_rows[b * q_len + j] : b * q_len + j;
-        for (int64_t h = 0; h < num_heads; h++) qb[j * num_heads + h] = q + row * q_row_stride + h * q_head_stride;
-    }
-    /* pass 1: work[i * len + t] = scaled score of query i against key t (-inf past its position) */
-    for (int64_t t = 0; t < len; t++) {
-        if (t + PREFETCH_AHEAD < len) prefetch_row(k_pool + sl[t + PREFETCH_AHEAD] * slot_stride, row_floats);
-        const float *kt = k_pool + sl[t] * slot_stride;
-        for (int64_t j = 0; j < q_len; j++) {
-            const int visible = t <= len - q_len + j;
-            for (int64_t h = 0; h < num_heads; h++) {
-                const int64_t i = j * num_heads + h;
-                work[i * len + t] = visible ? dot(qb[i], kt + (h / group) * D, D) * scale : -INFINITY;
+/* What one (request, KV head) item reads and writes: the G query heads of KV head hk, for each of the
+ * request's q_len queries. Query i = j * H + h (query j, head h) sits at position len - q_len + j. */
+typedef struct {
+    const float *const *qb; /* [H * q_len] query vectors */
+    const float *k, *v;     /* the pools, offset to KV head hk */
+    int64_t slot_stride;
+    const int64_t *sl; /* the request's slots */
+    int64_t len, q_len, num_heads, group, hk, D;
+    float scale;
+    float *ob;   /* the request's output rows [q_len, H, D] */
+    float *work; /* scores: row i at work + i * padded(len) */
+} Item;
+
+#define FOR_QUERIES(it, i, j)                                                              \
+    for (int64_t j = 0; j < (it)->q_len; j++)                                              \
+        for (int64_t i = j * (it)->num_heads + (it)->hk * (it)->group;                     \
+             i < j * (it)->num_heads + ((it)->hk + 1) * (it)->group; i++)
+
+/* Portable loops: any CPU, any head size. */
+static void attend_item_portable(const Item *it) {
+    const int64_t len = it->len, lp = padded(len), D = it->D;
+    FOR_QUERIES(it, i, j) {
+        float *s = it->work + i * lp;
+        const int64_t last = len - it->q_len + j; /* the query's own position: keys past it are masked */
+        for (int64_t t = 0; t < lp; t++) {
+            if (t <= last) {
+                if (t + PREFETCH_AHEAD <= last) prefetch_row(it->k + it->sl[t + PREFETCH_AHEAD] * it->slot_stride, D);
+                s[t] = score1(it->qb[i], it->k + it->sl[t] * it->slot_stride, D) * it->scale;
+            } else {
+                s[t] = -INFINITY;
             }
         }
-    }
-    for (int64_t i = 0; i < nq; i++) {
-        float *s = work + i * len;
         float m = -INFINITY, lanes[KB] = {0};
-#pragma omp simd reduction(max : m)
-        for (int64_t t = 0; t < len; t++) m = fmaxf(m, s[t]);
-        /* Lane t % KB: the same keys give the same sum whatever the padding or later keys. Masked
-         * (-inf) scores weigh exactly 0. */
-        int64_t t0 = 0;
-        for (; t0 + KB <= len; t0 += KB) /* whole blocks: a fixed trip count, so one SIMD step */
-#pragma omp simd
+        for (int64_t t = 0; t <= last; t++) m = fmaxf(m, s[t]);
+        for (int64_t t0 = 0; t0 < lp; t0 += KB)
             for (int64_t u = 0; u < KB; u++) {
                 const float x = s[t0 + u];
-                const float e = exp_nonpositive(x - m);
-                s[t0 + u] = x == -INFINITY ? 0.0f : e;
+                s[t0 + u] = x == -INFINITY ? 0.0f : exp_nonpositive(x - m);
                 lanes[u] += s[t0 + u];
             }
-        for (int64_t u = 0; t0 + u < len; u++) {
-            const float x = s[t0 + u];
-            const float e = exp_nonpositive(x - m);
-            s[t0 + u] = x == -INFINITY ? 0.0f : e;
-            lanes[u] += s[t0 + u];
-        }
-        float sum = 0.0f;
-        for (int64_t u = 0; u < KB; u++) sum += lanes[u];
-        const float inv = 1.0f / sum;
-#pragma omp simd
-        for (int64_t t = 0; t < len; t++) s[t] *= inv;
-    }
-    float *ob = out + b * q_len * num_heads * D; /* this request's rows, [q_len, H, D] */
-    memset(ob, 0, (size_t)(nq * D) * sizeof(float));
-    /* pass 2: out[i] = sum_t p[i, t] * v[t] */
-    for (int64_t t = 0; t < len; t++) {
-        if (t + PREFETCH_AHEAD < len) prefetch_row(v_pool + sl[t + PREFETCH_AHEAD] * slot_stride, row_floats);
-        const float *vt = v_pool + sl[t] * slot_stride;
-        for (int64_t i = 0; i < nq; i++) {
-            const float p = work[i * len + t];
-            if (p == 0.0f) continue; /* a later query's key, or a weight that underflowed */
-            const float *vh = vt + ((i % num_heads) / group) * D;
-            float *o = ob + i * D;
-#pragma omp simd
-            for (int64_t d = 0; d < D; d++) o[d] += p * vh[d];
+        const float inv = 1.0f / (((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])));
+        float *o = it->ob + i * D;
+        memset(o, 0, (size_t)D * sizeof(float));
+        for (int64_t t = 0; t <= last; t++) {
+            const float p = s[t] * inv;
+            if (p == 0.0f) continue; /* a weight that underflowed */
+            const float *vt = it->v + it->sl[t] * it->slot_stride;
+            for (int64_t d = 0; d < D; d++) o[d] += p * vt[d];
         }
     }
 }
 
-/* Requests 0 .. batch-1, spread over num_threads threads of the OpenMP runtime torch itself runs on (the
- * library names libgomp.so.1, which the loader resolves to the copy torch already loaded), so the kernel
- * and torch's ops share one pool of threads instead of two pools fighting over the cores.
- * work: num_threads * work_stride floats, work_stride >= H * q_len * max(lens). */
+#ifdef TANDEM_AVX2
+/* Eight 8-lane sums -> one vector of their totals, lane j = ((a_j0+a_j1)+(a_j2+a_j3))+((a_j4+a_j5)+(a_j6+a_j7)):
+ * score1's order. */
+static inline __m256 sum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6,
+                            __m256 a7) {
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* The scores of eight keys against one query, D a multiple of 8: each lane as score1 computes it. */
+static inline __m256 score8(const float *q, const float *const *k, int64_t D) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (int64_t d = 0; d < D; d += 8) {
+        const __m256 x = _mm256_loadu_ps(q + d);
+        a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[0] + d), a0);
+        a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[1] + d), a1);
+        a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[2] + d), a2);
+        a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[3] + d), a3);
+        a4 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[4] + d), a4);
+        a5 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[5] + d), a5);
+        a6 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[6] + d), a6);
+        a7 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[7] + d), a7);
+    }
+    return sum8x8(a0, a1, a2, a3, a4, a5, a6, a7);
+}
+
+/* exp_nonpositive on eight lanes (fused multiply-adds where it multiplies and adds). */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 big = _mm256_set1_ps(12582912.0f);
+    const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504f), big), big);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+/* out[0 .. 8*NV) = sum_t p[t] * v_t[0 .. 8*NV): NV accumulators held in registers over all keys. */
+#define PASS2(NV)                                                                                  \
+    static inline void pass2_##NV(const float *s, float inv, int64_t last, const float *v,         \
+                                  int64_t slot_stride, const int64_t *sl, float *o) {              \
+        __m256 acc[NV];                                                                            \
+        for (int c = 0; c < NV; c++) acc[c] = _mm256_setzero_ps();                                 \
+        for (int64_t t = 0; t <= last; t++) {                                                      \
+            const float p = s[t] * inv;                                                            \
+            if (p == 0.0f) continue; /* a weight that underflowed */                               \
+            const float *vt = v + sl[t] * slot_stride;                                             \
+            const __m256 pv = _mm256_set1_ps(p);                                                   \
+            for (int c = 0; c < NV; c++) acc[c] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vt + 8 * c), acc[c]); \
+        }                                                                                          \
+        for (int c = 0; c < NV; c++) _mm256_storeu_ps(o + 8 * c, acc[c]);                          \
+    }
+PASS2(8)
+PASS2(4)
+PASS2(1)
+
+/* The same results as the portable loops but for the order of the score's sums (see score1), with
+ * eight keys (pass 1) or eight head dims (pass 2) per instruction. D a multiple of 8. */
+static void attend_item_avx2(const Item *it) {
+    const int64_t len = it->len, lp = padded(len), D = it->D, stride = it->slot_stride;
+    const __m256 scale = _mm256_set1_ps(it->scale), ninf = _mm256_set1_ps(-INFINITY);
+    const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    /* pass 1: each block of eight keys, read once into L1, scored against every query of this KV head */
+    for (int64_t t0 = 0; t0 < lp; t0 += KB) {
+        const float *k[KB];
+        for (int u = 0; u < KB; u++) k[u] = it->k + it->sl[t0 + u < len ? t0 + u : len - 1] * stride;
+        for (int64_t t = t0 + KB; t < t0 + 2 * KB && t < len; t++) prefetch_row(it->k + it->sl[t] * stride, D);
+        const __m256 pos = _mm256_add_ps(_mm256_set1_ps((float)t0), lane);
+        FOR_QUERIES(it, i, j) {
+            const __m256 masked = _mm256_cmp_ps(pos, _mm256_set1_ps((float)(len - it->q_len + j)), _CMP_GT_OQ);
+            _mm256_storeu_ps(it->work + i * lp + t0,
+                             _mm256_blendv_ps(_mm256_mul_ps(score8(it->qb[i], k, D), scale), ninf, masked));
+        }
+    }
+    FOR_QUERIES(it, i, j) {
+        float *s = it->work + i * lp;
+        const int64_t last = len - it->q_len + j;
+        __m256 mv = ninf;
+        for (int64_t t0 = 0; t0 < lp; t0 += KB) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + t0));
+        float mx[KB], lanes[KB];
+        _mm256_storeu_ps(mx, mv);
+        float m = mx[0];
+        for (int u = 1; u < KB; u++) m = fmaxf(m, mx[u]);
+        const __m256 mb = _mm256_set1_ps(m);
+        __m256 sum = _mm256_setzero_ps();
+        for (int64_t t0 = 0; t0 < lp; t0 += KB) {
+            const __m256 x = _mm256_loadu_ps(s + t0);
+            const __m256 e = _mm256_blendv_ps(exp8(_mm256_sub_ps(x, mb)), _mm256_setzero_ps(),
+                                              _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ));
+            _mm256_storeu_ps(s + t0, e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        _mm256_storeu_ps(lanes, sum);
+        const float inv = 1.0f / (((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])));
+        float *o = it->ob + i * D;
+        int64_t d = 0;
+        for (; d + 64 <= D; d += 64) pass2_8(s, inv, last, it->v + d, stride, it->sl, o + d);
+        for (; d + 32 <= D; d += 32) pass2_4(s, inv, last, it->v + d, stride, it->sl, o + d);
+        for (; d < D; d += 8) pass2_1(s, inv, last, it->v + d, stride, it->sl, o + d);
+    }
+}
+#endif
+
+static void attend_item(const Item *it) {
+#ifdef TANDEM_AVX2
+    if (it->D % 8 == 0) {
+        attend_item_avx2(it);
+        return;
+    }
+#endif
+    attend_item_portable(it);
+}
+
+/* Every (request, KV head) pair of the batch, spread over num_threads threads of the OpenMP runtime torch
+ * itself runs on (the library names libgomp.so.1, which the loader resolves to the copy torch already
+ * loaded), so the kernel and torch's ops share one pool of threads instead of two pools fighting over the
+ * cores. work: num_threads * work_stride floats, work_stride >= H * q_len * padded(max(lens)). */
 void tandem_paged_decode_f32(
     const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *q_rows,
     const float *k_pool, const float *v_pool, int64_t slot_stride,
@@ -142,13 +251,23 @@ void tandem_paged_decode_f32(
     int64_t q_len, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
     float *out, int64_t batch, float *work, int64_t work_stride, int64_t num_threads) {
 #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
-    for (int64_t b = 0; b < batch; b++) {
+    for (int64_t w = 0; w < batch * num_kv_heads; w++) {
+        const int64_t b = w / num_kv_heads, hk = w % num_kv_heads, nq = num_heads * q_len;
 #ifdef _OPENMP
-        float *w = work + omp_get_thread_num() * work_stride;
+        float *scratch = work + omp_get_thread_num() * work_stride;
 #else
-        float *w = work;
+        float *scratch = work;
 #endif
-        attend_request(q, q_row_stride, q_head_stride, q_rows, k_pool, v_pool, slot_stride, slots, slots_stride,
-                       lens, q_len, num_heads, num_kv_heads, head_dim, scale, out, b, w);
+        const float *qb[nq];
+        for (int64_t j = 0; j < q_len; j++) {
+            const int64_t row = q_rows ? q_rows[b * q_len + j] : b * q_len + j;
+            for (int64_t h = 0; h < num_heads; h++) qb[j * num_heads + h] = q + row * q_row_stride + h * q_head_stride;
+        }
+        const Item it = {
+            qb, k_pool + hk * head_dim, v_pool + hk * head_dim, slot_stride, slots + b * slots_stride,
+            lens[b], q_len, num_heads, num_heads / num_kv_heads, hk, head_dim, scale,
+            out + b * nq * head_dim, scratch,
+        };
+        attend_item(&it);
     }
 }

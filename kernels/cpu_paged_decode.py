@@ -23,8 +23,10 @@ from kernels import native_build
 from kernels.paged_attention import WORKSPACE, AttentionPlan, attend_extends
 
 SOURCE = Path(__file__).with_suffix(".c")
-# Below this many key reads per call, one thread: waking another costs more than it saves.
-PARALLEL_MIN_KEYS = 2048
+# Below this many key reads per call (keys x KV heads), one thread: waking another costs more than it
+# saves. Above it even one request is split, by KV head: a lone decode is bound by memory latency, and two
+# threads keep twice the reads in flight.
+PARALLEL_MIN_KEYS = 512
 
 
 def build(compiler: str | None = None) -> Path:
@@ -38,8 +40,11 @@ _i64, _f32p, _i64p = ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     lib = native_build.load(SOURCE, "gathering K/V instead")
-    if lib is None:
-        return None
+    return None if lib is None else bind(lib)
+
+
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Declares the kernel's C signature on a loaded build of SOURCE (the tests load other builds too)."""
     fn = lib.tandem_paged_decode_f32
     fn.restype = None
     fn.argtypes = [
@@ -98,8 +103,8 @@ def paged_decode(
     lens_l = lens.tolist()
     if min(lens_l) < q_len or max(lens_l) > slots.shape[1] or (q_rows is not None and q_rows.numel() != B * q_len):
         raise ValueError("each request needs q_len <= len <= slots.shape[1], and q_rows B * q_len rows")
-    work_stride = H * q_len * max(lens_l)
-    n = max(1, min(threads or torch.get_num_threads(), B, sum(lens_l) // PARALLEL_MIN_KEYS))
+    work_stride = H * q_len * -(-max(lens_l) // 8) * 8  # score rows padded to whole blocks of 8 keys
+    n = max(1, min(threads or torch.get_num_threads(), B * hkv, sum(lens_l) * hkv // PARALLEL_MIN_KEYS))
     work = WORKSPACE.get("decode_scores", (n * work_stride,), out)  # reused: a fresh one per layer is page-faulted in
     rows = None if q_rows is None else q_rows.contiguous()
     lib.tandem_paged_decode_f32(

@@ -3,6 +3,10 @@ its batch invariance, and how it is built and refused."""
 
 from __future__ import annotations
 
+import ctypes
+import platform
+import subprocess
+
 import pytest
 import torch
 
@@ -26,7 +30,8 @@ def _plan(c: dict, by_length: bool = False):
 
 
 @needs_cc
-@pytest.mark.parametrize("d", [16, 64, 80, 128])  # 80: a head size that is not a multiple of the 16 lanes
+# 80: not a multiple of 16; 20: not of 8 either (the portable loops, on any CPU)
+@pytest.mark.parametrize("d", [16, 20, 64, 80, 128])
 @pytest.mark.parametrize(("hkv", "group"), [(1, 1), (2, 1), (2, 3), (1, 4), (3, 3)])
 def test_decodes_match_reference_and_dense(d: int, hkv: int, group: int) -> None:
     reqs = [(s, 1) for s in (1, 2, 7, 8, 9, 16, 17, 33, 100, 150)]
@@ -80,6 +85,29 @@ def test_a_query_is_the_same_whatever_runs_beside_it() -> None:
         n = int(lens[0]) - 3 + j
         dec = paged_decode(qv[j : j + 1], kp, vp, table[:1, :n], torch.tensor([n]), 1, c["scale"])
         assert torch.equal(rows[j], dec[0])
+
+
+@needs_cc
+def test_a_lone_request_split_over_threads_by_kv_head_is_the_same() -> None:
+    c = make_case([(150, 1)], hkv=8, group=2, seed=8, d=64)  # 1,200 key reads: two threads, four heads each
+    table = c["slot_lists"][0][None]
+    one = paged_decode(c["q"], c["k_pool"], c["v_pool"], table, c["seq_lens"], 1, c["scale"], threads=1)
+    two = paged_decode(c["q"], c["k_pool"], c["v_pool"], table, c["seq_lens"], 1, c["scale"], threads=2)
+    assert torch.equal(one, two)
+
+
+@needs_cc
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the SIMD path is x86's AVX2")
+def test_portable_build_matches_the_reference_and_is_batch_invariant(tmp_path, monkeypatch) -> None:
+    """Built for plain x86-64 (no AVX2: the loops an ARM or older CPU compiles)."""
+    lib_path = tmp_path / "portable.so"
+    subprocess.run([native_build.find_compiler(), "-O2", "-march=x86-64", "-fno-math-errno", "-shared", "-fPIC",
+                    "-o", str(lib_path), str(cpu_paged_decode.SOURCE), "-lm"], check=True, capture_output=True,
+                   timeout=120)  # fmt: skip
+    monkeypatch.setattr(cpu_paged_decode, "_library", lambda: cpu_paged_decode.bind(ctypes.CDLL(str(lib_path))))
+    test_decodes_match_reference_and_dense(64, 2, 3)
+    test_decodes_match_reference_and_dense(20, 1, 4)
+    test_a_query_is_the_same_whatever_runs_beside_it()
 
 
 @needs_cc
