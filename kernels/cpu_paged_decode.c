@@ -10,7 +10,7 @@
  * it; then a softmax per query; pass 2 sums the weighted values into accumulators held in registers. A
  * query's result depends only on its own keys, not on the rest of the batch, on padding or on threads.
  * With AVX2 and FMA (and a head size that is a multiple of 8) the passes run eight lanes per instruction;
- * the portable loops compute the same sums in the same order elsewhere (the exp's rounding may differ).
+ * the portable loops compute the same sums in the same order elsewhere (the exp's rounding may differ: FMAs there).
  */
 #include <math.h>
 #include <stdint.h>
@@ -19,10 +19,7 @@
 #include <omp.h>
 #endif
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define TANDEM_AVX2 1
-#endif
+#include "cpu_simd_exp.h"
 
 /* How many slots ahead to prefetch: a request's slots may be scattered over the pool. */
 #define PREFETCH_AHEAD 4
@@ -31,25 +28,6 @@
 #define KB 8
 
 static inline int64_t padded(int64_t len) { return (len + KB - 1) / KB * KB; }
-
-/* exp(x) for x <= 0 (scores minus their max), within ~2 ulp; plain arithmetic so the loop vectorizes
- * (libm's expf is a scalar call per element here). exp(x) = 2^n * exp(r), r = x - n ln2, |r| <= ln2/2. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x; /* exp(-87) ~ 1.6e-38: the smallest normal float's neighbourhood */
-    const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest: 1.5 * 2^23 */
-    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f; /* ln2 in two parts (Cody-Waite) */
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23; /* 2^n as a float's exponent field */
-    float scale;
-    __builtin_memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
 
 /* One key's score: 8 lanes over d (lane l sums d = l, l+8, ... in order), added ((0+1)+(2+3))+((4+5)+(6+7)),
  * then the head sizes past a multiple of 8 in order. A score depends on its query and key alone. */
@@ -104,7 +82,7 @@ static void attend_item_portable(const Item *it) {
         for (int64_t t0 = 0; t0 < lp; t0 += KB)
             for (int64_t u = 0; u < KB; u++) {
                 const float x = s[t0 + u];
-                s[t0 + u] = x == -INFINITY ? 0.0f : exp_nonpositive(x - m);
+                s[t0 + u] = x == -INFINITY ? 0.0f : exp_clamped(x - m);
                 lanes[u] += s[t0 + u];
             }
         const float inv = 1.0f / (((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])));
@@ -144,24 +122,6 @@ static inline __m256 score8(const float *q, const float *const *k, int64_t D) {
         a7 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[7] + d), a7);
     }
     return sum8x8(a0, a1, a2, a3, a4, a5, a6, a7);
-}
-
-/* exp_nonpositive on eight lanes (fused multiply-adds where it multiplies and adds). */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    const __m256 big = _mm256_set1_ps(12582912.0f);
-    const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504f), big), big);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
 /* out[0 .. 8*NV) = sum_t p[t] * v_t[0 .. 8*NV): NV accumulators held in registers over all keys. */

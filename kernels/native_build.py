@@ -51,8 +51,10 @@ def build(source: Path, compiler: str | None = None) -> Path:
     if not cc:
         raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
     # -march=native: the library is only valid on this CPU, so its flags are part of the name.
+    # The headers beside the source (what it may #include) are part of what is built.
+    headers = [h.read_bytes() for h in sorted(source.parent.glob("*.h"))]
     key = hashlib.sha256(
-        b"\0".join([source.read_bytes(), cc.encode(), " ".join(FLAGS).encode(), _this_cpu().encode()])
+        b"\0".join([source.read_bytes(), *headers, cc.encode(), " ".join(FLAGS).encode(), _this_cpu().encode()])
     ).hexdigest()[:16]
     out_dir = cache_dir()
     lib = out_dir / f"{source.stem}-{key}.so"

@@ -1,4 +1,5 @@
-"""RMSNorm with the same numerics as HF Llama/Qwen (normalize in fp32, scale in the model dtype)."""
+"""RMSNorm with HF Llama/Qwen's numerics (normalize in fp32, scale in the model dtype); on CPU in float32
+one C pass, after the residual add when there is one (kernels/cpu_norm_act.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from kernels.cpu_norm_act import add_rms_norm, rms_norm_ref, supports
 from worker.layers.linear import full_tensor
 
 
@@ -20,10 +22,12 @@ class RMSNorm(nn.Module):
         self.weight.data.copy_(full_tensor(tensor))  # replicated on every rank (Qwen3 q/k norms too)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # HF's formula op for op (x * x is pow(2) exactly; the weight multiplies last, in the model dtype).
-        # Not F.rms_norm: on CPU it is no fused kernel, and its composite path measured 10-30x slower at
-        # 512-2,048 rows on the 2-core machine (0.15 ms here against 1.2-12 ms).
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(torch.mean(xf * xf, -1, keepdim=True).add_(self.eps))
-        return self.weight * xf.to(dtype)
+        if supports(x, self.weight[None]):  # CPU float32: one C pass (kernels/cpu_norm_act.py)
+            return add_rms_norm(x, None, self.weight, self.eps)
+        return rms_norm_ref(x, self.weight, self.eps)
+
+    def add_forward(self, h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """h += delta in place (the residual stream takes a layer's output), then this norm of h."""
+        if supports(h, delta, self.weight[None]):
+            return add_rms_norm(h, delta, self.weight, self.eps)
+        return self(h.add_(delta))

@@ -10,9 +10,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from kernels.cpu_norm_act import silu_mul, silu_mul_ref, supports
 from protocol.model_config import ModelConfig
 from worker.attention_backend import AttentionBackend, select_attention_backend
 from worker.forward_batch import ForwardBatch
@@ -94,9 +94,9 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, cfg.mlp_bias, **tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        # In place on the fresh gate_up output: one pass and no [T, intermediate] temporaries.
-        return self.down_proj(F.silu(gate, inplace=True).mul_(up))
+        gate_up = self.gate_up_proj(x)
+        # CPU float32: one C pass; elsewhere in place on the fresh product (no [T, intermediate] temporaries).
+        return self.down_proj(silu_mul(gate_up) if supports(gate_up) else silu_mul_ref(gate_up))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -111,8 +111,8 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, *attn_args: Any) -> torch.Tensor:
         # In-place residual adds: h is this forward's own activation (the embedding output onwards).
-        h = h.add_(self.self_attn(self.input_layernorm(h), *attn_args))
-        return h.add_(self.mlp(self.post_attention_layernorm(h)))
+        x = self.post_attention_layernorm.add_forward(h, self.self_attn(self.input_layernorm(h), *attn_args))
+        return h.add_(self.mlp(x))
 
 
 class LlamaModel(nn.Module):
