@@ -3,15 +3,12 @@ invariance, the in-place residual add, and what they refuse."""
 
 from __future__ import annotations
 
-import ctypes
-import platform
-import subprocess
-
 import pytest
 import torch
 
 from kernels import cpu_norm_act, native_build
 from kernels.cpu_norm_act import add_rms_norm, rms_norm_ref, silu_mul, silu_mul_ref
+from tests.portable_build import portable_build, x86_only
 
 pytestmark = pytest.mark.skipif(native_build.find_compiler() is None, reason="no C compiler to build the kernel")
 
@@ -70,14 +67,10 @@ def test_refuses_what_it_does_not_handle() -> None:
         silu_mul(torch.ones(2, 8)[:, ::2])
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the SIMD path is x86's AVX2")
+@x86_only
 def test_portable_build_matches_the_reference(tmp_path, monkeypatch) -> None:
-    """Built for plain x86-64 (no AVX2: the loops an ARM or older CPU compiles)."""
-    lib_path = tmp_path / "portable.so"
-    subprocess.run([native_build.find_compiler(), "-O2", "-march=x86-64", "-fno-math-errno", "-shared", "-fPIC",
-                    "-o", str(lib_path), str(cpu_norm_act.SOURCE), "-lm"], check=True, capture_output=True,
-                   timeout=120)  # fmt: skip
-    monkeypatch.setattr(native_build, "load", lambda source, what: ctypes.CDLL(str(lib_path)))
+    lib = portable_build(cpu_norm_act.SOURCE, tmp_path)
+    monkeypatch.setattr(native_build, "load", lambda source, what: lib)
     cpu_norm_act._library.cache_clear()
     try:
         test_rms_norm_and_residual_add_match_the_reference(3, 576)

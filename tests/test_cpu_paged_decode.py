@@ -3,10 +3,6 @@ its batch invariance, and how it is built and refused."""
 
 from __future__ import annotations
 
-import ctypes
-import platform
-import subprocess
-
 import pytest
 import torch
 
@@ -14,6 +10,7 @@ from kernels import cpu_paged_decode, native_build
 from kernels.cpu_paged_decode import build, paged_attention_cpu, paged_decode
 from kernels.paged_attention import build_attention_plan, paged_attention_ref
 from tests.kv_pool import Pool
+from tests.portable_build import portable_build, x86_only
 from tests.test_paged_attention import make_case, naive
 from worker.attention_backend import select_attention_backend
 from worker.forward_batch import ForwardBatch
@@ -97,14 +94,10 @@ def test_a_lone_request_split_over_threads_by_kv_head_is_the_same() -> None:
 
 
 @needs_cc
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the SIMD path is x86's AVX2")
+@x86_only
 def test_portable_build_matches_the_reference_and_is_batch_invariant(tmp_path, monkeypatch) -> None:
-    """Built for plain x86-64 (no AVX2: the loops an ARM or older CPU compiles)."""
-    lib_path = tmp_path / "portable.so"
-    subprocess.run([native_build.find_compiler(), "-O2", "-march=x86-64", "-fno-math-errno", "-shared", "-fPIC",
-                    "-o", str(lib_path), str(cpu_paged_decode.SOURCE), "-lm"], check=True, capture_output=True,
-                   timeout=120)  # fmt: skip
-    monkeypatch.setattr(cpu_paged_decode, "_library", lambda: cpu_paged_decode.bind(ctypes.CDLL(str(lib_path))))
+    lib = cpu_paged_decode.bind(portable_build(cpu_paged_decode.SOURCE, tmp_path))
+    monkeypatch.setattr(cpu_paged_decode, "_library", lambda: lib)
     test_decodes_match_reference_and_dense(64, 2, 3)
     test_decodes_match_reference_and_dense(20, 1, 4)
     test_a_query_is_the_same_whatever_runs_beside_it()

@@ -6,17 +6,16 @@ it cannot take is refused with a typed error."""
 from __future__ import annotations
 
 import ctypes
-import platform
-import subprocess
 
 import gguf
 import numpy as np
 import pytest
 import torch
 
-from kernels import cpu_quant_linear, native_build
+from kernels import cpu_quant_linear
 from kernels.cpu_quant_linear import GGUF_BLOCKS, dequantize, pack, quant_linear
 from tests.gguf_files import q4_k_blocks
+from tests.portable_build import portable_build, x86_only
 from tests.test_cpu_paged_decode import HAS_CC, needs_cc
 from worker.gguf_weights import GGUFBlocks
 from worker.layers import ColumnParallelLinear
@@ -140,15 +139,11 @@ def test_a_scale_the_repacking_cannot_hold_falls_back_to_float32() -> None:
 
 
 @needs_cc
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the SIMD path is x86's AVX2")
+@x86_only
 def test_portable_c_path_gives_the_avx2_paths_bits(tmp_path) -> None:
     """Built for plain x86-64 (no AVX2: the portable loops an ARM or older CPU compiles), the kernel gives
     the same bits as the build for this CPU: the same weights and the same FMA chain per output."""
-    cc = native_build.find_compiler()
-    lib_path = tmp_path / "portable.so"
-    subprocess.run([cc, "-O2", "-march=x86-64", "-fno-math-errno", "-shared", "-fPIC", "-o", str(lib_path),
-                    str(cpu_quant_linear.SOURCE), "-lm"], check=True, capture_output=True, timeout=120)
-    fn = ctypes.CDLL(str(lib_path)).tandem_quant_linear_f32
+    fn = portable_build(cpu_quant_linear.SOURCE, tmp_path).tandem_quant_linear_f32
     fn.restype = None
     fn.argtypes = [ctypes.c_void_p, *[ctypes.c_int64] * 3, ctypes.c_void_p, *[ctypes.c_int64] * 2,
                    ctypes.c_void_p, *[ctypes.c_int64] * 2]
