@@ -64,7 +64,7 @@ class DecodeGraphs:
         self.buckets = decode_buckets(max_batch)
         n = self.buckets[-1]
         i64 = {"dtype": torch.int64, "device": device}
-        # name -> (static buffer, the value its padding rows hold)
+        # ForwardBatch field -> the value its padding rows hold; _buf: field -> its static buffer
         self._pads = {"input_ids": 0, "positions": 0, "out_cache_loc": 0, "req_pool_indices": 0, "seq_lens": 1}
         self._buf = {name: torch.full((n,), pad, **i64) for name, pad in self._pads.items()}
         self._ones = torch.ones(n, **i64)
