@@ -60,7 +60,7 @@ class DecodeGraphs:
         device = kv.req_to_token.device
         if capture and device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
-        self.model, self.kv, self.capture, self.max_context = model, kv, capture, max_context
+        self.model, self.kv, self.capture = model, kv, capture
         self.buckets = decode_buckets(max_batch)
         n = self.buckets[-1]
         i64 = {"dtype": torch.int64, "device": device}

@@ -22,12 +22,12 @@ class RMSNorm(nn.Module):
         self.weight.data.copy_(full_tensor(tensor))  # replicated on every rank (Qwen3 q/k norms too)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if supports(x, self.weight[None]):  # CPU float32: one C pass (kernels/cpu_norm_act.py)
+        if supports(x) and self.weight.dtype == x.dtype:  # CPU float32: one C pass (kernels/cpu_norm_act.py)
             return add_rms_norm(x, None, self.weight, self.eps)
         return rms_norm_ref(x, self.weight, self.eps)
 
     def add_forward(self, h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """h += delta in place (the residual stream takes a layer's output), then this norm of h."""
-        if supports(h, delta, self.weight[None]):
+        if supports(h, delta) and self.weight.dtype == h.dtype:
             return add_rms_norm(h, delta, self.weight, self.eps)
         return self(h.add_(delta))
