@@ -126,12 +126,17 @@ class EngineConfig:
 
     @classmethod
     def from_options(cls, model: str, **options: object) -> EngineConfig:
-        """Build from keyword options; an unknown option is an error, never silently dropped."""
+        """Build from keyword options; an unknown option is an error (TypeError), never silently dropped, and
+        a value of the wrong type or out of range a ValueError naming it."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(options) - known)
         if unknown:
             raise TypeError(f"unknown engine option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        return cls(model=model, **options)  # type: ignore[arg-type]
+        try:  # msgspec checks each option's type (a str for a bool, a bool for an int) and runs __post_init__
+            return msgspec.convert({"model": str(model), **options}, type=cls, strict=True)
+        except msgspec.ValidationError as e:
+            msg = str(e)
+            raise ValueError(msg if msg.startswith("invalid engine option") else f"invalid engine option: {msg}") from None
 
     @property
     def host_tier(self) -> bool:

@@ -102,3 +102,15 @@ def test_unknown_engine_option_is_an_error(tiny_model) -> None:
         capture_output=True, text=True, timeout=60,
     )
     assert r.returncode != 0 and "unrecognized arguments" in r.stderr
+
+
+def test_engine_option_of_the_wrong_type_is_an_error_and_a_good_one_serves(tiny_model) -> None:
+    model = str(tiny_model("llama"))
+    for bad in ({"enforce_eager": "yes"}, {"max_running_requests": True}, {"kv_memory_fraction": "0.2"}):
+        with pytest.raises(ValueError, match=f"invalid engine option.*{next(iter(bad))}"):
+            Client.launch(model, **bad)
+    with pytest.raises(ValueError, match="kv_memory_fraction"):  # a value __post_init__ refuses, as before
+        Client.launch(model, kv_memory_fraction=2.0)
+    with Client.launch(model, enforce_eager=True, kv_cache_tokens=2048) as client:  # on CPU: nothing to turn off
+        out = client.generate([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
+        assert len(out.token_ids) == 4
