@@ -1,11 +1,14 @@
 """Attention alone, backend against backend, on KV laid out the way the engine's allocator lays it out.
 
-One decode step's attention over every layer for a batch of requests: each prompt's slots in one block
+One step's attention over every layer for a batch of requests: each prompt's slots in one block
 (handed out highest slot first), then `--decoded` decode tokens per request with slots interleaved
-across the batch (one slot per request per step). Backends run in turn, repeatedly, and the fastest
-repeat of each is reported, so a noisy neighbour on a shared machine hits them alike.
+across the batch (one slot per request per step). The step's queries are each request's last
+`--new-tokens` positions: 1 (default) is a decode step; as many as the prompt, with `--decoded 0`, is a
+prefill of every prompt. Backends run in turn, repeatedly, and the fastest repeat of each is reported, so
+a noisy neighbour on a shared machine hits them alike.
 
     python -m benchmarks.attention_step --model models/bench-llama [--batch 64 --decoded 64]
+    python -m benchmarks.attention_step --model models/bench-llama --batch 8 --decoded 0 --new-tokens 512
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--input-len", default="64:512")
     ap.add_argument("--decoded", type=int, default=64, help="tokens each request has decoded so far")
+    ap.add_argument("--new-tokens", type=int, default=1, help="queries per request: its last N positions")
     ap.add_argument("--backends", default="torch-gather,torch,torch-runs,cpu")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
@@ -57,14 +61,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     for row, s in enumerate(seqs):
         kv.req_to_token[row, : len(s)] = torch.tensor(s)
     lens = [len(s) for s in seqs]
-    batch = ForwardBatch.from_lists([0] * args.batch, [s[-1] for s in seqs], list(range(args.batch)), lens,
-                                    [1] * args.batch)
-    q = torch.randn(args.batch, dims.heads, dims.head_dim)
-    k = torch.randn(args.batch, dims.kv_heads, dims.head_dim)
+    if args.new_tokens < 1:
+        raise SystemExit("--new-tokens must be at least 1")
+    new = [min(args.new_tokens, n) for n in lens]
+    locs = [slot for s, e in zip(seqs, new) for slot in s[len(s) - e :]]
+    batch = ForwardBatch.from_lists([0] * len(locs), locs, list(range(args.batch)), lens, new)
+    q = torch.randn(len(locs), dims.heads, dims.head_dim)
+    k = torch.randn(len(locs), dims.kv_heads, dims.head_dim)
     print(cpu_caps().describe())
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; {args.model}: {dims.layers} layers, "
           f"{dims.heads}/{dims.kv_heads} heads x {dims.head_dim}; batch {args.batch}, "
-          f"mean context {sum(lens) / len(lens):.0f}")
+          f"mean context {sum(lens) / len(lens):.0f}, {len(locs)} queries")
     backends = [select_attention_backend(name, torch.device("cpu")) for name in args.backends.split(",")]
     best = {b.name: float("inf") for b in backends}
     with torch.inference_mode():

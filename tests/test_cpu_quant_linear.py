@@ -16,7 +16,7 @@ from kernels import cpu_quant_linear
 from kernels.cpu_quant_linear import GGUF_BLOCKS, dequantize, pack, quant_linear
 from tests.gguf_files import q4_k_blocks
 from tests.portable_build import portable_build, x86_only
-from tests.test_cpu_paged_decode import HAS_CC, needs_cc
+from tests.test_cpu_paged_attention import HAS_CC, needs_cc
 from worker.gguf_weights import GGUFBlocks
 from worker.layers import ColumnParallelLinear
 

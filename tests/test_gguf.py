@@ -22,7 +22,7 @@ from protocol.tokenizer_loader import load_fast_tokenizer, load_tokenizer
 from tests.conftest import ARCHS, check_idle_engine
 from tests.gguf_files import QTYPES, llamacpp_permute, write_gguf
 from tests.kv_pool import Pool
-from tests.test_cpu_paged_decode import HAS_CC, needs_cc
+from tests.test_cpu_paged_attention import HAS_CC, needs_cc
 from worker import loader
 from worker.gguf_weights import iter_gguf_weights
 from worker.layers import PackableLinear

@@ -4,9 +4,11 @@ The model asks its backend for a per-step plan once (`plan`: whatever every laye
 the batch's host-side lists) and then calls `forward` per layer. The backend is chosen by device and by
 `EngineConfig.attention_backend`:
 
-- `cpu` (CPU default): `torch`, but decode and draft-verify rows are attended by a C kernel that reads
-  K/V where it lies in the pool (kernels/cpu_paged_decode.py), float32 only; a step it cannot take
-  (another dtype, or no C compiler to build it) runs as `torch`.
+- `cpu` (CPU default): every query of the step (decodes, verify rows, prefills and chunks) attended in
+  one call per layer by a C kernel that reads K/V where it lies in the pool
+  (kernels/cpu_paged_attention.py), float32 only; a step it cannot take (another dtype, or no C compiler
+  to build it) runs as `torch`. A query's output depends on its own keys only, so a prompt prefilled
+  whole, in chunks or beside other requests gives the same bits.
 - `torch`: fresh prefills attend their own K/V as computed instead of gathering them back from the
   pool; decodes and the prefixes of chunked or cached prefills are gathered.
 - `torch-runs`: `torch`, and decodes attend their longest contiguous run of pool slots in place,
@@ -27,7 +29,7 @@ from typing import Any
 
 import torch
 
-from kernels import cpu_paged_decode
+from kernels import cpu_paged_attention
 from kernels.decode_attention_runs import DecodeRuns, decode_attention_runs, plan_decode_runs
 from kernels.paged_attention import AttentionPlan, build_attention_plan, paged_attention_ref
 from worker.forward_batch import ForwardBatch
@@ -99,32 +101,28 @@ class TorchBackend(AttentionBackend):
 
 
 class CpuBackend(TorchBackend):
-    """`torch` with the decode and verify groups in one padded group each, attended in the pool by the C
-    kernel; the torch plan for a step whose pool is not float32 on CPU or when the kernel is unavailable."""
+    """All of a step's queries attended in the pool by the C kernel, one call per layer; the torch plan for
+    a step whose pool is not float32 on CPU or when the kernel is unavailable."""
 
     def __init__(self) -> None:
         super().__init__(in_place=True)
         self.name = "cpu"
-        cpu_paged_decode.available()  # build (or find) the kernel now, not in the first request's step
+        cpu_paged_attention.available()  # build (or find) the kernel now, not in the first request's step
 
-    def plan(self, batch: ForwardBatch, kv: KVCache) -> TorchPlan:
-        if not (kv.dtype == torch.float32 and kv.req_to_token.device.type == "cpu" and cpu_paged_decode.available()):
+    def plan(self, batch: ForwardBatch, kv: KVCache) -> TorchPlan | CpuPlan:
+        if not (kv.dtype == torch.float32 and kv.req_to_token.device.type == "cpu" and cpu_paged_attention.available()):
             return super().plan(batch, kv)
-        attn = build_attention_plan(
-            kv.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens,
-            seq_lens_cpu=batch.seq_lens_cpu, extend_lens_cpu=batch.extend_lens_cpu,
-            req_pool_indices_cpu=batch.req_pool_indices_cpu, by_length=False,
-        )  # fmt: skip
-        return TorchPlan(batch, attn, None, native=True)
+        return CpuPlan(batch, cpu_paged_attention.plan_cpu_attention(
+            kv.req_to_token, batch.req_pool_indices_cpu, batch.seq_lens_cpu, batch.extend_lens_cpu))  # fmt: skip
 
     def forward(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, plan: Any,
         scale: float,
     ) -> torch.Tensor:
-        if not plan.native:
+        if isinstance(plan, TorchPlan):
             return super().forward(layer_id, q, k, v, kv, plan, scale)
         kv.write(layer_id, plan.batch.out_cache_loc, k, v)
-        return cpu_paged_decode.paged_attention_cpu(q, kv.k[layer_id], kv.v[layer_id], plan.attn, scale, (k, v))
+        return cpu_paged_attention.paged_attention_cpu(q, kv.k[layer_id], kv.v[layer_id], plan.attn, scale)
 
 
 class TritonBackend(AttentionBackend):
@@ -154,7 +152,12 @@ class TorchPlan:
     batch: ForwardBatch
     attn: AttentionPlan
     runs: DecodeRuns | None  # the decodes, when the backend attends them run by run
-    native: bool = False  # decode and verify groups through kernels/cpu_paged_decode.py
+
+
+@dataclass
+class CpuPlan:
+    batch: ForwardBatch
+    attn: cpu_paged_attention.CpuAttentionPlan
 
 
 @dataclass

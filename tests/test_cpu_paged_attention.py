@@ -1,18 +1,24 @@
-"""The C paged-decode kernel (kernels/cpu_paged_decode.c) against the torch reference and dense attention,
-its batch invariance, and how it is built and refused."""
+"""The C paged-attention kernel (kernels/cpu_paged_attention.c) against the torch reference and dense
+attention, its batch invariance, and how it is built and refused."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels import cpu_paged_decode, native_build
-from kernels.cpu_paged_decode import build, paged_attention_cpu, paged_decode
+from kernels import cpu_paged_attention, native_build
+from kernels.cpu_paged_attention import (
+    build,
+    paged_attention,
+    paged_attention_cpu,
+    paged_decode,
+    plan_cpu_attention,
+)
 from kernels.paged_attention import build_attention_plan, paged_attention_ref
 from tests.kv_pool import Pool
 from tests.portable_build import portable_build, x86_only
 from tests.test_paged_attention import make_case, naive
-from worker.attention_backend import select_attention_backend
+from worker.attention_backend import CpuPlan, select_attention_backend
 from worker.forward_batch import ForwardBatch
 
 HAS_CC = native_build.find_compiler() is not None
@@ -26,6 +32,12 @@ def _plan(c: dict, by_length: bool = False):
     )
 
 
+def _cpu_plan(c: dict):
+    return plan_cpu_attention(
+        c["req_to_token"], c["req_pool_indices"].tolist(), c["seq_lens"].tolist(), c["extend_lens"].tolist()
+    )
+
+
 @needs_cc
 # 80: not a multiple of 16; 20: not of 8 either (the portable loops, on any CPU)
 @pytest.mark.parametrize("d", [16, 20, 64, 80, 128])
@@ -34,7 +46,7 @@ def test_decodes_match_reference_and_dense(d: int, hkv: int, group: int) -> None
     reqs = [(s, 1) for s in (1, 2, 7, 8, 9, 16, 17, 33, 100, 150)]
     c = make_case(reqs, hkv, group, seed=d + 10 * hkv + group, d=d)
     args = (c["q"], c["k_pool"], c["v_pool"])
-    got = paged_attention_cpu(*args, _plan(c), c["scale"])
+    got = paged_attention_cpu(*args, _cpu_plan(c), c["scale"])
     ref = paged_attention_ref(*args, c["req_to_token"], c["req_pool_indices"], c["seq_lens"], c["extend_lens"],
                               c["scale"], plan=_plan(c, by_length=True))  # fmt: skip
     dense = naive(*args, c["slot_lists"], c["seq_lens"].tolist(), c["extend_lens"].tolist(), c["scale"])
@@ -45,14 +57,14 @@ def test_decodes_match_reference_and_dense(d: int, hkv: int, group: int) -> None
 @needs_cc
 @pytest.mark.parametrize("seed", range(4))
 def test_mixed_batch_of_decodes_verifies_and_prefills(seed: int) -> None:
-    """Decodes (1 new token), verify rows (1 + K over a prefix), fresh prefills and chunks in one batch:
-    the kernel takes the first two, the torch path the rest, each row lands where it belongs."""
+    """Decodes (1 new token), verify rows (1 + K over a prefix), fresh prefills and chunks in one batch,
+    one call: each row is right and lands where it belongs."""
     reqs = [(40, 1), (20, 20), (90, 5), (3, 1), (60, 17), (77, 5), (150, 1), (31, 3), (12, 12), (45, 1)]
     g = torch.Generator().manual_seed(seed)
     reqs = [reqs[i] for i in torch.randperm(len(reqs), generator=g).tolist()]
     c = make_case(reqs, hkv=2, group=3, seed=seed, d=64)
     args = (c["q"], c["k_pool"], c["v_pool"])
-    got = paged_attention_cpu(*args, _plan(c), c["scale"])
+    got = paged_attention_cpu(*args, _cpu_plan(c), c["scale"])
     dense = naive(*args, c["slot_lists"], c["seq_lens"].tolist(), c["extend_lens"].tolist(), c["scale"])
     torch.testing.assert_close(got, dense, atol=3e-6, rtol=1e-5)
 
@@ -85,6 +97,31 @@ def test_a_query_is_the_same_whatever_runs_beside_it() -> None:
 
 
 @needs_cc
+@pytest.mark.parametrize("d", [64, 20])
+def test_a_prompt_gives_the_same_bits_whole_chunked_or_token_by_token(d: int) -> None:
+    """Bitwise: a 70-token prompt attended in one call (blocks of queries over two threads), in three
+    chunks of a prefill beside other requests, and each of its tokens as a lone decode at its position."""
+    c = make_case([(70, 70), (40, 1), (9, 9)], hkv=2, group=3, seed=11, d=d)
+    q, kp, vp, scale = c["q"][:70], c["k_pool"], c["v_pool"], c["scale"]
+    table, full = c["slot_lists"][0][None], torch.tensor([70])
+    whole = paged_attention(q, kp, vp, table, full, [70], scale, threads=2)
+    assert torch.equal(whole, paged_attention(q, kp, vp, table, full, [70], scale, threads=1))
+    other = c["q"][70:]  # the other requests' rows, attended beside the chunks
+    tables = torch.stack([torch.nn.functional.pad(s, (0, 70 - len(s))) for s in c["slot_lists"]])
+    lens = c["seq_lens"].clone()
+    parts = []
+    for a, b in ((0, 23), (23, 24), (24, 70)):
+        lens[0] = b
+        rows = torch.cat([q[a:b], other])
+        out = paged_attention(rows, kp, vp, tables, lens, [b - a, 1, 9], scale)
+        parts.append(out[: b - a])
+    assert torch.equal(torch.cat(parts), whole)
+    for j in range(70):
+        one = paged_decode(q[j : j + 1], kp, vp, table[:, : j + 1], torch.tensor([j + 1]), 1, scale)
+        assert torch.equal(one[0], whole[j])
+
+
+@needs_cc
 def test_a_lone_request_split_over_threads_by_kv_head_is_the_same() -> None:
     c = make_case([(150, 1)], hkv=8, group=2, seed=8, d=64)  # 1,200 key reads: two threads, four heads each
     table = c["slot_lists"][0][None]
@@ -96,11 +133,13 @@ def test_a_lone_request_split_over_threads_by_kv_head_is_the_same() -> None:
 @needs_cc
 @x86_only
 def test_portable_build_matches_the_reference_and_is_batch_invariant(tmp_path, monkeypatch) -> None:
-    lib = cpu_paged_decode.bind(portable_build(cpu_paged_decode.SOURCE, tmp_path))
-    monkeypatch.setattr(cpu_paged_decode, "_library", lambda: lib)
+    lib = cpu_paged_attention.bind(portable_build(cpu_paged_attention.SOURCE, tmp_path))
+    monkeypatch.setattr(cpu_paged_attention, "_library", lambda: lib)
     test_decodes_match_reference_and_dense(64, 2, 3)
     test_decodes_match_reference_and_dense(20, 1, 4)
+    test_mixed_batch_of_decodes_verifies_and_prefills(0)
     test_a_query_is_the_same_whatever_runs_beside_it()
+    test_a_prompt_gives_the_same_bits_whole_chunked_or_token_by_token(64)
 
 
 @needs_cc
@@ -122,6 +161,10 @@ def test_refuses_what_it_does_not_handle() -> None:
         paged_decode(c["q"].bfloat16(), c["k_pool"].bfloat16(), c["v_pool"].bfloat16(), table, lens, 1, 1.0)
     with pytest.raises(ValueError, match="int64"):
         paged_decode(c["q"], c["k_pool"], c["v_pool"], table.int(), lens, 1, 1.0)
+    with pytest.raises(ValueError, match="q_len <= len"):
+        paged_attention(c["q"], c["k_pool"], c["v_pool"], table, lens, [11], 1.0)
+    with pytest.raises(ValueError, match="same requests"):
+        paged_attention(c["q"], c["k_pool"], c["v_pool"], table, lens, [1, 1], 1.0)
 
 
 @needs_cc
@@ -145,22 +188,22 @@ def test_no_compiler_is_reported(tmp_path, monkeypatch) -> None:
 
 
 def test_backend_uses_the_kernel_for_float32_and_the_torch_path_otherwise() -> None:
-    assert cpu_paged_decode.available() == HAS_CC  # with a compiler, the kernel must build
+    assert cpu_paged_attention.available() == HAS_CC  # with a compiler, the kernel must build
     backend = select_attention_backend("cpu", torch.device("cpu"))
     for dtype, native in ((torch.float32, HAS_CC), (torch.bfloat16, False)):
         model = type("M", (), {"config": _Cfg(), "dtype": dtype})()
         pool = Pool(model, num_slots=64, max_reqs=4)
         row = pool.add(5)
         batch: ForwardBatch = pool.batch([(row, [1], 5)])
-        assert backend.plan(batch, pool.kv).native is native
+        assert isinstance(backend.plan(batch, pool.kv), CpuPlan) is native
 
 
 def test_without_the_kernel_the_backend_runs_the_torch_path(monkeypatch) -> None:
     """No compiler (here: TANDEM_NO_NATIVE=1): the cpu backend plans and attends as `torch` does."""
     monkeypatch.setenv("TANDEM_NO_NATIVE", "1")
-    cpu_paged_decode._library.cache_clear()
+    cpu_paged_attention._library.cache_clear()
     try:
-        assert not cpu_paged_decode.available()
+        assert not cpu_paged_attention.available()
         model = type("M", (), {"config": _Cfg(), "dtype": torch.float32})()
         pool = Pool(model, num_slots=64, max_reqs=4)
         rows = [pool.add(n) for n in (5, 9)]
@@ -170,12 +213,12 @@ def test_without_the_kernel_the_backend_runs_the_torch_path(monkeypatch) -> None
         for name in ("cpu", "torch"):
             backend = select_attention_backend(name, torch.device("cpu"))
             plan = backend.plan(batch, pool.kv)
-            assert not plan.native
+            assert not isinstance(plan, CpuPlan)
             outs.append(backend.forward(0, q, k, v, pool.kv, plan, 0.25))
         assert torch.equal(outs[0], outs[1])
     finally:
         monkeypatch.delenv("TANDEM_NO_NATIVE")
-        cpu_paged_decode._library.cache_clear()
+        cpu_paged_attention._library.cache_clear()
 
 
 class _Cfg:
