@@ -28,8 +28,9 @@ from kernels.paged_attention import WORKSPACE
 SOURCE = Path(__file__).with_suffix(".c")
 # Below this many key reads per call (key-query pairs x KV heads), one thread: waking another costs more
 # than it saves. Above it even one request is split, by KV head: a lone decode is bound by memory latency,
-# and two threads keep twice the reads in flight.
-PARALLEL_MIN_KEYS = 512
+# and two threads keep twice the reads in flight (measured, 3 KV heads: 128 keys 15.3 -> 13.2 us per
+# layer, 256 keys 31.4 -> 24.2; 64 keys no faster).
+PARALLEL_MIN_KEYS = 256
 # A block of queries: G * block query vectors stay in L1 while pass 1 scores them against each key block
 # (measured: 4-16 queries 1.4-1.9x SDPA on 128-512-token prompts, 64 only 1.15-1.4x), and their scores
 # (at most BLOCK_SCORES floats) stay in L2 between the passes.
@@ -79,6 +80,77 @@ def supports(q: torch.Tensor, k_pool: torch.Tensor) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class _Launch:
+    """What a call needs beyond its tensors, worked out (and checked) once for the step's requests and the
+    layers' shapes: every layer of a step reuses it."""
+
+    shape: tuple[int, int, int, int]  # q's heads and head size, the pool's KV heads and slots
+    total: int  # queries
+    offsets: torch.Tensor  # [B + 1] request b's queries are offsets[b] .. offsets[b + 1] - 1
+    block: int  # queries per work item
+    work_stride: int
+    threads: int
+    work: torch.Tensor
+
+
+def _prepare(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
+    q_lens: list[int], q_rows: torch.Tensor | None, threads: int | None,
+) -> _Launch:
+    if not supports(q, k_pool) or v_pool.shape != k_pool.shape or not v_pool.is_contiguous():
+        raise ValueError("paged_attention takes float32 CPU tensors with contiguous pools and head vectors")
+    if slots.dtype != torch.int64 or lens.dtype != torch.int64 or slots.stride(1) != 1 or not lens.is_contiguous():
+        raise ValueError("slots and lens must be int64, slots rows and lens contiguous")
+    B = slots.shape[0]
+    _, H, D = q.shape
+    hkv = k_pool.shape[1]
+    if H % hkv:
+        raise ValueError(f"{H} query heads do not split over {hkv} KV heads")
+    lens_l = lens.tolist()
+    if len(q_lens) != B or len(lens_l) != B:
+        raise ValueError("slots, lens and q_lens must describe the same requests")
+    if any(not 0 <= n <= m for n, m in zip(q_lens, lens_l)) or max(lens_l, default=0) > slots.shape[1]:
+        raise ValueError("each request needs 0 <= q_len <= len <= slots.shape[1]")
+    total = sum(q_lens)
+    if q_rows is not None and q_rows.numel() != total:
+        raise ValueError("q_rows needs one row per query")
+    padded = -(-max(lens_l, default=0) // 8) * 8  # score rows padded to whole blocks of 8 keys
+    group = H // hkv
+    block = max(1, min(MAX_QUERY_BLOCK, max(q_lens, default=1), BLOCK_SCORES // max(1, group * padded)))
+    work_stride = group * block * padded
+    pairs = sum(n * m for n, m in zip(q_lens, lens_l))
+    items = sum(-(-n // block) for n in q_lens) * hkv
+    n = max(1, min(threads or torch.get_num_threads(), items, pairs * hkv // PARALLEL_MIN_KEYS))
+    return _Launch(
+        (H, D, hkv, k_pool.shape[0]), total, torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int64),
+        block, work_stride, n,
+        WORKSPACE.get("attention_scores", (n * work_stride,), q),  # reused: a fresh one is page-faulted in
+    )  # fmt: skip
+
+
+def _launch(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
+    c: _Launch, scale: float, q_rows: torch.Tensor | None,
+) -> torch.Tensor:
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the CPU paged-attention kernel is not available")
+    H, D, hkv, _ = c.shape
+    out = q.new_empty(c.total, H, D)
+    if c.total == 0:
+        return out
+    rc = lib.tandem_paged_attention_f32(
+        q.data_ptr(), q.stride(0), q.stride(1), None if q_rows is None else q_rows.data_ptr(), c.offsets.data_ptr(),
+        k_pool.data_ptr(), v_pool.data_ptr(), k_pool.stride(0),
+        slots.data_ptr(), slots.stride(0), lens.data_ptr(),
+        H, hkv, D, scale, out.data_ptr(), slots.shape[0], c.block, c.work.data_ptr(), c.work_stride, c.threads,
+    )  # fmt: skip
+    if rc:
+        raise MemoryError("the CPU paged-attention kernel could not allocate its work list")
+    return out
+
+
 def paged_attention(
     q: torch.Tensor,
     k_pool: torch.Tensor,
@@ -95,49 +167,12 @@ def paged_attention(
     position of its last query + 1); q_lens: request b's number of queries (its last q_lens[b] positions);
     q_rows [sum(q_lens)] int64 rows of q (None: rows 0 .. sum(q_lens)-1, request by request).
     Returns out [sum(q_lens), H, D]: request b's query j at row sum(q_lens[:b]) + j."""
-    lib = _library()
-    if lib is None:
+    if _library() is None:
         raise RuntimeError("the CPU paged-attention kernel is not available")
-    if not supports(q, k_pool) or v_pool.shape != k_pool.shape or not v_pool.is_contiguous():
-        raise ValueError("paged_attention takes float32 CPU tensors with contiguous pools and head vectors")
-    if slots.dtype != torch.int64 or lens.dtype != torch.int64 or slots.stride(1) != 1:
-        raise ValueError("slots and lens must be int64, slots rows contiguous")
     lens = lens.contiguous()
-    B = slots.shape[0]
-    _, H, D = q.shape
-    hkv = k_pool.shape[1]
-    if H % hkv:
-        raise ValueError(f"{H} query heads do not split over {hkv} KV heads")
-    total = sum(q_lens)
-    out = q.new_empty(total, H, D)
-    if B == 0 or total == 0:
-        return out
-    lens_l = lens.tolist()
-    if len(q_lens) != B or len(lens_l) != B:
-        raise ValueError("slots, lens and q_lens must describe the same requests")
-    if any(not 0 <= n <= m for n, m in zip(q_lens, lens_l)) or max(lens_l) > slots.shape[1]:
-        raise ValueError("each request needs 0 <= q_len <= len <= slots.shape[1]")
-    if q_rows is not None and q_rows.numel() != total:
-        raise ValueError("q_rows needs one row per query")
-    padded = -(-max(lens_l) // 8) * 8  # score rows padded to whole blocks of 8 keys
-    group = H // hkv
-    block = max(1, min(MAX_QUERY_BLOCK, max(q_lens), BLOCK_SCORES // (group * padded)))
-    work_stride = group * block * padded
-    pairs = sum(n * m for n, m in zip(q_lens, lens_l))
-    items = sum(-(-n // block) for n in q_lens) * hkv
-    n = max(1, min(threads or torch.get_num_threads(), items, pairs * hkv // PARALLEL_MIN_KEYS))
-    work = WORKSPACE.get("attention_scores", (n * work_stride,), out)  # reused: a fresh one is page-faulted in
-    offsets = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int64)
     rows = None if q_rows is None else q_rows.contiguous()
-    rc = lib.tandem_paged_attention_f32(
-        q.data_ptr(), q.stride(0), q.stride(1), None if rows is None else rows.data_ptr(), offsets.data_ptr(),
-        k_pool.data_ptr(), v_pool.data_ptr(), k_pool.stride(0),
-        slots.data_ptr(), slots.stride(0), lens.data_ptr(),
-        H, hkv, D, scale, out.data_ptr(), B, block, work.data_ptr(), work_stride, n,
-    )  # fmt: skip
-    if rc:
-        raise MemoryError("the CPU paged-attention kernel could not allocate its work list")
-    return out
+    c = _prepare(q, k_pool, v_pool, slots, lens, q_lens, rows, threads)
+    return _launch(q, k_pool, v_pool, slots, lens, c, scale, rows)
 
 
 def paged_decode(
@@ -162,6 +197,7 @@ class CpuAttentionPlan:
     slots: torch.Tensor  # [B, L] each request's slots (past its length: whatever the table holds)
     lens: torch.Tensor  # [B] keys per request
     q_lens: list[int]  # new tokens per request; the step's tokens are laid out request by request
+    launch: _Launch | None = None  # worked out by the first layer (a Python pass per layer cost ~50 us)
 
 
 def plan_cpu_attention(
@@ -176,5 +212,11 @@ def plan_cpu_attention(
 def paged_attention_cpu(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, plan: CpuAttentionPlan, scale: float
 ) -> torch.Tensor:
-    """The step's attention, q [T, H, D] -> [T, H, D] (the step's K/V already in the pools)."""
-    return paged_attention(q, k_pool, v_pool, plan.slots, plan.lens, plan.q_lens, scale)
+    """The step's attention, q [T, H, D] -> [T, H, D] (the step's K/V already in the pools). The first call
+    checks the plan against the shapes; the other layers' calls (same shapes) only check their tensors."""
+    c = plan.launch
+    if c is None or c.shape != (q.shape[1], q.shape[2], k_pool.shape[1], k_pool.shape[0]):
+        c = plan.launch = _prepare(q, k_pool, v_pool, plan.slots, plan.lens, plan.q_lens, None, None)
+    elif q.shape[0] != c.total or not supports(q, k_pool) or not v_pool.is_contiguous() or v_pool.shape != k_pool.shape:
+        raise ValueError("paged_attention takes float32 CPU tensors with contiguous pools and head vectors")
+    return _launch(q, k_pool, v_pool, plan.slots, plan.lens, c, scale, None)
