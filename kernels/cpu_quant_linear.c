@@ -307,7 +307,7 @@ static void run_scratch(int64_t qtype, const float *x, int64_t ldx, int64_t K, c
 
 /* y[M, N] (row stride ldy) = x[M, K] (row stride ldx) @ W.T; qtype: see block_bytes. K is a
  * multiple of 32. Rows go in blocks of ROW_BLOCK; each thread of the OpenMP runtime torch runs on (see
- * cpu_paged_decode.c) takes a contiguous range of panels, so it streams its own share of the weights.
+ * cpu_paged_attention.c) takes a contiguous range of panels, so it streams its own share of the weights.
  * Both paths give every output the same bits (the same weights, one FMA chain over k in order). */
 void tandem_quant_linear_f32(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int64_t qtype,
                              int64_t N, float *y, int64_t ldy, int64_t num_threads) {
@@ -319,9 +319,13 @@ void tandem_quant_linear_f32(const float *x, int64_t M, int64_t K, int64_t ldx, 
 #else
         const int64_t t = 0, nt = 1;
 #endif
-        const int64_t groups = (panels + 3) / 4; /* whole groups of 4 panels where possible */
+        /* Few rows: whole groups of 4 panels where possible (a 1-row tile takes 4 panels at once); many rows:
+         * single panels, so two threads split 36 or 60 panels evenly (groups of 4 gave one thread 20 of 36:
+         * measured 1.07x at 64 rows, 1.11x at 2,048 once split evenly). */
+        const int64_t gp = M >= SCRATCH_MIN_ROWS ? 1 : 4;
+        const int64_t groups = (panels + gp - 1) / gp;
         const int64_t g0 = groups * t / nt, g1 = groups * (t + 1) / nt;
-        const int64_t p0 = g0 * 4, p1 = g1 * 4 < panels ? g1 * 4 : panels;
+        const int64_t p0 = g0 * gp, p1 = g1 * gp < panels ? g1 * gp : panels;
         float *wf = M >= SCRATCH_MIN_ROWS ? malloc((size_t)K * PANEL * sizeof(float)) : NULL;
         for (int64_t r0 = 0; r0 < M && p1 > p0; r0 += ROW_BLOCK) {
             const int64_t rows = M - r0 < ROW_BLOCK ? M - r0 : ROW_BLOCK;
