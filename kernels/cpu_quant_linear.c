@@ -246,9 +246,12 @@ static void run_direct(int64_t qtype, const float *x, int64_t ldx, int64_t K, co
         const int MR = left >= 4 ? 4 : (int)left;
         /* 8 to 12 accumulators: enough chains in flight to hide the FMA latency, all in registers */
         const int NPW = MR == 1 ? 4 : MR < 4 ? 2 : 1;
+        const int NPH = NPW > 2 ? 2 : 1; /* a range's last panels, when fewer than NPW are left */
         const float *xr = x + r * ldx;
         for (int64_t p = p0; p < p0 + np;) {
-            const int NP = (p + NPW <= p0 + np && p + NPW <= full) ? NPW : 1;
+            const int NP = (p + NPW <= p0 + np && p + NPW <= full) ? NPW
+                           : (p + NPH <= p0 + np && p + NPH <= full) ? NPH
+                                                                     : 1;
             const uint8_t *wp = w + p * panel_stride;
             const int direct = p + NP <= full;
             float *o = direct ? y + r * ldy + p * PANEL : tmp;
@@ -260,6 +263,7 @@ static void run_direct(int64_t qtype, const float *x, int64_t ldx, int64_t K, co
             case 2 * 8 + 2: tile(qtype, xr, ldx, K, wp, panel_stride, o, ldo, 2, 2); break;
             case 2 * 8 + 1: tile(qtype, xr, ldx, K, wp, panel_stride, o, ldo, 2, 1); break;
             case 1 * 8 + 4: tile(qtype, xr, ldx, K, wp, panel_stride, o, ldo, 1, 4); break;
+            case 1 * 8 + 2: tile(qtype, xr, ldx, K, wp, panel_stride, o, ldo, 1, 2); break;
             default: tile(qtype, xr, ldx, K, wp, panel_stride, o, ldo, 1, 1); break;
             }
             if (!direct) store_partial(y + r * ldy, ldy, N, p * PANEL, tmp, ldo, MR, NP * PANEL);
@@ -319,10 +323,10 @@ void tandem_quant_linear_f32(const float *x, int64_t M, int64_t K, int64_t ldx, 
 #else
         const int64_t t = 0, nt = 1;
 #endif
-        /* Few rows: whole groups of 4 panels where possible (a 1-row tile takes 4 panels at once); many rows:
-         * single panels, so two threads split 36 or 60 panels evenly (groups of 4 gave one thread 20 of 36:
-         * measured 1.07x at 64 rows, 1.11x at 2,048 once split evenly). */
-        const int64_t gp = M >= SCRATCH_MIN_ROWS ? 1 : 4;
+        /* Few rows: pairs of panels (a 1-row tile takes 4 panels at once, or 2 at a range's end); many rows:
+         * single panels. So two threads split 36 or 60 panels evenly (groups of 4 gave one thread 20 of 36:
+         * measured 1.07x at 64 rows, 1.11x at 2,048, 1.02-1.07x at 1-8 rows once split evenly). */
+        const int64_t gp = M >= SCRATCH_MIN_ROWS ? 1 : 2;
         const int64_t groups = (panels + gp - 1) / gp;
         const int64_t g0 = groups * t / nt, g1 = groups * (t + 1) / nt;
         const int64_t p0 = g0 * gp, p1 = g1 * gp < panels ? g1 * gp : panels;
