@@ -85,6 +85,24 @@ def test_a_row_gives_the_same_bits_alone_in_any_batch_and_thread_count(qtype: st
 
 
 @needs_cc
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_threads_split_the_panels_without_changing_a_bit(qtype: str) -> None:
+    """38 panels over 1 and 2 threads (pairs of panels for few rows, single ones for many: a thread's range
+    ends in a 2-panel tile), for 1 to 20 rows: the same bits each way, and right."""
+    k, n = _fit(qtype, 128), 600
+    raw = _blocks(qtype, n, k, seed=5)
+    w, ref_w = pack(raw, qtype, k), _gguf_dequant(raw, qtype, k)
+    x = torch.randn(20, k, generator=torch.Generator().manual_seed(2))
+    many = quant_linear(x, w, threads=2)
+    assert torch.equal(many, quant_linear(x, w, threads=1))
+    for rows in (1, 2, 3, 4, 7):
+        one, two = quant_linear(x[:rows], w, threads=1), quant_linear(x[:rows], w, threads=2)
+        assert torch.equal(one, two) and torch.equal(two, many[:rows]), rows
+    scale = x.double().abs() @ ref_w.double().abs().T
+    assert ((many.double() - x.double() @ ref_w.double().T).abs() <= 1e-5 * scale + 1e-30).all()
+
+
+@needs_cc
 def test_blocks_sliced_on_block_edges_stay_blocks() -> None:
     raw = _blocks("Q4_1", 24, 128)
     blocks = GGUFBlocks(raw, "Q4_1", 128)
