@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from kernels import cpu_rotary
+
 
 def _inv_freq(head_dim: int, theta: float, scaling: dict[str, Any]) -> torch.Tensor:
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
@@ -47,6 +49,8 @@ class RotaryEmbedding:
         self.inv_freq = _inv_freq(head_dim, theta, scaling)
         self.dtype, self.device = dtype, device
         self.cos = self.sin = torch.empty(0, head_dim, dtype=dtype, device=device)
+        if torch.device(device).type == "cpu" and dtype == torch.float32:
+            cpu_rotary.available()  # build (or find) the kernel now, not in the first request's step
 
     def reserve(self, max_positions: int) -> None:
         """Make sure positions < max_positions are in the table (call up front to avoid growth mid-run)."""
@@ -66,6 +70,14 @@ class RotaryEmbedding:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, head_dim] (any strides); cos/sin from RotaryEmbedding.cos_sin. Returns a new tensor:
+    on CPU in float32 from one C pass (kernels/cpu_rotary.py, the same bits), elsewhere apply_rotary_ref."""
+    if cpu_rotary.supports(x, cos):
+        return cpu_rotary.rotary(x, cos, sin)
+    return apply_rotary_ref(x, cos, sin)
+
+
+def apply_rotary_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, heads, head_dim] (any strides); cos/sin from RotaryEmbedding.cos_sin. Returns a new tensor.
 
     HF computes ``x * cos + rotate_half(x) * sin`` with rotate_half(x) = [-x2, x1]. With the sign folded
