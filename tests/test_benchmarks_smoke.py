@@ -121,6 +121,26 @@ def test_quant_linear_benchmark_checks_and_times_a_gguf(tiny_model, tmp_path: Pa
     assert out.startswith("CPU: ") and "quantized layer weights" in out and "rows     9" in out
 
 
+@needs_cc
+def test_attention_step_times_a_prefill_too(tiny_model, capsys) -> None:
+    from benchmarks import attention_step
+
+    best = attention_step.main(["--model", str(tiny_model("llama")), "--batch", "2", "--input-len", "8:40",
+                                "--decoded", "0", "--new-tokens", "40", "--repeats", "1", "--backends", "torch,cpu"])
+    assert list(best) == ["torch", "cpu"] and all(ms > 0 for ms in best.values())
+    assert ", " in capsys.readouterr().out  # "... mean context N, Q queries"
+
+
+@needs_cc
+def test_cpu_ops_benchmark_times_each_kernel_against_torch(capsys) -> None:
+    from benchmarks import cpu_ops
+
+    res = cpu_ops.main(["--hidden", "64", "--intermediate", "96", "--heads", "4", "--kv-heads", "2",
+                        "--head-dim", "16", "--rows", "1,3", "--reps", "1", "--calls", "2"])
+    assert len(res) == 6 and all(t["c"] > 0 and t["torch"] > 0 for t in res.values())
+    assert capsys.readouterr().out.startswith("CPU: ")
+
+
 def test_serve_client_reads_only_sse_data_lines() -> None:
     from benchmarks.serve_client import _data
 
