@@ -325,7 +325,7 @@ void tandem_quant_linear_f32(const float *x, int64_t M, int64_t K, int64_t ldx, 
 #endif
         /* Few rows: pairs of panels (a 1-row tile takes 4 panels at once, or 2 at a range's end); many rows:
          * single panels. So two threads split 36 or 60 panels evenly (groups of 4 gave one thread 20 of 36:
-         * measured 1.07x at 64 rows, 1.11x at 2,048, 1.02-1.07x at 1-8 rows once split evenly). */
+         * measured 1.07x at 64 rows and 1.11x at 2,048 once split evenly; at 1-8 rows within the noise). */
         const int64_t gp = M >= SCRATCH_MIN_ROWS ? 1 : 2;
         const int64_t groups = (panels + gp - 1) / gp;
         const int64_t g0 = groups * t / nt, g1 = groups * (t + 1) / nt;
