@@ -123,11 +123,8 @@ def build_attention_plan(
     extend_lens_cpu: Sequence[int] | None = None,
     req_pool_indices_cpu: Sequence[int] | None = None,
     decodes: bool = True,
-    by_length: bool = True,
 ) -> AttentionPlan:
-    """decodes=False: plan the multi-token requests only (the caller attends the decodes its own way).
-    by_length=False: one padded group per new-token count, for a caller that reads only each request's
-    own keys (padding costs it nothing)."""
+    """decodes=False: plan the multi-token requests only (the caller attends the decodes its own way)."""
     seq_l = list(seq_lens_cpu) if seq_lens_cpu is not None else seq_lens.tolist()
     ext_l = list(extend_lens_cpu) if extend_lens_cpu is not None else extend_lens.tolist()
     rows = list(req_pool_indices_cpu) if req_pool_indices_cpu is not None else req_pool_indices.tolist()
@@ -143,7 +140,7 @@ def build_attention_plan(
         if (e == 1 and decodes) or 1 < e <= SHORT_EXTEND and seq_l[i] > e:
             by_len.setdefault(e, []).append(i)
     for e, reqs in by_len.items():
-        for grp in _group_decodes(reqs, seq_l) if by_length else [reqs]:
+        for grp in _group_decodes(reqs, seq_l):
             plan.decode_groups.append(_padded_group(req_to_token, rows, seq_l, starts, t, grp, e))
     batched = {i for reqs in by_len.values() for i in reqs}
 

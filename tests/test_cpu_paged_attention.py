@@ -26,10 +26,8 @@ HAS_CC = native_build.find_compiler() is not None
 needs_cc = pytest.mark.skipif(not HAS_CC, reason="no C compiler to build the kernel")
 
 
-def _plan(c: dict, by_length: bool = False):
-    return build_attention_plan(
-        c["req_to_token"], c["req_pool_indices"], c["seq_lens"], c["extend_lens"], by_length=by_length
-    )
+def _plan(c: dict):
+    return build_attention_plan(c["req_to_token"], c["req_pool_indices"], c["seq_lens"], c["extend_lens"])
 
 
 def _cpu_plan(c: dict):
@@ -48,7 +46,7 @@ def test_decodes_match_reference_and_dense(d: int, hkv: int, group: int) -> None
     args = (c["q"], c["k_pool"], c["v_pool"])
     got = paged_attention_cpu(*args, _cpu_plan(c), c["scale"])
     ref = paged_attention_ref(*args, c["req_to_token"], c["req_pool_indices"], c["seq_lens"], c["extend_lens"],
-                              c["scale"], plan=_plan(c, by_length=True))  # fmt: skip
+                              c["scale"], plan=_plan(c))  # fmt: skip
     dense = naive(*args, c["slot_lists"], c["seq_lens"].tolist(), c["extend_lens"].tolist(), c["scale"])
     torch.testing.assert_close(got, ref, atol=2e-6, rtol=1e-5)
     torch.testing.assert_close(got, dense, atol=2e-6, rtol=1e-5)
