@@ -2,8 +2,8 @@
 attended with K/V read where they lie in the pool.
 
 The torch path gathers every request's K/V into a dense copy per layer before SDPA; at batch 64 that copy
-alone was a quarter of a decode step, and SDPA on a few hundred prompt tokens ran at a third of this
-kernel's rate. kernels/cpu_paged_attention.c reads each key and value once per block of queries, straight
+alone was a quarter of a decode step, and one SDPA per prompt of a few hundred tokens took 1.3-1.7x this
+kernel's time. kernels/cpu_paged_attention.c reads each key and value once per block of queries, straight
 from the pool, for all the query heads that share it. It is C (compiled here on first use with the
 system's C compiler, see kernels/native_build.py), called through ctypes, and spreads the work over the
 threads of the OpenMP runtime torch runs on (see the .c file). The reference is kernels/paged_attention.py.
