@@ -175,21 +175,6 @@ def paged_attention(
     return _launch(q, k_pool, v_pool, slots, lens, c, scale, rows)
 
 
-def paged_decode(
-    q: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    slots: torch.Tensor,
-    lens: torch.Tensor,
-    q_len: int,
-    scale: float,
-    q_rows: torch.Tensor | None = None,
-    threads: int | None = None,
-) -> torch.Tensor:
-    """paged_attention with the same q_len for every request (decodes: 1; verify rows: 1 + K)."""
-    return paged_attention(q, k_pool, v_pool, slots, lens, [q_len] * slots.shape[0], scale, q_rows, threads)
-
-
 @dataclass
 class CpuAttentionPlan:
     """A step's requests as the kernel takes them, shared by every layer."""

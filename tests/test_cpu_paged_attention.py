@@ -11,7 +11,6 @@ from kernels.cpu_paged_attention import (
     build,
     paged_attention,
     paged_attention_cpu,
-    paged_decode,
     plan_cpu_attention,
 )
 from kernels.paged_attention import build_attention_plan, paged_attention_ref
@@ -22,6 +21,11 @@ from worker.attention_backend import CpuPlan, select_attention_backend
 from worker.forward_batch import ForwardBatch
 
 HAS_CC = native_build.find_compiler() is not None
+
+
+def paged_decode(q, k_pool, v_pool, slots, lens, q_len: int, scale: float, q_rows=None, threads=None):
+    """paged_attention with the same q_len for every request (decodes: 1; verify rows: 1 + K)."""
+    return paged_attention(q, k_pool, v_pool, slots, lens, [q_len] * slots.shape[0], scale, q_rows, threads)
 # Like the GPU tests: the kernel's own tests need what builds it; the fallback is tested either way.
 needs_cc = pytest.mark.skipif(not HAS_CC, reason="no C compiler to build the kernel")
 
