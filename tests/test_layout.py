@@ -1,0 +1,79 @@
+"""The house rules the layout keeps, checked on the source (docs/architecture.md, "Rules the code keeps").
+
+Every import is read with `ast`, lazy ones inside functions included, so an arrow cannot hide in a
+function body."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE = ("frontend", "scheduler", "worker", "detokenizer", "protocol", "kernels", "launch")
+# Which top-level folders each may import. launch/ starts every process, so it alone knows them all;
+# nothing imports launch/. The worker is the one process that runs kernels.
+ALLOWED = {
+    "protocol": set(),
+    "kernels": {"protocol"},
+    "frontend": {"protocol"},
+    "scheduler": {"protocol"},
+    "detokenizer": {"protocol"},
+    "worker": {"protocol", "kernels"},
+    "launch": set(ENGINE) - {"launch"},
+}
+MAX_FILE_LINES = 400
+MAX_ENGINE_LINES = 12_535  # the count at ceb361a, before the rooms were built
+
+
+def _engine_files() -> list[Path]:
+    return sorted(p for top in ENGINE for p in (ROOT / top).rglob("*.py"))
+
+
+def _imported_tops(path: Path) -> set[str]:
+    tops: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            tops.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            tops.add(node.module.split(".")[0])
+    return tops & set(ENGINE)
+
+
+def test_imports_follow_the_folder_rules() -> None:
+    wrong = []
+    for path in _engine_files():
+        top = path.relative_to(ROOT).parts[0]
+        for target in sorted(_imported_tops(path) - ALLOWED[top] - {top}):
+            wrong.append(f"{path.relative_to(ROOT)} imports {target}/")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_circle_among_top_level_folders() -> None:
+    edges: dict[str, set[str]] = {t: set() for t in ENGINE}
+    for path in _engine_files():
+        top = path.relative_to(ROOT).parts[0]
+        edges[top] |= _imported_tops(path) - {top}
+
+    def reaches(a: str, b: str, seen: set[str]) -> bool:
+        return any(n == b or (n not in seen and reaches(n, b, seen | {n})) for n in edges[a])
+
+    assert not [t for t in ENGINE if reaches(t, t, {t})]
+
+
+@pytest.mark.parametrize("variable", ["TANDEM_TRITON", "TANDEM_NO_NATIVE"])
+def test_kernel_choice_variables_are_read_in_one_file(variable: str) -> None:
+    readers = [
+        str(p.relative_to(ROOT))
+        for p in _engine_files()
+        if any(f"{how}(\"{variable}\"" in p.read_text() or f"{how}('{variable}'" in p.read_text()
+               for how in ("environ.get", "getenv", "environ["))
+    ]
+    assert readers == ["kernels/ops.py"], readers
+
+
+def test_files_are_small_and_the_engine_does_not_grow() -> None:
+    sizes = {p: len(p.read_text().splitlines()) for p in _engine_files()}
+    big = [f"{p.relative_to(ROOT)}: {n}" for p, n in sizes.items() if n > MAX_FILE_LINES]
+    assert not big, big
+    assert sum(sizes.values()) <= MAX_ENGINE_LINES, sum(sizes.values())
