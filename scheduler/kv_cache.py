@@ -7,7 +7,7 @@ slots the tree owns (`load_host`) before the request's first step.
 from __future__ import annotations
 
 from protocol.messages import KVCopies
-from scheduler.host_radix_cache import HostRadixCache
+from scheduler.host_tier import HostRadixCache
 from scheduler.kv_allocator import KVAllocator
 from scheduler.no_prefix_cache import NoPrefixCache
 from scheduler.prefix_cache import MatchResult, PrefixCache

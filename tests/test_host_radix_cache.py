@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from scheduler.host_radix_cache import HostRadixCache
+from scheduler.host_tier import HostRadixCache
 from scheduler.kv_allocator import KVAllocator
 
 
