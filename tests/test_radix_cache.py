@@ -10,7 +10,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from scheduler.kv_allocator import KVAllocator
 from scheduler.no_prefix_cache import NoPrefixCache
-from scheduler.radix_cache import RadixCache, TreeNode
+from scheduler.radix_cache import RadixCache
+from scheduler.tree_node import TreeNode
 
 
 def make(page_size: int = 1) -> tuple[RadixCache, list[list[int]]]:
