@@ -1,146 +1,125 @@
-"""The radix prefix cache with a host tier under it (after SGLang's HiCache).
+"""The host tier under the radix tree: where a node's KV goes when it leaves the device (after SGLang's
+HiCache), as a policy the tree calls (scheduler/radix_cache.py).
 
 Device memory is small and recomputing a long prefix is slow; a copy is cheap. So a node evicted from the
-device keeps its KV in a larger host pool (write-back: copied on eviction; write-through: copied when the
-node is cached), and a later match that reaches it gets the KV copied back to fresh device slots instead
-of recomputed. The tree only does the accounting: the copies it decides are queued as slot lists
-(`take_copies`) that the worker runs before the step that could reuse the slots. On CPU the host pool is
-just a second pool; the mechanism is the same.
+device can keep its KV in a larger host pool, and a later match that reaches it gets the KV copied back
+instead of recomputed. On CPU the host pool is just a second pool; the mechanism is the same.
 
-Host slots are handed out in pages by a `KVAllocator` over the host pool. Host eviction is LRU over
-unlocked nodes that have a host copy: a node also on the device just drops the copy; a host-only node must
-be a leaf and leaves the tree.
+Three policies: `NoHostTier` (evicted KV is dropped), `WriteBack` (copied to the host when the node leaves
+the device) and `WriteThrough` (copied as soon as the node is cached, so eviction copies nothing). The
+copies are queued on the tree (`tree.copies`). Host slots are handed out in pages by a `KVAllocator` over
+the host pool. Host eviction is LRU over unlocked nodes that have a host copy: a node also on the device
+just drops the copy; a host-only node must be a leaf and leaves the tree.
 """
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
-from protocol.messages import KVCopies
 from scheduler.kv_allocator import KVAllocator
-from scheduler.prefix_cache import MatchResult
-from scheduler.radix_cache import RadixCache, TreeNode, _check
+from scheduler.tree_node import TreeNode
+
+if TYPE_CHECKING:
+    from scheduler.radix_cache import RadixCache
 
 
-class HostRadixCache(RadixCache):
-    def __init__(
-        self,
-        free_slots: Callable[[list[int]], None],
-        host: KVAllocator,
-        page_size: int = 1,
-        write_through: bool = False,
-    ) -> None:
-        if host.page_size != page_size:
-            raise ValueError(f"host pool pages of {host.page_size} slots, device pages of {page_size}")
-        super().__init__(free_slots, page_size)
-        self.host = host
-        self.write_through = write_through
-        self._copies = KVCopies()
+class HostTier(Protocol):
+    def bind(self, tree: RadixCache) -> None:
+        """Called once by the tree it serves."""
+        ...
 
-    # ---- copies ---------------------------------------------------------------------------------
-    def take_copies(self) -> KVCopies | None:
-        c = self._copies
-        if not c.to_host_src and not c.to_device_src:
-            return None
-        self._copies = KVCopies()
-        # A slot written twice (a host copy evicted and its slots reused before the worker saw either):
-        # only the last write counts, and a batched scatter must not see duplicates.
-        c.to_host_src, c.to_host_dst = _last_writes(c.to_host_src, c.to_host_dst)
-        c.to_device_src, c.to_device_dst = _last_writes(c.to_device_src, c.to_device_dst)
-        return c
+    def on_insert(self, node: TreeNode) -> None:
+        """node just took device slots from insert."""
+        ...
+
+    def on_evict(self, node: TreeNode) -> bool:
+        """node is leaving the device: True if its KV stays in the host tier (the node stays, host-only)."""
+        ...
+
+    def free(self, slots: list[int]) -> None:
+        """Host slots of nodes that left the tree."""
+        ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def used(self) -> int: ...
+
+    def check_integrity(self, tree_slots: list[int]) -> None:
+        """tree_slots: every host slot the tree's nodes hold."""
+        ...
+
+
+class NoHostTier:
+    """Device memory only: an evicted node's KV is dropped, and no node ever holds host slots."""
+
+    size = used = 0
+
+    def bind(self, tree: RadixCache) -> None:
+        return None  # no pool to match the tree's pages against
+
+    def on_insert(self, node: TreeNode) -> None:
+        return None
+
+    def on_evict(self, node: TreeNode) -> bool:
+        return False
+
+    def free(self, slots: list[int]) -> None:
+        self.check_integrity(slots)
+
+    def check_integrity(self, tree_slots: list[int]) -> None:
+        if tree_slots:
+            raise AssertionError(f"radix cache: {len(tree_slots)} host slots without a host tier")
+
+
+class WriteBack:
+    """An evicted node's KV is copied to the host pool unless it has a copy there already; a full host pool
+    first evicts its own LRU copies, and the node is dropped if even that makes no room."""
+
+    tree: RadixCache  # the tree it serves, from bind()
+
+    def __init__(self, pool: KVAllocator) -> None:
+        self.pool = pool
+
+    def bind(self, tree: RadixCache) -> None:
+        if self.pool.page_size != tree.page_size:
+            raise ValueError(f"host pool pages of {self.pool.page_size} slots, device pages of {tree.page_size}")
+        self.tree = tree
+
+    def on_insert(self, node: TreeNode) -> None:
+        return None  # write-back: nothing is copied until the node leaves the device
+
+    def on_evict(self, node: TreeNode) -> bool:
+        return node.host_value is not None or self._backup(node)
 
     def _backup(self, node: TreeNode) -> bool:
         """Give a device node a host copy (queued device -> host); False if the host pool can't fit it."""
         assert node.value is not None and node.host_value is None
         n = len(node.value)
-        short = n - self.host.num_free
+        short = n - self.pool.num_free
         if short > 0:
             self._evict_host(short)
-        slots = self.host.alloc(n)
+        slots = self.pool.alloc(n)
         if slots is None:
             return False
         slots.sort()  # consecutive host slots: the worker copies a run at once (one DMA on CUDA)
         node.host_value = slots
-        self._copies.to_host_src += node.value
-        self._copies.to_host_dst += slots
+        self.tree.copies.to_host_src += node.value
+        self.tree.copies.to_host_dst += slots
         return True
 
-    def _on_new_leaf(self, node: TreeNode) -> None:
-        if self.write_through:
-            self._backup(node)  # a full host pool only means this node is not backed up yet
-
-    # ---- load back --------------------------------------------------------------------------------
-    def load_back(self, match: MatchResult, slots: list[int]) -> list[int]:
-        """Put the host-only part of a match (locked by the caller) on the device slots given."""
-        if len(slots) != match.host_hit_length:
-            raise ValueError(f"load_back: {match.host_hit_length} host tokens but {len(slots)} device slots")
-        path: list[TreeNode] = []
-        node = match.last_host_node
-        while node is not match.last_node:
-            path.append(node)
-            node = node.parent
-        pos = 0
-        for node in reversed(path):
-            if node.lock_ref == 0 or node.value is not None or node.host_value is None:
-                raise ValueError(f"load_back: {node} is not a locked host-only node")
-            n = len(node.key)
-            node.value = slots[pos : pos + n]
-            self._copies.to_device_src += node.host_value
-            self._copies.to_device_dst += node.value
-            self._protected += n
-            pos += n
-        return match.indices + slots
-
-    # ---- eviction ---------------------------------------------------------------------------------
-    def evict(self, num_tokens: int) -> int:
-        """Free device slots LRU, leaf of the device part first; each node keeps its KV in the host tier
-        (copied there now unless it has a copy already), or leaves the tree if the host tier is full."""
-        if num_tokens <= 0:
-            return 0
-        heap = [(n.last_access, n.id, n) for n in self._nodes() if self._device_leaf(n)]
-        heapq.heapify(heap)
-        freed = 0
-        while freed < num_tokens and heap:
-            _, _, node = heapq.heappop(heap)
-            value = node.value
-            assert value is not None and node.parent is not None
-            parent = node.parent
-            if node.host_value is None and not self._backup(node):
-                self._drop_subtree(node)
-            node.value = None
-            self._evictable -= len(value)
-            freed += len(value)
-            self.free_slots(value)
-            if self._device_leaf(parent):
-                heapq.heappush(heap, (parent.last_access, parent.id, parent))
-        return freed
-
-    def _device_leaf(self, node: TreeNode) -> bool:
-        return (
-            node is not self.root and node.value is not None and node.lock_ref == 0
-            and all(c.value is None for c in node.children.values())
-        )
-
-    def _drop_subtree(self, node: TreeNode) -> None:
-        """Take an unlocked node out of the tree; its host-only descendants go with it."""
-        self._detach(node)
-        stack = list(node.children.values())
-        while stack:
-            d = stack.pop()
-            assert d.value is None and d.host_value is not None and d.lock_ref == 0
-            self.host.free(d.host_value)
-            d.host_value, d.parent = None, None
-            stack.extend(d.children.values())
-        node.children = {}
+    def free(self, slots: list[int]) -> None:
+        self.pool.free(slots)
 
     def _host_evictable(self, node: TreeNode) -> bool:
         return (
-            node is not self.root and node.host_value is not None and node.lock_ref == 0
+            node is not self.tree.root and node.host_value is not None and node.lock_ref == 0
             and (node.value is not None or not node.children)
         )
 
     def _evict_host(self, num_tokens: int) -> int:
-        heap = [(n.last_access, n.id, n) for n in self._nodes() if self._host_evictable(n)]
+        heap = [(n.last_access, n.id, n) for n in self.tree.nodes() if self._host_evictable(n)]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
@@ -148,45 +127,41 @@ class HostRadixCache(RadixCache):
             hv = node.host_value
             assert hv is not None and node.parent is not None
             node.host_value = None
-            self.host.free(hv)
+            self.pool.free(hv)
             freed += len(hv)
             if node.value is None:  # host-only leaf: nothing of it is left
                 parent = node.parent
-                self._detach(node)
+                self.tree.detach(node)
                 if self._host_evictable(parent) and parent.value is None:
                     heapq.heappush(heap, (parent.last_access, parent.id, parent))
         return freed
 
-    # ---- sizes and invariants -------------------------------------------------------------------
     @property
-    def host_size(self) -> int:
-        return self.host.size
+    def size(self) -> int:
+        return self.pool.size
 
     @property
-    def host_used(self) -> int:
-        return self.host.size - self.host.num_free
+    def used(self) -> int:
+        return self.pool.size - self.pool.num_free
 
-    def check_integrity(self) -> None:
-        super().check_integrity()
-        self.host.check_integrity()
-        p = self.page_size
-        tree_pages = set(s // p for s in self.all_host_slots())
-        free_pages = set(self.host.free_page_set())
-        _check(not tree_pages & free_pages, f"host pages both free and in the tree: {sorted(tree_pages & free_pages)[:8]}")
-        _check(len(tree_pages) + len(free_pages) == self.host.num_pages,
-               f"host pages leaked: {len(tree_pages)} in the tree + {len(free_pages)} free "
-               f"of {self.host.num_pages}")
-
-    def reset(self) -> None:
-        host = self.all_host_slots()
-        super().reset()
-        if host:
-            self.host.free(host)
-        self._copies = KVCopies()
+    def check_integrity(self, tree_slots: list[int]) -> None:
+        self.pool.check_integrity()
+        p = self.pool.page_size
+        tree_pages = set(s // p for s in tree_slots)
+        free_pages = set(self.pool.free_page_set())
+        if tree_pages & free_pages:
+            raise AssertionError(f"radix cache: host pages both free and in the tree: "
+                                 f"{sorted(tree_pages & free_pages)[:8]}")
+        if len(tree_pages) + len(free_pages) != self.pool.num_pages:
+            raise AssertionError(f"radix cache: host pages leaked: {len(tree_pages)} in the tree + "
+                                 f"{len(free_pages)} free of {self.pool.num_pages}")
 
 
-def _last_writes(src: list[int], dst: list[int]) -> tuple[list[int], list[int]]:
-    last = dict(zip(dst, src))  # later pairs overwrite earlier ones
-    if len(last) == len(dst):
-        return src, dst
-    return list(last.values()), list(last)
+class WriteThrough(WriteBack):
+    """A node's KV is copied to the host pool as soon as it is cached, so its eviction copies nothing."""
+
+    def on_insert(self, node: TreeNode) -> None:
+        self._backup(node)  # a full host pool only means this node is not backed up yet (write-back later)
+
+
+POLICIES: dict[str, type[WriteBack]] = {"write_back": WriteBack, "write_through": WriteThrough}

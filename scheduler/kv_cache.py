@@ -7,7 +7,7 @@ slots the tree owns (`load_host`) before the request's first step.
 from __future__ import annotations
 
 from protocol.messages import KVCopies
-from scheduler.host_tier import HostRadixCache
+from scheduler.host_tier import POLICIES
 from scheduler.kv_allocator import KVAllocator
 from scheduler.no_prefix_cache import NoPrefixCache
 from scheduler.prefix_cache import MatchResult, PrefixCache
@@ -19,18 +19,16 @@ from scheduler.req_table import ReqToTokenPool
 class KVCacheManager:
     def __init__(
         self, num_slots: int, max_reqs: int, max_context: int, page_size: int = 1, prefix_cache: bool = True,
-        host_slots: int = 0, write_through: bool = False,
+        host_slots: int = 0, host_policy: str = "write_back",
     ) -> None:
         self.allocator = KVAllocator(num_slots, page_size)
         self.req_table = ReqToTokenPool(max_reqs, max_context)
         self.tree: PrefixCache
         if not prefix_cache:
             self.tree = NoPrefixCache(page_size)
-        elif host_slots:
-            self.tree = HostRadixCache(self.allocator.free, KVAllocator(host_slots, page_size), page_size,
-                                       write_through)
         else:
-            self.tree = RadixCache(self.allocator.free, page_size)
+            host = POLICIES[host_policy](KVAllocator(host_slots, page_size)) if host_slots else None
+            self.tree = RadixCache(self.allocator.free, page_size, host)
         self.page_size = page_size
         self.host_hit_tokens = 0  # prompt tokens whose KV was copied back from the host tier
 

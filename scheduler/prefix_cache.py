@@ -1,7 +1,7 @@
 """The prefix-cache interface the KV manager talks to, and what a match returns.
 
-Three implementations: `RadixCache` (device memory only), `HostRadixCache` (a radix tree whose nodes keep
-their KV on the device, in a larger host pool, or both) and `NoPrefixCache` (caches nothing).
+Two implementations: `RadixCache` (a radix tree whose nodes keep their KV on the device and, with a host
+tier policy from scheduler/host_tier.py, in a larger host pool) and `NoPrefixCache` (caches nothing).
 
 Contract, in the terms of the request's row (slots of token positions 0..n):
 - `match_prefix(key)` finds the longest cached, page-aligned prefix of key. `indices` are the device slots

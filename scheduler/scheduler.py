@@ -59,7 +59,7 @@ class Scheduler:
         self.info = info
         self.kv = KVCacheManager(
             num_kv_slots, cfg.max_running_requests, info.max_model_len, cfg.page_size, cfg.prefix_cache,
-            cfg.host_kv_tokens if num_host_slots is None else num_host_slots, cfg.host_kv_policy == "write_through",
+            cfg.host_kv_tokens if num_host_slots is None else num_host_slots, cfg.host_kv_policy,
         )
         self.eos = frozenset(info.eos_token_ids)
         self.waiting: deque[Req] = deque()
