@@ -10,7 +10,7 @@ from protocol.messages import KVCopies
 from scheduler.host_tier import POLICIES
 from scheduler.kv_allocator import KVAllocator
 from scheduler.no_prefix_cache import NoPrefixCache
-from scheduler.prefix_cache import MatchResult, PrefixCache
+from scheduler.prefix_cache import PrefixCache, PrefixHandle
 from scheduler.radix_cache import RadixCache
 from scheduler.req import Req
 from scheduler.req_table import ReqToTokenPool
@@ -49,46 +49,44 @@ class KVCacheManager:
         req.req_pool_idx = row
         return True
 
-    def match_prefix(self, req: Req, limit: int | None = None) -> None:
+    def match_prefix(self, req: Req, limit: int | None = None) -> PrefixHandle:
         """Attach the longest cached prefix of req's first `limit` tokens (always leaving one token to
-        compute), both tiers, and lock it. The host part (req.host_hit_length tokens) counts as computed
-        but has no device slots until `load_host`."""
+        compute), both tiers, and lock it. The host part (host_hit_length tokens) counts as computed but
+        has no device slots until `load_host`."""
         fill = req.fill_ids
         n = len(fill) - 1 if limit is None else min(limit, len(fill) - 1)
         m = self.tree.match_prefix(fill[:n])
         self.tree.inc_lock_ref(m.last_host_node)
-        req.last_node, req.last_host_node, req.host_hit_length = m.last_node, m.last_host_node, m.host_hit_length
-        req.prefix_indices = m.indices
-        total = len(m.indices) + m.host_hit_length
-        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = total
-        req.num_computed_tokens = total
+        req.prefix = m
+        req.kv_committed_len = req.kv_allocated_len = req.num_computed_tokens = m.length
         assert req.req_pool_idx is not None
         self.req_table.write(req.req_pool_idx, 0, m.indices)
+        return m
 
-    def load_host(self, req: Req) -> None:
+    def load_host(self, req: Req) -> PrefixHandle:
         """Device slots for the host part of req's match, filled by a host -> device copy that the next
-        step carries. The caller made the slots free (`ensure_free`)."""
-        n = req.host_hit_length
-        if not n or req.last_node is req.last_host_node:
-            return
+        step carries; returns req's prefix, all on the device now. The caller made the slots free
+        (`ensure_free`)."""
+        m = req.prefix
+        if m is None or req.req_pool_idx is None:
+            raise RuntimeError(f"{req.rid}: load_host before match_prefix")
+        n = m.host_hit_length
+        if not n:
+            return m
         slots = self.allocator.alloc(n)
-        if slots is None or req.req_pool_idx is None:
+        if slots is None:
             raise RuntimeError(f"{req.rid}: no device slots to load {n} host-tier tokens into")
-        req.prefix_indices = self.tree.load_back(
-            MatchResult(req.prefix_indices, req.last_node, req.last_host_node, n), slots
-        )
-        self.req_table.write(req.req_pool_idx, len(req.prefix_indices) - n, slots)
-        req.last_node = req.last_host_node
+        req.prefix = PrefixHandle(self.tree.load_back(m, slots), m.last_host_node, m.last_host_node, 0)
+        self.req_table.write(req.req_pool_idx, len(m.indices), slots)
         self.host_hit_tokens += n
+        return req.prefix
 
     def unmatch_prefix(self, req: Req) -> None:
         """Undo match_prefix for a request that could not be admitted after all."""
-        if req.last_host_node is not None:
-            self.tree.dec_lock_ref(req.last_host_node)
-        req.last_node = req.last_host_node = None
-        req.host_hit_length = 0
-        req.prefix_indices = []
-        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = req.num_computed_tokens = 0
+        if req.prefix is not None:
+            self.tree.dec_lock_ref(req.prefix.last_host_node)
+        req.prefix = None
+        req.kv_committed_len = req.kv_allocated_len = req.num_computed_tokens = 0
 
     # ---- growth -------------------------------------------------------------------------------
     def pages_needed(self, req: Req, n: int) -> int:
@@ -151,13 +149,11 @@ class KVCacheManager:
         row = req.req_pool_idx
         if self.tree.insert(key, self.req_table.slots(row, 0, aligned)) != req.cache_protected_len:
             return  # the cache took nothing (no prefix cache)
-        m = self.tree.match_prefix(key)
+        m = self.tree.match_prefix(key)  # all of key, on the device: req's protected prefix becomes `aligned`
         self.tree.inc_lock_ref(m.last_host_node)
-        if req.last_host_node is not None:
-            self.tree.dec_lock_ref(req.last_host_node)
-        req.last_node = req.last_host_node = m.last_host_node
-        req.prefix_indices = m.indices
-        req.cache_protected_len = aligned
+        if req.prefix is not None:
+            self.tree.dec_lock_ref(req.prefix.last_host_node)
+        req.prefix = m
 
     def release(self, req: Req) -> int | None:
         """Free everything req owns, caching its committed prefix; returns its row (the worker drops it)."""
@@ -179,9 +175,9 @@ class KVCacheManager:
             to_free += self.req_table.slots(row, aligned, allocated)
         if to_free:
             self.allocator.free(to_free)
-        if req.last_host_node is not None:
-            self.tree.dec_lock_ref(req.last_host_node)
-        req.last_node = req.last_host_node = None
+        if req.prefix is not None:
+            self.tree.dec_lock_ref(req.prefix.last_host_node)
+        req.prefix = None
         self.req_table.free(row)
         req.req_pool_idx = None
         req.kv_committed_len = req.kv_allocated_len = 0
@@ -220,7 +216,7 @@ class KVCacheManager:
         rows: set[int] = set()
         for req in live:
             if req.req_pool_idx is None:
-                if req.kv_allocated_len or req.last_host_node is not None:
+                if req.kv_allocated_len or req.prefix is not None:
                     raise AssertionError(f"{req.rid} holds KV or a lock without a row")
                 continue
             if not req.cache_protected_len <= req.kv_committed_len <= req.kv_allocated_len:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from protocol.messages import KVCopies
 from scheduler.host_tier import HostTier, NoHostTier
-from scheduler.prefix_cache import MatchResult
+from scheduler.prefix_cache import PrefixHandle
 from scheduler.tree_node import ChildKey, TreeNode
 
 
@@ -119,7 +119,7 @@ class RadixCache:
             yield child
             node, pos = child, pos + m  # after a split, the next lookup misses and ends the walk
 
-    def match_prefix(self, key: Sequence[int]) -> MatchResult:
+    def match_prefix(self, key: Sequence[int]) -> PrefixHandle:
         indices: list[int] = []
         last = host_last = self.root
         host_len = 0
@@ -130,9 +130,9 @@ class RadixCache:
             else:
                 host_len += len(node.key)
             host_last = node
-        return MatchResult(indices, last, host_last, host_len)
+        return PrefixHandle(indices, last, host_last, host_len)
 
-    def load_back(self, match: MatchResult, slots: list[int]) -> list[int]:
+    def load_back(self, match: PrefixHandle, slots: list[int]) -> list[int]:
         """Put the host-only part of a match (locked by the caller) on the device slots given."""
         if len(slots) != match.host_hit_length:
             raise ValueError(f"load_back: {match.host_hit_length} host tokens but {len(slots)} device slots")

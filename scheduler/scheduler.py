@@ -336,7 +336,7 @@ class Scheduler:
         for req in reqs:
             if not req.time_stats.first_scheduled:
                 req.time_stats.first_scheduled = now
-                req.cached_tokens = len(req.prefix_indices)
+                req.cached_tokens = req.cache_protected_len  # admitted this step: all of it on the device
                 self.stats.prefix_queries += len(req.origin_input_ids)
                 self.stats.prefix_hits += req.cached_tokens
 
