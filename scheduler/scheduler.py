@@ -32,7 +32,7 @@ from scheduler.finish import FinishReason
 from scheduler.kv_cache import KVCacheManager
 from scheduler.prefill import admit_waiting
 from scheduler.req import Req
-from scheduler.spec_decode import SpecStats, commit_drafts
+from scheduler.spec_decode import SpecStats, Speculation
 from scheduler.step_plan import InflightStep, StepPlan, to_output
 from scheduler.stop_checker import StopChecker, StopMatch
 from scheduler.structured import StructuredOutput
@@ -71,7 +71,8 @@ class Scheduler:
         self._deltas: list[TokenDelta] = []
         self._delta_of: dict[str, TokenDelta] = {}
         self.stats = SchedulerStats()
-        self.spec = SpecStats()
+        self.spec = SpecStats()  # reported in the load either way; moves only with speculation on
+        self.speculation = Speculation(cfg.spec_tokens, self.kv, self.spec) if cfg.spec_tokens else None
         self.stop_checker = StopChecker(cfg.model)
         self.structured = StructuredOutput(cfg.model, info.vocab_size, cfg.grammar_compile_timeout_s)
         self._next_step = 0
@@ -149,7 +150,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput | None:
         budget = self.cfg.max_num_batched_tokens
         plan = StepPlan(budget=budget, prefill_cap=self.cfg.chunked_prefill_tokens or budget)
-        schedule_running(self.running, self.kv, plan, self._retract, self.cfg.spec_tokens)
+        schedule_running(self.running, self.kv, plan, self._retract, self.speculation)
         admit_waiting(self.waiting, self.running, self.kv, plan, self.cfg.max_running_requests)
         self._note_first_scheduled(plan.reqs)
         if not plan.items:
@@ -188,7 +189,8 @@ class Scheduler:
                 continue  # the overrun of a request that already ended (or was retracted): dropped
             drafts = step.num_drafts[i]
             req.num_output_placeholders -= 1 + drafts
-            commit_drafts(req, self.kv, self.spec, drafts, checked, len(tokens) - 1)
+            if self.speculation is not None:
+                self.speculation.commit(req, drafts, checked, len(tokens) - 1)
             for tok in tokens:  # an accepted run ends at the first token that finishes the request
                 matched, grammar_done = None, False
                 if req.to_finish is None:
