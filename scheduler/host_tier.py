@@ -14,7 +14,7 @@ just drops the copy; a host-only node must be a leaf and leaves the tree.
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from scheduler.kv_allocator import KVAllocator
 from scheduler.tree_node import TreeNode
@@ -23,36 +23,13 @@ if TYPE_CHECKING:
     from scheduler.radix_cache import RadixCache
 
 
-class HostTier(Protocol):
-    def bind(self, tree: RadixCache) -> None:
-        """Called once by the tree it serves."""
-        ...
-
-    def on_insert(self, node: TreeNode) -> None:
-        """node just took device slots from insert."""
-        ...
-
-    def on_evict(self, node: TreeNode) -> bool:
-        """node is leaving the device: True if its KV stays in the host tier (the node stays, host-only)."""
-        ...
-
-    def free(self, slots: list[int]) -> None:
-        """Host slots of nodes that left the tree."""
-        ...
-
-    @property
-    def size(self) -> int: ...
-
-    @property
-    def used(self) -> int: ...
-
-    def check_integrity(self, tree_slots: list[int]) -> None:
-        """tree_slots: every host slot the tree's nodes hold."""
-        ...
-
-
 class NoHostTier:
-    """Device memory only: an evicted node's KV is dropped, and no node ever holds host slots."""
+    """Device memory only: an evicted node's KV is dropped, and no node ever holds host slots.
+
+    The calls every policy answers: bind (once, by the tree it serves), on_insert (a node just took device
+    slots from insert), on_evict (a node leaves the device: True if its KV stays in the host tier, the
+    node host-only), free (host slots of nodes that left the tree), size and used (host slots), and
+    check_integrity (given every host slot the tree's nodes hold)."""
 
     size = used = 0
 
@@ -164,4 +141,5 @@ class WriteThrough(WriteBack):
         self._backup(node)  # a full host pool only means this node is not backed up yet (write-back later)
 
 
+HostTier = NoHostTier | WriteBack  # WriteThrough is a WriteBack
 POLICIES: dict[str, type[WriteBack]] = {"write_back": WriteBack, "write_through": WriteThrough}

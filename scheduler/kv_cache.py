@@ -10,7 +10,7 @@ from protocol.messages import KVCopies
 from scheduler.host_tier import POLICIES
 from scheduler.kv_allocator import KVAllocator
 from scheduler.no_prefix_cache import NoPrefixCache
-from scheduler.prefix_cache import PrefixCache, PrefixHandle
+from scheduler.prefix_cache import PrefixHandle
 from scheduler.radix_cache import RadixCache
 from scheduler.req import Req
 from scheduler.req_table import ReqToTokenPool
@@ -23,7 +23,7 @@ class KVCacheManager:
     ) -> None:
         self.allocator = KVAllocator(num_slots, page_size)
         self.req_table = ReqToTokenPool(max_reqs, max_context)
-        self.tree: PrefixCache
+        self.tree: RadixCache | NoPrefixCache
         if not prefix_cache:
             self.tree = NoPrefixCache(page_size)
         else:
@@ -56,8 +56,7 @@ class KVCacheManager:
         fill = req.fill_ids
         n = len(fill) - 1 if limit is None else min(limit, len(fill) - 1)
         m = self.tree.match_prefix(fill[:n])
-        self.tree.inc_lock_ref(m.last_host_node)
-        req.prefix = m
+        self._hold(req, m)
         req.kv_committed_len = req.kv_allocated_len = req.num_computed_tokens = m.length
         assert req.req_pool_idx is not None
         self.req_table.write(req.req_pool_idx, 0, m.indices)
@@ -83,10 +82,16 @@ class KVCacheManager:
 
     def unmatch_prefix(self, req: Req) -> None:
         """Undo match_prefix for a request that could not be admitted after all."""
+        self._hold(req, None)
+        req.kv_committed_len = req.kv_allocated_len = req.num_computed_tokens = 0
+
+    def _hold(self, req: Req, prefix: PrefixHandle | None) -> None:
+        """Move req's lock on the cache to prefix (None: let go), locking the new one first."""
+        if prefix is not None:
+            self.tree.inc_lock_ref(prefix.last_host_node)
         if req.prefix is not None:
             self.tree.dec_lock_ref(req.prefix.last_host_node)
-        req.prefix = None
-        req.kv_committed_len = req.kv_allocated_len = req.num_computed_tokens = 0
+        req.prefix = prefix
 
     # ---- growth -------------------------------------------------------------------------------
     def pages_needed(self, req: Req, n: int) -> int:
@@ -149,11 +154,7 @@ class KVCacheManager:
         row = req.req_pool_idx
         if self.tree.insert(key, self.req_table.slots(row, 0, aligned)) != req.cache_protected_len:
             return  # the cache took nothing (no prefix cache)
-        m = self.tree.match_prefix(key)  # all of key, on the device: req's protected prefix becomes `aligned`
-        self.tree.inc_lock_ref(m.last_host_node)
-        if req.prefix is not None:
-            self.tree.dec_lock_ref(req.prefix.last_host_node)
-        req.prefix = m
+        self._hold(req, self.tree.match_prefix(key))  # all of key, on the device: protected becomes `aligned`
 
     def release(self, req: Req) -> int | None:
         """Free everything req owns, caching its committed prefix; returns its row (the worker drops it)."""
@@ -175,9 +176,7 @@ class KVCacheManager:
             to_free += self.req_table.slots(row, aligned, allocated)
         if to_free:
             self.allocator.free(to_free)
-        if req.prefix is not None:
-            self.tree.dec_lock_ref(req.prefix.last_host_node)
-        req.prefix = None
+        self._hold(req, None)
         self.req_table.free(row)
         req.req_pool_idx = None
         req.kv_committed_len = req.kv_allocated_len = 0

@@ -1,8 +1,10 @@
 """The prefix-cache interface the KV manager talks to, and the handle on a cached prefix: what a match
 returns and what a request holds while it runs (`Req.prefix`).
 
-Two implementations: `RadixCache` (a radix tree whose nodes keep their KV on the device and, with a host
-tier policy from scheduler/host_tier.py, in a larger host pool) and `NoPrefixCache` (caches nothing).
+Two implementations, which the KV manager takes either of: `RadixCache` (a radix tree whose nodes keep
+their KV on the device and, with a host tier policy from scheduler/host_tier.py, in a larger host pool)
+and `NoPrefixCache` (caches nothing). Besides the calls below both report `evictable_size`,
+`protected_size`, `host_size` and `host_used` (0 without a host tier) and list `all_slots()`.
 
 Contract, in the terms of the request's row (slots of token positions 0..n):
 - `match_prefix(key)` finds the longest cached, page-aligned prefix of key. `indices` are the device slots
@@ -24,11 +26,8 @@ Contract, in the terms of the request's row (slots of token positions 0..n):
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
-from protocol.messages import KVCopies
 from scheduler.tree_node import TreeNode
 
 
@@ -47,40 +46,3 @@ class PrefixHandle:
         """Tokens of the prefix, both tiers."""
         return len(self.indices) + self.host_hit_length
 
-
-class PrefixCache(Protocol):
-    page_size: int
-
-    def match_prefix(self, key: Sequence[int]) -> PrefixHandle: ...
-
-    def load_back(self, match: PrefixHandle, slots: list[int]) -> list[int]: ...
-
-    def insert(self, key: Sequence[int], indices: Sequence[int]) -> int: ...
-
-    def inc_lock_ref(self, node: TreeNode) -> None: ...
-
-    def dec_lock_ref(self, node: TreeNode) -> None: ...
-
-    def evict(self, num_tokens: int) -> int: ...
-
-    def take_copies(self) -> KVCopies | None: ...
-
-    @property
-    def evictable_size(self) -> int: ...
-
-    @property
-    def protected_size(self) -> int: ...
-
-    @property
-    def host_size(self) -> int:
-        """Slots of the host pool (0 without a host tier)."""
-        ...
-
-    @property
-    def host_used(self) -> int: ...
-
-    def all_slots(self) -> list[int]:
-        """Every device slot the tree owns."""
-        ...
-
-    def check_integrity(self) -> None: ...
