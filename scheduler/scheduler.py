@@ -112,9 +112,7 @@ class Scheduler:
         else:
             self.waiting.append(req)
         p = msg.params
-        self.outbox.append(
-            DetokRegister(req.rid, msg.input_ids[-8:], p.skip_special_tokens, p.stop)
-        )
+        self.outbox.append(DetokRegister(req.rid, msg.input_ids[-8:], p.skip_special_tokens, p.stop))
 
     def abort(self, rid: str, message: str = "aborted by client") -> None:
         req = self.reqs.get(rid)
