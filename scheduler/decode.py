@@ -6,14 +6,15 @@ from collections.abc import Callable
 
 from scheduler.kv_cache import KVCacheManager
 from scheduler.req import Req
-from scheduler.spec_decode import num_drafts
+from scheduler.spec_decode import Speculation
 from scheduler.step_plan import StepPlan
 
 
 def schedule_running(
-    running: list[Req], kv: KVCacheManager, plan: StepPlan, retract: Callable[[Req], None], spec_tokens: int = 0
+    running: list[Req], kv: KVCacheManager, plan: StepPlan, retract: Callable[[Req], None],
+    spec: Speculation | None = None,
 ) -> None:
-    """spec_tokens: draft tokens a decode may verify (speculative decoding; 0: off)."""
+    """spec: speculative decoding, when configured (None: off)."""
     for req in list(running):
         if plan.budget <= 0:
             break
@@ -28,7 +29,7 @@ def schedule_running(
         n = min(todo, plan.prefill_budget if prefilling else plan.budget)
         if n <= 0:
             continue
-        drafts = 0 if prefilling else min(num_drafts(req, spec_tokens), plan.budget - n)
+        drafts = 0 if prefilling or spec is None else min(spec.num_drafts(req), plan.budget - n)
         slots = kv.grow(req, n + drafts)
         if slots is None and drafts:
             drafts = 0  # short of KV: drafts are the first thing to go, before any retraction

@@ -7,10 +7,10 @@ slots the tree owns (`load_host`) before the request's first step.
 from __future__ import annotations
 
 from protocol.messages import KVCopies
-from scheduler.host_radix_cache import HostRadixCache
+from scheduler.host_tier import POLICIES
 from scheduler.kv_allocator import KVAllocator
 from scheduler.no_prefix_cache import NoPrefixCache
-from scheduler.prefix_cache import MatchResult, PrefixCache
+from scheduler.prefix_cache import PrefixHandle
 from scheduler.radix_cache import RadixCache
 from scheduler.req import Req
 from scheduler.req_table import ReqToTokenPool
@@ -19,18 +19,16 @@ from scheduler.req_table import ReqToTokenPool
 class KVCacheManager:
     def __init__(
         self, num_slots: int, max_reqs: int, max_context: int, page_size: int = 1, prefix_cache: bool = True,
-        host_slots: int = 0, write_through: bool = False,
+        host_slots: int = 0, host_policy: str = "write_back",
     ) -> None:
         self.allocator = KVAllocator(num_slots, page_size)
         self.req_table = ReqToTokenPool(max_reqs, max_context)
-        self.tree: PrefixCache
+        self.tree: RadixCache | NoPrefixCache
         if not prefix_cache:
             self.tree = NoPrefixCache(page_size)
-        elif host_slots:
-            self.tree = HostRadixCache(self.allocator.free, KVAllocator(host_slots, page_size), page_size,
-                                       write_through)
         else:
-            self.tree = RadixCache(self.allocator.free, page_size)
+            host = POLICIES[host_policy](KVAllocator(host_slots, page_size)) if host_slots else None
+            self.tree = RadixCache(self.allocator.free, page_size, host)
         self.page_size = page_size
         self.host_hit_tokens = 0  # prompt tokens whose KV was copied back from the host tier
 
@@ -51,46 +49,49 @@ class KVCacheManager:
         req.req_pool_idx = row
         return True
 
-    def match_prefix(self, req: Req, limit: int | None = None) -> None:
+    def match_prefix(self, req: Req, limit: int | None = None) -> PrefixHandle:
         """Attach the longest cached prefix of req's first `limit` tokens (always leaving one token to
-        compute), both tiers, and lock it. The host part (req.host_hit_length tokens) counts as computed
-        but has no device slots until `load_host`."""
+        compute), both tiers, and lock it. The host part (host_hit_length tokens) counts as computed but
+        has no device slots until `load_host`."""
         fill = req.fill_ids
         n = len(fill) - 1 if limit is None else min(limit, len(fill) - 1)
         m = self.tree.match_prefix(fill[:n])
-        self.tree.inc_lock_ref(m.last_host_node)
-        req.last_node, req.last_host_node, req.host_hit_length = m.last_node, m.last_host_node, m.host_hit_length
-        req.prefix_indices = m.indices
-        total = len(m.indices) + m.host_hit_length
-        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = total
-        req.num_computed_tokens = total
+        self._hold(req, m)
+        req.kv_committed_len = req.kv_allocated_len = req.num_computed_tokens = m.length
         assert req.req_pool_idx is not None
         self.req_table.write(req.req_pool_idx, 0, m.indices)
+        return m
 
-    def load_host(self, req: Req) -> None:
+    def load_host(self, req: Req) -> PrefixHandle:
         """Device slots for the host part of req's match, filled by a host -> device copy that the next
-        step carries. The caller made the slots free (`ensure_free`)."""
-        n = req.host_hit_length
-        if not n or req.last_node is req.last_host_node:
-            return
+        step carries; returns req's prefix, all on the device now. The caller made the slots free
+        (`ensure_free`)."""
+        m = req.prefix
+        if m is None or req.req_pool_idx is None:
+            raise RuntimeError(f"{req.rid}: load_host before match_prefix")
+        n = m.host_hit_length
+        if not n:
+            return m
         slots = self.allocator.alloc(n)
-        if slots is None or req.req_pool_idx is None:
+        if slots is None:
             raise RuntimeError(f"{req.rid}: no device slots to load {n} host-tier tokens into")
-        req.prefix_indices = self.tree.load_back(
-            MatchResult(req.prefix_indices, req.last_node, req.last_host_node, n), slots
-        )
-        self.req_table.write(req.req_pool_idx, len(req.prefix_indices) - n, slots)
-        req.last_node = req.last_host_node
+        req.prefix = PrefixHandle(self.tree.load_back(m, slots), m.last_host_node, m.last_host_node, 0)
+        self.req_table.write(req.req_pool_idx, len(m.indices), slots)
         self.host_hit_tokens += n
+        return req.prefix
 
     def unmatch_prefix(self, req: Req) -> None:
         """Undo match_prefix for a request that could not be admitted after all."""
-        if req.last_host_node is not None:
-            self.tree.dec_lock_ref(req.last_host_node)
-        req.last_node = req.last_host_node = None
-        req.host_hit_length = 0
-        req.prefix_indices = []
-        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = req.num_computed_tokens = 0
+        self._hold(req, None)
+        req.kv_committed_len = req.kv_allocated_len = req.num_computed_tokens = 0
+
+    def _hold(self, req: Req, prefix: PrefixHandle | None) -> None:
+        """Move req's lock on the cache to prefix (None: let go), locking the new one first."""
+        if prefix is not None:
+            self.tree.inc_lock_ref(prefix.last_host_node)
+        if req.prefix is not None:
+            self.tree.dec_lock_ref(req.prefix.last_host_node)
+        req.prefix = prefix
 
     # ---- growth -------------------------------------------------------------------------------
     def pages_needed(self, req: Req, n: int) -> int:
@@ -153,13 +154,7 @@ class KVCacheManager:
         row = req.req_pool_idx
         if self.tree.insert(key, self.req_table.slots(row, 0, aligned)) != req.cache_protected_len:
             return  # the cache took nothing (no prefix cache)
-        m = self.tree.match_prefix(key)
-        self.tree.inc_lock_ref(m.last_host_node)
-        if req.last_host_node is not None:
-            self.tree.dec_lock_ref(req.last_host_node)
-        req.last_node = req.last_host_node = m.last_host_node
-        req.prefix_indices = m.indices
-        req.cache_protected_len = aligned
+        self._hold(req, self.tree.match_prefix(key))  # all of key, on the device: protected becomes `aligned`
 
     def release(self, req: Req) -> int | None:
         """Free everything req owns, caching its committed prefix; returns its row (the worker drops it)."""
@@ -181,9 +176,7 @@ class KVCacheManager:
             to_free += self.req_table.slots(row, aligned, allocated)
         if to_free:
             self.allocator.free(to_free)
-        if req.last_host_node is not None:
-            self.tree.dec_lock_ref(req.last_host_node)
-        req.last_node = req.last_host_node = None
+        self._hold(req, None)
         self.req_table.free(row)
         req.req_pool_idx = None
         req.kv_committed_len = req.kv_allocated_len = 0
@@ -222,7 +215,7 @@ class KVCacheManager:
         rows: set[int] = set()
         for req in live:
             if req.req_pool_idx is None:
-                if req.kv_allocated_len or req.last_host_node is not None:
+                if req.kv_allocated_len or req.prefix is not None:
                     raise AssertionError(f"{req.rid} holds KV or a lock without a row")
                 continue
             if not req.cache_protected_len <= req.kv_committed_len <= req.kv_allocated_len:

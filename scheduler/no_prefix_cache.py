@@ -3,21 +3,21 @@ handed back, so every request computes its whole prompt and frees all of its KV.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from protocol.messages import KVCopies
-from scheduler.prefix_cache import MatchResult
+from scheduler.prefix_cache import PrefixHandle
+from scheduler.tree_node import TreeNode
 
 
 class NoPrefixCache:
     def __init__(self, page_size: int = 1) -> None:
         self.page_size = page_size
-        self.root = object()  # what an empty match points at; locking it is a no-op
+        self.root = TreeNode(None, [], [], 0)  # what an empty match points at; locking it is a no-op
 
-    def match_prefix(self, key: Sequence[int]) -> MatchResult:
-        return MatchResult([], self.root)
+    def match_prefix(self, key: Sequence[int]) -> PrefixHandle:
+        return PrefixHandle([], self.root, self.root, 0)
 
-    def load_back(self, match: MatchResult, slots: list[int]) -> list[int]:
+    def load_back(self, match: PrefixHandle, slots: list[int]) -> list[int]:
         if match.host_hit_length or slots:
             raise ValueError("load_back: this cache has no host tier")
         return []
@@ -27,7 +27,7 @@ class NoPrefixCache:
             raise ValueError(f"insert: {len(key)} tokens but {len(indices)} slots")
         return len(key)  # "all of it was cached already": the caller keeps every slot
 
-    def inc_lock_ref(self, node: Any) -> None:
+    def inc_lock_ref(self, node: TreeNode) -> None:
         if node is not self.root:
             raise ValueError(f"{node} is not this cache's node")
 

@@ -31,8 +31,8 @@ def admit_waiting(
         req = waiting[0]
         if not kv.assign_row(req):
             break
-        kv.match_prefix(req, prefix_limit(req))
-        load = -(-req.host_hit_length // HOST_LOAD_DIVISOR)
+        prefix = kv.match_prefix(req, prefix_limit(req))
+        load = -(-prefix.host_hit_length // HOST_LOAD_DIVISOR)
         room = plan.prefill_budget - load
         first = not plan.prefill_used and not plan.load_used
         if room < 1 and not first:  # the load does not fit beside this step's other prefills: next step
@@ -41,12 +41,12 @@ def admit_waiting(
         n = min(req.num_tokens_to_compute, max(room, 1))
         # Device slots for the host part of the match and the tokens to compute; plus a page per running
         # request in reserve so the admitted prefill doesn't force a retraction at the very next decode.
-        need = req.host_hit_length + kv.pages_needed(req, n) * kv.page_size
+        need = prefix.host_hit_length + kv.pages_needed(req, n) * kv.page_size
         reserve = len(running) * kv.page_size
         if kv.available_slots < need + reserve or not kv.ensure_free(need):
             release_unadmitted(req, kv)
             break
-        kv.load_host(req)  # neither can run short now: nothing can fail once a load is queued
+        prefix = kv.load_host(req)  # neither can run short now: nothing can fail once a load is queued
         plan.add_load(load)
         slots = kv.grow(req, n)
         if slots is None:
@@ -55,7 +55,7 @@ def admit_waiting(
         running.append(req)
         plan.new_reqs.append(new_req_data(req))
         req.needs_new_data = False
-        plan.add(req, n, slots, slot_start=0, prefix=req.prefix_indices)
+        plan.add(req, n, slots, slot_start=0, prefix=prefix.indices)
 
 
 def prefix_limit(req: Req) -> int | None:

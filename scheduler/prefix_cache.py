@@ -1,7 +1,10 @@
-"""The prefix-cache interface the KV manager talks to, and what a match returns.
+"""The prefix-cache interface the KV manager talks to, and the handle on a cached prefix: what a match
+returns and what a request holds while it runs (`Req.prefix`).
 
-Three implementations: `RadixCache` (device memory only), `HostRadixCache` (a radix tree whose nodes keep
-their KV on the device, in a larger host pool, or both) and `NoPrefixCache` (caches nothing).
+Two implementations, which the KV manager takes either of: `RadixCache` (a radix tree whose nodes keep
+their KV on the device and, with a host tier policy from scheduler/host_tier.py, in a larger host pool)
+and `NoPrefixCache` (caches nothing). Besides the calls below both report `evictable_size`,
+`protected_size`, `host_size` and `host_used` (0 without a host tier) and list `all_slots()`.
 
 Contract, in the terms of the request's row (slots of token positions 0..n):
 - `match_prefix(key)` finds the longest cached, page-aligned prefix of key. `indices` are the device slots
@@ -16,65 +19,30 @@ Contract, in the terms of the request's row (slots of token positions 0..n):
   held on the device: the caller keeps owning indices[:that] (and the tail past the last whole page);
   the tree takes the slots in between. `NoPrefixCache` returns len(key): it takes nothing.
 - `evict(n)` frees at least n device slots from unlocked nodes if it can (LRU), returning the number;
-  with a host tier, their KV goes to the host pool first (write-back).
+  with a host tier, their KV stays in the host pool (copied there now, or at insert with write-through).
 - `take_copies()` hands over the device <-> host copies queued since the last call (None when there are
   none); they must reach the worker before any step that reuses the evicted device slots.
 - `check_integrity()` raises AssertionError on a broken invariant, in either tier.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
 
-from protocol.messages import KVCopies
+from scheduler.tree_node import TreeNode
 
 
 @dataclass
-class MatchResult:
-    indices: list[int]  # device KV slots of the matched prefix's on-device part (whole pages)
-    last_node: Any  # deepest matched node on the device (the root when none)
-    last_host_node: Any = None  # deepest matched node overall; its part past last_node is host-only
-    host_hit_length: int = 0  # tokens matched in the host tier only, after `indices`
+class PrefixHandle:
+    """A cached prefix: what a match found, and what a request holds (locked) while it has a row. The
+    scheduler reads the slots and lengths; the nodes are for the cache's own calls."""
 
-    def __post_init__(self) -> None:
-        if self.last_host_node is None:
-            self.last_host_node = self.last_node
-
-
-class PrefixCache(Protocol):
-    page_size: int
-
-    def match_prefix(self, key: Sequence[int]) -> MatchResult: ...
-
-    def load_back(self, match: MatchResult, slots: list[int]) -> list[int]: ...
-
-    def insert(self, key: Sequence[int], indices: Sequence[int]) -> int: ...
-
-    def inc_lock_ref(self, node: Any) -> None: ...
-
-    def dec_lock_ref(self, node: Any) -> None: ...
-
-    def evict(self, num_tokens: int) -> int: ...
-
-    def take_copies(self) -> KVCopies | None: ...
+    indices: list[int]  # device KV slots of the prefix's on-device part (whole pages)
+    last_node: TreeNode  # deepest node of it on the device (the root when none)
+    last_host_node: TreeNode  # deepest node of it overall; its part past last_node is host-only
+    host_hit_length: int  # tokens of it in the host tier only, after `indices`
 
     @property
-    def evictable_size(self) -> int: ...
+    def length(self) -> int:
+        """Tokens of the prefix, both tiers."""
+        return len(self.indices) + self.host_hit_length
 
-    @property
-    def protected_size(self) -> int: ...
-
-    @property
-    def host_size(self) -> int:
-        """Slots of the host pool (0 without a host tier)."""
-        ...
-
-    @property
-    def host_used(self) -> int: ...
-
-    def all_slots(self) -> list[int]:
-        """Every device slot the tree owns."""
-        ...
-
-    def check_integrity(self) -> None: ...

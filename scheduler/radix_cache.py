@@ -1,49 +1,29 @@
-"""Radix prefix cache: a radix tree over token ids whose nodes own KV slots (after SGLang's RadixCache).
+"""Radix prefix cache: a radix tree over token ids whose nodes own KV slots (after SGLang's RadixCache and
+HiCache), on the device and, with a host tier, in a larger host pool.
 
-Ownership: every slot in a node belongs to the tree until `evict` (or `reset`) hands it back through
+Ownership: every device slot in a node belongs to the tree until `evict` (or `reset`) hands it back through
 `free_slots`. Keys are page-aligned: every edge's key is a multiple of page_size long and children are keyed
 by the first page of their edge, so siblings never share a first page and a split always lands on a page
 boundary. Access times come from a counter ticked once per match/insert, so tests are deterministic.
 
-A node's KV lives on the device (`value`), in a host tier (`host_value`, see `HostRadixCache`), or both;
-without a host tier every node is on the device. The device part is prefix-closed: a node on the device
-has its parent on the device, so a match is a device run followed by a host-only run.
+A node's KV lives on the device (`value`), in the host tier (`host_value`), or both. The host tier is a
+policy (scheduler/host_tier.py) the tree calls where a tier changes what happens: when a node is cached
+(write-through copies it to the host at once) and when a node leaves the device (it stays in the tree,
+host-only, or leaves it; with `NoHostTier` it always leaves, so every node is on the device). The device
+part is prefix-closed: a node on the device has its parent on the device, so a match is a device run
+followed by a host-only run, which `load_back` copies back to fresh device slots instead of recomputing.
+The tree only does the accounting: the copies it decides are queued as slot lists (`take_copies`) that
+the worker runs before the step that could reuse the slots.
 """
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections.abc import Callable, Iterator, Sequence
 
 from protocol.messages import KVCopies
-from scheduler.prefix_cache import MatchResult
-
-ChildKey = int | tuple[int, ...]
-
-
-class TreeNode:
-    __slots__ = ("children", "parent", "key", "value", "host_value", "lock_ref", "last_access", "id")
-    _ids = itertools.count()  # heap tie-break, so eviction order never compares nodes
-
-    def __init__(
-        self, parent: TreeNode | None, key: list[int], value: list[int] | None, last_access: int,
-        host_value: list[int] | None = None,
-    ) -> None:
-        self.children: dict[ChildKey, TreeNode] = {}
-        self.parent = parent  # None for the root and for evicted (detached) nodes
-        self.key = key
-        self.value = value  # device KV slots, one per token of key; None: not on the device
-        self.host_value = host_value  # host-tier slots, one per token of key; None: not in the host tier
-        self.lock_ref = 0
-        self.last_access = last_access
-        self.id = next(TreeNode._ids)
-
-    @property
-    def device_len(self) -> int:
-        return len(self.value) if self.value is not None else 0
-
-    def __repr__(self) -> str:
-        return f"TreeNode(id={self.id}, len={len(self.key)}, lock={self.lock_ref}, t={self.last_access})"
+from scheduler.host_tier import HostTier, NoHostTier
+from scheduler.prefix_cache import PrefixHandle
+from scheduler.tree_node import ChildKey, TreeNode
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -53,11 +33,16 @@ def _check(cond: bool, msg: str) -> None:
 
 
 class RadixCache:
-    def __init__(self, free_slots: Callable[[list[int]], None], page_size: int = 1) -> None:
+    def __init__(
+        self, free_slots: Callable[[list[int]], None], page_size: int = 1, host: HostTier | None = None
+    ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.free_slots = free_slots
         self.page_size = page_size
+        self.host: HostTier = NoHostTier() if host is None else host
+        self.host.bind(self)
+        self.copies = KVCopies()  # device <-> host copies queued since the last take_copies()
         self._clock = 0
         self._new_root()
 
@@ -109,7 +94,7 @@ class RadixCache:
         front.children[self._child_key(child.key, 0)] = child
         return front
 
-    def _nodes(self) -> Iterator[TreeNode]:
+    def nodes(self) -> Iterator[TreeNode]:
         """Every node but the root."""
         stack = list(self.root.children.values())
         while stack:
@@ -134,7 +119,7 @@ class RadixCache:
             yield child
             node, pos = child, pos + m  # after a split, the next lookup misses and ends the walk
 
-    def match_prefix(self, key: Sequence[int]) -> MatchResult:
+    def match_prefix(self, key: Sequence[int]) -> PrefixHandle:
         indices: list[int] = []
         last = host_last = self.root
         host_len = 0
@@ -145,18 +130,39 @@ class RadixCache:
             else:
                 host_len += len(node.key)
             host_last = node
-        return MatchResult(indices, last, host_last, host_len)
+        return PrefixHandle(indices, last, host_last, host_len)
 
-    def load_back(self, match: MatchResult, slots: list[int]) -> list[int]:
-        if match.host_hit_length or slots:
-            raise ValueError("load_back: this cache has no host tier")
-        return match.indices
+    def load_back(self, match: PrefixHandle, slots: list[int]) -> list[int]:
+        """Put the host-only part of a match (locked by the caller) on the device slots given."""
+        if len(slots) != match.host_hit_length:
+            raise ValueError(f"load_back: {match.host_hit_length} host tokens but {len(slots)} device slots")
+        path: list[TreeNode] = []
+        node: TreeNode | None = match.last_host_node
+        while node is not match.last_node and node is not None:
+            path.append(node)
+            node = node.parent
+        pos = 0
+        for node in reversed(path):
+            if node.lock_ref == 0 or node.value is not None or node.host_value is None:
+                raise ValueError(f"load_back: {node} is not a locked host-only node")
+            n = len(node.key)
+            node.value = slots[pos : pos + n]
+            self.copies.to_device_src += node.host_value
+            self.copies.to_device_dst += node.value
+            self._protected += n
+            pos += n
+        return match.indices + slots
 
     def take_copies(self) -> KVCopies | None:
-        return None
-
-    def _on_new_leaf(self, node: TreeNode) -> None:
-        """Hook: a node just took device slots from insert (the host tier backs it up, write-through)."""
+        c = self.copies
+        if not c.to_host_src and not c.to_device_src:
+            return None
+        self.copies = KVCopies()
+        # A slot written twice (a host copy evicted and its slots reused before the worker saw either):
+        # only the last write counts, and a batched scatter must not see duplicates.
+        c.to_host_src, c.to_host_dst = _last_writes(c.to_host_src, c.to_host_dst)
+        c.to_device_src, c.to_device_dst = _last_writes(c.to_device_src, c.to_device_dst)
+        return c
 
     def insert(self, key: Sequence[int], indices: Sequence[int]) -> int:
         """Cache key -> indices (both cut down to whole pages). Returns how many leading tokens were
@@ -175,7 +181,7 @@ class RadixCache:
             if child is None:
                 leaf = node.children[ck] = TreeNode(node, key[pos:], list(indices[pos:n]), tick)
                 self._evictable += n - pos
-                self._on_new_leaf(leaf)
+                self.host.on_insert(leaf)
                 return pos if held is None else held
             m = self._match_len(child.key, key, pos)
             if m < len(child.key):
@@ -215,27 +221,48 @@ class RadixCache:
             node = node.parent
 
     def evict(self, num_tokens: int) -> int:
-        """Free at least num_tokens slots if the unlocked part of the tree holds that many, leaf by leaf,
-        least recently used first. Returns the number freed."""
+        """Free at least num_tokens device slots if the unlocked part of the tree holds that many, LRU, leaf
+        of the device part first. Returns the number freed. The host tier keeps each node's KV (the node
+        stays, host-only) or lets it go: then it leaves the tree with its host-only subtree."""
         if num_tokens <= 0:
             return 0
-        # Unlocked leaves only; a child's lock_ref <= its parent's, so an unlocked node's subtree is unlocked.
-        heap = [(n.last_access, n.id, n) for n in self._nodes() if not n.children and n.lock_ref == 0]
+        # A child's lock_ref <= its parent's, so an unlocked node's subtree is unlocked.
+        heap = [(n.last_access, n.id, n) for n in self.nodes() if self._device_leaf(n)]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
             _, _, node = heapq.heappop(heap)
-            parent = node.parent
-            assert parent is not None and node.value is not None
-            self._detach(node)
-            self._evictable -= len(node.value)
-            freed += len(node.value)
-            self.free_slots(node.value)
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+            value, parent = node.value, node.parent
+            assert value is not None and parent is not None
+            if not self.host.on_evict(node):
+                self._drop_subtree(node)
+            node.value = None
+            self._evictable -= len(value)
+            freed += len(value)
+            self.free_slots(value)
+            if self._device_leaf(parent):
                 heapq.heappush(heap, (parent.last_access, parent.id, parent))
         return freed
 
-    def _detach(self, node: TreeNode) -> None:
+    def _device_leaf(self, node: TreeNode) -> bool:
+        return (
+            node is not self.root and node.value is not None and node.lock_ref == 0
+            and all(c.value is None for c in node.children.values())
+        )
+
+    def _drop_subtree(self, node: TreeNode) -> None:
+        """Take an unlocked node out of the tree; its host-only descendants go with it."""
+        self.detach(node)
+        stack = list(node.children.values())
+        while stack:
+            d = stack.pop()
+            assert d.value is None and d.host_value is not None and d.lock_ref == 0
+            self.host.free(d.host_value)
+            d.host_value, d.parent = None, None
+            stack.extend(d.children.values())
+        node.children = {}
+
+    def detach(self, node: TreeNode) -> None:
         assert node.parent is not None
         del node.parent.children[self._child_key(node.key, 0)]
         node.parent = None
@@ -253,17 +280,17 @@ class RadixCache:
 
     @property
     def host_size(self) -> int:
-        return 0
+        return self.host.size
 
     @property
     def host_used(self) -> int:
-        return 0
+        return self.host.used
 
     def all_slots(self) -> list[int]:
-        return [slot for node in self._nodes() if node.value is not None for slot in node.value]
+        return [slot for node in self.nodes() if node.value is not None for slot in node.value]
 
     def all_host_slots(self) -> list[int]:
-        return [slot for node in self._nodes() if node.host_value is not None for slot in node.host_value]
+        return [slot for node in self.nodes() if node.host_value is not None for slot in node.host_value]
 
     def check_integrity(self) -> None:
         root, ps = self.root, self.page_size
@@ -301,12 +328,24 @@ class RadixCache:
         _check(len(host_seen) == host_count, "a host slot is in two places")
         _check(evictable == self._evictable, f"evictable_size {self._evictable} != recomputed {evictable}")
         _check(protected == self._protected, f"protected_size {self._protected} != recomputed {protected}")
+        self.host.check_integrity(self.all_host_slots())
 
     def reset(self) -> None:
-        """Drop the whole tree, handing every slot back through free_slots. Nothing may be locked."""
+        """Drop the whole tree, handing every slot back (device ones through free_slots, host ones to the
+        host tier). Nothing may be locked."""
         if self._protected:
             raise RuntimeError(f"radix cache: reset with {self._protected} locked slots")
-        slots = self.all_slots()
+        slots, host = self.all_slots(), self.all_host_slots()
         self._new_root()
+        self.copies = KVCopies()
         if slots:
             self.free_slots(slots)
+        if host:
+            self.host.free(host)
+
+
+def _last_writes(src: list[int], dst: list[int]) -> tuple[list[int], list[int]]:
+    last = dict(zip(dst, src))  # later pairs overwrite earlier ones
+    if len(last) == len(dst):
+        return src, dst
+    return list(last.values()), list(last)

@@ -10,6 +10,7 @@ from typing import Any
 from protocol.messages import TimeStats
 from protocol.sampling_params import SamplingParams
 from scheduler.finish import FinishReason
+from scheduler.prefix_cache import PrefixHandle
 from scheduler.stop_checker import StopMatch
 
 
@@ -40,13 +41,7 @@ class Req:
 
         # Memory: the request's row in the ReqToTokenPool and the KV it owns there.
         self.req_pool_idx: int | None = None
-        self.prefix_indices: list[int] = []  # KV slots of the cached prefix it was admitted with
-        self.last_node: Any = None  # deepest radix node of its prefix whose KV is on the device
-        # Deepest node of its prefix in either tier, the one it holds a lock on (locking covers the path);
-        # below last_node until the host part (host_hit_length tokens) is copied back to the device.
-        self.last_host_node: Any = None
-        self.host_hit_length = 0  # prefix tokens found only in the host tier at its admission
-        self.cache_protected_len = 0  # tokens of the row owned by the tree, not by this request
+        self.prefix: PrefixHandle | None = None  # its cached prefix, locked in the cache while it has a row
         self.kv_committed_len = 0  # KV that is fact: computed by a finished step
         self.kv_allocated_len = 0  # KV handed out, >= committed (in-flight tokens)
         self._popped_committed = False
@@ -90,6 +85,11 @@ class Req:
 
     def finished(self) -> bool:
         return self.finished_reason is not None
+
+    @property
+    def cache_protected_len(self) -> int:
+        """Tokens of the row owned by the prefix cache, not by this request."""
+        return 0 if self.prefix is None else self.prefix.length
 
     # ---- finishing ---------------------------------------------------------------------------
     def check_finished(self, matched_stop: StopMatch | None = None, grammar_done: bool = False) -> None:
@@ -146,11 +146,7 @@ class Req:
     def reset_for_retract(self) -> None:
         """Back to waiting with no KV and its output kept; it re-prefills fill_ids."""
         self.req_pool_idx = None
-        self.prefix_indices = []
-        self.last_node = None
-        self.last_host_node = None
-        self.host_hit_length = 0
-        self.cache_protected_len = 0
+        self.prefix = None
         self.kv_committed_len = 0
         self.kv_allocated_len = 0
         self._popped_committed = False

@@ -32,7 +32,7 @@ from scheduler.finish import FinishReason
 from scheduler.kv_cache import KVCacheManager
 from scheduler.prefill import admit_waiting
 from scheduler.req import Req
-from scheduler.spec_decode import SpecStats, commit_drafts
+from scheduler.spec_decode import SpecStats, Speculation
 from scheduler.step_plan import InflightStep, StepPlan, to_output
 from scheduler.stop_checker import StopChecker, StopMatch
 from scheduler.structured import StructuredOutput
@@ -59,7 +59,7 @@ class Scheduler:
         self.info = info
         self.kv = KVCacheManager(
             num_kv_slots, cfg.max_running_requests, info.max_model_len, cfg.page_size, cfg.prefix_cache,
-            cfg.host_kv_tokens if num_host_slots is None else num_host_slots, cfg.host_kv_policy == "write_through",
+            cfg.host_kv_tokens if num_host_slots is None else num_host_slots, cfg.host_kv_policy,
         )
         self.eos = frozenset(info.eos_token_ids)
         self.waiting: deque[Req] = deque()
@@ -71,7 +71,8 @@ class Scheduler:
         self._deltas: list[TokenDelta] = []
         self._delta_of: dict[str, TokenDelta] = {}
         self.stats = SchedulerStats()
-        self.spec = SpecStats()
+        self.spec = SpecStats()  # reported in the load either way; moves only with speculation on
+        self.speculation = Speculation(cfg.spec_tokens, self.kv, self.spec) if cfg.spec_tokens else None
         self.stop_checker = StopChecker(cfg.model)
         self.structured = StructuredOutput(cfg.model, info.vocab_size, cfg.grammar_compile_timeout_s)
         self._next_step = 0
@@ -111,9 +112,7 @@ class Scheduler:
         else:
             self.waiting.append(req)
         p = msg.params
-        self.outbox.append(
-            DetokRegister(req.rid, msg.input_ids[-8:], p.skip_special_tokens, p.stop)
-        )
+        self.outbox.append(DetokRegister(req.rid, msg.input_ids[-8:], p.skip_special_tokens, p.stop))
 
     def abort(self, rid: str, message: str = "aborted by client") -> None:
         req = self.reqs.get(rid)
@@ -149,7 +148,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput | None:
         budget = self.cfg.max_num_batched_tokens
         plan = StepPlan(budget=budget, prefill_cap=self.cfg.chunked_prefill_tokens or budget)
-        schedule_running(self.running, self.kv, plan, self._retract, self.cfg.spec_tokens)
+        schedule_running(self.running, self.kv, plan, self._retract, self.speculation)
         admit_waiting(self.waiting, self.running, self.kv, plan, self.cfg.max_running_requests)
         self._note_first_scheduled(plan.reqs)
         if not plan.items:
@@ -188,7 +187,8 @@ class Scheduler:
                 continue  # the overrun of a request that already ended (or was retracted): dropped
             drafts = step.num_drafts[i]
             req.num_output_placeholders -= 1 + drafts
-            commit_drafts(req, self.kv, self.spec, drafts, checked, len(tokens) - 1)
+            if self.speculation is not None:
+                self.speculation.commit(req, drafts, checked, len(tokens) - 1)
             for tok in tokens:  # an accepted run ends at the first token that finishes the request
                 matched, grammar_done = None, False
                 if req.to_finish is None:
@@ -336,7 +336,7 @@ class Scheduler:
         for req in reqs:
             if not req.time_stats.first_scheduled:
                 req.time_stats.first_scheduled = now
-                req.cached_tokens = len(req.prefix_indices)
+                req.cached_tokens = req.cache_protected_len  # admitted this step: all of it on the device
                 self.stats.prefix_queries += len(req.origin_input_ids)
                 self.stats.prefix_hits += req.cached_tokens
 

@@ -5,6 +5,9 @@ A request with drafts is scheduled as 1 + D query tokens; its counters move as i
 accepted (so with async scheduling the next step can be formed before this one's result is back) and
 `rollback` moves them back by the rejected ones at commit. The worker proposes the drafts itself, on
 the device, right after sampling: the scheduler never sees them, only how many were accepted.
+
+The scheduler holds a `Speculation` only when a speculative method is configured: without one, the step
+path never comes here.
 """
 from __future__ import annotations
 
@@ -12,20 +15,6 @@ from dataclasses import dataclass, field
 
 from scheduler.kv_cache import KVCacheManager
 from scheduler.req import Req
-
-
-def num_drafts(req: Req, k: int) -> int:
-    """Draft tokens for req's next decode step: up to k, never past max_tokens. None where verifying
-    them could change the output: a grammar (the bitmask is built for one position), penalties,
-    min_tokens suppression or logprobs (each depends on the position within the step)."""
-    if k <= 0 or req.grammar is not None:
-        return 0
-    p = req.params
-    if p.logprobs is not None or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
-        return 0
-    if p.min_tokens > len(req.output_ids):
-        return 0  # committed outputs: in-flight drafts may be rejected, leaving suppression still due
-    return max(0, min(k, req.max_new_tokens - req.num_outputs_optimistic - 1))
 
 
 @dataclass
@@ -45,13 +34,33 @@ class SpecStats:
             self.accepted_at[j] += 1
 
 
-def commit_drafts(req: Req, kv: KVCacheManager, stats: SpecStats, drafts: int, verified: int, accepted: int) -> None:
-    """At commit, a request scheduled with `drafts` drafts: the worker verified `verified` of them (fewer
-    where its proposer matched nothing) and accepted `accepted`. The rest, skipped or rejected, roll back."""
-    if drafts:
-        stats.record(verified, accepted)
-        req.spec_accepted_tokens += accepted
-        rollback(req, kv, drafts, accepted)
+class Speculation:
+    def __init__(self, k: int, kv: KVCacheManager, stats: SpecStats) -> None:
+        self.k = k  # draft tokens a decode step may verify
+        self.kv = kv
+        self.stats = stats
+
+    def num_drafts(self, req: Req) -> int:
+        """Draft tokens for req's next decode step: up to k, never past max_tokens. None where verifying
+        them could change the output: a grammar (the bitmask is built for one position), penalties,
+        min_tokens suppression or logprobs (each depends on the position within the step)."""
+        if req.grammar is not None:
+            return 0
+        p = req.params
+        if p.logprobs is not None or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
+            return 0
+        if p.min_tokens > len(req.output_ids):
+            return 0  # committed outputs: in-flight drafts may be rejected, leaving suppression still due
+        return max(0, min(self.k, req.max_new_tokens - req.num_outputs_optimistic - 1))
+
+    def commit(self, req: Req, drafts: int, verified: int, accepted: int) -> None:
+        """At commit, a request scheduled with `drafts` drafts: the worker verified `verified` of them
+        (fewer where its proposer matched nothing) and accepted `accepted`. The rest, skipped or rejected,
+        roll back."""
+        if drafts:
+            self.stats.record(verified, accepted)
+            req.spec_accepted_tokens += accepted
+            rollback(req, self.kv, drafts, accepted)
 
 
 def rollback(req: Req, kv: KVCacheManager, drafts: int, accepted: int) -> None:

@@ -180,7 +180,7 @@ def test_idle_check_catches_a_leak_in_either_tier() -> None:
     with pytest.raises(AssertionError, match="idle KV"):
         sched.kv.check_idle()
     sched.kv.allocator.free(leaked or [])
-    host = sched.kv.tree.host  # type: ignore[attr-defined]
+    host = sched.kv.tree.host.pool  # type: ignore[attr-defined]
     host.alloc(1)  # a host page neither free nor in the tree
     with pytest.raises(AssertionError, match="host pages leaked"):
         sched.kv.check_idle()

@@ -6,8 +6,9 @@ import random
 
 import pytest
 
-from scheduler.host_radix_cache import HostRadixCache
+from scheduler.host_tier import WriteBack, WriteThrough
 from scheduler.kv_allocator import KVAllocator
+from scheduler.radix_cache import RadixCache
 
 
 class Pools:
@@ -16,7 +17,7 @@ class Pools:
     def __init__(self, device: int = 64, host: int = 64, page: int = 1, write_through: bool = False) -> None:
         self.dev = KVAllocator(device, page)
         self.host = KVAllocator(host, page)
-        self.cache = HostRadixCache(self.dev.free, self.host, page, write_through)
+        self.cache = RadixCache(self.dev.free, page, (WriteThrough if write_through else WriteBack)(self.host))
 
     def cache_seq(self, key: list[int]) -> list[int]:
         """Compute key from scratch (fresh device slots) and cache it, like a finished request does."""

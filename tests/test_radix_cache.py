@@ -10,7 +10,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from scheduler.kv_allocator import KVAllocator
 from scheduler.no_prefix_cache import NoPrefixCache
-from scheduler.radix_cache import RadixCache, TreeNode
+from scheduler.radix_cache import RadixCache
+from scheduler.tree_node import TreeNode
 
 
 def make(page_size: int = 1) -> tuple[RadixCache, list[list[int]]]:
@@ -163,6 +164,7 @@ def _corrupt_dup(c: RadixCache) -> None:
     lambda c: setattr(c.root.children[1].children[2], "lock_ref", 1),  # child locked more than parent
     lambda c: setattr(c, "_evictable", 1),
     lambda c: setattr(c, "_protected", 1),
+    lambda c: setattr(c.root.children[1], "host_value", [7]),  # a host copy without a host tier
 ])
 def test_check_integrity_catches_corruption(corrupt) -> None:
     cache, _ = make()

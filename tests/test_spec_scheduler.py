@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from scheduler import spec_decode
 from scheduler.req import Req
 from scheduler.scheduler import Scheduler
 from tests.fake_worker import VOCAB, expected_output, true_drafts
@@ -194,3 +195,24 @@ def test_matched_and_unmatched_rows_in_one_step(depth: int) -> None:
     both = [so for so in worker.steps if len([s for s in so.scheduled if s.num_drafts]) == 2]
     assert both, "the two rows never had drafts scheduled in one step"
     assert sched.spec.accepted_tokens == sched.spec.draft_tokens > 0
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_speculation_off_never_enters_spec_decode(depth: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a speculative method the scheduler holds no Speculation, and no step calls into
+    spec_decode: every entry point there raises, and a run of plain decodes still gives its outputs."""
+    def entered(*args: object, **kwargs: object) -> None:
+        raise AssertionError("spec_decode entered with speculation off")
+
+    for name in ("num_drafts", "commit"):
+        monkeypatch.setattr(spec_decode.Speculation, name, entered)
+    monkeypatch.setattr(spec_decode.SpecStats, "record", entered)
+    monkeypatch.setattr(spec_decode, "rollback", entered)
+    sched, worker = make(depth=depth)
+    assert sched.speculation is None
+    prompts = {"a": [5, 6, 7, 8], "b": [9, 9, 2]}
+    for rid, p in prompts.items():
+        sched.add_request(req(rid, p, max_tokens=12))
+    outputs, _ = run(sched, worker, depth)
+    assert outputs == {rid: expected_output(p, 12) for rid, p in prompts.items()}
+    assert sched.spec.draft_tokens == sched.load.spec_draft_tokens == 0
