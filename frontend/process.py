@@ -17,7 +17,7 @@ from frontend.client_frames import BadFrames, ClientFrames
 from frontend.validation import check_prompt, decode_params, tokenize_prompt
 from protocol.child import reporting_startup, start_child
 from protocol.codec import encode, frontend_in_decoder
-from protocol.errors import InvalidRequestError
+from protocol.errors import ErrorCode, InvalidRequestError
 from protocol.ipc import make_socket
 from protocol.messages import (
     AbortReq,
@@ -113,7 +113,7 @@ class Frontend:
         except Exception as e:  # one request's surprise must not stop the engine
             log.error("request %r failed in the frontend:\n%s", msg.rid, traceback.format_exc())
             if isinstance(msg, GenerateRequest) and msg.rid not in self.owner:
-                self.to_client(ident, RequestError(msg.rid, "request_failed.frontend", f"{type(e).__name__}: {e}"))
+                self.to_client(ident, RequestError(msg.rid, ErrorCode.FRONTEND_FAILED, f"{type(e).__name__}: {e}"))
 
     def on_bad_frames(self, bad: BadFrames) -> None:
         log.warning("dropped a bad client message (%s: %s)", bad.code, bad.message[:200])
@@ -132,7 +132,7 @@ class Frontend:
             return
         try:
             if msg.rid in self.owner:
-                raise InvalidRequestError(f"request id {msg.rid!r} is already in flight", "invalid_request.duplicate_rid")
+                raise InvalidRequestError(f"request id {msg.rid!r} is already in flight", ErrorCode.DUPLICATE_RID)
             params = decode_params(msg.params)
             ids = tokenize_prompt(msg, self.tokenizer)
             check_prompt(ids, params, self.info)
@@ -172,7 +172,7 @@ class Frontend:
     def farewell(self, reason: str) -> None:
         """The engine is stopping: every waiting call gets the reason, then the frontend stops."""
         for rid, ident in [*self.owner.items(), *self.stats_owner.items()]:
-            self.to_client(ident, RequestError(rid, "engine_dead", reason))
+            self.to_client(ident, RequestError(rid, ErrorCode.ENGINE_DEAD, reason))
         self.owner.clear()
         self.stats_owner.clear()
         self.stopping = True

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol.errors import ErrorCode
+
 
 @dataclass(frozen=True)
 class FinishReason:
@@ -24,5 +26,5 @@ class FinishReason:
         return cls("abort", message=message)
 
     @classmethod
-    def error(cls, message: str, code: str = "request_failed") -> FinishReason:
+    def error(cls, message: str, code: str = ErrorCode.REQUEST_FAILED) -> FinishReason:
         return cls("error", matched=code, message=message)

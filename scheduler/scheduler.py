@@ -13,6 +13,7 @@ import msgspec
 
 from protocol import fault_injection
 from protocol.engine_config import EngineConfig
+from protocol.errors import ErrorCode
 from protocol.messages import (
     DetokRegister,
     EngineLoad,
@@ -81,26 +82,26 @@ class Scheduler:
     def add_request(self, msg: TokenizedRequest) -> None:
         n_prompt = len(msg.input_ids)
         if msg.rid in self.reqs:
-            self.outbox.append(RequestFailed(msg.rid, "invalid_request.duplicate_rid", "request id in use"))
+            self.outbox.append(RequestFailed(msg.rid, ErrorCode.DUPLICATE_RID, "request id in use"))
             return
         room = self.info.max_model_len - n_prompt
         if n_prompt == 0 or room <= 0:
             self.outbox.append(
-                RequestFailed(msg.rid, "invalid_request.prompt_too_long", f"prompt has {n_prompt} tokens")
+                RequestFailed(msg.rid, ErrorCode.PROMPT_TOO_LONG, f"prompt has {n_prompt} tokens")
             )
             return
         if n_prompt + 1 > self.kv.allocator.size:
             self.outbox.append(
                 RequestFailed(
                     msg.rid,
-                    "request_failed.kv_capacity",
+                    ErrorCode.KV_CAPACITY,
                     f"prompt of {n_prompt} tokens can never fit the KV pool of {self.kv.allocator.size}",
                 )
             )
             return
         limit = self.cfg.max_waiting_requests
         if limit is not None and len(self.waiting) + len(self.structured.compiling) >= limit:
-            self.outbox.append(RequestFailed(msg.rid, "overloaded", f"{limit} requests are waiting already"))
+            self.outbox.append(RequestFailed(msg.rid, ErrorCode.OVERLOADED, f"{limit} requests are waiting already"))
             return
         max_new = min(msg.params.max_tokens or room, room)
         req = Req(msg.rid, msg.input_ids, msg.params, self.eos, max_new, arrival=self._arrivals)
@@ -142,7 +143,7 @@ class Scheduler:
         step.sample_sent = True
         sample, failed = self.structured.sample_step(step)
         for req, message in failed:
-            self._fail(req, "request_failed.grammar_internal", message)
+            self._fail(req, ErrorCode.GRAMMAR_FAILED, message)
         self._flush_deltas()
         return sample
 
@@ -195,7 +196,7 @@ class Scheduler:
                     try:
                         matched, grammar_done = self._accept_token(req, tok, lp)
                     except Exception as e:  # one request's fault (grammar, tokenizer) fails it alone
-                        req.to_finish = FinishReason.error(f"{type(e).__name__}: {e}", "request_failed.internal")
+                        req.to_finish = FinishReason.error(f"{type(e).__name__}: {e}", ErrorCode.FAILED_INTERNAL)
                 req.check_finished(matched, grammar_done)
                 if req.finished():
                     # The accepted tokens after the end are dropped, and so is their KV.
@@ -259,7 +260,7 @@ class Scheduler:
             if not req.grammar.accept(tok):
                 req.to_finish = FinishReason.error(
                     f"the grammar cannot accept token {tok} after {len(req.output_ids) - 1} outputs",
-                    "request_failed.grammar",
+                    ErrorCode.GRAMMAR_REJECTED,
                 )
             grammar_done = req.grammar.is_terminated()
         return matched, grammar_done
@@ -376,7 +377,7 @@ class Scheduler:
             return  # retraction will make room on the next call
         victim.to_finish = FinishReason.error(
             f"request needs more KV than the pool of {self.kv.allocator.size} slots holds",
-            "request_failed.kv_capacity",
+            ErrorCode.KV_CAPACITY,
         )
         victim.check_finished()
         self._finalize(victim)
