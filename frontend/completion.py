@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from protocol.messages import EngineLoad, Logprobs, RequestOutput, TimeStats
+from protocol.messages import EngineLoad, Logprobs, RequestOutput
+from protocol.time_stats import TimeStats
 
 
 @dataclass
