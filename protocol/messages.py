@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import msgspec
 
+from protocol.final_info import FinalInfo, HasFinal
 from protocol.sampling_params import SamplingParams
-from protocol.time_stats import TimeStats
 
 
 class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
@@ -70,23 +70,16 @@ class EngineLoad(msgspec.Struct, array_like=True):
     spec_accepted_per_position: list[int] = []
 
 
-class RequestOutput(msgspec.Struct, array_like=True):
-    """A delta of one request: text and token ids since the previous one."""
+class RequestOutput(msgspec.Struct, HasFinal, array_like=True):
+    """A delta of one request: text and token ids since the previous one; the last one carries `final`."""
 
     rid: str
     text: str
     token_ids: list[int]
-    finished: bool = False
-    finish_reason: str | None = None
-    matched_stop: int | str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    final: FinalInfo | None = None
     logprobs: Logprobs | None = None  # for this delta's token_ids
     prompt_logprobs: Logprobs | None = None  # for prompt positions 1.. (position 0 has none)
-    time_stats: TimeStats | None = None  # with the final output
-    cached_tokens: int = 0  # prompt tokens served by the prefix cache; with the final output
     load: EngineLoad | None = None
-    spec_accepted_tokens: int = 0  # on the final output: draft tokens accepted (speculative decoding)
 
 
 class OutputBatch(msgspec.Struct, tag="outputs"):
@@ -286,20 +279,14 @@ class DetokRegister(msgspec.Struct, tag="register"):
     stop: list[str] = []  # stop strings: text that may begin one is held back until the scheduler decides
 
 
-class TokenDelta(msgspec.Struct, array_like=True):
+class TokenDelta(msgspec.Struct, HasFinal, array_like=True):
     rid: str
     token_ids: list[int]
-    finish_reason: str | None = None
-    matched_stop: int | str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    final: FinalInfo | None = None
     logprobs: Logprobs | None = None
     prompt_logprobs: Logprobs | None = None
-    time_stats: TimeStats | None = None
-    cached_tokens: int = 0
     load: EngineLoad | None = None
     stop_cut: int = 0  # a stop string ended it: characters to cut from the end of the text
-    spec_accepted_tokens: int = 0
 
 
 class TokenBatch(msgspec.Struct, tag="tokens"):

@@ -29,7 +29,7 @@ from protocol.messages import (
 )
 from protocol.model_info import ModelInfo
 from scheduler.decode import schedule_running
-from scheduler.finish import FinishReason
+from scheduler.finish import FinishReason, final_info
 from scheduler.kv_cache import KVCacheManager
 from scheduler.prefill import admit_waiting
 from scheduler.req import Req
@@ -317,20 +317,13 @@ class Scheduler:
         if reason.kind == "error":
             self.stats.failed += 1
             self._flush_deltas()
-            self.outbox.append(RequestFailed(req.rid, str(reason.matched), reason.message))
+            self.outbox.append(RequestFailed(req.rid, reason.code, reason.message))
             return
         self.stats.finished += 1
         self.stats.aborted += reason.kind == "abort"
-        completion = len(req.output_ids)
         d = self._delta(req)
-        d.finish_reason = reason.kind
-        d.matched_stop = reason.matched
-        d.prompt_tokens = len(req.origin_input_ids)
-        d.completion_tokens = completion
-        d.time_stats = req.time_stats
-        d.cached_tokens = req.cached_tokens
+        d.final = final_info(req, reason)
         d.stop_cut = reason.cut
-        d.spec_accepted_tokens = req.spec_accepted_tokens
 
     def _note_first_scheduled(self, reqs: list[Req]) -> None:
         now = time.time()
