@@ -75,6 +75,9 @@ class Frontend:
         self.clients, self.inbox, self.scheduler = clients, inbox, scheduler
         self.frames = frames
         self.owner: dict[str, bytes] = {}  # rid -> client identity
+        # Request ids are owned here (the scheduler trusts them unique): one whose client is gone stays in
+        # use until the engine ends it, since its abort may still be on the way.
+        self.ending: set[str] = set()
         self.stats_owner: dict[str, bytes] = {}
         self.decode_inbox = frontend_in_decoder()
         self.stopping = False
@@ -131,7 +134,7 @@ class Frontend:
             self.scheduler.send(encode(msg))
             return
         try:
-            if msg.rid in self.owner:
+            if msg.rid in self.owner or msg.rid in self.ending:
                 raise InvalidRequestError(f"request id {msg.rid!r} is already in flight", ErrorCode.DUPLICATE_RID)
             params = decode_params(msg.params)
             ids = tokenize_prompt(msg, self.tokenizer)
@@ -154,12 +157,15 @@ class Frontend:
                 self.to_client(ident, msg)
             return
         if isinstance(msg, RequestFailed):
+            self.ending.discard(msg.rid)
             ident = self.owner.pop(msg.rid, None)
             if ident is not None:
                 self.to_client(ident, RequestError(msg.rid, msg.code, msg.message))
             return
         by_client: dict[bytes, list[RequestOutput]] = defaultdict(list)
         for out in msg.outputs:
+            if out.finished:
+                self.ending.discard(out.rid)
             ident = self.owner.get(out.rid)
             if ident is None:
                 continue
@@ -174,6 +180,7 @@ class Frontend:
         for rid, ident in [*self.owner.items(), *self.stats_owner.items()]:
             self.to_client(ident, RequestError(rid, ErrorCode.ENGINE_DEAD, reason))
         self.owner.clear()
+        self.ending.clear()
         self.stats_owner.clear()
         self.stopping = True
 
@@ -195,6 +202,7 @@ class Frontend:
             log.warning("client %s %s: aborting its %d request(s)", ident.hex(), why, len(rids))
         for rid in rids:
             del self.owner[rid]
+            self.ending.add(rid)
             self.scheduler.send(encode(AbortReq(rid)))
         for rid in [rid for rid, who in self.stats_owner.items() if who == ident]:
             del self.stats_owner[rid]

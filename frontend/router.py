@@ -37,7 +37,7 @@ class Router:
         if self.dead is not None:
             sink(EngineDeadError(self.dead))
             return False
-        if rid in self._open:
+        if rid in self._open:  # this client's own calls; across clients the frontend checks
             sink(InvalidRequestError(f"request id {rid!r} is already in flight", ErrorCode.DUPLICATE_RID))
             return False
         self._open[rid] = _Entry(sink, is_request)

@@ -81,9 +81,6 @@ class Scheduler:
     # ---- requests in ------------------------------------------------------------------------
     def add_request(self, msg: TokenizedRequest) -> None:
         n_prompt = len(msg.input_ids)
-        if msg.rid in self.reqs:
-            self.outbox.append(RequestFailed(msg.rid, ErrorCode.DUPLICATE_RID, "request id in use"))
-            return
         room = self.info.max_model_len - n_prompt
         if n_prompt == 0 or room <= 0:
             self.outbox.append(
