@@ -16,7 +16,7 @@ from protocol.messages import (
     EngineStats,
     OutputBatch,
     Ready,
-    RequestFailed,
+    RequestError,
     RequestOutput,
     TokenBatch,
 )
@@ -80,7 +80,7 @@ def run_detokenizer(cfg_bytes: bytes, ep_bytes: bytes) -> None:
             out = detok.process(msg)
             if out.outputs:
                 frontend.send(encode(out))
-        elif isinstance(msg, RequestFailed):
+        elif isinstance(msg, RequestError):
             detok.drop(msg.rid)
             frontend.send(encode(msg))
         elif isinstance(msg, EngineStats):

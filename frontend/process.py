@@ -30,7 +30,6 @@ from protocol.messages import (
     OutputBatch,
     Ready,
     RequestError,
-    RequestFailed,
     RequestOutput,
     StatsRequest,
     TokenizedRequest,
@@ -75,8 +74,7 @@ class Frontend:
         self.clients, self.inbox, self.scheduler = clients, inbox, scheduler
         self.frames = frames
         self.owner: dict[str, bytes] = {}  # rid -> client identity
-        # Request ids are owned here (the scheduler trusts them unique): one whose client is gone stays in
-        # use until the engine ends it, since its abort may still be on the way.
+        # Ids are owned here (the scheduler trusts them unique): a gone client's stay in use until they end.
         self.ending: set[str] = set()
         self.stats_owner: dict[str, bytes] = {}
         self.decode_inbox = frontend_in_decoder()
@@ -146,7 +144,7 @@ class Frontend:
         self.scheduler.send(encode(TokenizedRequest(msg.rid, ids, params)))
 
     # ---- from the engine -------------------------------------------------------------------------
-    def on_engine(self, msg: OutputBatch | RequestFailed | EngineStats | EngineStopping) -> None:
+    def on_engine(self, msg: OutputBatch | RequestError | EngineStats | EngineStopping) -> None:
         if isinstance(msg, EngineStopping):
             self.farewell(msg.reason)
             return
@@ -156,11 +154,11 @@ class Frontend:
                 msg.frontend_pending = len(self.owner)
                 self.to_client(ident, msg)
             return
-        if isinstance(msg, RequestFailed):
+        if isinstance(msg, RequestError):
             self.ending.discard(msg.rid)
             ident = self.owner.pop(msg.rid, None)
             if ident is not None:
-                self.to_client(ident, RequestError(msg.rid, msg.code, msg.message))
+                self.to_client(ident, msg)
             return
         by_client: dict[bytes, list[RequestOutput]] = defaultdict(list)
         for out in msg.outputs:

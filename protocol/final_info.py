@@ -8,7 +8,7 @@ from protocol.time_stats import TimeStats
 
 
 class FinalInfo(msgspec.Struct, array_like=True):
-    finish_reason: str  # "stop" | "length" | "abort" (an error ends the request with RequestFailed)
+    finish_reason: str  # "stop" | "length" | "abort" (an error ends the request with RequestError)
     matched_stop: int | str | None = None  # the stop token id or stop string that ended it
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -18,8 +18,7 @@ class FinalInfo(msgspec.Struct, array_like=True):
 
 
 class HasFinal:
-    """Read access to the `final` record of whatever carries one (messages, Completion, CompletionDelta):
-    the record is stored once; these are views of it, with the defaults of a request not yet ended."""
+    """Views of the `final` record for whatever carries one (messages, Completion, CompletionDelta)."""
 
     __slots__ = ()
     final: FinalInfo | None

@@ -87,6 +87,8 @@ class OutputBatch(msgspec.Struct, tag="outputs"):
 
 
 class RequestError(msgspec.Struct, tag="error"):
+    """A request ended with an error (by the frontend, or by the engine: passed through unchanged)."""
+
     rid: str
     code: str
     message: str
@@ -293,22 +295,14 @@ class TokenBatch(msgspec.Struct, tag="tokens"):
     deltas: list[TokenDelta]
 
 
-class RequestFailed(msgspec.Struct, tag="failed"):
-    """A request the scheduler ended with an error; passed through to the client."""
-
-    rid: str
-    code: str
-    message: str
-
-
 class EngineStopping(msgspec.Struct, tag="stopping"):
     """From the launcher, before it stops the engine: the frontend fails every waiting call with this reason."""
 
     reason: str
 
 
-DetokInMsg = DetokRegister | TokenBatch | RequestFailed | EngineStats
-FrontendInMsg = OutputBatch | RequestFailed | EngineStats | EngineStopping
+DetokInMsg = DetokRegister | TokenBatch | RequestError | EngineStats
+FrontendInMsg = OutputBatch | RequestError | EngineStats | EngineStopping
 
 
 # ---- child -> launcher -------------------------------------------------------------------------------

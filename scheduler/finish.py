@@ -1,15 +1,9 @@
-"""Why a request ended (`FinishReason`, decided while it runs) and the record of it the client gets
-(`final_info`, made once, when it ends)."""
+"""Why a request ended. `kind` is what the client sees as finish_reason."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from protocol.errors import ErrorCode
-from protocol.final_info import FinalInfo
-
-if TYPE_CHECKING:  # req.py imports this module
-    from scheduler.req import Req
 
 
 @dataclass(frozen=True)
@@ -36,9 +30,3 @@ class FinishReason:
     def error(cls, message: str, code: str = ErrorCode.REQUEST_FAILED) -> FinishReason:
         return cls("error", message=message, code=code)
 
-
-def final_info(req: Req, reason: FinishReason) -> FinalInfo:
-    return FinalInfo(
-        reason.kind, reason.matched, len(req.origin_input_ids), len(req.output_ids), req.cached_tokens,
-        req.spec_accepted_tokens, req.time_stats,
-    )

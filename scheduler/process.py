@@ -15,7 +15,7 @@ from protocol.ipc import make_socket
 from protocol.messages import (
     ModelRunnerOutput,
     Ready,
-    RequestFailed,
+    RequestError,
     SampleStep,
     SchedulerOutput,
     StepFailed,
@@ -123,7 +123,7 @@ class SchedulerLoop:
 
     def _fail_all(self, why: str) -> None:
         for rid in list(self.sched.reqs):
-            self.detok.send(encode(RequestFailed(rid, ErrorCode.ENGINE_DEAD, why)))
+            self.detok.send(encode(RequestError(rid, ErrorCode.ENGINE_DEAD, why)))
         self.sched.reqs.clear()
         # The sockets drop unsent messages on close (linger 0): give these a moment to leave.
         self.detok.close(linger=2000)

@@ -14,12 +14,13 @@ import msgspec
 from protocol import fault_injection
 from protocol.engine_config import EngineConfig
 from protocol.errors import ErrorCode
+from protocol.final_info import FinalInfo
 from protocol.messages import (
     DetokRegister,
     EngineLoad,
     Logprobs,
     ModelRunnerOutput,
-    RequestFailed,
+    RequestError,
     SampleStep,
     SchedulerOutput,
     StepFailed,
@@ -29,7 +30,7 @@ from protocol.messages import (
 )
 from protocol.model_info import ModelInfo
 from scheduler.decode import schedule_running
-from scheduler.finish import FinishReason, final_info
+from scheduler.finish import FinishReason
 from scheduler.kv_cache import KVCacheManager
 from scheduler.prefill import admit_waiting
 from scheduler.req import Req
@@ -84,12 +85,12 @@ class Scheduler:
         room = self.info.max_model_len - n_prompt
         if n_prompt == 0 or room <= 0:
             self.outbox.append(
-                RequestFailed(msg.rid, ErrorCode.PROMPT_TOO_LONG, f"prompt has {n_prompt} tokens")
+                RequestError(msg.rid, ErrorCode.PROMPT_TOO_LONG, f"prompt has {n_prompt} tokens")
             )
             return
         if n_prompt + 1 > self.kv.allocator.size:
             self.outbox.append(
-                RequestFailed(
+                RequestError(
                     msg.rid,
                     ErrorCode.KV_CAPACITY,
                     f"prompt of {n_prompt} tokens can never fit the KV pool of {self.kv.allocator.size}",
@@ -98,7 +99,7 @@ class Scheduler:
             return
         limit = self.cfg.max_waiting_requests
         if limit is not None and len(self.waiting) + len(self.structured.compiling) >= limit:
-            self.outbox.append(RequestFailed(msg.rid, ErrorCode.OVERLOADED, f"{limit} requests are waiting already"))
+            self.outbox.append(RequestError(msg.rid, ErrorCode.OVERLOADED, f"{limit} requests are waiting already"))
             return
         max_new = min(msg.params.max_tokens or room, room)
         req = Req(msg.rid, msg.input_ids, msg.params, self.eos, max_new, arrival=self._arrivals)
@@ -314,12 +315,15 @@ class Scheduler:
         if reason.kind == "error":
             self.stats.failed += 1
             self._flush_deltas()
-            self.outbox.append(RequestFailed(req.rid, reason.code, reason.message))
+            self.outbox.append(RequestError(req.rid, reason.code, reason.message))
             return
         self.stats.finished += 1
         self.stats.aborted += reason.kind == "abort"
         d = self._delta(req)
-        d.final = final_info(req, reason)
+        d.final = FinalInfo(  # how it ended: made here once, carried unchanged to the client
+            reason.kind, reason.matched, len(req.origin_input_ids), len(req.output_ids), req.cached_tokens,
+            req.spec_accepted_tokens, req.time_stats,
+        )
         d.stop_cut = reason.cut
 
     def _note_first_scheduled(self, reqs: list[Req]) -> None:
