@@ -57,7 +57,8 @@ class Detokenizer:
             text = stream.push(d.token_ids, d.finished, d.stop_cut)
             if d.finished:
                 del self.streams[d.rid]
-            outs.append(RequestOutput(d.rid, text, d.token_ids, d.final, d.logprobs, d.prompt_logprobs, d.load))
+            outs.append(RequestOutput(d.rid, text, d.token_ids, d.final, d.logprobs, d.prompt_logprobs,
+                                      d.load))
         return OutputBatch(outs)
 
     def drop(self, rid: str) -> None:

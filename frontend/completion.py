@@ -49,4 +49,5 @@ def _joined(acc: Logprobs | None, more: Logprobs) -> Logprobs:
 
 
 def to_delta(out: RequestOutput) -> CompletionDelta:
-    return CompletionDelta(out.rid, out.text, out.token_ids, out.final, out.logprobs, out.prompt_logprobs, out.load)
+    return CompletionDelta(out.rid, out.text, out.token_ids, out.final, out.logprobs, out.prompt_logprobs,
+                           out.load)

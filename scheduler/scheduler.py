@@ -99,7 +99,8 @@ class Scheduler:
             return
         limit = self.cfg.max_waiting_requests
         if limit is not None and len(self.waiting) + len(self.structured.compiling) >= limit:
-            self.outbox.append(RequestError(msg.rid, ErrorCode.OVERLOADED, f"{limit} requests are waiting already"))
+            why = f"{limit} requests are waiting already"
+            self.outbox.append(RequestError(msg.rid, ErrorCode.OVERLOADED, why))
             return
         max_new = min(msg.params.max_tokens or room, room)
         req = Req(msg.rid, msg.input_ids, msg.params, self.eos, max_new, arrival=self._arrivals)
@@ -369,12 +370,8 @@ class Scheduler:
         victim = self.running[0] if self.running else self.waiting[0]
         if len(self.running) > 1:
             return  # retraction will make room on the next call
-        victim.to_finish = FinishReason.error(
-            f"request needs more KV than the pool of {self.kv.allocator.size} slots holds",
-            ErrorCode.KV_CAPACITY,
-        )
-        victim.check_finished()
-        self._finalize(victim)
+        why = f"request needs more KV than the pool of {self.kv.allocator.size} slots holds"
+        self._fail(victim, ErrorCode.KV_CAPACITY, why)
 
     def take_outbox(self) -> list[msgspec.Struct]:
         out, self.outbox = self.outbox, []

@@ -61,7 +61,8 @@ def test_a_gone_clients_request_id_stays_in_use_until_the_engine_ends_it() -> No
     fe.drop_client(b"slow", "disconnected")  # "a" is aborted, but the scheduler may not know it yet
     reuse = [b"other", encode(build_request([1, 2], None, "a"))]
     fe.on_client_frames(reuse)
-    assert [(i, m["rid"], m["code"]) for i, m in clients.sent] == [(b"other", "a", "invalid_request.duplicate_rid")]
+    got = [(i, m["rid"], m["code"]) for i, m in clients.sent]
+    assert got == [(b"other", "a", "invalid_request.duplicate_rid")]
     fe.on_engine(OutputBatch([RequestOutput("a", "", [], FinalInfo("abort"))]))
     fe.on_client_frames(reuse)
     assert sched.sent[-1]["type"] == "req" and sched.sent[-1]["rid"] == "a" and fe.owner["a"] == b"other"
