@@ -16,7 +16,7 @@ from protocol.messages import (
     EngineStats,
     OutputBatch,
     Ready,
-    RequestFailed,
+    RequestError,
     RequestOutput,
     TokenBatch,
 )
@@ -54,17 +54,11 @@ class Detokenizer:
             stream = self.streams.get(d.rid)
             if stream is None:
                 continue  # never registered (failed early): nothing to say
-            finished = d.finish_reason is not None
-            text = stream.push(d.token_ids, finished, d.stop_cut)
-            if finished:
+            text = stream.push(d.token_ids, d.finished, d.stop_cut)
+            if d.finished:
                 del self.streams[d.rid]
-            outs.append(
-                RequestOutput(
-                    d.rid, text, d.token_ids, finished, d.finish_reason, d.matched_stop,
-                    d.prompt_tokens, d.completion_tokens, d.logprobs, d.prompt_logprobs,
-                    d.time_stats, d.cached_tokens, d.load, d.spec_accepted_tokens,
-                )
-            )
+            outs.append(RequestOutput(d.rid, text, d.token_ids, d.final, d.logprobs, d.prompt_logprobs,
+                                      d.load))
         return OutputBatch(outs)
 
     def drop(self, rid: str) -> None:
@@ -87,7 +81,7 @@ def run_detokenizer(cfg_bytes: bytes, ep_bytes: bytes) -> None:
             out = detok.process(msg)
             if out.outputs:
                 frontend.send(encode(out))
-        elif isinstance(msg, RequestFailed):
+        elif isinstance(msg, RequestError):
             detok.drop(msg.rid)
             frontend.send(encode(msg))
         elif isinstance(msg, EngineStats):

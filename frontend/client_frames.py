@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import msgspec
 
 from protocol.codec import Decoder, client_decoder
+from protocol.errors import ErrorCode
 from protocol.messages import ClientMsg
 
 MAX_RID_LEN = 256
@@ -29,7 +30,7 @@ _peek = msgspec.msgpack.Decoder(_RidOnly)
 class BadFrames:
     ident: bytes | None  # the sender (ROUTER identity), when there was one
     rid: str | None  # the request it was about, when that could be read
-    code: str
+    code: ErrorCode
     message: str
 
     @property
@@ -54,17 +55,17 @@ class ClientFrames:
         """ROUTER frames [identity, message] into the sender and its message."""
         if len(frames) != 2:
             ident = frames[0] if frames else None
-            return BadFrames(ident, None, "invalid_request.malformed", f"expected 1 message frame, got {len(frames) - 1}")
+            return BadFrames(ident, None, ErrorCode.MALFORMED, f"expected 1 message frame, got {len(frames) - 1}")
         ident, data = frames
         if len(data) > self.max_request_bytes:
             return BadFrames(
-                ident, peek_rid(data), "invalid_request.too_large",
+                ident, peek_rid(data), ErrorCode.TOO_LARGE,
                 f"request of {len(data)} bytes is over the limit of {self.max_request_bytes}",
             )
         try:
             msg = self._decode(data)
         except msgspec.DecodeError as e:  # also ValidationError: a known encoding of an unknown shape or tag
-            return BadFrames(ident, peek_rid(data), "invalid_request.malformed", f"undecodable request: {e}")
+            return BadFrames(ident, peek_rid(data), ErrorCode.MALFORMED, f"undecodable request: {e}")
         if not 0 < len(msg.rid) <= MAX_RID_LEN:
-            return BadFrames(ident, None, "invalid_request.rid", f"request id must be 1..{MAX_RID_LEN} characters")
+            return BadFrames(ident, None, ErrorCode.BAD_RID, f"request id must be 1..{MAX_RID_LEN} characters")
         return ident, msg

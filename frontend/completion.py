@@ -1,44 +1,34 @@
-"""What the client hands back: a finished Completion, or a streamed CompletionDelta."""
+"""What the client hands back: a finished Completion, or a streamed CompletionDelta. How the request ended
+is the engine's one `final` record (protocol/final_info.py); finish_reason, metrics, the token counts and
+the rest are read through it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from protocol.messages import EngineLoad, Logprobs, RequestOutput, TimeStats
+from protocol.final_info import FinalInfo, HasFinal
+from protocol.messages import EngineLoad, Logprobs, RequestOutput
 
 
 @dataclass
-class CompletionDelta:
+class CompletionDelta(HasFinal):
     request_id: str
     text: str
     token_ids: list[int]
-    finished: bool = False
-    finish_reason: str | None = None
+    final: FinalInfo | None = None  # with the final delta
     logprobs: Logprobs | None = None
     prompt_logprobs: Logprobs | None = None
-    # With the final delta: token counts, the scheduler's timeline of the request, its prefix-cache hit.
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    metrics: TimeStats | None = None
-    cached_tokens: int = 0
     load: EngineLoad | None = None  # the engine's gauges when this delta left the scheduler
 
 
 @dataclass
-class Completion:
+class Completion(HasFinal):
     request_id: str
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    matched_stop: int | str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
     # Column-wise (see protocol.messages.Logprobs); None unless the request asked.
     logprobs: Logprobs | None = None
     prompt_logprobs: Logprobs | None = None
-    # The scheduler's timeline: metrics.queue_s, .ttft_s, .decode_s, .e2e_s, .retractions.
-    metrics: TimeStats | None = None
-    cached_tokens: int = 0
-    spec_accepted_tokens: int = 0  # draft tokens accepted (speculative decoding)
+    final: FinalInfo | None = None
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text
@@ -47,14 +37,8 @@ class Completion:
             self.logprobs = _joined(self.logprobs, out.logprobs)
         if out.prompt_logprobs is not None:
             self.prompt_logprobs = _joined(self.prompt_logprobs, out.prompt_logprobs)
-        if out.finished:
-            self.finish_reason = out.finish_reason
-            self.matched_stop = out.matched_stop
-            self.prompt_tokens = out.prompt_tokens
-            self.completion_tokens = out.completion_tokens
-            self.metrics = out.time_stats
-            self.cached_tokens = out.cached_tokens
-            self.spec_accepted_tokens = out.spec_accepted_tokens
+        if out.final is not None:
+            self.final = out.final
 
 
 def _joined(acc: Logprobs | None, more: Logprobs) -> Logprobs:
@@ -65,7 +49,5 @@ def _joined(acc: Logprobs | None, more: Logprobs) -> Logprobs:
 
 
 def to_delta(out: RequestOutput) -> CompletionDelta:
-    return CompletionDelta(
-        out.rid, out.text, out.token_ids, out.finished, out.finish_reason, out.logprobs, out.prompt_logprobs,
-        out.prompt_tokens, out.completion_tokens, out.time_stats, out.cached_tokens, out.load,
-    )
+    return CompletionDelta(out.rid, out.text, out.token_ids, out.final, out.logprobs, out.prompt_logprobs,
+                           out.load)

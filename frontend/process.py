@@ -17,7 +17,7 @@ from frontend.client_frames import BadFrames, ClientFrames
 from frontend.validation import check_prompt, decode_params, tokenize_prompt
 from protocol.child import reporting_startup, start_child
 from protocol.codec import encode, frontend_in_decoder
-from protocol.errors import InvalidRequestError
+from protocol.errors import ErrorCode, InvalidRequestError
 from protocol.ipc import make_socket
 from protocol.messages import (
     AbortReq,
@@ -30,7 +30,6 @@ from protocol.messages import (
     OutputBatch,
     Ready,
     RequestError,
-    RequestFailed,
     RequestOutput,
     StatsRequest,
     TokenizedRequest,
@@ -75,6 +74,8 @@ class Frontend:
         self.clients, self.inbox, self.scheduler = clients, inbox, scheduler
         self.frames = frames
         self.owner: dict[str, bytes] = {}  # rid -> client identity
+        # Ids are owned here (the scheduler trusts them unique): a gone client's stay in use until they end.
+        self.ending: set[str] = set()
         self.stats_owner: dict[str, bytes] = {}
         self.decode_inbox = frontend_in_decoder()
         self.stopping = False
@@ -113,7 +114,7 @@ class Frontend:
         except Exception as e:  # one request's surprise must not stop the engine
             log.error("request %r failed in the frontend:\n%s", msg.rid, traceback.format_exc())
             if isinstance(msg, GenerateRequest) and msg.rid not in self.owner:
-                self.to_client(ident, RequestError(msg.rid, "request_failed.frontend", f"{type(e).__name__}: {e}"))
+                self.to_client(ident, RequestError(msg.rid, ErrorCode.FRONTEND_FAILED, f"{type(e).__name__}: {e}"))
 
     def on_bad_frames(self, bad: BadFrames) -> None:
         log.warning("dropped a bad client message (%s: %s)", bad.code, bad.message[:200])
@@ -131,8 +132,8 @@ class Frontend:
             self.scheduler.send(encode(msg))
             return
         try:
-            if msg.rid in self.owner:
-                raise InvalidRequestError(f"request id {msg.rid!r} is already in flight", "invalid_request.duplicate_rid")
+            if msg.rid in self.owner or msg.rid in self.ending:
+                raise InvalidRequestError(f"request id {msg.rid!r} is already in flight", ErrorCode.DUPLICATE_RID)
             params = decode_params(msg.params)
             ids = tokenize_prompt(msg, self.tokenizer)
             check_prompt(ids, params, self.info)
@@ -143,7 +144,7 @@ class Frontend:
         self.scheduler.send(encode(TokenizedRequest(msg.rid, ids, params)))
 
     # ---- from the engine -------------------------------------------------------------------------
-    def on_engine(self, msg: OutputBatch | RequestFailed | EngineStats | EngineStopping) -> None:
+    def on_engine(self, msg: OutputBatch | RequestError | EngineStats | EngineStopping) -> None:
         if isinstance(msg, EngineStopping):
             self.farewell(msg.reason)
             return
@@ -153,13 +154,16 @@ class Frontend:
                 msg.frontend_pending = len(self.owner)
                 self.to_client(ident, msg)
             return
-        if isinstance(msg, RequestFailed):
+        if isinstance(msg, RequestError):
+            self.ending.discard(msg.rid)
             ident = self.owner.pop(msg.rid, None)
             if ident is not None:
-                self.to_client(ident, RequestError(msg.rid, msg.code, msg.message))
+                self.to_client(ident, msg)
             return
         by_client: dict[bytes, list[RequestOutput]] = defaultdict(list)
         for out in msg.outputs:
+            if out.finished:
+                self.ending.discard(out.rid)
             ident = self.owner.get(out.rid)
             if ident is None:
                 continue
@@ -172,8 +176,9 @@ class Frontend:
     def farewell(self, reason: str) -> None:
         """The engine is stopping: every waiting call gets the reason, then the frontend stops."""
         for rid, ident in [*self.owner.items(), *self.stats_owner.items()]:
-            self.to_client(ident, RequestError(rid, "engine_dead", reason))
+            self.to_client(ident, RequestError(rid, ErrorCode.ENGINE_DEAD, reason))
         self.owner.clear()
+        self.ending.clear()
         self.stats_owner.clear()
         self.stopping = True
 
@@ -195,6 +200,7 @@ class Frontend:
             log.warning("client %s %s: aborting its %d request(s)", ident.hex(), why, len(rids))
         for rid in rids:
             del self.owner[rid]
+            self.ending.add(rid)
             self.scheduler.send(encode(AbortReq(rid)))
         for rid in [rid for rid, who in self.stats_owner.items() if who == ident]:
             del self.stats_owner[rid]

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from protocol.errors import InvalidRequestError
+from protocol.errors import ErrorCode, InvalidRequestError
 from protocol.messages import ChatMessage, GenerateRequest
 from protocol.sampling_params import SamplingParams
 
@@ -36,9 +36,9 @@ def build_request(prompt: Prompt, params: Params, rid: str | None = None) -> Gen
         try:
             msgs = [ChatMessage(str(m["role"]), str(m["content"])) for m in items]
         except KeyError as e:
-            raise InvalidRequestError(f"chat message without {e.args[0]!r}", "invalid_request.messages") from e
+            raise InvalidRequestError(f"chat message without {e.args[0]!r}", ErrorCode.MESSAGES) from e
         return GenerateRequest(rid, messages=msgs, params=raw)
-    raise InvalidRequestError("prompt list must hold only token ids or only chat messages", "invalid_request.prompt")
+    raise InvalidRequestError("prompt list must hold only token ids or only chat messages", ErrorCode.PROMPT)
 
 
 def params_per_prompt(prompts: Sequence[Prompt], params: Params | Sequence[Params]) -> list[Params]:

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from protocol.errors import EngineDeadError, InvalidRequestError, TandemError, error_from_code
+from protocol.errors import EngineDeadError, ErrorCode, InvalidRequestError, TandemError, error_from_code
 from protocol.messages import EngineStats, FrontendMsg, OutputBatch, RequestError, RequestOutput
 
 log = logging.getLogger("tandem.client")
@@ -37,8 +37,8 @@ class Router:
         if self.dead is not None:
             sink(EngineDeadError(self.dead))
             return False
-        if rid in self._open:
-            sink(InvalidRequestError(f"request id {rid!r} is already in flight", "invalid_request.duplicate_rid"))
+        if rid in self._open:  # this client's own calls; across clients the frontend checks
+            sink(InvalidRequestError(f"request id {rid!r} is already in flight", ErrorCode.DUPLICATE_RID))
             return False
         self._open[rid] = _Entry(sink, is_request)
         return True

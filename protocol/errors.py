@@ -1,9 +1,45 @@
 """Typed errors that reach the client. The code is stable and machine-readable; the message is for people."""
 from __future__ import annotations
 
+from enum import Enum
+
+
+class ErrorCode(str, Enum):
+    """Every code the engine sends; the value is the wire string that clients match. The part before the
+    dot names the error class (see `error_from_code`)."""
+
+    INTERNAL = "internal_error"
+    GRAMMAR_COMPILER = "internal_error.grammar"
+    INVALID_REQUEST = "invalid_request"
+    MALFORMED = "invalid_request.malformed"
+    TOO_LARGE = "invalid_request.too_large"
+    BAD_RID = "invalid_request.rid"
+    DUPLICATE_RID = "invalid_request.duplicate_rid"
+    PARAMS = "invalid_request.params"
+    PROMPT = "invalid_request.prompt"
+    EMPTY_PROMPT = "invalid_request.empty_prompt"
+    MESSAGES = "invalid_request.messages"
+    TOKEN_ID = "invalid_request.token_id"
+    PROMPT_TOO_LONG = "invalid_request.prompt_too_long"
+    INVALID_GRAMMAR = "invalid_request.grammar"
+    REQUEST_FAILED = "request_failed"
+    FRONTEND_FAILED = "request_failed.frontend"
+    FAILED_INTERNAL = "request_failed.internal"
+    OUT_OF_MEMORY = "request_failed.out_of_memory"
+    KV_CAPACITY = "request_failed.kv_capacity"
+    GRAMMAR_REJECTED = "request_failed.grammar"
+    GRAMMAR_FAILED = "request_failed.grammar_internal"
+    GRAMMAR_TIMEOUT = "request_failed.grammar_timeout"
+    OVERLOADED = "overloaded"
+    ENGINE_DEAD = "engine_dead"
+
+    def __str__(self) -> str:  # the wire string in logs and f-strings, not "ErrorCode.X"
+        return self.value
+
 
 class TandemError(Exception):
-    code = "internal_error"
+    # A str: a code from the wire may be one this version does not list (it still maps by its class prefix).
+    code: str = ErrorCode.INTERNAL
 
     def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
@@ -18,25 +54,25 @@ class TandemError(Exception):
 class InvalidRequestError(TandemError):
     """The request itself is wrong (bad parameter, empty or too long prompt, ...)."""
 
-    code = "invalid_request"
+    code = ErrorCode.INVALID_REQUEST
 
 
 class RequestFailedError(TandemError):
     """The engine accepted the request but could not complete it."""
 
-    code = "request_failed"
+    code = ErrorCode.REQUEST_FAILED
 
 
 class OverloadedError(TandemError):
     """The engine's queue is full (max_waiting_requests): retry later."""
 
-    code = "overloaded"
+    code = ErrorCode.OVERLOADED
 
 
 class EngineDeadError(TandemError):
     """The engine went away while a request was waiting on it."""
 
-    code = "engine_dead"
+    code = ErrorCode.ENGINE_DEAD
 
 
 def error_from_code(code: str, message: str) -> TandemError:

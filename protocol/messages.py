@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import msgspec
 
+from protocol.final_info import FinalInfo, HasFinal
 from protocol.sampling_params import SamplingParams
 
 
@@ -51,33 +52,6 @@ class Logprobs(msgspec.Struct, array_like=True):
         self.top_logprobs += other.top_logprobs
 
 
-class TimeStats(msgspec.Struct, array_like=True):
-    """A request's timeline in the scheduler, wall-clock seconds (time.time(), comparable across
-    processes on one host); 0.0 = not reached."""
-
-    arrival: float = 0.0
-    first_scheduled: float = 0.0
-    first_token: float = 0.0
-    finished: float = 0.0
-    retractions: list[float] = []
-
-    @property
-    def queue_s(self) -> float:
-        return self.first_scheduled - self.arrival if self.first_scheduled else 0.0
-
-    @property
-    def ttft_s(self) -> float:
-        return self.first_token - self.arrival if self.first_token else 0.0
-
-    @property
-    def decode_s(self) -> float:
-        return self.finished - self.first_token if self.first_token and self.finished else 0.0
-
-    @property
-    def e2e_s(self) -> float:
-        return self.finished - self.arrival if self.finished else 0.0
-
-
 class EngineLoad(msgspec.Struct, array_like=True):
     """The scheduler's gauges and counters, riding with the outputs so that clients (the HTTP
     server's /metrics) see them without asking. Counters are totals since the engine started."""
@@ -96,23 +70,16 @@ class EngineLoad(msgspec.Struct, array_like=True):
     spec_accepted_per_position: list[int] = []
 
 
-class RequestOutput(msgspec.Struct, array_like=True):
-    """A delta of one request: text and token ids since the previous one."""
+class RequestOutput(msgspec.Struct, HasFinal, array_like=True):
+    """A delta of one request: text and token ids since the previous one; the last one carries `final`."""
 
     rid: str
     text: str
     token_ids: list[int]
-    finished: bool = False
-    finish_reason: str | None = None
-    matched_stop: int | str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    final: FinalInfo | None = None
     logprobs: Logprobs | None = None  # for this delta's token_ids
     prompt_logprobs: Logprobs | None = None  # for prompt positions 1.. (position 0 has none)
-    time_stats: TimeStats | None = None  # with the final output
-    cached_tokens: int = 0  # prompt tokens served by the prefix cache; with the final output
     load: EngineLoad | None = None
-    spec_accepted_tokens: int = 0  # on the final output: draft tokens accepted (speculative decoding)
 
 
 class OutputBatch(msgspec.Struct, tag="outputs"):
@@ -120,6 +87,8 @@ class OutputBatch(msgspec.Struct, tag="outputs"):
 
 
 class RequestError(msgspec.Struct, tag="error"):
+    """A request ended with an error (by the frontend, or by the engine: passed through unchanged)."""
+
     rid: str
     code: str
     message: str
@@ -312,32 +281,18 @@ class DetokRegister(msgspec.Struct, tag="register"):
     stop: list[str] = []  # stop strings: text that may begin one is held back until the scheduler decides
 
 
-class TokenDelta(msgspec.Struct, array_like=True):
+class TokenDelta(msgspec.Struct, HasFinal, array_like=True):
     rid: str
     token_ids: list[int]
-    finish_reason: str | None = None
-    matched_stop: int | str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    final: FinalInfo | None = None
     logprobs: Logprobs | None = None
     prompt_logprobs: Logprobs | None = None
-    time_stats: TimeStats | None = None
-    cached_tokens: int = 0
     load: EngineLoad | None = None
     stop_cut: int = 0  # a stop string ended it: characters to cut from the end of the text
-    spec_accepted_tokens: int = 0
 
 
 class TokenBatch(msgspec.Struct, tag="tokens"):
     deltas: list[TokenDelta]
-
-
-class RequestFailed(msgspec.Struct, tag="failed"):
-    """A request the scheduler ended with an error; passed through to the client."""
-
-    rid: str
-    code: str
-    message: str
 
 
 class EngineStopping(msgspec.Struct, tag="stopping"):
@@ -346,8 +301,8 @@ class EngineStopping(msgspec.Struct, tag="stopping"):
     reason: str
 
 
-DetokInMsg = DetokRegister | TokenBatch | RequestFailed | EngineStats
-FrontendInMsg = OutputBatch | RequestFailed | EngineStats | EngineStopping
+DetokInMsg = DetokRegister | TokenBatch | RequestError | EngineStats
+FrontendInMsg = OutputBatch | RequestError | EngineStats | EngineStopping
 
 
 # ---- child -> launcher -------------------------------------------------------------------------------

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol.errors import ErrorCode
+
 
 @dataclass(frozen=True)
 class FinishReason:
@@ -10,6 +12,7 @@ class FinishReason:
     matched: int | str | None = None  # the stop token id or stop string that ended it
     message: str = ""  # for abort/error: why
     cut: int = 0  # for a stop string: characters to cut from the end of the output text
+    code: str = ""  # for error: its ErrorCode (a str: a worker's code arrives as one)
 
     @classmethod
     def stop(cls, matched: int | str | None = None, cut: int = 0) -> FinishReason:
@@ -24,5 +27,6 @@ class FinishReason:
         return cls("abort", message=message)
 
     @classmethod
-    def error(cls, message: str, code: str = "request_failed") -> FinishReason:
-        return cls("error", matched=code, message=message)
+    def error(cls, message: str, code: str = ErrorCode.REQUEST_FAILED) -> FinishReason:
+        return cls("error", message=message, code=code)
+

@@ -10,11 +10,12 @@ import zmq
 from protocol.child import reporting_startup, start_child
 from protocol.codec import encode, scheduler_in_decoder, worker_out_decoder
 from protocol.engine_config import EngineConfig
+from protocol.errors import ErrorCode
 from protocol.ipc import make_socket
 from protocol.messages import (
     ModelRunnerOutput,
     Ready,
-    RequestFailed,
+    RequestError,
     SampleStep,
     SchedulerOutput,
     StepFailed,
@@ -122,7 +123,7 @@ class SchedulerLoop:
 
     def _fail_all(self, why: str) -> None:
         for rid in list(self.sched.reqs):
-            self.detok.send(encode(RequestFailed(rid, "engine_dead", why)))
+            self.detok.send(encode(RequestError(rid, ErrorCode.ENGINE_DEAD, why)))
         self.sched.reqs.clear()
         # The sockets drop unsent messages on close (linger 0): give these a moment to leave.
         self.detok.close(linger=2000)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from protocol.messages import TimeStats
 from protocol.sampling_params import SamplingParams
+from protocol.time_stats import TimeStats
 from scheduler.finish import FinishReason
 from scheduler.prefix_cache import PrefixHandle
 from scheduler.stop_checker import StopMatch

@@ -13,12 +13,14 @@ import msgspec
 
 from protocol import fault_injection
 from protocol.engine_config import EngineConfig
+from protocol.errors import ErrorCode
+from protocol.final_info import FinalInfo
 from protocol.messages import (
     DetokRegister,
     EngineLoad,
     Logprobs,
     ModelRunnerOutput,
-    RequestFailed,
+    RequestError,
     SampleStep,
     SchedulerOutput,
     StepFailed,
@@ -81,27 +83,25 @@ class Scheduler:
     # ---- requests in ------------------------------------------------------------------------
     def add_request(self, msg: TokenizedRequest) -> None:
         n_prompt = len(msg.input_ids)
-        if msg.rid in self.reqs:
-            self.outbox.append(RequestFailed(msg.rid, "invalid_request.duplicate_rid", "request id in use"))
-            return
         room = self.info.max_model_len - n_prompt
         if n_prompt == 0 or room <= 0:
             self.outbox.append(
-                RequestFailed(msg.rid, "invalid_request.prompt_too_long", f"prompt has {n_prompt} tokens")
+                RequestError(msg.rid, ErrorCode.PROMPT_TOO_LONG, f"prompt has {n_prompt} tokens")
             )
             return
         if n_prompt + 1 > self.kv.allocator.size:
             self.outbox.append(
-                RequestFailed(
+                RequestError(
                     msg.rid,
-                    "request_failed.kv_capacity",
+                    ErrorCode.KV_CAPACITY,
                     f"prompt of {n_prompt} tokens can never fit the KV pool of {self.kv.allocator.size}",
                 )
             )
             return
         limit = self.cfg.max_waiting_requests
         if limit is not None and len(self.waiting) + len(self.structured.compiling) >= limit:
-            self.outbox.append(RequestFailed(msg.rid, "overloaded", f"{limit} requests are waiting already"))
+            why = f"{limit} requests are waiting already"
+            self.outbox.append(RequestError(msg.rid, ErrorCode.OVERLOADED, why))
             return
         max_new = min(msg.params.max_tokens or room, room)
         req = Req(msg.rid, msg.input_ids, msg.params, self.eos, max_new, arrival=self._arrivals)
@@ -141,7 +141,7 @@ class Scheduler:
         step.sample_sent = True
         sample, failed = self.structured.sample_step(step)
         for req, message in failed:
-            self._fail(req, "request_failed.grammar_internal", message)
+            self._fail(req, ErrorCode.GRAMMAR_FAILED, message)
         self._flush_deltas()
         return sample
 
@@ -195,7 +195,7 @@ class Scheduler:
                     try:
                         matched, grammar_done = self._accept_token(req, tok, lp)
                     except Exception as e:  # one request's fault (grammar, tokenizer) fails it alone
-                        req.to_finish = FinishReason.error(f"{type(e).__name__}: {e}", "request_failed.internal")
+                        req.to_finish = FinishReason.error(f"{type(e).__name__}: {e}", ErrorCode.FAILED_INTERNAL)
                 req.check_finished(matched, grammar_done)
                 if req.finished():
                     # The accepted tokens after the end are dropped, and so is their KV.
@@ -259,7 +259,7 @@ class Scheduler:
             if not req.grammar.accept(tok):
                 req.to_finish = FinishReason.error(
                     f"the grammar cannot accept token {tok} after {len(req.output_ids) - 1} outputs",
-                    "request_failed.grammar",
+                    ErrorCode.GRAMMAR_REJECTED,
                 )
             grammar_done = req.grammar.is_terminated()
         return matched, grammar_done
@@ -316,20 +316,16 @@ class Scheduler:
         if reason.kind == "error":
             self.stats.failed += 1
             self._flush_deltas()
-            self.outbox.append(RequestFailed(req.rid, str(reason.matched), reason.message))
+            self.outbox.append(RequestError(req.rid, reason.code, reason.message))
             return
         self.stats.finished += 1
         self.stats.aborted += reason.kind == "abort"
-        completion = len(req.output_ids)
         d = self._delta(req)
-        d.finish_reason = reason.kind
-        d.matched_stop = reason.matched
-        d.prompt_tokens = len(req.origin_input_ids)
-        d.completion_tokens = completion
-        d.time_stats = req.time_stats
-        d.cached_tokens = req.cached_tokens
+        d.final = FinalInfo(  # how it ended: made here once, carried unchanged to the client
+            reason.kind, reason.matched, len(req.origin_input_ids), len(req.output_ids), req.cached_tokens,
+            req.spec_accepted_tokens, req.time_stats,
+        )
         d.stop_cut = reason.cut
-        d.spec_accepted_tokens = req.spec_accepted_tokens
 
     def _note_first_scheduled(self, reqs: list[Req]) -> None:
         now = time.time()
@@ -374,12 +370,8 @@ class Scheduler:
         victim = self.running[0] if self.running else self.waiting[0]
         if len(self.running) > 1:
             return  # retraction will make room on the next call
-        victim.to_finish = FinishReason.error(
-            f"request needs more KV than the pool of {self.kv.allocator.size} slots holds",
-            "request_failed.kv_capacity",
-        )
-        victim.check_finished()
-        self._finalize(victim)
+        why = f"request needs more KV than the pool of {self.kv.allocator.size} slots holds"
+        self._fail(victim, ErrorCode.KV_CAPACITY, why)
 
     def take_outbox(self) -> list[msgspec.Struct]:
         out, self.outbox = self.outbox, []

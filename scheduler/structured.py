@@ -14,6 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from protocol.errors import ErrorCode
 from protocol.messages import SampleStep
 from protocol.sampling_params import SamplingParams
 from scheduler.req import Req
@@ -65,18 +66,18 @@ class StructuredOutput:
         if entry is not None and not any(f is entry[1] for _, f, _ in self.compiling.values()):
             entry[1].cancel()  # only a compilation not yet started can be cancelled
 
-    def poll(self) -> tuple[list[Req], list[tuple[Req, str, str]]]:
+    def poll(self) -> tuple[list[Req], list[tuple[Req, ErrorCode, str]]]:
         """Requests whose grammar is ready, and those that failed: (req, error code, message)."""
         from scheduler.grammar import GrammarError
 
         ready: list[Req] = []
-        failed: list[tuple[Req, str, str]] = []
+        failed: list[tuple[Req, ErrorCode, str]] = []
         now = self.clock()
         for rid, (req, fut, deadline) in list(self.compiling.items()):
             if not fut.done():
                 if now > deadline:
                     self.cancel(rid)
-                    failed.append((req, "request_failed.grammar_timeout",
+                    failed.append((req, ErrorCode.GRAMMAR_TIMEOUT,
                                    f"grammar did not compile within {self.timeout_s:g} s"))
                 continue
             del self.compiling[rid]
@@ -84,9 +85,9 @@ class StructuredOutput:
                 req.grammar = self._service.matcher(fut.result())
                 ready.append(req)
             except GrammarError as e:  # the constraint itself is bad: the client's error
-                failed.append((req, "invalid_request.grammar", str(e)))
+                failed.append((req, ErrorCode.INVALID_GRAMMAR, str(e)))
             except Exception as e:  # ours (e.g. the tokenizer did not load), not the client's
-                failed.append((req, "internal_error.grammar", f"grammar compiler failed: {type(e).__name__}: {e}"))
+                failed.append((req, ErrorCode.GRAMMAR_COMPILER, f"grammar compiler failed: {type(e).__name__}: {e}"))
         return ready, failed
 
     def sample_step(self, step: InflightStep) -> tuple[SampleStep, list[tuple[Req, str]]]:

@@ -12,6 +12,7 @@ from frontend.request_encoding import build_request
 from frontend.router import Router
 from protocol.codec import encode
 from protocol.errors import EngineDeadError, InvalidRequestError, RequestFailedError
+from protocol.final_info import FinalInfo
 from protocol.messages import (
     AbortRequest,
     EngineStats,
@@ -30,7 +31,7 @@ def test_router_delivers_in_order_and_forgets_a_finished_request() -> None:
     r, got = Router(), []
     assert r.open("a", got.append)
     r.route(OutputBatch([RequestOutput("a", "x", [1]), RequestOutput("zz", "?", [9])]))
-    r.route(OutputBatch([RequestOutput("a", "y", [2], finished=True, finish_reason="length")]))
+    r.route(OutputBatch([RequestOutput("a", "y", [2], FinalInfo("length"))]))
     assert [o.token_ids for o in got] == [[1], [2]] and len(r) == 0
     assert not r.close("a"), "a finished request needs no abort"
 

@@ -7,8 +7,11 @@ import zmq
 
 from frontend.client_frames import ClientFrames
 from frontend.process import Frontend
+from frontend.request_encoding import build_request
 from protocol.codec import encode
+from protocol.final_info import FinalInfo
 from protocol.messages import AbortRequest, EngineStopping, OutputBatch, RequestOutput
+from protocol.model_info import ModelInfo
 
 
 class _Sock:
@@ -49,6 +52,20 @@ def test_a_client_that_stops_reading_or_vanishes_has_its_requests_aborted() -> N
         assert sorted(m["rid"] for m in sched.sent) == ["a", "b"]
         assert all(m["type"] == "abort" for m in sched.sent)
         assert fe.owner == {"c": b"other"}
+
+
+def test_a_gone_clients_request_id_stays_in_use_until_the_engine_ends_it() -> None:
+    clients = _Sock()
+    fe, sched = _frontend(clients)
+    fe.info = ModelInfo(100, 64, [0], "llama")
+    fe.drop_client(b"slow", "disconnected")  # "a" is aborted, but the scheduler may not know it yet
+    reuse = [b"other", encode(build_request([1, 2], None, "a"))]
+    fe.on_client_frames(reuse)
+    got = [(i, m["rid"], m["code"]) for i, m in clients.sent]
+    assert got == [(b"other", "a", "invalid_request.duplicate_rid")]
+    fe.on_engine(OutputBatch([RequestOutput("a", "", [], FinalInfo("abort"))]))
+    fe.on_client_frames(reuse)
+    assert sched.sent[-1]["type"] == "req" and sched.sent[-1]["rid"] == "a" and fe.owner["a"] == b"other"
 
 
 def test_farewell_tells_every_waiting_call_why_and_stops() -> None:

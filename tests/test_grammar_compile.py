@@ -10,7 +10,7 @@ import pytest
 
 from protocol.engine_config import EngineConfig
 from protocol.errors import OverloadedError, error_from_code
-from protocol.messages import RequestFailed, TokenBatch, TokenizedRequest
+from protocol.messages import RequestError, TokenBatch, TokenizedRequest
 from protocol.model_info import ModelInfo, read_model_info
 from protocol.sampling_params import SamplingParams
 from scheduler.scheduler import Scheduler
@@ -48,7 +48,7 @@ def busy_pool(s: Scheduler) -> threading.Event:
 def ends(s: Scheduler) -> dict[str, tuple[str, object]]:
     out: dict[str, tuple[str, object]] = {}
     for msg in s.take_outbox():
-        if isinstance(msg, RequestFailed):
+        if isinstance(msg, RequestError):
             out[msg.rid] = ("error", msg.code)
         elif isinstance(msg, TokenBatch):
             out.update({d.rid: (d.finish_reason, d.matched_stop) for d in msg.deltas if d.finish_reason})

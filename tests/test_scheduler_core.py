@@ -7,7 +7,7 @@ import random
 import pytest
 
 from protocol.engine_config import EngineConfig
-from protocol.messages import RequestFailed, SampleStep, TokenBatch, TokenizedRequest
+from protocol.messages import RequestError, SampleStep, TokenBatch, TokenizedRequest
 from protocol.model_info import ModelInfo
 from protocol.sampling_params import SamplingParams
 from scheduler.req import KVPopError
@@ -57,7 +57,7 @@ def run(sched: Scheduler, worker: FakeWorker, depth: int, on_step=None, max_step
                     if d.finish_reason is not None:
                         assert d.rid not in ends, f"{d.rid} ended twice"
                         ends[d.rid] = (d.finish_reason, d.matched_stop)
-            elif isinstance(msg, RequestFailed):
+            elif isinstance(msg, RequestError):
                 assert msg.rid not in ends, f"{msg.rid} ended twice"
                 ends[msg.rid] = ("error", msg.code)
         if not sched.has_work and not sched.inflight and not queue:

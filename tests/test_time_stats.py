@@ -34,11 +34,11 @@ def test_timeline_and_retractions_under_kv_pressure() -> None:
     run(sched, worker, 2)
     assert len(finals) == 30 and sched.stats.retractions > 0
     for d in finals:
-        t = d.time_stats
+        t = d.final.time_stats
         assert 0 < t.arrival <= t.first_scheduled <= t.first_token <= t.finished
         assert all(t.first_scheduled <= r <= t.finished for r in t.retractions)
     # Every retraction is on some request's timeline, and in the load's preemption total.
-    assert sum(len(d.time_stats.retractions) for d in finals) == sched.stats.retractions
+    assert sum(len(d.final.time_stats.retractions) for d in finals) == sched.stats.retractions
     last = finals[-1].load
     assert last.preemptions == sched.stats.retractions and last.running == 0 and last.waiting == 0
 

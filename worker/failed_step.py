@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from protocol.errors import ErrorCode
 from protocol.fault_injection import InjectedFault
 from protocol.messages import StepFailed
 
@@ -19,7 +20,7 @@ from protocol.messages import StepFailed
 class RequestFault(RuntimeError):
     """An exception attributable to some requests of a step: `rows` are theirs."""
 
-    def __init__(self, rows: Sequence[int], code: str, message: str) -> None:
+    def __init__(self, rows: Sequence[int], code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.rows = list(rows)
         self.code = code
@@ -43,8 +44,8 @@ def describe(step_id: int, e: Exception) -> FailedStep:
     if isinstance(e, RequestFault):
         return FailedStep(step_id, e.rows, e.code, str(e))
     if isinstance(e, torch.OutOfMemoryError):
-        return FailedStep(step_id, [], "request_failed.out_of_memory", f"step ran out of memory: {e}")
-    return FailedStep(step_id, [], "request_failed.internal", f"step failed: {type(e).__name__}: {e}")
+        return FailedStep(step_id, [], ErrorCode.OUT_OF_MEMORY, f"step ran out of memory: {e}")
+    return FailedStep(step_id, [], ErrorCode.FAILED_INTERNAL, f"step failed: {type(e).__name__}: {e}")
 
 
 def survivable(e: Exception, tp_size: int) -> bool:

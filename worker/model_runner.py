@@ -8,6 +8,7 @@ import torch
 from kernels.bitmask import apply_bitmask
 from protocol import fault_injection
 from protocol.engine_config import EngineConfig
+from protocol.errors import ErrorCode
 from protocol.messages import Logprobs, ModelRunnerOutput, SampleStep, SchedulerOutput
 from protocol.model_info import ModelInfo
 from worker.attention_backend import select_attention_backend
@@ -128,7 +129,7 @@ class ModelRunner:
             try:
                 step.prompt_logprobs = prompt_logprobs(logits[n:], plp)
             except torch.OutOfMemoryError as e:  # a long chunk's [positions, vocab] log-softmax
-                raise RequestFault(plp.rows, "request_failed.out_of_memory", f"prompt logprobs: {e}") from e
+                raise RequestFault(plp.rows, ErrorCode.OUT_OF_MEMORY, f"prompt logprobs: {e}") from e
             logits = logits[:n]
         if so.defer_sample:
             self._deferred = _Deferred(so, step, logits, rows, t0, start)
@@ -139,12 +140,12 @@ class ModelRunner:
     def _check_faults(self, so: SchedulerOutput) -> None:
         poisoned = self.poisoned.intersection(s.req_pool_idx for s in so.scheduled)
         if poisoned:
-            raise RequestFault([], "request_failed.internal", f"skipped: rows {sorted(poisoned)} failed before")
+            raise RequestFault([], ErrorCode.FAILED_INTERNAL, f"skipped: rows {sorted(poisoned)} failed before")
         for r in so.new_reqs:
             try:
                 fault_injection.check("worker.step", r.token_ids[: r.num_prompt])
             except fault_injection.InjectedFault as e:
-                raise RequestFault([r.req_pool_idx], "request_failed.internal", str(e)) from e
+                raise RequestFault([r.req_pool_idx], ErrorCode.FAILED_INTERNAL, str(e)) from e
 
     @property
     def running_step(self) -> bool:

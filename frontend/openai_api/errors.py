@@ -6,7 +6,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from protocol.errors import EngineDeadError, InvalidRequestError, TandemError
+from protocol.errors import EngineDeadError, InvalidRequestError, OverloadedError, TandemError
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           503: "service_unavailable", 500: "internal_error"}
@@ -29,7 +29,7 @@ def from_engine(e: TandemError) -> APIError:
     """An engine error as the HTTP status a client expects: its fault 400, ours 503 / 500."""
     if isinstance(e, InvalidRequestError):
         return APIError(400, e.message, None, e.code)
-    if isinstance(e, EngineDeadError) or e.code.startswith("overloaded"):
+    if isinstance(e, (EngineDeadError, OverloadedError)):
         return APIError(503, e.message, None, e.code)
     return APIError(500, e.message, None, e.code)
 
