@@ -1,6 +1,6 @@
 """The frontend: the frontend process (tokenize, validate, route) and the Python clients."""
-from frontend.async_client import AsyncClient
-from frontend.client import Client
+from frontend.client.async_client import AsyncClient
+from frontend.client.client import Client
 from frontend.completion import Completion, CompletionDelta
 
 __all__ = ["Client", "AsyncClient", "Completion", "CompletionDelta"]

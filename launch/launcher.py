@@ -35,7 +35,7 @@ class Launcher:
     def start(self) -> str:
         """Start all processes; returns the endpoint a client connects to."""
         from detokenizer.process import run_detokenizer
-        from frontend.process import run_frontend
+        from frontend.server.process import run_frontend
         from scheduler.process import run_scheduler
         from worker.process import run_worker
 

@@ -23,7 +23,7 @@ PROCESS_PREFIX = "tandem: process "
 def start_http(launcher: Launcher, endpoint: str, scfg: ServeConfig) -> str:
     """Start the HTTP process as one more of the engine's processes (it stops and dies with them);
     returns its URL once it listens."""
-    from frontend.openai_api.process import run_http
+    from frontend.http.process import run_http
 
     parent, child = mp.Pipe(duplex=False)
     p: BaseProcess = mp.get_context("spawn").Process(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import zmq
 
-from frontend.client_frames import ClientFrames
-from frontend.process import Frontend
+from frontend.server.client_frames import ClientFrames
+from frontend.server.process import Frontend
 from protocol.codec import encode
 from protocol.messages import AbortRequest, EngineStopping, OutputBatch, RequestOutput
 

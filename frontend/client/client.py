@@ -12,11 +12,11 @@ from collections.abc import Iterator, Sequence
 
 from tqdm import tqdm
 
-from frontend.client_io import ClientIO
+from frontend.client.client_io import ClientIO
+from frontend.client.connection import encode_msg
+from frontend.client.request_encoding import Params, Prompt, build_request, new_rid, params_per_prompt
+from frontend.client.router import Item
 from frontend.completion import Completion, CompletionDelta, to_delta
-from frontend.connection import encode_msg
-from frontend.request_encoding import Params, Prompt, build_request, new_rid, params_per_prompt
-from frontend.router import Item
 from protocol.errors import EngineDeadError, TandemError
 from protocol.messages import AbortRequest, EngineStats, RequestOutput, StatsRequest
 
@@ -31,7 +31,7 @@ class Client:
     def launch(cls, model: str, **engine_options: object) -> Client:
         """Start an engine this client owns; it stops on close(), at the end of a `with` block, or when
         this process dies."""
-        from launch.engine_process import start_engine_process  # the one lazy arrow back to launch/
+        from frontend.client.engine_process import start_engine_process  # the one lazy arrow back to launch/
 
         proc, endpoint = start_engine_process(model, **engine_options)
         return cls(endpoint, engine=proc)
@@ -102,7 +102,7 @@ class Client:
     def close(self) -> None:
         self._io.stop()
         if self._engine is not None:
-            from launch.engine_process import stop_engine_process
+            from frontend.client.engine_process import stop_engine_process
 
             stop_engine_process(self._engine)
 

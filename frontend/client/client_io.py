@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import msgspec
 import zmq
 
-from frontend.connection import decode_msg, engine_exit_reason, is_dead_event, open_dealer
-from frontend.router import Router, Sink
+from frontend.client.connection import decode_msg, engine_exit_reason, is_dead_event, open_dealer
+from frontend.client.router import Router, Sink
 from protocol.errors import EngineDeadError
 
 log = logging.getLogger("tandem.client")

@@ -16,11 +16,11 @@ import zmq
 import zmq.asyncio
 from tqdm import tqdm
 
-from frontend.client_io import CLOSED
+from frontend.client.client_io import CLOSED
+from frontend.client.connection import decode_msg, encode_msg, engine_exit_reason, is_dead_event, open_dealer
+from frontend.client.request_encoding import Params, Prompt, build_request, new_rid, params_per_prompt
+from frontend.client.router import Item, Router
 from frontend.completion import Completion, CompletionDelta, to_delta
-from frontend.connection import decode_msg, encode_msg, engine_exit_reason, is_dead_event, open_dealer
-from frontend.request_encoding import Params, Prompt, build_request, new_rid, params_per_prompt
-from frontend.router import Item, Router
 from protocol.errors import EngineDeadError, TandemError
 from protocol.messages import AbortRequest, EngineStats, RequestOutput, StatsRequest
 
@@ -40,7 +40,7 @@ class AsyncClient:
 
     @classmethod
     def launch(cls, model: str, **engine_options: object) -> AsyncClient:
-        from launch.engine_process import start_engine_process  # the one lazy arrow back to launch/
+        from frontend.client.engine_process import start_engine_process  # the one lazy arrow back to launch/
 
         proc, endpoint = start_engine_process(model, **engine_options)
         return cls(endpoint, engine=proc)
@@ -108,7 +108,7 @@ class AsyncClient:
             self._sock.close(0)
             self._ctx.term()
         if self._engine is not None:
-            from launch.engine_process import stop_engine_process
+            from frontend.client.engine_process import stop_engine_process
 
             await asyncio.to_thread(stop_engine_process, self._engine)
             self._engine = None

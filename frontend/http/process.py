@@ -25,10 +25,10 @@ def run_http(endpoint: str, model: str, max_model_len: int | None, serve_bytes: 
         import uvicorn
         import uvloop
 
-        from frontend.async_client import AsyncClient
-        from frontend.openai_api.app import create_app
-        from frontend.openai_api.metrics import Metrics
-        from frontend.openai_api.state import ServerState
+        from frontend.client.async_client import AsyncClient
+        from frontend.http.app import create_app
+        from frontend.http.metrics import Metrics
+        from frontend.http.state import ServerState
         from protocol.model_info import read_model_info
         from protocol.tokenizer_loader import load_tokenizer
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from frontend.openai_api.errors import APIError
-from frontend.openai_api.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
-from frontend.openai_api.tool_calls import ToolCallParser
+from frontend.http.errors import APIError
+from frontend.http.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
+from frontend.http.tool_calls import ToolCallParser
 
 
 def _text(m: ChatMessage) -> str:

@@ -9,17 +9,17 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from frontend.openai_api import errors
-from frontend.openai_api.chat import render_chat
-from frontend.openai_api.chat_completions import create_chat_completion
-from frontend.openai_api.completions import create_completion
-from frontend.openai_api.schemas import (
+from frontend.http import errors
+from frontend.http.chat import render_chat
+from frontend.http.chat_completions import create_chat_completion
+from frontend.http.completions import create_completion
+from frontend.http.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from frontend.openai_api.state import ServerState
+from frontend.http.state import ServerState
 from protocol.errors import TandemError
 
 HEALTH_TIMEOUT_S = 5.0

@@ -1,0 +1,1 @@
+"""The client library: Client, AsyncClient and the engine a client may own."""
