@@ -1,54 +1,69 @@
-"""An engine owned by a client: `tandem serve` as a child process, stopped with the client."""
+"""An engine owned by a client: the `tandem serve` program as a child process, stopped with the client.
+
+The child gets one end of a socket pair as `--owner-fd`: it writes its `Ready` record there once clients
+can connect, and stops when the other end closes, which the kernel does when this process dies, however it
+dies (PR_SET_PDEATHSIG alone would follow the calling thread).
+"""
 from __future__ import annotations
 
-import os
+import dataclasses
+import socket
 import subprocess
 import sys
 import threading
 from collections import deque
 
-from launch.cli_options import config_to_argv
-from launch.serve import READY_PREFIX
+from protocol.codec import launcher_decoder
 from protocol.engine_config import EngineConfig
+from protocol.messages import Ready
 
-_owner_pipes: dict[int, int] = {}  # engine pid -> the write end of its owner pipe, held while we own it
+_owners: dict[int, socket.socket] = {}  # engine pid -> our end of its owner socket, held while we own it
+
+
+def config_to_argv(cfg: EngineConfig) -> list[str]:
+    """The `tandem serve` flags (see launch/cli_options.py) that rebuild this config."""
+    argv: list[str] = []
+    for f in dataclasses.fields(EngineConfig):
+        v, flag = getattr(cfg, f.name), f.name.replace("_", "-")
+        if isinstance(v, bool):
+            argv.append(f"--{flag}" if v else f"--no-{flag}")
+        elif v is not None:
+            argv += [f"--{flag}", str(v)]
+    return argv
 
 
 def start_engine_process(model: str, **options: object) -> tuple[subprocess.Popen, str]:
     cfg = EngineConfig.from_options(model, **options)  # unknown options fail here, in the caller
+    ours, theirs = socket.socketpair()
     # The client talks ZMQ: no HTTP server (it would also contend for the default port).
-    # The engine watches the read end of this pipe: when this process dies, however it dies, the kernel
-    # closes the write end and the engine stops. (PR_SET_PDEATHSIG alone would follow the calling thread.)
-    owner_r, owner_w = os.pipe()
-    cmd = [sys.executable, "-m", "launch.cli", "serve", *config_to_argv(cfg), "--no-http", "--owner-fd", str(owner_r)]
+    cmd = [sys.executable, "-m", "launch.cli", "serve", *config_to_argv(cfg), "--no-http",
+           "--owner-fd", str(theirs.fileno())]
     try:
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=(owner_r,),
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                pass_fds=(theirs.fileno(),))
     except BaseException:
-        os.close(owner_w)
+        ours.close()
         raise
     finally:
-        os.close(owner_r)
-    _owner_pipes[proc.pid] = owner_w
+        theirs.close()
+    _owners[proc.pid] = ours
     err_tail: deque[str] = deque(maxlen=40)
     # Drain stderr in the background so a chatty engine never blocks on a full pipe.
-    threading.Thread(target=lambda: [err_tail.append(line) for line in proc.stderr], daemon=True).start()  # type: ignore[union-attr]
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith(READY_PREFIX):
-            endpoint = line[len(READY_PREFIX) :].strip()
-            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
-            return proc, endpoint
-    proc.wait()
+    drain = threading.Thread(target=lambda: err_tail.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    drain.start()
+    record = b"".join(iter(lambda: ours.recv(65536), b""))  # the engine shuts its side once it has written
+    msg = launcher_decoder()(record) if record else None
+    if isinstance(msg, Ready):
+        return proc, msg.info
+    stop_engine_process(proc)
+    drain.join(5)  # the last words (why it failed) are still in the pipe
     raise RuntimeError(f"engine exited with code {proc.returncode} before it was ready:\n{''.join(err_tail)}")
 
 
 def stop_engine_process(proc: subprocess.Popen, timeout_s: float = 15.0) -> int:
-    owner_w = _owner_pipes.pop(proc.pid, None)
-    if owner_w is not None:
-        os.close(owner_w)
+    owner = _owners.pop(proc.pid, None)
+    if owner is not None:
+        owner.close()
     if proc.poll() is None:
         proc.terminate()
         try:
