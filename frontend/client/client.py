@@ -1,110 +1,87 @@
 """The synchronous Python client: `Client(endpoint)` or `Client.launch(model_dir, **engine_options)`.
 
-Thread-safe: one background I/O thread owns the socket (see client_io.py); any number of threads may call
-generate, stream, generate_batch, abort and stats on one Client. A call that stops listening (a stream
-left early, an exception, an error in generate_batch) aborts its requests in the engine.
+A thin shell over AsyncClient, which lives on this client's own event-loop thread: each method hands the
+async one to that loop and waits, so the two clients share every line of request handling and cannot drift.
+Thread-safe: only the loop touches the socket, and any number of threads may call generate, stream,
+generate_batch, abort and stats on one Client. A call that stops listening (a stream left early, an
+exception, an error in generate_batch) aborts its requests in the engine.
 """
 from __future__ import annotations
 
-import queue
+import asyncio
+import concurrent.futures
+import contextlib
 import subprocess
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
 
-from tqdm import tqdm
+from frontend.client.async_client import CLOSED, AsyncClient
+from frontend.client.engine_process import start_engine_process
+from frontend.client.request_encoding import Params, Prompt
+from frontend.completion import Completion, CompletionDelta
+from protocol.errors import EngineDeadError
+from protocol.messages import EngineStats
 
-from frontend.client.client_io import ClientIO
-from frontend.client.connection import encode_msg
-from frontend.client.request_encoding import Params, Prompt, build_request, new_rid, params_per_prompt
-from frontend.client.router import Item
-from frontend.completion import Completion, CompletionDelta, to_delta
-from protocol.errors import EngineDeadError, TandemError
-from protocol.messages import AbortRequest, EngineStats, RequestOutput, StatsRequest
+T = TypeVar("T")
 
 
 class Client:
     def __init__(self, endpoint: str, *, engine: subprocess.Popen | None = None) -> None:
         self.endpoint = endpoint
-        self._engine = engine
-        self._io = ClientIO(endpoint, engine)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tandem-client-io", daemon=True)
+        self._thread.start()
+        self._lock = threading.Lock()  # orders "hand the loop a call" against "close": no call is stranded
+        self._closed = False
+        self._async: AsyncClient = self._run(_on_loop(endpoint, engine))  # its sockets belong to the loop
 
     @classmethod
     def launch(cls, model: str, **engine_options: object) -> Client:
         """Start an engine this client owns; it stops on close(), at the end of a `with` block, or when
         this process dies."""
-        from frontend.client.engine_process import start_engine_process  # the one lazy arrow back to launch/
-
         proc, endpoint = start_engine_process(model, **engine_options)
         return cls(endpoint, engine=proc)
 
-    # ---- public API ------------------------------------------------------------------------------
     def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None) -> Completion:
-        rid, items = self._submit(prompt, params, request_id)
-        comp = Completion(rid)
-        for out in self._outputs(rid, items):
-            comp.add(out)
-        return comp
+        return self._run(self._async.generate(prompt, params, request_id))
 
     def stream(self, prompt: Prompt, params: Params = None, request_id: str | None = None) -> Iterator[CompletionDelta]:
-        rid, items = self._submit(prompt, params, request_id)
-        for out in self._outputs(rid, items):
-            yield to_delta(out)
+        deltas = self._async.stream(prompt, params, request_id)
+        try:
+            while True:
+                try:
+                    delta = self._run(deltas.__anext__())
+                except StopAsyncIteration:
+                    return
+                yield delta
+        finally:  # left early (break, exception, garbage collection): the async stream's own exit aborts
+            with contextlib.suppress(EngineDeadError):  # not on a closed client: nothing runs any more
+                self._submit(deltas.aclose())  # not waited for: this may run on any thread, the loop's too
 
     def generate_batch(
         self, prompts: Sequence[Prompt], params: Params | Sequence[Params] = None, progress: bool = True
     ) -> list[Completion]:
         """All at once; the first error raises, and aborts the rest of the batch."""
-        plist = params_per_prompt(prompts, params)
-        reqs = [build_request(p, sp) for p, sp in zip(prompts, plist)]
-        self._check_alive()
-        items: queue.SimpleQueue[tuple[str, Item]] = queue.SimpleQueue()  # one queue for the whole batch
-        comps = {r.rid: Completion(r.rid) for r in reqs}
-        remaining = set(comps)
-        try:
-            for r in reqs:
-                self._io.open(r.rid, lambda item, rid=r.rid: items.put((rid, item)), encode_msg(r))
-            with tqdm(total=len(reqs), disable=not progress, desc="generate") as bar:
-                while remaining:
-                    rid, item = items.get()
-                    if isinstance(item, TandemError):
-                        raise item
-                    assert isinstance(item, RequestOutput)  # the router gives a request only outputs
-                    comps[rid].add(item)
-                    if item.finished:
-                        remaining.discard(rid)
-                        bar.update(1)
-        finally:
-            for rid in remaining:
-                self._io.close_call(rid, encode_msg(AbortRequest(rid)))
-        return [comps[r.rid] for r in reqs]
+        return self._run(self._async.generate_batch(prompts, params, progress))
 
     def stats(self, timeout_s: float = 30.0) -> EngineStats:
         """The engine's counters; the scheduler runs its integrity check to answer."""
-        self._check_alive()
-        rid = new_rid()
-        items: queue.SimpleQueue[Item] = queue.SimpleQueue()
-        self._io.open(rid, items.put, encode_msg(StatsRequest(rid)), is_request=False)
-        try:
-            item = items.get(timeout=timeout_s)
-        except queue.Empty:
-            raise TimeoutError("no stats reply") from None
-        finally:
-            self._io.close_call(rid, b"")
-        if isinstance(item, TandemError):
-            raise item
-        assert isinstance(item, EngineStats)
-        return item
+        return self._run(self._async.stats(timeout_s))
 
     def abort(self, request_id: str) -> None:
         """Stop a request this client submitted; its call ends with finish_reason "abort"."""
-        self._check_alive()
-        self._io.send(encode_msg(AbortRequest(request_id)))
+        self._run(self._async.abort(request_id))
 
     def close(self) -> None:
-        self._io.stop()
-        if self._engine is not None:
-            from frontend.client.engine_process import stop_engine_process
-
-            stop_engine_process(self._engine)
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        asyncio.run_coroutine_threadsafe(_shut_down(self._async), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
 
     def __enter__(self) -> Client:
         return self
@@ -112,30 +89,28 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---- internals -------------------------------------------------------------------------------
-    def _submit(self, prompt: Prompt, params: Params, rid: str | None) -> tuple[str, queue.SimpleQueue[Item]]:
-        req = build_request(prompt, params, rid)
-        self._check_alive()
-        items: queue.SimpleQueue[Item] = queue.SimpleQueue()
-        self._io.open(req.rid, items.put, encode_msg(req))
-        return req.rid, items
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        with self._lock:
+            if not self._closed:
+                return asyncio.run_coroutine_threadsafe(coro, self._loop)
+        coro.close()
+        raise EngineDeadError(CLOSED)
 
-    def _outputs(self, rid: str, items: queue.SimpleQueue[Item]) -> Iterator[RequestOutput]:
-        done = False
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        fut = self._submit(coro)
         try:
-            while not done:
-                item = items.get()
-                if isinstance(item, TandemError):
-                    done = True
-                    raise item
-                assert isinstance(item, RequestOutput)
-                done = item.finished
-                yield item
+            return fut.result()
         finally:
-            if not done:  # left early (break, exception, garbage collection): nothing runs for nobody
-                self._io.close_call(rid, encode_msg(AbortRequest(rid)))
+            fut.cancel()  # a no-op once done; interrupted (Ctrl-C): the call stops, and aborts, on the loop
 
-    def _check_alive(self) -> None:
-        why = self._io.dead
-        if why is not None:
-            raise EngineDeadError(why)
+
+async def _on_loop(endpoint: str, engine: subprocess.Popen | None) -> AsyncClient:
+    return AsyncClient(endpoint, engine=engine)
+
+
+async def _shut_down(client: AsyncClient) -> None:
+    """Close, then let every call still on the loop finish (closing failed them) before the loop stops."""
+    await client.close()
+    await asyncio.get_running_loop().shutdown_asyncgens()  # streams left suspended: no abort, nothing runs
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    await asyncio.gather(*others, return_exceptions=True)
