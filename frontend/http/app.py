@@ -20,6 +20,7 @@ from frontend.http.schemas import (
     TokenizeRequest,
 )
 from frontend.http.state import ServerState
+from frontend.prompt_tokens import encode_text
 from protocol.errors import TandemError
 
 HEALTH_TIMEOUT_S = 5.0
@@ -64,7 +65,7 @@ def create_app(st: ServerState) -> FastAPI:
         if body.messages is not None:
             ids = render_chat(st.tokenizer, body.messages, None, body.add_generation_prompt)
         else:
-            ids = st.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            ids = encode_text(st.tokenizer, body.prompt, body.add_special_tokens)
         return {"tokens": ids, "count": len(ids), "max_model_len": st.info.max_model_len}
 
     @app.post("/detokenize", dependencies=authed)

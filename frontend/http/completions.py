@@ -16,6 +16,7 @@ from frontend.http.schemas import CompletionRequest
 from frontend.http.state import ServerState
 from frontend.http.streaming import sse, stream_response, until_disconnect
 from frontend.http.usage import Usage
+from frontend.prompt_tokens import encode_text
 
 
 def _prompts(st: ServerState, body: CompletionRequest) -> tuple[list[str | None], list[list[int]]]:
@@ -24,7 +25,7 @@ def _prompts(st: ServerState, body: CompletionRequest) -> tuple[list[str | None]
     if isinstance(p, str) or (p and isinstance(p[0], int)):
         p = [p]  # type: ignore[list-item]
     texts = [x if isinstance(x, str) else None for x in p]
-    ids = [st.tokenizer.encode(x, add_special_tokens=True) if isinstance(x, str) else list(x) for x in p]
+    ids = [encode_text(st.tokenizer, x) if isinstance(x, str) else list(x) for x in p]
     return texts, ids
 
 
