@@ -1,6 +1,6 @@
-"""The frontend: the frontend process (tokenize, validate, route) and the Python clients."""
-from frontend.async_client import AsyncClient
-from frontend.client import Client
+"""The frontend: three doors into the engine, each in its room. client/ (the Python clients), server/ (the
+frontend process: tokenize, validate, route) and http/ (the OpenAI-compatible server)."""
+from frontend.client import AsyncClient, Client
 from frontend.completion import Completion, CompletionDelta
 
 __all__ = ["Client", "AsyncClient", "Completion", "CompletionDelta"]

@@ -16,7 +16,8 @@ def _parser() -> argparse.ArgumentParser:
                        allow_abbrev=False)
     add_engine_flags(s)
     add_engine_flags(s, ServeConfig)
-    s.add_argument("--owner-fd", type=int, help="stop when this inherited pipe closes (its owner died); Client.launch sets it")
+    s.add_argument("--owner-fd", type=int, help="an inherited socket: get the Ready record once clients can connect, "
+                   "stop when it closes (its owner died); Client.launch sets it")
 
     g = sub.add_parser("generate", help="one prompt, streamed to stdout", allow_abbrev=False)
     add_engine_flags(g)

@@ -1,4 +1,5 @@
-"""EngineConfig (and ServeConfig) <-> command-line flags. The dataclass is the one source of names and defaults."""
+"""Command-line flags -> EngineConfig (and ServeConfig). The dataclass is the one source of names and defaults;
+frontend/client/engine_process.py writes a config back as flags."""
 from __future__ import annotations
 
 import argparse
@@ -41,15 +42,3 @@ def config_from_args(args: argparse.Namespace, cls: type = EngineConfig) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in vars(args).items() if k in names and v is not None})
 
-
-def config_to_argv(cfg: EngineConfig) -> list[str]:
-    argv: list[str] = []
-    for f in dataclasses.fields(EngineConfig):
-        v = getattr(cfg, f.name)
-        if v is None:
-            continue
-        if isinstance(v, bool):
-            argv.append(_flag(f.name) if v else "--no-" + f.name.replace("_", "-"))
-        else:
-            argv += [_flag(f.name), str(v)]
-    return argv

@@ -18,6 +18,7 @@ from protocol.engine_config import EngineConfig
 from protocol.ipc import Endpoints, make_socket
 from protocol.messages import EngineStopping, Failed, Ready
 from protocol.model_info import read_model_info
+from protocol.serve_config import ServeConfig
 
 
 class EngineStartError(RuntimeError):
@@ -25,17 +26,20 @@ class EngineStartError(RuntimeError):
 
 
 class Launcher:
-    def __init__(self, cfg: EngineConfig) -> None:
+    def __init__(self, cfg: EngineConfig, http: ServeConfig | None = None) -> None:
         self.cfg = cfg
+        self.http = http  # the HTTP server's options, when it is one more of the processes
         self.endpoints = Endpoints.create()
         self.procs: list[BaseProcess] = []
-        self.ready: set[str] = set()  # role+rank of each process that reported ready
+        self.ready: dict[str, str] = {}  # role+rank of each process that reported ready -> what it reported
         self._ctx = zmq.Context()
 
     def start(self) -> str:
-        """Start all processes; returns the endpoint a client connects to."""
+        """Start all processes (the HTTP server's URL is then `ready["http0"]`); returns the endpoint a client
+        connects to."""
         from detokenizer.process import run_detokenizer
-        from frontend.process import run_frontend
+        from frontend.http.process import run_http
+        from frontend.server.process import run_frontend
         from scheduler.process import run_scheduler
         from worker.process import run_worker
 
@@ -57,6 +61,8 @@ class Launcher:
                 ("tandem-detokenizer", run_detokenizer, (c, e)),
                 ("tandem-frontend", run_frontend, (c, e)),
             ]
+            if self.http is not None and self.http.http:
+                targets.append(("tandem-http", run_http, (c, e, self.http.encode())))
         for name, fn, args in targets:
             p = spawn.Process(target=fn, args=args, name=name, daemon=False)
             p.start()
@@ -85,7 +91,7 @@ class Launcher:
             if isinstance(msg, Failed):
                 raise EngineStartError(f"{msg.role} failed to start: {msg.message}")
             assert isinstance(msg, Ready)
-            self.ready.add(f"{msg.role}{msg.rank}")
+            self.ready[f"{msg.role}{msg.rank}"] = msg.info
 
     def wait(self, poll_s: float | None = None) -> BaseProcess | None:
         """Block until a child exits (returns it) or poll_s passes (returns None)."""

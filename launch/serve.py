@@ -1,18 +1,21 @@
-"""`tandem serve`: run the engine until a signal or the death of any process."""
+"""`tandem serve`: run the engine until a signal or the death of any process.
+
+What it prints is for people (and tests that read it as people do); a program that starts it passes
+`--owner-fd` and reads the one `Ready` record written there.
+"""
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import os
 import signal
+import socket
 import sys
 import threading
-from multiprocessing.process import BaseProcess
 
 from launch.launcher import EngineStartError, Launcher
-from protocol.codec import launcher_decoder
+from protocol.codec import encode
 from protocol.engine_config import EngineConfig
-from protocol.messages import Failed
+from protocol.messages import Ready
 from protocol.serve_config import ServeConfig
 
 READY_PREFIX = "tandem: ready at "
@@ -20,31 +23,9 @@ HTTP_PREFIX = "tandem: "
 PROCESS_PREFIX = "tandem: process "
 
 
-def start_http(launcher: Launcher, endpoint: str, scfg: ServeConfig) -> str:
-    """Start the HTTP process as one more of the engine's processes (it stops and dies with them);
-    returns its URL once it listens."""
-    from frontend.openai_api.process import run_http
-
-    parent, child = mp.Pipe(duplex=False)
-    p: BaseProcess = mp.get_context("spawn").Process(
-        target=run_http, name="tandem-http", daemon=False,
-        args=(endpoint, launcher.cfg.model, launcher.cfg.max_model_len, scfg.encode(), child),
-    )
-    p.start()
-    launcher.procs.append(p)
-    child.close()
-    while not parent.poll(0.2):
-        if p.exitcode is not None:
-            raise EngineStartError(f"tandem-http exited with code {p.exitcode} during startup")
-    msg = launcher_decoder()(parent.recv_bytes())
-    if isinstance(msg, Failed):
-        raise EngineStartError(f"the HTTP server failed to start: {msg.message}")
-    return msg.info
-
-
 def serve(cfg: EngineConfig, scfg: ServeConfig | None = None, owner_fd: int | None = None) -> int:
     scfg = scfg or ServeConfig()
-    launcher = Launcher(cfg)
+    launcher = Launcher(cfg, scfg if cfg.node_rank == 0 else None)
     stopping = {"reason": "the engine was stopped"}
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -58,11 +39,15 @@ def serve(cfg: EngineConfig, scfg: ServeConfig | None = None, owner_fd: int | No
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGUSR1, on_signal)
-    if owner_fd is not None:
-        _stop_when_closed(owner_fd, stopping)
+    try:
+        owner = None if owner_fd is None else socket.socket(fileno=owner_fd)
+    except OSError as e:  # not an inherited socket
+        print(f"tandem serve: --owner-fd {owner_fd}: {e}", file=sys.stderr, flush=True)
+        return 2
+    if owner is not None:
+        _stop_when_closed(owner, stopping)
     try:
         endpoint = launcher.start()
-        url = start_http(launcher, endpoint, scfg) if scfg.http and cfg.node_rank == 0 else None
     except EngineStartError as e:
         print(f"tandem: engine failed to start: {e}", file=sys.stderr, flush=True)
         launcher.stop()
@@ -74,8 +59,12 @@ def serve(cfg: EngineConfig, scfg: ServeConfig | None = None, owner_fd: int | No
         print(f"{PROCESS_PREFIX}{p.name} {p.pid}", flush=True)
     if cfg.node_rank == 0:
         print(f"{READY_PREFIX}{endpoint}", flush=True)
-        if url is not None:
-            print(f"{HTTP_PREFIX}{url}", flush=True)
+        if "http0" in launcher.ready:
+            print(f"{HTTP_PREFIX}{launcher.ready['http0']}", flush=True)
+        if owner is not None:
+            with contextlib.suppress(OSError):  # a dead owner: the watch stops the engine
+                owner.sendall(encode(Ready("engine", 0, endpoint)))
+                owner.shutdown(socket.SHUT_WR)  # the record is whole; the owner still holds its end
     else:
         print(f"tandem: node {cfg.node_rank} workers ready (clients connect to node 0)", flush=True)
     try:
@@ -91,12 +80,13 @@ def serve(cfg: EngineConfig, scfg: ServeConfig | None = None, owner_fd: int | No
         return 0
 
 
-def _stop_when_closed(fd: int, stopping: dict[str, str]) -> None:
-    """The owner holds the other end of this pipe: end of file means it died (or let go), so stop."""
+def _stop_when_closed(owner: socket.socket, stopping: dict[str, str]) -> None:
+    """The owner holds the other end of this socket: end of file means it died (or let go), so stop."""
 
     def watch() -> None:
-        while os.read(fd, 4096):
-            pass
+        with contextlib.suppress(OSError):
+            while owner.recv(4096):
+                pass
         stopping["reason"] = "the engine's owner process died"
         os.kill(os.getpid(), signal.SIGUSR1)  # the main thread stops the engine, as on SIGTERM
         with contextlib.suppress(OSError):  # stderr was most likely a pipe to the dead owner

@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from frontend import AsyncClient, Client
-from frontend.request_encoding import build_request
+from frontend.client.request_encoding import build_request
 from protocol import EngineDeadError, InvalidRequestError, SamplingParams
 from protocol.codec import encode
 from tests.conftest import check_idle_engine

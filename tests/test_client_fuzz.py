@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from frontend import Client
-from frontend.request_encoding import build_request
+from frontend.client.request_encoding import build_request
 from protocol import SamplingParams
 from protocol.codec import encode
 from tests.conftest import check_idle_engine

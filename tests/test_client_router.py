@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from frontend.client_frames import MAX_RID_LEN, BadFrames, ClientFrames
-from frontend.request_encoding import build_request
-from frontend.router import Router
+from frontend.client.request_encoding import build_request
+from frontend.client.router import Router
+from frontend.server.client_frames import MAX_RID_LEN, BadFrames, ClientFrames
 from protocol.codec import encode
 from protocol.errors import EngineDeadError, InvalidRequestError, RequestFailedError
 from protocol.final_info import FinalInfo

@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 import zmq
 
-from frontend.client_frames import ClientFrames
-from frontend.process import Frontend
-from frontend.request_encoding import build_request
+from frontend.client.request_encoding import build_request
+from frontend.server.client_frames import ClientFrames
+from frontend.server.process import Frontend
 from protocol.codec import encode
 from protocol.final_info import FinalInfo
 from protocol.messages import AbortRequest, EngineStopping, OutputBatch, RequestOutput

@@ -14,10 +14,10 @@ from protocol.serve_config import ServeConfig
 def test_dead_engine_is_503(tiny_model) -> None:
     from transformers import AutoTokenizer
 
-    from frontend.async_client import AsyncClient
-    from frontend.openai_api.app import create_app
-    from frontend.openai_api.metrics import Metrics
-    from frontend.openai_api.state import ServerState
+    from frontend.client.async_client import AsyncClient
+    from frontend.http.app import create_app
+    from frontend.http.metrics import Metrics
+    from frontend.http.state import ServerState
     from protocol.model_info import read_model_info
 
     model = str(tiny_model("llama"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from frontend.openai_api.metrics import Metrics
+from frontend.http.metrics import Metrics
 from protocol.messages import EngineLoad
 
 

@@ -1,7 +1,7 @@
-"""The asyncio client: the same API as Client, with `async`.
+"""The asyncio client, and the one implementation of the client API (Client is its sync shell).
 
-The socket lives in the event loop: one task receives and routes through the shared Router, one sends what
-the calls queue. A call that stops listening (a stream left early, a cancelled task, an error in
+The socket lives in the event loop: one task receives and routes through the Router, one sends what the
+calls queue. A call that stops listening (a stream left early, a cancelled task, an error in
 generate_batch) aborts its requests in the engine.
 """
 from __future__ import annotations
@@ -16,15 +16,17 @@ import zmq
 import zmq.asyncio
 from tqdm import tqdm
 
-from frontend.client_io import CLOSED
+from frontend.client.connection import decode_msg, encode_msg, engine_exit_reason, is_dead_event, open_dealer
+from frontend.client.engine_process import start_engine_process, stop_engine_process
+from frontend.client.request_encoding import Params, Prompt, build_request, new_rid, params_per_prompt
+from frontend.client.router import Item, Router
 from frontend.completion import Completion, CompletionDelta, to_delta
-from frontend.connection import decode_msg, encode_msg, engine_exit_reason, is_dead_event, open_dealer
-from frontend.request_encoding import Params, Prompt, build_request, new_rid, params_per_prompt
-from frontend.router import Item, Router
 from protocol.errors import EngineDeadError, TandemError
 from protocol.messages import AbortRequest, EngineStats, RequestOutput, StatsRequest
 
 log = logging.getLogger("tandem.client")
+
+CLOSED = "client is closed"
 
 
 class AsyncClient:
@@ -40,8 +42,8 @@ class AsyncClient:
 
     @classmethod
     def launch(cls, model: str, **engine_options: object) -> AsyncClient:
-        from launch.engine_process import start_engine_process  # the one lazy arrow back to launch/
-
+        """Start an engine this client owns; it stops on close(), at the end of a `with` block, or when
+        this process dies."""
         proc, endpoint = start_engine_process(model, **engine_options)
         return cls(endpoint, engine=proc)
 
@@ -80,11 +82,14 @@ class AsyncClient:
             await asyncio.gather(*tasks, return_exceptions=True)
             bar.close()
 
-    async def stats(self) -> EngineStats:
+    async def stats(self, timeout_s: float = 30.0) -> EngineStats:
+        """The engine's counters; the scheduler runs its integrity check to answer."""
         rid = new_rid()
         items = self._open(rid, encode_msg(StatsRequest(rid)), is_request=False)
         try:
-            item = await items.get()
+            item = await asyncio.wait_for(items.get(), timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError("no stats reply") from None
         finally:
             self._router.close(rid)
         if isinstance(item, TandemError):
@@ -108,8 +113,6 @@ class AsyncClient:
             self._sock.close(0)
             self._ctx.term()
         if self._engine is not None:
-            from launch.engine_process import stop_engine_process
-
             await asyncio.to_thread(stop_engine_process, self._engine)
             self._engine = None
 

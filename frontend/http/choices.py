@@ -11,10 +11,10 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from frontend.async_client import AsyncClient
+from frontend.client.async_client import AsyncClient
+from frontend.client.request_encoding import Prompt
 from frontend.completion import CompletionDelta
-from frontend.openai_api.metrics import Metrics
-from frontend.request_encoding import Prompt
+from frontend.http.metrics import Metrics
 from protocol.errors import TandemError
 
 

@@ -9,13 +9,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from frontend.completion import CompletionDelta
-from frontend.openai_api.choices import ChoiceRun
-from frontend.openai_api.logprobs import CompletionLogprobs
-from frontend.openai_api.sampling import completion_params, per_choice
-from frontend.openai_api.schemas import CompletionRequest
-from frontend.openai_api.state import ServerState
-from frontend.openai_api.streaming import sse, stream_response, until_disconnect
-from frontend.openai_api.usage import Usage
+from frontend.http.choices import ChoiceRun
+from frontend.http.logprobs import CompletionLogprobs
+from frontend.http.sampling import completion_params, per_choice
+from frontend.http.schemas import CompletionRequest
+from frontend.http.state import ServerState
+from frontend.http.streaming import sse, stream_response, until_disconnect
+from frontend.http.usage import Usage
+from frontend.prompt_tokens import encode_text
 
 
 def _prompts(st: ServerState, body: CompletionRequest) -> tuple[list[str | None], list[list[int]]]:
@@ -24,7 +25,7 @@ def _prompts(st: ServerState, body: CompletionRequest) -> tuple[list[str | None]
     if isinstance(p, str) or (p and isinstance(p[0], int)):
         p = [p]  # type: ignore[list-item]
     texts = [x if isinstance(x, str) else None for x in p]
-    ids = [st.tokenizer.encode(x, add_special_tokens=True) if isinstance(x, str) else list(x) for x in p]
+    ids = [encode_text(st.tokenizer, x) if isinstance(x, str) else list(x) for x in p]
     return texts, ids
 
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from fastapi import Request
 
-from frontend.async_client import AsyncClient
-from frontend.openai_api.errors import APIError
-from frontend.openai_api.metrics import Metrics
+from frontend.client.async_client import AsyncClient
+from frontend.http.errors import APIError
+from frontend.http.metrics import Metrics
 from protocol.model_info import ModelInfo
 
 

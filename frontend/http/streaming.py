@@ -10,8 +10,8 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from frontend.completion import CompletionDelta
-from frontend.openai_api.choices import ChoiceRun
-from frontend.openai_api.errors import from_engine
+from frontend.http.choices import ChoiceRun
+from frontend.http.errors import from_engine
 from protocol.errors import TandemError
 
 T = TypeVar("T")

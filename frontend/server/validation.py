@@ -5,6 +5,7 @@ from typing import Any
 
 import msgspec
 
+from frontend.prompt_tokens import encode_text, render_chat
 from protocol.errors import ErrorCode, InvalidRequestError
 from protocol.messages import GenerateRequest
 from protocol.model_info import ModelInfo
@@ -30,20 +31,13 @@ def tokenize_prompt(req: GenerateRequest, tokenizer: Any) -> list[int]:
     if sum(given) != 1:
         raise InvalidRequestError("give exactly one of text, token_ids or messages", ErrorCode.PROMPT)
     if req.text is not None:
-        return list(tokenizer.encode(req.text, add_special_tokens=True))
+        return encode_text(tokenizer, req.text)
     if req.token_ids is not None:
         return list(req.token_ids)
     assert req.messages is not None
     if not req.messages:
         raise InvalidRequestError("messages is empty", ErrorCode.EMPTY_PROMPT)
-    msgs = [{"role": m.role, "content": m.content} for m in req.messages]
-    try:
-        ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-    except Exception as e:  # a template error is the request's fault
-        raise InvalidRequestError(f"chat template failed: {e}", ErrorCode.MESSAGES) from e
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    return list(ids)
+    return render_chat(tokenizer, [{"role": m.role, "content": m.content} for m in req.messages])
 
 
 def check_prompt(ids: list[int], params: SamplingParams, info: ModelInfo) -> None:

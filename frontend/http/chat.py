@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from frontend.openai_api.errors import APIError
-from frontend.openai_api.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
-from frontend.openai_api.tool_calls import ToolCallParser
+from frontend import prompt_tokens
+from frontend.http.errors import APIError
+from frontend.http.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
+from frontend.http.tool_calls import ToolCallParser
+from protocol.errors import InvalidRequestError
 
 
 def _text(m: ChatMessage) -> str:
@@ -46,17 +48,12 @@ def _loads_or_str(s: str) -> Any:
 
 def render_chat(tokenizer: Any, messages: list[ChatMessage], tools: list[dict] | None = None,
                 add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of the conversation, the tools passed to the template (as the model was trained)."""
-    msgs = [_template_message(m) for m in messages]
+    """Token ids of the conversation, through the frontend process's own chat rendering."""
     try:
-        ids = tokenizer.apply_chat_template(
-            msgs, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=True
-        )
-    except Exception as e:  # a template error is the request's fault
-        raise APIError(400, f"chat template failed: {e}", "messages", "invalid_messages") from e
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    return list(ids)
+        return prompt_tokens.render_chat(tokenizer, [_template_message(m) for m in messages], tools,
+                                         add_generation_prompt)
+    except InvalidRequestError as e:
+        raise APIError(400, e.message, "messages", "invalid_messages") from e
 
 
 def active_tools(req: ChatCompletionRequest) -> list[dict] | None:

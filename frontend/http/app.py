@@ -9,17 +9,18 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from frontend.openai_api import errors
-from frontend.openai_api.chat import render_chat
-from frontend.openai_api.chat_completions import create_chat_completion
-from frontend.openai_api.completions import create_completion
-from frontend.openai_api.schemas import (
+from frontend.http import errors
+from frontend.http.chat import render_chat
+from frontend.http.chat_completions import create_chat_completion
+from frontend.http.completions import create_completion
+from frontend.http.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from frontend.openai_api.state import ServerState
+from frontend.http.state import ServerState
+from frontend.prompt_tokens import encode_text
 from protocol.errors import TandemError
 
 HEALTH_TIMEOUT_S = 5.0
@@ -64,7 +65,7 @@ def create_app(st: ServerState) -> FastAPI:
         if body.messages is not None:
             ids = render_chat(st.tokenizer, body.messages, None, body.add_generation_prompt)
         else:
-            ids = st.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            ids = encode_text(st.tokenizer, body.prompt, body.add_special_tokens)
         return {"tokens": ids, "count": len(ids), "max_model_len": st.info.max_model_len}
 
     @app.post("/detokenize", dependencies=authed)

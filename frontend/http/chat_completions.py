@@ -13,15 +13,15 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from frontend.completion import CompletionDelta
-from frontend.openai_api.chat import active_tools, render_chat, tool_call_parser
-from frontend.openai_api.choices import ChoiceRun
-from frontend.openai_api.logprobs import chat_logprobs
-from frontend.openai_api.sampling import chat_params, per_choice
-from frontend.openai_api.schemas import ChatCompletionRequest
-from frontend.openai_api.state import ServerState
-from frontend.openai_api.streaming import sse, stream_response, until_disconnect
-from frontend.openai_api.tool_calls import ParsedDelta
-from frontend.openai_api.usage import Usage
+from frontend.http.chat import active_tools, render_chat, tool_call_parser
+from frontend.http.choices import ChoiceRun
+from frontend.http.logprobs import chat_logprobs
+from frontend.http.sampling import chat_params, per_choice
+from frontend.http.schemas import ChatCompletionRequest
+from frontend.http.state import ServerState
+from frontend.http.streaming import sse, stream_response, until_disconnect
+from frontend.http.tool_calls import ParsedDelta
+from frontend.http.usage import Usage
 
 
 class _Choice:

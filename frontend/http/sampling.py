@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from frontend.openai_api.chat import forced_schema
-from frontend.openai_api.errors import APIError
-from frontend.openai_api.schemas import ChatCompletionRequest, CompletionRequest, SamplingBody
+from frontend.http.chat import forced_schema
+from frontend.http.errors import APIError
+from frontend.http.schemas import ChatCompletionRequest, CompletionRequest, SamplingBody
 
 
 def _common(body: SamplingBody) -> dict[str, Any]:

@@ -1,51 +1,47 @@
-"""The HTTP process: an AsyncClient of the frontend behind uvicorn (uvloop), started by `tandem serve`.
+"""The HTTP process: an AsyncClient of the frontend behind uvicorn (uvloop), one of `tandem serve`'s processes.
 
-It binds its socket itself, so that port 0 picks a free port, and reports the URL to the parent.
+It binds its socket itself, so that port 0 picks a free port, and reports the URL in its Ready record.
 """
 from __future__ import annotations
 
 import asyncio
 import os
 import socket
-from multiprocessing.connection import Connection
 
+from protocol.child import reporting_startup, start_child
 from protocol.codec import encode
-from protocol.ipc import exit_with_parent
-from protocol.messages import Failed, Ready
+from protocol.messages import Ready
 from protocol.serve_config import ServeConfig
 
 GRACEFUL_SHUTDOWN_S = 2
 
 
-def run_http(endpoint: str, model: str, max_model_len: int | None, serve_bytes: bytes, conn: Connection) -> None:
-    exit_with_parent()  # like every engine process: no orphan when the launcher is killed
+def run_http(cfg_bytes: bytes, ep_bytes: bytes, serve_bytes: bytes) -> None:
+    cfg, ep, _, launcher = start_child(cfg_bytes, ep_bytes)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    scfg = ServeConfig.decode(serve_bytes)
-    try:
+    scfg, model = ServeConfig.decode(serve_bytes), cfg.model
+    with reporting_startup(launcher, "http"):
         import uvicorn
         import uvloop
 
-        from frontend.async_client import AsyncClient
-        from frontend.openai_api.app import create_app
-        from frontend.openai_api.metrics import Metrics
-        from frontend.openai_api.state import ServerState
+        from frontend.client.async_client import AsyncClient
+        from frontend.http.app import create_app
+        from frontend.http.metrics import Metrics
+        from frontend.http.state import ServerState
         from protocol.model_info import read_model_info
         from protocol.tokenizer_loader import load_tokenizer
 
         tokenizer = load_tokenizer(model)
-        info = read_model_info(model, max_model_len)
+        info = read_model_info(model, cfg.max_model_len)
         sock = socket.socket(socket.AF_INET6 if ":" in scfg.host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((scfg.host, scfg.port))
         port = sock.getsockname()[1]
-    except Exception as e:  # reported to the parent, which fails the launch
-        conn.send_bytes(encode(Failed("http", f"{type(e).__name__}: {e}")))
-        return
     name = scfg.served_model_name or os.path.basename(os.path.normpath(model))
     host = f"[{scfg.host}]" if ":" in scfg.host else scfg.host
 
     async def main() -> None:
-        client = AsyncClient(endpoint)
+        client = AsyncClient(ep.client)
         st = ServerState(client, tokenizer, info, model, name, Metrics(name), scfg.api_key)
         server = uvicorn.Server(uvicorn.Config(
             create_app(st), log_level="warning", access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
@@ -54,7 +50,7 @@ def run_http(endpoint: str, model: str, max_model_len: int | None, serve_bytes: 
         while not server.started and not task.done():
             await asyncio.sleep(0.02)
         if server.started:
-            conn.send_bytes(encode(Ready("http", 0, f"http://{host}:{port}")))
+            launcher.send(encode(Ready("http", 0, f"http://{host}:{port}")))
         try:
             await task
         finally:

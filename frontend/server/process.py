@@ -13,8 +13,8 @@ from collections import defaultdict
 
 import zmq
 
-from frontend.client_frames import BadFrames, ClientFrames
-from frontend.validation import check_prompt, decode_params, tokenize_prompt
+from frontend.server.client_frames import BadFrames, ClientFrames
+from frontend.server.validation import check_prompt, decode_params, tokenize_prompt
 from protocol.child import reporting_startup, start_child
 from protocol.codec import encode, frontend_in_decoder
 from protocol.errors import ErrorCode, InvalidRequestError

@@ -1,7 +1,7 @@
 """Logprobs in OpenAI's two shapes: completions (columns of tokens) and chat (a list of entries)."""
 from __future__ import annotations
 
-from frontend.openai_api.state import ServerState
+from frontend.http.state import ServerState
 from protocol.messages import Logprobs
 
 

@@ -1,0 +1,116 @@
+"""The synchronous Python client: `Client(endpoint)` or `Client.launch(model_dir, **engine_options)`.
+
+A thin shell over AsyncClient, which lives on this client's own event-loop thread: each method hands the
+async one to that loop and waits, so the two clients share every line of request handling and cannot drift.
+Thread-safe: only the loop touches the socket, and any number of threads may call generate, stream,
+generate_batch, abort and stats on one Client. A call that stops listening (a stream left early, an
+exception, an error in generate_batch) aborts its requests in the engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import subprocess
+import threading
+from collections.abc import Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
+
+from frontend.client.async_client import CLOSED, AsyncClient
+from frontend.client.engine_process import start_engine_process
+from frontend.client.request_encoding import Params, Prompt
+from frontend.completion import Completion, CompletionDelta
+from protocol.errors import EngineDeadError
+from protocol.messages import EngineStats
+
+T = TypeVar("T")
+
+
+class Client:
+    def __init__(self, endpoint: str, *, engine: subprocess.Popen | None = None) -> None:
+        self.endpoint = endpoint
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tandem-client-io", daemon=True)
+        self._thread.start()
+        self._lock = threading.Lock()  # orders "hand the loop a call" against "close": no call is stranded
+        self._closed = False
+        self._async: AsyncClient = self._run(_on_loop(endpoint, engine))  # its sockets belong to the loop
+
+    @classmethod
+    def launch(cls, model: str, **engine_options: object) -> Client:
+        """Start an engine this client owns; it stops on close(), at the end of a `with` block, or when
+        this process dies."""
+        proc, endpoint = start_engine_process(model, **engine_options)
+        return cls(endpoint, engine=proc)
+
+    def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None) -> Completion:
+        return self._run(self._async.generate(prompt, params, request_id))
+
+    def stream(self, prompt: Prompt, params: Params = None, request_id: str | None = None) -> Iterator[CompletionDelta]:
+        deltas = self._async.stream(prompt, params, request_id)
+        try:
+            while True:
+                try:
+                    delta = self._run(deltas.__anext__())
+                except StopAsyncIteration:
+                    return
+                yield delta
+        finally:  # left early (break, exception, garbage collection): the async stream's own exit aborts
+            with contextlib.suppress(EngineDeadError):  # not on a closed client: nothing runs any more
+                self._submit(deltas.aclose())  # not waited for: this may run on any thread, the loop's too
+
+    def generate_batch(
+        self, prompts: Sequence[Prompt], params: Params | Sequence[Params] = None, progress: bool = True
+    ) -> list[Completion]:
+        """All at once; the first error raises, and aborts the rest of the batch."""
+        return self._run(self._async.generate_batch(prompts, params, progress))
+
+    def stats(self, timeout_s: float = 30.0) -> EngineStats:
+        """The engine's counters; the scheduler runs its integrity check to answer."""
+        return self._run(self._async.stats(timeout_s))
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request this client submitted; its call ends with finish_reason "abort"."""
+        self._run(self._async.abort(request_id))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        asyncio.run_coroutine_threadsafe(_shut_down(self._async), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        with self._lock:
+            if not self._closed:
+                return asyncio.run_coroutine_threadsafe(coro, self._loop)
+        coro.close()
+        raise EngineDeadError(CLOSED)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        fut = self._submit(coro)
+        try:
+            return fut.result()
+        finally:
+            fut.cancel()  # a no-op once done; interrupted (Ctrl-C): the call stops, and aborts, on the loop
+
+
+async def _on_loop(endpoint: str, engine: subprocess.Popen | None) -> AsyncClient:
+    return AsyncClient(endpoint, engine=engine)
+
+
+async def _shut_down(client: AsyncClient) -> None:
+    """Close, then let every call still on the loop finish (closing failed them) before the loop stops."""
+    await client.close()
+    await asyncio.get_running_loop().shutdown_asyncgens()  # streams left suspended: no abort, nothing runs
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    await asyncio.gather(*others, return_exceptions=True)

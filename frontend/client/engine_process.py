@@ -1,0 +1,74 @@
+"""An engine owned by a client: the `tandem serve` program as a child process, stopped with the client.
+
+The child gets one end of a socket pair as `--owner-fd`: it writes its `Ready` record there once clients
+can connect, and stops when the other end closes, which the kernel does when this process dies, however it
+dies (PR_SET_PDEATHSIG alone would follow the calling thread).
+"""
+from __future__ import annotations
+
+import dataclasses
+import socket
+import subprocess
+import sys
+import threading
+from collections import deque
+
+from protocol.codec import launcher_decoder
+from protocol.engine_config import EngineConfig
+from protocol.messages import Ready
+
+_owners: dict[int, socket.socket] = {}  # engine pid -> our end of its owner socket, held while we own it
+
+
+def config_to_argv(cfg: EngineConfig) -> list[str]:
+    """The `tandem serve` flags (see launch/cli_options.py) that rebuild this config."""
+    argv: list[str] = []
+    for f in dataclasses.fields(EngineConfig):
+        v, flag = getattr(cfg, f.name), f.name.replace("_", "-")
+        if isinstance(v, bool):
+            argv.append(f"--{flag}" if v else f"--no-{flag}")
+        elif v is not None:
+            argv += [f"--{flag}", str(v)]
+    return argv
+
+
+def start_engine_process(model: str, **options: object) -> tuple[subprocess.Popen, str]:
+    cfg = EngineConfig.from_options(model, **options)  # unknown options fail here, in the caller
+    ours, theirs = socket.socketpair()
+    # The client talks ZMQ: no HTTP server (it would also contend for the default port).
+    cmd = [sys.executable, "-m", "launch.cli", "serve", *config_to_argv(cfg), "--no-http",
+           "--owner-fd", str(theirs.fileno())]
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                pass_fds=(theirs.fileno(),))
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    _owners[proc.pid] = ours
+    err_tail: deque[str] = deque(maxlen=40)
+    # Drain stderr in the background so a chatty engine never blocks on a full pipe.
+    drain = threading.Thread(target=lambda: err_tail.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    drain.start()
+    record = b"".join(iter(lambda: ours.recv(65536), b""))  # the engine shuts its side once it has written
+    msg = launcher_decoder()(record) if record else None
+    if isinstance(msg, Ready):
+        return proc, msg.info
+    stop_engine_process(proc)
+    drain.join(5)  # the last words (why it failed) are still in the pipe
+    raise RuntimeError(f"engine exited with code {proc.returncode} before it was ready:\n{''.join(err_tail)}")
+
+
+def stop_engine_process(proc: subprocess.Popen, timeout_s: float = 15.0) -> int:
+    owner = _owners.pop(proc.pid, None)
+    if owner is not None:
+        owner.close()
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode

@@ -1,0 +1,1 @@
+"""The frontend process: clients in, tokenize and validate, outputs routed back."""
