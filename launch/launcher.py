@@ -28,7 +28,7 @@ class EngineStartError(RuntimeError):
 class Launcher:
     def __init__(self, cfg: EngineConfig, http: ServeConfig | None = None) -> None:
         self.cfg = cfg
-        self.http = http  # the HTTP server's options, when it is one more of the processes
+        self.http = http  # the HTTP server's options: node 0 runs it as one more of its processes
         self.endpoints = Endpoints.create()
         self.procs: list[BaseProcess] = []
         self.ready: dict[str, str] = {}  # role+rank of each process that reported ready -> what it reported

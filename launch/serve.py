@@ -25,7 +25,7 @@ PROCESS_PREFIX = "tandem: process "
 
 def serve(cfg: EngineConfig, scfg: ServeConfig | None = None, owner_fd: int | None = None) -> int:
     scfg = scfg or ServeConfig()
-    launcher = Launcher(cfg, scfg if cfg.node_rank == 0 else None)
+    launcher = Launcher(cfg, scfg)
     stopping = {"reason": "the engine was stopped"}
 
     def on_signal(signum: int, _frame: object) -> None:

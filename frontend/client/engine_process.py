@@ -51,7 +51,11 @@ def start_engine_process(model: str, **options: object) -> tuple[subprocess.Pope
     # Drain stderr in the background so a chatty engine never blocks on a full pipe.
     drain = threading.Thread(target=lambda: err_tail.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
     drain.start()
-    record = b"".join(iter(lambda: ours.recv(65536), b""))  # the engine shuts its side once it has written
+    try:
+        record = b"".join(iter(lambda: ours.recv(65536), b""))  # the engine shuts its side once it has written
+    except BaseException:  # interrupted while it starts: it must not outlive the call
+        stop_engine_process(proc)
+        raise
     msg = launcher_decoder()(record) if record else None
     if isinstance(msg, Ready):
         return proc, msg.info
