@@ -19,8 +19,8 @@ import time
 import torch
 
 from benchmarks.roofline import ModelDims
+from kernels.native.cpu_caps import cpu_caps
 from worker.attention_backend import select_attention_backend
-from worker.cpu_caps import cpu_caps
 from worker.forward_batch import ForwardBatch
 from worker.kv_cache import KVCache
 

@@ -14,8 +14,9 @@ from collections.abc import Callable
 
 import torch
 
-from kernels import cpu_norm_act, cpu_rotary
-from worker.cpu_caps import cpu_caps
+from kernels.native import norm_act as cpu_norm_act
+from kernels.native import rotary as cpu_rotary
+from kernels.native.cpu_caps import cpu_caps
 from worker.layers.rotary import RotaryEmbedding, apply_rotary_ref
 
 

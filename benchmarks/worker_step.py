@@ -22,13 +22,13 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.workload import parse_range, random_prompts  # noqa: E402
+from kernels.native.cpu_caps import cpu_caps  # noqa: E402
 from protocol.engine_config import EngineConfig  # noqa: E402
 from protocol.messages import TokenizedRequest  # noqa: E402
 from protocol.model_info import read_model_info  # noqa: E402
 from protocol.sampling_params import SamplingParams  # noqa: E402
 from scheduler.scheduler import Scheduler  # noqa: E402
 from worker.attention_backend import select_attention_backend  # noqa: E402
-from worker.cpu_caps import cpu_caps  # noqa: E402
 from worker.model_runner import ModelRunner  # noqa: E402
 
 

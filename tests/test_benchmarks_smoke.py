@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.cli import main
 from benchmarks.spec_bench import num_requests
-from tests.test_cpu_paged_attention import needs_cc
+from tests.kernels.test_cpu_paged_attention import needs_cc
 
 
 def _positive(result: dict, *fields: str) -> None:

@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from kernels import cpu_paged_attention
 from kernels.decode_attention_runs import DecodeRuns, decode_attention_runs, plan_decode_runs
-from kernels.paged_attention import AttentionPlan, build_attention_plan, paged_attention_ref
+from kernels.native import paged_attention as cpu_paged_attention
+from kernels.reference.paged_attention import AttentionPlan, build_attention_plan, paged_attention_ref
 from worker.forward_batch import ForwardBatch
 from worker.kv_cache import KVCache
 
@@ -137,7 +137,7 @@ class TritonBackend(AttentionBackend):
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, plan: Any,
         scale: float,
     ) -> torch.Tensor:
-        from kernels.paged_attention_triton import paged_attention_triton
+        from kernels.triton.paged_attention import paged_attention_triton
 
         b = plan.batch
         kv.write(layer_id, b.out_cache_loc, k, v)

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.input_prep import (
+from kernels.triton.input_prep import (
     prepare_inputs_ref,
     prepare_inputs_triton,
     update_table_ref,
     update_table_triton,
 )
-from kernels.sample_writeback import write_sampled_ref, write_sampled_triton
+from kernels.triton.sample_writeback import write_sampled_ref, write_sampled_triton
 from protocol.messages import ScheduledReq
 from worker.forward_batch import ForwardBatch
 from worker.host_to_device import to_device

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from kernels import cpu_quant_linear
+from kernels.native import quant_linear as cpu_quant_linear
 from protocol.gguf_metadata import is_gguf
 from protocol.model_config import ModelConfig, read_hf_config
 from worker.gguf_weights import iter_gguf_weights

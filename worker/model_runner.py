@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.bitmask import apply_bitmask
+from kernels.triton.bitmask import apply_bitmask
 from protocol import fault_injection
 from protocol.engine_config import EngineConfig
 from protocol.messages import Logprobs, ModelRunnerOutput, SampleStep, SchedulerOutput

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import msgspec
 import torch
 
-from kernels.ngram_propose import propose_ngram_ref, propose_ngram_triton
+from kernels.triton.ngram_propose import propose_ngram_ref, propose_ngram_triton
 from protocol.messages import Logprobs, ScheduledReq, SchedulerOutput
 from protocol.sampling_params import GREEDY_BELOW_TEMPERATURE
 from worker.host_to_device import to_device

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels.cpu_norm_act import add_rms_norm, rms_norm_ref, supports
+from kernels.native.norm_act import add_rms_norm, rms_norm_ref, supports
 from worker.layers.linear import full_tensor
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from kernels import cpu_rotary
+from kernels.native import rotary as cpu_rotary
 
 
 def _inv_freq(head_dim: int, theta: float, scaling: dict[str, Any]) -> torch.Tensor:

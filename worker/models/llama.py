@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels.cpu_norm_act import silu_mul, silu_mul_ref, supports
+from kernels.native.norm_act import silu_mul, silu_mul_ref, supports
 from protocol.model_config import ModelConfig
 from worker.attention_backend import AttentionBackend, select_attention_backend
 from worker.forward_batch import ForwardBatch

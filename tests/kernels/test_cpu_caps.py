@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.native.cpu_caps import cpu_caps, parse_cpuinfo
 from protocol.engine_config import EngineConfig
 from worker.attention_backend import select_attention_backend
-from worker.cpu_caps import cpu_caps, parse_cpuinfo
 from worker.device import resolve_dtype
 
 CPUINFO = """processor\t: 0

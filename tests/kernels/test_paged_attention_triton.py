@@ -1,5 +1,5 @@
 """The Triton paged-attention kernels against the torch reference, on CPU under the Triton interpreter
-(small shapes; tests/test_gpu.py runs them natively when a GPU is there)."""
+(small shapes; tests/kernels/test_gpu.py runs them natively when a GPU is there)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: ker
 import pytest
 import torch
 
-from kernels.paged_attention import paged_attention_ref
-from kernels.paged_attention_triton import BLOCK_M, BLOCK_N, paged_attention_triton
-from tests.test_paged_attention import make_case
+from kernels.reference.paged_attention import paged_attention_ref
+from kernels.triton.paged_attention import BLOCK_M, BLOCK_N, paged_attention_triton
+from tests.kernels.test_paged_attention import make_case
 
 CASES = {
     # decodes only: the grouped decode kernel; lengths around the key block edge

@@ -10,7 +10,7 @@
  */
 #include <stdint.h>
 
-#include "cpu_simd_exp.h"
+#include "simd_exp.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kernels import native_build
+from kernels.native import build as native_build
 
-SOURCE = Path(__file__).with_suffix(".c")
+SOURCE = Path(__file__).parents[1] / "csrc" / "norm_act.c"
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

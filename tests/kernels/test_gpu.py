@@ -1,4 +1,4 @@
-"""GPU-only checks (skipped without CUDA). Their CPU twins: tests/test_input_prep_kernels.py (Triton
+"""GPU-only checks (skipped without CUDA). Their CPU twins: tests/kernels/test_input_prep.py (Triton
 kernels under the interpreter), tests/test_e2e_parity.py and tests/test_e2e_async.py (the engine on CPU)."""
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ pytestmark = [
 
 
 def test_triton_input_prep_kernels_equal_references_on_cuda() -> None:
-    from kernels.input_prep import (
+    from kernels.triton.input_prep import (
         prepare_inputs_ref,
         prepare_inputs_triton,
         update_table_ref,
         update_table_triton,
     )
-    from kernels.sample_writeback import write_sampled_ref, write_sampled_triton
+    from kernels.triton.sample_writeback import write_sampled_ref, write_sampled_triton
 
     g = torch.Generator().manual_seed(0)
     dev = torch.device("cuda")
@@ -81,7 +81,7 @@ def test_cuda_bf16_greedy_parity_with_transformers_bf16(eager: bool, tiny_model,
     check_idle_engine(client)
 
 
-# (seq_len, extend_len) per request; the same shapes as tests/test_paged_attention_triton.py (not imported:
+# (seq_len, extend_len) per request; the same shapes as tests/kernels/test_paged_attention_triton.py (not imported:
 # it turns the Triton interpreter on, and here the kernels must run natively).
 ATTN_CASES = {
     "decodes": [(1, 1), (64, 1), (65, 1), (150, 1), (7, 1)],
@@ -93,9 +93,9 @@ ATTN_CASES = {
 @pytest.mark.parametrize("case", sorted(ATTN_CASES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_paged_attention_equals_reference_on_cuda(case: str, dtype: torch.dtype) -> None:
-    from kernels.paged_attention import paged_attention_ref
-    from kernels.paged_attention_triton import paged_attention_triton
-    from tests.test_paged_attention import make_case
+    from kernels.reference.paged_attention import paged_attention_ref
+    from kernels.triton.paged_attention import paged_attention_triton
+    from tests.kernels.test_paged_attention import make_case
 
     c = make_case(ATTN_CASES[case], hkv=2, group=4, seed=1, d=64)
     c = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in c.items()}

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_rotary
-from tests.portable_build import portable_build, x86_only
-from tests.test_cpu_paged_attention import needs_cc
+from kernels.native import rotary as cpu_rotary
+from tests.kernels.portable_build import portable_build, x86_only
+from tests.kernels.test_cpu_paged_attention import needs_cc
 from worker.layers.rotary import RotaryEmbedding, apply_rotary, apply_rotary_ref
 
 

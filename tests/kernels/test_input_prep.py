@@ -12,14 +12,14 @@ import random
 import pytest
 import torch
 
-from kernels.input_prep import (
+from kernels.triton.input_prep import (
     PREP_BLOCK,
     prepare_inputs_ref,
     prepare_inputs_triton,
     update_table_ref,
     update_table_triton,
 )
-from kernels.sample_writeback import write_sampled_ref, write_sampled_triton
+from kernels.triton.sample_writeback import write_sampled_ref, write_sampled_triton
 from protocol.messages import ScheduledReq
 from worker.forward_batch import ForwardBatch
 from worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from kernels import native_build
-from kernels.paged_attention import WORKSPACE
+from kernels.native import build as native_build
+from kernels.reference.paged_attention import WORKSPACE
 
-SOURCE = Path(__file__).with_suffix(".c")
+SOURCE = Path(__file__).parents[1] / "csrc" / "paged_attention.c"
 # Below this many key reads per call (key-query pairs x KV heads), one thread: waking another costs more
 # than it saves. Above it even one request is split, by KV head: a lone decode is bound by memory latency,
 # and two threads keep twice the reads in flight (measured, 3 KV heads: 128 keys 15.3 -> 13.2 us per

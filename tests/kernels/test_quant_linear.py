@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import cpu_quant_linear
-from kernels.cpu_quant_linear import GGUF_BLOCKS, dequantize, pack, quant_linear
+from kernels.native import quant_linear as cpu_quant_linear
+from kernels.native.quant_linear import GGUF_BLOCKS, dequantize, pack, quant_linear
 from tests.gguf_files import q4_k_blocks
-from tests.portable_build import portable_build, x86_only
-from tests.test_cpu_paged_attention import HAS_CC, needs_cc
+from tests.kernels.portable_build import portable_build, x86_only
+from tests.kernels.test_cpu_paged_attention import HAS_CC, needs_cc
 from worker.gguf_weights import GGUFBlocks
 from worker.layers import ColumnParallelLinear
 

@@ -1,6 +1,6 @@
 """worker/decode_graphs.py on CPU: buckets, and the padded static decode batch (the path a CUDA graph
 captures, run eagerly here) against the eager forward, for the logits and the KV it writes. The captured
-graphs themselves: tests/test_gpu.py."""
+graphs themselves: tests/kernels/test_gpu.py."""
 
 from __future__ import annotations
 

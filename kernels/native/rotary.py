@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from kernels import native_build
+from kernels.native import build as native_build
 
-SOURCE = Path(__file__).with_suffix(".c")
+SOURCE = Path(__file__).parents[1] / "csrc" / "rotary.c"
 
 
 @functools.cache

@@ -25,7 +25,7 @@
 #include <omp.h>
 #endif
 
-#include "cpu_simd_exp.h"
+#include "simd_exp.h"
 
 /* How many slots ahead to prefetch: a request's slots may be scattered over the pool. */
 #define PREFETCH_AHEAD 4

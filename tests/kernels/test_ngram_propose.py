@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from kernels.ngram_propose import BLOCK, propose_ngram_ref, propose_ngram_triton
+from kernels.triton.ngram_propose import BLOCK, propose_ngram_ref, propose_ngram_triton
 
 
 def rule(seq: list[int], k: int, min_n: int, max_n: int) -> list[int]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernels.decode_attention_runs import MIN_RUN, _longest_run
-from kernels.paged_attention import paged_attention_ref
+from kernels.reference.paged_attention import paged_attention_ref
 from worker.attention_backend import select_attention_backend
 from worker.forward_batch import ForwardBatch
 from worker.kv_cache import KVCache

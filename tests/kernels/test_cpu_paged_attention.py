@@ -6,17 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_paged_attention, native_build
-from kernels.cpu_paged_attention import (
+from kernels.native import build as native_build
+from kernels.native import paged_attention as cpu_paged_attention
+from kernels.native.paged_attention import (
     build,
     paged_attention,
     paged_attention_cpu,
     plan_cpu_attention,
 )
-from kernels.paged_attention import build_attention_plan, paged_attention_ref
+from kernels.reference.paged_attention import build_attention_plan, paged_attention_ref
+from tests.kernels.portable_build import portable_build, x86_only
+from tests.kernels.test_paged_attention import make_case, naive
 from tests.kv_pool import Pool
-from tests.portable_build import portable_build, x86_only
-from tests.test_paged_attention import make_case, naive
 from worker.attention_backend import CpuPlan, select_attention_backend
 from worker.forward_batch import ForwardBatch
 

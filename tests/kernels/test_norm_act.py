@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_norm_act, native_build
-from kernels.cpu_norm_act import add_rms_norm, rms_norm_ref, silu_mul, silu_mul_ref
-from tests.portable_build import portable_build, x86_only
+from kernels.native import build as native_build
+from kernels.native import norm_act as cpu_norm_act
+from kernels.native.norm_act import add_rms_norm, rms_norm_ref, silu_mul, silu_mul_ref
+from tests.kernels.portable_build import portable_build, x86_only
 
 pytestmark = pytest.mark.skipif(native_build.find_compiler() is None, reason="no C compiler to build the kernel")
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from kernels.bitmask import apply_bitmask, apply_bitmask_ref, apply_bitmask_triton
+from kernels.triton.bitmask import apply_bitmask, apply_bitmask_ref, apply_bitmask_triton
 
 
 def _random_mask(gen: torch.Generator, n: int, words: int, density: float) -> torch.Tensor:

@@ -12,7 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "cpu_simd_exp.h"
+#include "simd_exp.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif

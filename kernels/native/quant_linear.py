@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kernels import native_build
+from kernels.native import build as native_build
 
-SOURCE = Path(__file__).with_suffix(".c")
+SOURCE = Path(__file__).parents[1] / "csrc" / "quant_linear.c"
 PANEL, KBLK = 16, 32
 # GGUF type name -> (the kernel's block kind, weights per GGUF block, bytes per GGUF block). Kinds: 0 = 4-bit
 # with float16 d and m, 1 = 8-bit with float16 d, 2 = 4-bit with float32 d and m (see the .c file).

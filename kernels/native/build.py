@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from worker.cpu_caps import cpu_caps
+from kernels.native.cpu_caps import cpu_caps
 
 log = logging.getLogger(__name__)
 
