@@ -1,10 +1,10 @@
-"""Compile one of kernels/*.c into a shared library on first use, and load it with ctypes.
+"""Compile one of kernels/csrc/*.c into a shared library on first use, and load it with ctypes.
 
 The CPU kernels are plain C (no torch headers, so each builds in about a second) compiled with the
 system's C compiler for this very CPU (`-march=native`), cached in ~/.cache/tandem/kernels (or
 $TANDEM_KERNEL_CACHE) under a hash of the source, compiler, flags and CPU. With OpenMP they run on the
 threads of the runtime torch itself loaded (the library names libgomp.so.1, which the loader resolves to
-the copy already in the process). TANDEM_NO_NATIVE=1 turns every native kernel off.
+the copy already in the process). Whether they run at all is kernels/ops.py's choice.
 """
 
 from __future__ import annotations
@@ -81,10 +81,8 @@ def build(source: Path, compiler: str | None = None) -> Path:
 
 
 def load(source: Path, what: str) -> ctypes.CDLL | None:
-    """The built library, or None (logged once per caller, which caches the answer) when native kernels are
-    off or the build fails; `what` says in the log what runs instead."""
-    if os.environ.get("TANDEM_NO_NATIVE") == "1":
-        return None
+    """The built library, or None (logged once per caller, which caches the answer) when the build fails;
+    `what` says in the log what runs instead."""
     try:
         return ctypes.CDLL(str(build(source)))
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:

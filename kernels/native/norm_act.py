@@ -2,9 +2,9 @@
 
 Between a decoder layer's matrix products torch runs RMSNorm as seven ops and SiLU-times-up as three, each
 a Python call and a pass over memory; at batch 1 that dispatch is most of the time outside the products.
-kernels/cpu_norm_act.c does each in one call (compiled on first use, see kernels/native_build.py). A row's
-result depends on that row alone. `rms_norm_ref` and `silu_mul_ref` are the plain-torch references (and
-the path everywhere else: other dtypes, CUDA, no compiler, TANDEM_NO_NATIVE=1).
+kernels/csrc/norm_act.c does each in one call (compiled on first use, see kernels/native/build.py). A row's
+result depends on that row alone. The plain-torch references, and the path everywhere else (other dtypes,
+CUDA, no compiler, TANDEM_NO_NATIVE=1), are kernels/reference/norm_act.py.
 """
 
 from __future__ import annotations
@@ -14,26 +14,10 @@ import functools
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from kernels.native import build as native_build
 
 SOURCE = Path(__file__).parents[1] / "csrc" / "norm_act.c"
-
-
-def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's formula op for op: normalise in float32, scale by the weight last, in the model dtype.
-    (Not F.rms_norm: on CPU it is no fused kernel, and measured 10-30x slower at 512-2,048 rows.)"""
-    dtype = x.dtype
-    xf = x.float()
-    xf = xf * torch.rsqrt(torch.mean(xf * xf, -1, keepdim=True).add_(eps))
-    return weight * xf.to(dtype)
-
-
-def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
-    """[rows, 2n] -> silu(gate) * up [rows, n], in place on gate_up's first half (a fresh product's)."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate, inplace=True).mul_(up)
 
 
 @functools.cache
@@ -62,7 +46,7 @@ def supports(*tensors: torch.Tensor) -> bool:
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x += delta in place (when given: the residual stream takes a layer's output), then RMSNorm of x, as
-    rms_norm_ref computes it, into a new tensor. x, delta [rows, n]; weight [n] contiguous."""
+    the reference's rms_norm_ref computes it, into a new tensor. x, delta [rows, n]; weight [n] contiguous."""
     lib = _library()
     if lib is None or not supports(x, *(() if delta is None else (delta,))) or not weight.is_contiguous():
         raise ValueError("add_rms_norm takes float32 CPU [rows, n] tensors with contiguous rows")

@@ -3,13 +3,13 @@ attended with K/V read where they lie in the pool.
 
 The torch path gathers every request's K/V into a dense copy per layer before SDPA; at batch 64 that copy
 alone was a quarter of a decode step, and one SDPA per prompt of a few hundred tokens took 1.3-1.7x this
-kernel's time. kernels/cpu_paged_attention.c reads each key and value once per block of queries, straight
+kernel's time. kernels/csrc/paged_attention.c reads each key and value once per block of queries, straight
 from the pool, for all the query heads that share it. It is C (compiled here on first use with the
-system's C compiler, see kernels/native_build.py), called through ctypes, and spreads the work over the
-threads of the OpenMP runtime torch runs on (see the .c file). The reference is kernels/paged_attention.py.
+system's C compiler, see kernels/native/build.py), called through ctypes, and spreads the work over the
+threads of the OpenMP runtime torch runs on (see the .c file). The reference is kernels/reference/paged_attention.py.
 
-`available()` is False, and the caller keeps the torch path, when there is no C compiler, the build
-fails, or TANDEM_NO_NATIVE=1.
+`available()` is False, and kernels/ops.py keeps the torch path, when there is no C compiler or the build
+fails.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from kernels.native import build as native_build
-from kernels.reference.paged_attention import WORKSPACE
+from kernels.workspace import WORKSPACE
 
 SOURCE = Path(__file__).parents[1] / "csrc" / "paged_attention.c"
 # Below this many key reads per call (key-query pairs x KV heads), one thread: waking another costs more
@@ -39,7 +39,7 @@ MAX_QUERY_BLOCK = 8
 
 
 def build(compiler: str | None = None) -> Path:
-    """This kernel's shared library (see kernels/native_build.py)."""
+    """This kernel's shared library (see kernels/native/build.py)."""
     return native_build.build(SOURCE, compiler)
 
 

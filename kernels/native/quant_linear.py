@@ -1,14 +1,14 @@
 """Linear products on CPU straight from a GGUF file's 4- and 8-bit weight blocks (Q4_0, Q4_1, Q4_K, Q8_0).
 
 A decode step on CPU is bound by reading the weights: SmolLM2-135M's linear layers are 540 MB in float32
-and 66 MB as the file's Q4_1 blocks. kernels/cpu_quant_linear.c dequantizes each weight in registers, to
+and 66 MB as the file's Q4_1 blocks. kernels/csrc/quant_linear.c dequantizes each weight in registers, to
 the very float gguf's own dequantization gives, and multiplies in float32, so the model computes with the
 weights of its float32 conversion while reading a sixth of the bytes. Each output is one FMA chain over the
 input in order, so a row's result does not depend on the batch it runs in (see the .c file).
 
 `pack` turns a GGUF tensor's raw blocks into the kernel's layout; `dequantize` is the plain-torch
 reference the tests compare with; `quant_linear` runs the kernel. `available()` is False (the caller then
-dequantizes to float32) without a C compiler, when the build fails, or with TANDEM_NO_NATIVE=1.
+dequantizes to float32) without a C compiler, when the build fails, or with TANDEM_NO_NATIVE=1 (kernels/ops.py).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class QuantWeight:
 
 
 def build(compiler: str | None = None) -> Path:
-    """This kernel's shared library (see kernels/native_build.py)."""
+    """This kernel's shared library (see kernels/native/build.py)."""
     return native_build.build(SOURCE, compiler)
 
 

@@ -1,6 +1,6 @@
-"""Rotary position embedding on CPU in float32, one C pass (kernels/cpu_rotary.c) instead of torch's four
+"""Rotary position embedding on CPU in float32, one C pass (kernels/csrc/rotary.c) instead of torch's four
 ops, bit for bit the same (no fused multiply-add). The reference, and the path everywhere else (other
-dtypes, CUDA, no compiler, TANDEM_NO_NATIVE=1), is worker/layers/rotary.py's apply_rotary_ref.
+dtypes, CUDA, no compiler, TANDEM_NO_NATIVE=1), is kernels/reference/rotary.py's apply_rotary_ref.
 """
 
 from __future__ import annotations

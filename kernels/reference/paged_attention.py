@@ -1,4 +1,4 @@
-"""Paged attention over a slot-addressed KV pool, in plain torch (the CPU path and the reference).
+"""Paged attention over a slot-addressed KV pool, in plain torch (the `torch` backend, and the reference).
 
 Layout: q [T, H, D] holds the new tokens of B requests back to back; request i has extend_lens[i] new
 tokens that sit at positions seq_lens[i]-extend_lens[i] .. seq_lens[i]-1 and attend (causally) over the
@@ -10,44 +10,19 @@ requests with a few new tokens over a cached prefix (draft verification), run as
 grouped by new-token count and by similar length so padding costs at most ~2x -- with GQA handled by
 viewing the G query heads of a KV head as G query rows (no K/V repeat). Other multi-token requests
 (prefills, chunks) run one SDPA each.
-Gathered K/V go into persistent workspace buffers (GatherWorkspace), a cache-sized chunk of decodes at a
-time; the buffers are module-global, so calls must not run concurrently from several threads.
+Gathered K/V go into persistent buffers (kernels/workspace.py), a cache-sized chunk of decodes at a time.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from kernels.workspace import WORKSPACE
 
-class GatherWorkspace:
-    """Persistent buffers the gathered K/V are written into.
-
-    A fresh multi-MB tensor per gather comes from mmap and is page-faulted in on every call, which on CPU
-    costs as much as the gather itself; reusing one buffer (grown on demand, never shrunk) halves it.
-    Layers run one after another, so one K and one V buffer serve all of them.
-    """
-
-    def __init__(self) -> None:
-        self._bufs: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
-
-    def get(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        key = (name, like.dtype, like.device)
-        numel = math.prod(shape)
-        buf = self._bufs.get(key)
-        if buf is None or buf.numel() < numel:
-            # A normal (not inference-mode) tensor, so callers inside and outside inference_mode can share it.
-            with torch.inference_mode(False):
-                buf = torch.empty(int(numel * 1.25), dtype=like.dtype, device=like.device)
-            self._bufs[key] = buf
-        return buf[:numel].view(shape)
-
-
-WORKSPACE = GatherWorkspace()
 # Gathered K+V per decode chunk: well inside a server L3, so SDPA re-reads it from cache, not DRAM.
 DECODE_CHUNK_BYTES = 8 << 20
 

@@ -1,6 +1,6 @@
-"""Device-side input prep (docs/architecture.md §4): a step's flat token arrays gathered from the persistent
-request state, and the batched block-table update, each as a Triton kernel plus a torch reference with
-the same signature (the CPU path, and what the kernels are tested against).
+"""Device-side input prep (docs/architecture.md §4) as Triton kernels: a step's flat token arrays gathered
+from the persistent request state, and the batched block-table update, each with the signature and result
+of its torch reference in kernels/reference/input_prep.py.
 
 Triton is imported and the kernels are jitted on first use, not at import: a CPU-only worker never pays
 for it, and TRITON_INTERPRET (read by triton.jit when it decorates) can still be set by tests after this
@@ -18,27 +18,6 @@ PREP_BLOCK = 256  # tokens per loop iteration of a request's program; decodes ma
 SCATTER_BLOCK = 1024  # entries per program of the table update
 
 
-def prepare_inputs_ref(
-    tokens: torch.Tensor,
-    req_to_token: torch.Tensor,
-    rows: torch.Tensor,
-    starts: torch.Tensor,
-    lens: torch.Tensor,
-    cu_lens: torch.Tensor,
-    total: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Request i contributes lens[i] tokens at flat offsets cu_lens[i].. (cu_lens: exclusive prefix sum
-    of lens, total = sum(lens)): input_ids = tokens[row, start + j], positions = start + j,
-    out_cache_loc = req_to_token[row, start + j] for j < lens[i], with row = rows[i], start = starts[i]."""
-    # output_size keeps repeat_interleave from reading the lengths back to the host.
-    req_of_tok = torch.repeat_interleave(
-        torch.arange(rows.numel(), device=rows.device), lens, output_size=total
-    )
-    positions = starts[req_of_tok] + torch.arange(total, device=rows.device) - cu_lens[req_of_tok]
-    tok_rows = rows[req_of_tok]
-    return tokens[tok_rows, positions], positions, req_to_token[tok_rows, positions]
-
-
 def prepare_inputs_triton(
     tokens: torch.Tensor,
     req_to_token: torch.Tensor,
@@ -48,7 +27,7 @@ def prepare_inputs_triton(
     cu_lens: torch.Tensor,
     total: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Same as prepare_inputs_ref: one program per request, looping over its tokens in blocks."""
+    """Same as the reference's prepare_inputs_ref: one program per request, looping over its tokens in blocks."""
     assert tokens.stride(1) == 1 and req_to_token.stride(1) == 1
     dev = tokens.device
     input_ids = torch.empty(total, dtype=tokens.dtype, device=dev)
@@ -65,17 +44,10 @@ def prepare_inputs_triton(
     return input_ids, positions, out_cache_loc
 
 
-def update_table_ref(
-    table: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor
-) -> None:
-    """table[rows[k], cols[k]] = values[k] for every k, as one index_put (entries must not collide)."""
-    table.index_put_((rows, cols), values.to(table.dtype))
-
-
 def update_table_triton(
     table: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor
 ) -> None:
-    """Same as update_table_ref: one launch for all of a step's new KV slots."""
+    """Same as the reference's update_table_ref: one launch for all of a step's new KV slots."""
     assert table.stride(1) == 1
     n = rows.numel()
     if n:

@@ -6,9 +6,8 @@ from this step's real token with no host round trip.
 
 A continuation that runs into the end of the known tokens repeats with the match's period (the
 sequence is then periodic, so that is what it predicts); a row with no match drafts its last token.
-A Triton kernel and a torch reference with the same signature; Triton is imported on first use. The
-reference finds the matches on the host anyway, so it also returns how many drafts each row really has
-(0 without a match): a CPU worker uses that to verify only real drafts. The kernel returns None (reading
+The Triton kernel of kernels/reference/ngram_propose.py's propose_ngram_ref (same signature), imported on
+first use. The reference returns how many drafts each row really has; the kernel returns None (reading
 its matches back would stall the device queue).
 """
 
@@ -22,48 +21,10 @@ import torch
 BLOCK = 256  # candidate match positions per loop iteration
 
 
-def propose_ngram_ref(
-    tokens: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor, k: int, min_n: int, max_n: int
-) -> list[int]:
-    """For each i: row = rows[i], L = lens[i] known tokens; writes tokens[row, L : L + k] (clipped to
-    the buffer's width). Returns each row's number of matched drafts (0 where no n-gram matched)."""
-    width = tokens.shape[1]
-    found: list[int] = []
-    for row, length in zip(rows.tolist(), lens.tolist()):
-        seq = tokens[row, :length]
-        src = _match_source(seq, length, min_n, max_n)
-        n_out = max(0, min(k, width - length))
-        found.append(n_out if src >= 0 else 0)
-        if n_out == 0:
-            continue
-        if src < 0:
-            drafts = seq[length - 1 :].expand(n_out)
-        else:
-            period = length - src  # seq[src:] continues like seq[length:] will
-            idx = torch.arange(n_out, device=seq.device) + src
-            idx = torch.where(idx < length, idx, length - period + (idx - length) % period)
-            drafts = seq[idx]
-        tokens[row, length : length + n_out] = drafts
-    return found
-
-
-def _match_source(seq: torch.Tensor, length: int, min_n: int, max_n: int) -> int:
-    """Index of the token after the latest earlier occurrence of the longest matching suffix n-gram, or -1."""
-    for n in range(max_n, min_n - 1, -1):
-        if length <= n:
-            continue
-        # Windows starting at 0 .. length-1-n: each is followed by at least one known token.
-        win = seq[: length - 1].unfold(0, n, 1)
-        hits = (win == seq[length - n :]).all(dim=-1).nonzero()
-        if hits.numel():
-            return int(hits[-1]) + n
-    return -1
-
-
 def propose_ngram_triton(
     tokens: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor, k: int, min_n: int, max_n: int
 ) -> None:
-    """Same as propose_ngram_ref, but returns None (the match lengths stay on the device): one program
+    """Same as the reference's propose_ngram_ref, but returns None (the match lengths stay on the device): one program
     per row, scanning its tokens in blocks."""
     assert tokens.stride(1) == 1
     b = rows.numel()

@@ -1,5 +1,5 @@
 """Paged attention over a slot-addressed KV pool as Triton kernels: the CUDA path. Same layout and
-result as kernels/paged_attention.py's `paged_attention_ref`, which the tests compare them with (under
+result as kernels/reference/paged_attention.py's `paged_attention_ref`, which the tests compare them with (under
 TRITON_INTERPRET=1 on CPU, natively on a GPU).
 
 Each program reads its request's KV slots through the req_to_token row where they lie (no gather into a
@@ -11,7 +11,7 @@ dense copy) and keeps an online softmax (running max and sum), so any sequence l
   head, block of BLOCK_M new tokens), causal by absolute position.
 
 Dots run at IEEE precision: fp32 stays exact (no TF32 rounding); bf16 inputs are unaffected.
-Triton is imported, and the kernels jitted, on first use (see kernels/input_prep.py for why).
+Triton is imported, and the kernels jitted, on first use (see input_prep.py for why).
 """
 
 from __future__ import annotations

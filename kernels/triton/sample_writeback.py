@@ -1,7 +1,7 @@
 """The post-sample step of the async pipeline (docs/architecture.md §4): sampled tokens written into the
 persistent token buffer on the device, where the next step's input prep reads them with no host round
-trip. A Triton kernel and a torch reference with the same signature; Triton is imported on first use
-(see kernels/input_prep.py for why).
+trip. The Triton kernel of kernels/reference/sample_writeback.py's write_sampled_ref (same signature);
+Triton is imported on first use (see input_prep.py for why).
 """
 
 from __future__ import annotations
@@ -14,17 +14,10 @@ import torch
 BLOCK = 256  # sampled tokens per program: one program covers a typical decode batch
 
 
-def write_sampled_ref(
-    tokens: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, sampled: torch.Tensor
-) -> None:
-    """tokens[rows[i], cols[i]] = sampled[i] (rows distinct: one new token per request)."""
-    tokens.index_put_((rows, cols), sampled.to(tokens.dtype))
-
-
 def write_sampled_triton(
     tokens: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, sampled: torch.Tensor
 ) -> None:
-    """Same as write_sampled_ref; `sampled` may be any integer dtype (cast in the kernel)."""
+    """Same as the reference's write_sampled_ref; `sampled` may be any integer dtype (cast in the kernel)."""
     assert tokens.stride(1) == 1
     n = rows.numel()
     if n:

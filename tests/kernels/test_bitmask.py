@@ -1,17 +1,15 @@
-"""kernels/bitmask.py: the Triton kernel (interpreted on CPU), the torch reference and xgrammar's own
-apply_token_bitmask_inplace agree on random masks."""
+"""The grammar bitmask: the Triton kernel (interpreted on CPU), the torch reference, every implementation
+resolve_ops picks here and xgrammar's own apply_token_bitmask_inplace agree on random masks."""
 
 from __future__ import annotations
-
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on CPU tensors
 
 import pytest
 import torch
 import xgrammar as xgr
 
-from kernels.triton.bitmask import apply_bitmask, apply_bitmask_ref, apply_bitmask_triton
+from kernels.reference.bitmask import apply_bitmask_ref
+from kernels.triton.bitmask import apply_bitmask_triton
+from tests.kernels.ops_variants import cpu_triton, ops_variants
 
 
 def _random_mask(gen: torch.Generator, n: int, words: int, density: float) -> torch.Tensor:
@@ -41,6 +39,7 @@ def _xgr_apply(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int] | No
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@cpu_triton
 def test_kernel_matches_ref_and_xgrammar(
     batch: int, vocab: int, extra_words: int, rows: list[int] | None, dtype: torch.dtype
 ) -> None:
@@ -59,9 +58,10 @@ def test_kernel_matches_ref_and_xgrammar(
     torch.testing.assert_close(tri, ref, rtol=0, atol=0)
     torch.testing.assert_close(xg, ref, rtol=0, atol=0)
 
-    dispatched = logits.clone()
-    apply_bitmask(dispatched, bitmask, rows_t)  # CPU tensors: the reference path
-    torch.testing.assert_close(dispatched, ref, rtol=0, atol=0)
+    for ops in ops_variants():  # what the runner calls, each way resolve_ops can pick it here
+        dispatched = logits.clone()
+        ops.apply_bitmask(dispatched, bitmask, rows_t)
+        torch.testing.assert_close(dispatched, ref, rtol=0, atol=0)
 
     # Spelled out bit by bit: -inf exactly where the bit is 0, rows not listed untouched.
     expected = logits.clone()

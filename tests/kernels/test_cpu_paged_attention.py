@@ -1,4 +1,4 @@
-"""The C paged-attention kernel (kernels/cpu_paged_attention.c) against the torch reference and dense
+"""The C paged-attention kernel (kernels/csrc/paged_attention.c) against the torch reference and dense
 attention, its batch invariance, and how it is built and refused."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from kernels.native.paged_attention import (
     paged_attention_cpu,
     plan_cpu_attention,
 )
+from kernels.ops import resolve_ops
 from kernels.reference.paged_attention import build_attention_plan, paged_attention_ref
 from tests.kernels.portable_build import portable_build, x86_only
 from tests.kernels.test_paged_attention import make_case, naive
@@ -192,8 +193,8 @@ def test_no_compiler_is_reported(tmp_path, monkeypatch) -> None:
 
 def test_backend_uses_the_kernel_for_float32_and_the_torch_path_otherwise() -> None:
     assert cpu_paged_attention.available() == HAS_CC  # with a compiler, the kernel must build
-    backend = select_attention_backend("cpu", torch.device("cpu"))
     for dtype, native in ((torch.float32, HAS_CC), (torch.bfloat16, False)):
+        backend = select_attention_backend(resolve_ops("cpu", dtype, "cpu"))
         model = type("M", (), {"config": _Cfg(), "dtype": dtype})()
         pool = Pool(model, num_slots=64, max_reqs=4)
         row = pool.add(5)
@@ -202,26 +203,22 @@ def test_backend_uses_the_kernel_for_float32_and_the_torch_path_otherwise() -> N
 
 
 def test_without_the_kernel_the_backend_runs_the_torch_path(monkeypatch) -> None:
-    """No compiler (here: TANDEM_NO_NATIVE=1): the cpu backend plans and attends as `torch` does."""
+    """No kernel (here: TANDEM_NO_NATIVE=1, which only resolve_ops reads): the cpu backend plans and attends
+    as `torch` does."""
     monkeypatch.setenv("TANDEM_NO_NATIVE", "1")
-    cpu_paged_attention._library.cache_clear()
-    try:
-        assert not cpu_paged_attention.available()
-        model = type("M", (), {"config": _Cfg(), "dtype": torch.float32})()
-        pool = Pool(model, num_slots=64, max_reqs=4)
-        rows = [pool.add(n) for n in (5, 9)]
-        batch = pool.batch([(rows[0], [1], 5), (rows[1], [2], 9)])
-        q, k, v = torch.randn(2, 1, 16), torch.randn(2, 1, 16), torch.randn(2, 1, 16)
-        outs = []
-        for name in ("cpu", "torch"):
-            backend = select_attention_backend(name, torch.device("cpu"))
-            plan = backend.plan(batch, pool.kv)
-            assert not isinstance(plan, CpuPlan)
-            outs.append(backend.forward(0, q, k, v, pool.kv, plan, 0.25))
-        assert torch.equal(outs[0], outs[1])
-    finally:
-        monkeypatch.delenv("TANDEM_NO_NATIVE")
-        cpu_paged_attention._library.cache_clear()
+    assert not resolve_ops("cpu", torch.float32).native
+    model = type("M", (), {"config": _Cfg(), "dtype": torch.float32})()
+    pool = Pool(model, num_slots=64, max_reqs=4)
+    rows = [pool.add(n) for n in (5, 9)]
+    batch = pool.batch([(rows[0], [1], 5), (rows[1], [2], 9)])
+    q, k, v = torch.randn(2, 1, 16), torch.randn(2, 1, 16), torch.randn(2, 1, 16)
+    outs = []
+    for name in ("cpu", "torch"):
+        backend = select_attention_backend(resolve_ops("cpu", torch.float32, name))
+        plan = backend.plan(batch, pool.kv)
+        assert not isinstance(plan, CpuPlan)
+        outs.append(backend.forward(0, q, k, v, pool.kv, plan, 0.25))
+    assert torch.equal(outs[0], outs[1])
 
 
 class _Cfg:

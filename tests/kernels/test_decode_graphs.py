@@ -4,18 +4,16 @@ graphs themselves: tests/kernels/test_gpu.py."""
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # the triton backend (the one graphs capture) runs on CPU
-
 import pytest
 import torch
 
+from kernels.ops import resolve_ops
 from protocol import SamplingParams
 from protocol.engine_config import EngineConfig
 from protocol.messages import TokenBatch, TokenizedRequest
 from protocol.model_info import read_model_info
 from scheduler.scheduler import Scheduler
+from tests.kernels.ops_variants import cpu_triton
 from tests.kv_pool import Pool
 from worker.attention_backend import select_attention_backend
 from worker.decode_graphs import DecodeGraphs, decode_buckets, graphs_apply
@@ -41,10 +39,9 @@ def test_bad_buckets_and_capture_off_cuda_are_refused(tiny_model) -> None:
         DecodeGraphs(model, Pool(model).kv, 4, 128, capture=True)
 
 
-@pytest.mark.parametrize("backend", ["cpu", "torch", "triton"])
+@pytest.mark.parametrize("backend", ["cpu", "torch", pytest.param("triton", marks=cpu_triton)])
 def test_padded_decode_equals_eager_and_writes_only_its_slots(tiny_model, backend: str) -> None:
-    model = load_model(tiny_model("qwen3"), torch.float32, "cpu")
-    model.attn_backend = select_attention_backend(backend, torch.device("cpu"))
+    model = load_model(tiny_model("qwen3"), torch.float32, "cpu", ops=resolve_ops("cpu", torch.float32, backend))
     pool = Pool(model, num_slots=600, max_reqs=16)
     pool.free_slots.remove(0)  # slot 0 is the engine's padding slot, never a request's
     graphs = DecodeGraphs(model, pool.kv, max_batch=12, max_context=128, capture=False)
@@ -132,9 +129,10 @@ def test_runner_with_padded_decodes_generates_the_same_tokens(tiny_model) -> Non
 def test_graphs_apply_on_one_cuda_rank_with_triton_unless_eager(tiny_model) -> None:
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     cfg = EngineConfig(model=str(tiny_model("llama")))
-    triton, torch_backend = select_attention_backend("triton", cuda), select_attention_backend("torch", cuda)
+    triton = select_attention_backend(resolve_ops(cuda, torch.bfloat16, "triton"))
+    torch_backend = select_attention_backend(resolve_ops(cuda, torch.bfloat16, "torch"))
     assert graphs_apply(cfg, cuda, triton)
-    assert not graphs_apply(cfg, cpu, select_attention_backend("cpu", cpu))
+    assert not graphs_apply(cfg, cpu, select_attention_backend(resolve_ops(cpu, torch.float32, "cpu")))
     assert not graphs_apply(cfg, cuda, torch_backend)  # its plan is built from host lists each step
     assert not graphs_apply(EngineConfig(model=cfg.model, enforce_eager=True), cuda, triton)
     assert not graphs_apply(EngineConfig(model=cfg.model, tp_size=2), cuda, triton)

@@ -2,6 +2,7 @@
 kernels under the interpreter), tests/test_e2e_parity.py and tests/test_e2e_async.py (the engine on CPU)."""
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -17,14 +18,17 @@ pytestmark = [
 ]
 
 
+def test_triton_is_not_interpreted() -> None:
+    """The kernels here run natively: no test module may have turned the interpreter on in this process
+    (tests/kernels/conftest.py sets it only where there is no GPU)."""
+    assert os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+
 def test_triton_input_prep_kernels_equal_references_on_cuda() -> None:
-    from kernels.triton.input_prep import (
-        prepare_inputs_ref,
-        prepare_inputs_triton,
-        update_table_ref,
-        update_table_triton,
-    )
-    from kernels.triton.sample_writeback import write_sampled_ref, write_sampled_triton
+    from kernels.reference.input_prep import prepare_inputs_ref, update_table_ref
+    from kernels.reference.sample_writeback import write_sampled_ref
+    from kernels.triton.input_prep import prepare_inputs_triton, update_table_triton
+    from kernels.triton.sample_writeback import write_sampled_triton
 
     g = torch.Generator().manual_seed(0)
     dev = torch.device("cuda")

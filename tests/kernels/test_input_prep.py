@@ -3,29 +3,24 @@ Triton interpreter), and prepare_inputs / advance_state with the Triton path for
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on CPU tensors
-
 import random
 
 import pytest
 import torch
 
-from kernels.triton.input_prep import (
-    PREP_BLOCK,
-    prepare_inputs_ref,
-    prepare_inputs_triton,
-    update_table_ref,
-    update_table_triton,
-)
-from kernels.triton.sample_writeback import write_sampled_ref, write_sampled_triton
+from kernels.ops import resolve_ops
+from kernels.reference.input_prep import prepare_inputs_ref, update_table_ref
+from kernels.reference.sample_writeback import write_sampled_ref
+from kernels.triton.input_prep import PREP_BLOCK, prepare_inputs_triton, update_table_triton
+from kernels.triton.sample_writeback import write_sampled_triton
 from protocol.messages import ScheduledReq
+from tests.kernels.ops_variants import cpu_triton
 from worker.forward_batch import ForwardBatch
 from worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs
 from worker.kv_cache import KVCache
 from worker.request_state import RequestState
 
+pytestmark = cpu_triton
 MAX_REQS, MAX_CTX = 8, 2 * PREP_BLOCK + 40  # long enough for a chunk that spans three blocks
 
 
@@ -153,9 +148,10 @@ def test_prepare_inputs_triton_path_equals_ref(seed: int, monkeypatch: pytest.Mo
     out = {}
     for flag in ("0", "1"):
         monkeypatch.setenv("TANDEM_TRITON", flag)
+        ops = resolve_ops("cpu", torch.float32)
         st, k = _clone(state, kv)
         plp = plan_prompt_logprobs(sched, st)
-        out[flag] = prepare_inputs(sched, st, k, plp), k.req_to_token, plp
+        out[flag] = prepare_inputs(sched, st, k, ops, plp), k.req_to_token, plp
     (b0, t0, p0), (b1, t1, p1) = out["0"], out["1"]
     _assert_same_batch(b0, b1)
     assert torch.equal(t0, t1)
@@ -190,7 +186,7 @@ def test_advance_state_triton_path_equals_ref(as_tensor: bool, monkeypatch: pyte
     for flag in ("0", "1"):
         monkeypatch.setenv("TANDEM_TRITON", flag)
         st, _ = _clone(state, kv)
-        advance_state(sched, st, _t(sampled) if as_tensor else sampled)
+        advance_state(sched, st, resolve_ops("cpu", torch.float32), _t(sampled) if as_tensor else sampled)
         results.append(st)
     a, b = results
     assert torch.equal(a.tokens, b.tokens)

@@ -1,17 +1,16 @@
-"""The n-gram draft kernel: the torch reference against a plain-Python statement of the rule, and the
-Triton kernel against the reference under the Triton interpreter."""
+"""The n-gram draft kernel: the torch reference against a plain-Python statement of the rule, and every
+implementation resolve_ops picks here (the Triton kernel under the interpreter) against the reference."""
 from __future__ import annotations
-
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on CPU tensors
 
 import random
 
 import pytest
 import torch
 
-from kernels.triton.ngram_propose import BLOCK, propose_ngram_ref, propose_ngram_triton
+from kernels.ops import Ops
+from kernels.reference.ngram_propose import propose_ngram_ref
+from kernels.triton.ngram_propose import BLOCK
+from tests.kernels.ops_variants import ops_params
 
 
 def rule(seq: list[int], k: int, min_n: int, max_n: int) -> list[int]:
@@ -79,15 +78,18 @@ def test_reference_follows_the_rule(seed: int, k: int, min_n: int, max_n: int) -
         assert tokens[r, len(s) : len(s) + n_out].tolist() == rule(s, k, min_n, max_n)[:n_out]
 
 
+@pytest.mark.parametrize("ops", ops_params())
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("k,min_n,max_n", [(1, 1, 1), (4, 2, 4), (5, 1, 3)])
-def test_triton_equals_reference(seed: int, k: int, min_n: int, max_n: int) -> None:
+def test_every_implementation_equals_reference(ops: Ops, seed: int, k: int, min_n: int, max_n: int) -> None:
+    """The Triton kernel among them; a host proposer (Ops.host_drafts) also returns its matched counts."""
     rng = random.Random(100 + seed)
     width = 2 * BLOCK + 9
     tokens, seqs = _random_case(rng, width, 8)
     rows = torch.tensor(rng.sample(range(8), 5))
     lens = torch.tensor([len(seqs[r]) for r in rows.tolist()])
     want = tokens.clone()
-    propose_ngram_ref(want, rows, lens, k, min_n, max_n)
-    propose_ngram_triton(tokens, rows, lens, k, min_n, max_n)
+    found = propose_ngram_ref(want, rows, lens, k, min_n, max_n)
+    got = ops.propose_ngram(tokens, rows, lens, k, min_n, max_n)
     assert torch.equal(tokens, want)
+    assert got == (found if ops.host_drafts else None)

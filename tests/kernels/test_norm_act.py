@@ -1,5 +1,6 @@
-"""The C RMSNorm / SiLU-and-multiply (kernels/cpu_norm_act.c) against their torch references, row
-invariance, the in-place residual add, and what they refuse."""
+"""The C RMSNorm / SiLU-and-multiply (kernels/csrc/norm_act.c) against their torch references, row
+invariance, the in-place residual add, and what they refuse; every implementation resolve_ops picks here
+against the references."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import torch
 
 from kernels.native import build as native_build
 from kernels.native import norm_act as cpu_norm_act
-from kernels.native.norm_act import add_rms_norm, rms_norm_ref, silu_mul, silu_mul_ref
+from kernels.native.norm_act import add_rms_norm, silu_mul
+from kernels.ops import Ops, resolve_ops
+from kernels.reference.norm_act import rms_norm_ref, silu_mul_ref
+from tests.kernels.ops_variants import ops_params
 from tests.kernels.portable_build import portable_build, x86_only
 
 pytestmark = pytest.mark.skipif(native_build.find_compiler() is None, reason="no C compiler to build the kernel")
@@ -83,12 +87,30 @@ def test_portable_build_matches_the_reference(tmp_path, monkeypatch) -> None:
 def test_layers_use_the_kernels_on_cpu_float32_and_torch_otherwise() -> None:
     from worker.layers import RMSNorm
 
-    norm = RMSNorm(64, 1e-5, torch.float32, "cpu")
+    norm = RMSNorm(64, 1e-5, torch.float32, "cpu", resolve_ops("cpu", torch.float32))
     norm.weight.data.normal_()
     x = torch.randn(4, 64)
     assert torch.equal(norm(x), add_rms_norm(x, None, norm.weight, 1e-5))
-    bf = RMSNorm(64, 1e-5, torch.bfloat16, "cpu")
+    bf = RMSNorm(64, 1e-5, torch.bfloat16, "cpu", resolve_ops("cpu", torch.bfloat16))
     xb = x.bfloat16()
     assert torch.equal(bf(xb), rms_norm_ref(xb, bf.weight, 1e-5))
     h, d = x.clone(), torch.randn(4, 64)
     assert torch.equal(norm.add_forward(h, d), add_rms_norm(x + d, None, norm.weight, 1e-5))
+
+
+@pytest.mark.parametrize("ops", ops_params())
+def test_every_implementation_matches_the_reference(ops: Ops) -> None:
+    """What the layers call, each way resolve_ops can pick it here; [T, heads, D] views (Qwen3's q/k norms)
+    included, which the C pass does not take."""
+    g = torch.Generator().manual_seed(7)
+    x, delta, w = torch.randn(6, 64, generator=g), torch.randn(6, 64, generator=g), torch.randn(64, generator=g)
+    tol = {"atol": 1e-5, "rtol": 1e-5}
+    torch.testing.assert_close(ops.add_rms_norm(x, None, w, 1e-5), rms_norm_ref(x, w, 1e-5), **tol)
+    h = x.clone()
+    torch.testing.assert_close(ops.add_rms_norm(h, delta, w, 1e-5), rms_norm_ref(x + delta, w, 1e-5), **tol)
+    assert torch.equal(h, x + delta)
+    heads = torch.randn(6, 3 * 16 + 5, generator=g)[:, :48].view(6, 3, 16)
+    w16 = w[:16].contiguous()
+    torch.testing.assert_close(ops.add_rms_norm(heads, None, w16, 1e-5), rms_norm_ref(heads, w16, 1e-5), **tol)
+    gate_up = torch.randn(6, 128, generator=g)
+    torch.testing.assert_close(ops.silu_mul(gate_up.clone()), silu_mul_ref(gate_up), atol=1e-6, rtol=2e-6)

@@ -3,16 +3,15 @@
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on CPU tensors
-
 import pytest
 import torch
 
 from kernels.reference.paged_attention import paged_attention_ref
 from kernels.triton.paged_attention import BLOCK_M, BLOCK_N, paged_attention_triton
+from tests.kernels.ops_variants import cpu_triton
 from tests.kernels.test_paged_attention import make_case
+
+pytestmark = cpu_triton
 
 CASES = {
     # decodes only: the grouped decode kernel; lengths around the key block edge

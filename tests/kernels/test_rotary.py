@@ -1,5 +1,5 @@
-"""The C rotary kernel (kernels/cpu_rotary.c) against torch's ops: the same bits, on any rows, strides and
-threads, through the portable loops too; and where the model uses it."""
+"""The C rotary kernel (kernels/csrc/rotary.c) against torch's ops: the same bits, on any rows, strides and
+threads, through the portable loops too; and every implementation resolve_ops picks here."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import pytest
 import torch
 
 from kernels.native import rotary as cpu_rotary
+from kernels.ops import Ops, resolve_ops
+from kernels.reference.rotary import apply_rotary_ref
+from tests.kernels.ops_variants import ops_params
 from tests.kernels.portable_build import portable_build, x86_only
 from tests.kernels.test_cpu_paged_attention import needs_cc
-from worker.layers.rotary import RotaryEmbedding, apply_rotary, apply_rotary_ref
+from worker.layers.rotary import RotaryEmbedding
 
 
 def _case(t: int, heads: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -30,7 +33,8 @@ def test_same_bits_as_torch(t: int, d: int) -> None:
     want = apply_rotary_ref(x, cos, sin)
     got = cpu_rotary.rotary(x, cos, sin)
     assert got.is_contiguous() and torch.equal(got, want)
-    assert torch.equal(apply_rotary(x, cos, sin), want)  # what the model calls picks the kernel here
+    # What the model calls on CPU in float32 is the kernel.
+    assert torch.equal(resolve_ops("cpu", torch.float32).rotary(x, cos, sin), want)
 
 
 @needs_cc
@@ -56,9 +60,18 @@ def test_other_dtypes_and_no_kernel_take_the_torch_ops(monkeypatch) -> None:
     x, cos, sin = _case(3, 2, 16, seed=0)
     xb, cb, sb = x.bfloat16(), cos.bfloat16(), sin.bfloat16()
     assert not cpu_rotary.supports(xb, cb)
-    assert torch.equal(apply_rotary(xb, cb, sb), apply_rotary_ref(xb, cb, sb))
+    assert resolve_ops("cpu", torch.bfloat16).rotary is apply_rotary_ref
     with pytest.raises(ValueError, match="float32"):
         cpu_rotary.rotary(xb, cb, sb)
     monkeypatch.setattr(cpu_rotary, "_library", lambda: None)
     assert not cpu_rotary.supports(x, cos)
-    assert torch.equal(apply_rotary(x, cos, sin), apply_rotary_ref(x, cos, sin))
+    assert resolve_ops("cpu", torch.float32).rotary is apply_rotary_ref
+    monkeypatch.undo()
+    monkeypatch.setenv("TANDEM_NO_NATIVE", "1")
+    assert resolve_ops("cpu", torch.float32).rotary is apply_rotary_ref
+
+
+@pytest.mark.parametrize("ops", ops_params())
+def test_every_implementation_gives_the_reference_bits(ops: Ops) -> None:
+    x, cos, sin = _case(7, 5, 64, seed=3)
+    assert torch.equal(ops.rotary(x, cos, sin), apply_rotary_ref(x, cos, sin))
