@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; {args.model}: {dims.layers} layers, "
           f"{dims.heads}/{dims.kv_heads} heads x {dims.head_dim}; batch {args.batch}, "
           f"mean context {sum(lens) / len(lens):.0f}, {len(locs)} queries")
-    backends = [select_attention_backend(resolve_ops("cpu", torch.float32, name)) for name in args.backends.split(",")]
+    names = args.backends.split(",")
+    backends = [select_attention_backend(resolve_ops("cpu", torch.float32, name)) for name in names]
     best = {b.name: float("inf") for b in backends}
     with torch.inference_mode():
         for _ in range(args.repeats):

@@ -121,7 +121,7 @@ class EngineConfig:
             raise bad("prompt_lookup_max", f"must be >= prompt_lookup_min={self.prompt_lookup_min} >= 1")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise bad("dtype", "must be auto, float32, bfloat16 or float16")
-        if self.attention_backend not in ("auto", "cpu", "torch", "triton"):  # kernels/ops.py ATTENTION_BACKENDS
+        if self.attention_backend not in ("auto", "cpu", "torch", "triton"):  # kernels/ops.py's list
             raise bad("attention_backend", "must be auto, cpu, torch or triton")
 
     @classmethod

@@ -8,7 +8,8 @@ import os
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # the triton backend runs on CPU tensors here; natively in tests/kernels/test_gpu.py
+# The triton backend runs on CPU tensors here; with a GPU, natively in tests/kernels/test_gpu.py.
+if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config

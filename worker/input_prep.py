@@ -67,7 +67,8 @@ def plan_prompt_logprobs(sched: list[ScheduledReq], state: RequestState) -> Prom
 
 
 def prepare_inputs(
-    sched: list[ScheduledReq], state: RequestState, kv: KVCache, ops: Ops, prompt_lp: PromptLogprobsPlan | None = None
+    sched: list[ScheduledReq], state: RequestState, kv: KVCache, ops: Ops,
+    prompt_lp: PromptLogprobsPlan | None = None,
 ) -> ForwardBatch:
     """The step's batch. Its logits_indices: the last known token of every request that samples, then
     its draft tokens if it has some, in scheduled order; then prompt_lp.logits_indices when given."""

@@ -188,11 +188,14 @@ class ModelRunner:
             tokens, step.num_sampled, step.logprobs = sample_with_drafts(logits, so.scheduled, self.state, self._sample)
         elif rows:
             tokens, step.logprobs = self._sample(logits, rows)
-        advance_state(so.scheduled, self.state, self.ops, tokens if tokens is not None else [], step.num_sampled)
+        ops = self.ops
+        advance_state(so.scheduled, self.state, ops, tokens if tokens is not None else [], step.num_sampled)
         if self.cfg.spec_tokens:  # the next step's drafts, from this step's real tokens, on the device
-            cfg, ops = self.cfg, self.ops
+            cfg = self.cfg
             record_drafts(so.scheduled, step.num_sampled, self.state, ops)
-            propose_drafts(so.scheduled, self.state, ops, cfg.spec_tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max)
+            propose_drafts(
+                so.scheduled, self.state, ops, cfg.spec_tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max
+            )
         if tokens is not None:
             # Pinned + non_blocking: on CUDA the copy is queued behind the step, not waited for.
             host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=self.device.type == "cuda")

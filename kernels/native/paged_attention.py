@@ -6,7 +6,8 @@ alone was a quarter of a decode step, and one SDPA per prompt of a few hundred t
 kernel's time. kernels/csrc/paged_attention.c reads each key and value once per block of queries, straight
 from the pool, for all the query heads that share it. It is C (compiled here on first use with the
 system's C compiler, see kernels/native/build.py), called through ctypes, and spreads the work over the
-threads of the OpenMP runtime torch runs on (see the .c file). The reference is kernels/reference/paged_attention.py.
+threads of the OpenMP runtime torch runs on (see the .c file). The reference is
+kernels/reference/paged_attention.py.
 
 `available()` is False, and kernels/ops.py keeps the torch path, when there is no C compiler or the build
 fails.

@@ -16,7 +16,9 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     return weight * xf.to(dtype)
 
 
-def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
     """x += delta in place (when given), then rms_norm_ref of x: the C kernel's signature."""
     return rms_norm_ref(x if delta is None else x.add_(delta), weight, eps)
 

@@ -17,7 +17,7 @@ BLOCK = 1024  # vocab entries per program; a 150k vocab is ~150 programs per row
 def apply_bitmask_triton(
     logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None
 ) -> None:
-    """Same as kernels/reference/bitmask.py's apply_bitmask_ref; one program per (mask row, BLOCK of the vocab)."""
+    """Same as the reference's apply_bitmask_ref; one program per (mask row, BLOCK of the vocab)."""
     n = check_bitmask(logits, bitmask, rows)
     vocab = logits.shape[1]
     if n == 0 or vocab == 0:

@@ -27,7 +27,8 @@ def prepare_inputs_triton(
     cu_lens: torch.Tensor,
     total: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Same as the reference's prepare_inputs_ref: one program per request, looping over its tokens in blocks."""
+    """Same as the reference's prepare_inputs_ref: one program per request, looping over its tokens in
+    blocks."""
     assert tokens.stride(1) == 1 and req_to_token.stride(1) == 1
     dev = tokens.device
     input_ids = torch.empty(total, dtype=tokens.dtype, device=dev)

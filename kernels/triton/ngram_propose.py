@@ -24,8 +24,8 @@ BLOCK = 256  # candidate match positions per loop iteration
 def propose_ngram_triton(
     tokens: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor, k: int, min_n: int, max_n: int
 ) -> None:
-    """Same as the reference's propose_ngram_ref, but returns None (the match lengths stay on the device): one program
-    per row, scanning its tokens in blocks."""
+    """Same as the reference's propose_ngram_ref, but returns None (the match lengths stay on the device):
+    one program per row, scanning its tokens in blocks."""
     assert tokens.stride(1) == 1
     b = rows.numel()
     if b:

@@ -70,7 +70,8 @@ def _case(seed: int, reqs: list[tuple[int, int, int]], group: int, dtype: torch.
     q = torch.randn(t, HKV * group, D, generator=g).to(dtype)
     k_new = torch.randn(t, HKV, D, generator=g).to(dtype)
     v_new = torch.randn(t, HKV, D, generator=g).to(dtype)
-    outs = {name: b.forward(0, q, k_new, v_new, kv, b.plan(batch, kv), D**-0.5) for name, b in backends(dtype).items()}
+    outs = {name: b.forward(0, q, k_new, v_new, kv, b.plan(batch, kv), D**-0.5)
+            for name, b in backends(dtype).items()}
     assert {"cpu", "torch"} <= {n.removesuffix("-native") for n in outs}
     if dtype == torch.float32:
         expected = paged_attention_ref(q, kv.k[0], kv.v[0], kv.req_to_token, batch.req_pool_indices,

@@ -13,7 +13,9 @@ from worker.layers.linear import full_tensor
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device | str, ops: Ops) -> None:
+    def __init__(
+        self, size: int, eps: float, dtype: torch.dtype, device: torch.device | str, ops: Ops
+    ) -> None:
         super().__init__()
         self.eps, self.ops = eps, ops
         self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device), requires_grad=False)

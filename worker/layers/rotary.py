@@ -33,8 +33,8 @@ class RotaryEmbedding:
     """Holds cos/sin tables [max_pos, head_dim] in the model dtype, grown on demand.
 
     Tables are computed like HF (fp32 position * inv_freq, then cos/sin, then cast) so fp32 results match.
-    They are stored full width, ready for the ops' rotary (kernels/reference/rotary.py): cos as [cos, cos] and sin with rotate_half's sign
-    folded in, [-sin, sin].
+    They are stored full width, ready for the ops' rotary (kernels/reference/rotary.py): cos as [cos, cos]
+    and sin with rotate_half's sign folded in, [-sin, sin].
     """
 
     def __init__(

@@ -40,7 +40,8 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 class LlamaAttention(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int, tp_size: int
+        self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int,
+        tp_size: int,
     ):
         super().__init__()
         self.layer_id, self.ops = layer_id, ops
@@ -83,7 +84,9 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int, tp_size: int):
+    def __init__(
+        self, cfg: ModelConfig, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int, tp_size: int
+    ) -> None:
         super().__init__()
         self.ops = ops
         if cfg.hidden_act != "silu":
@@ -101,7 +104,8 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int, tp_size: int
+        self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int,
+        tp_size: int,
     ):
         super().__init__()
         self.self_attn = LlamaAttention(cfg, layer_id, dtype, device, ops, tp_rank, tp_size)
@@ -116,11 +120,14 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int, tp_size: int):
+    def __init__(
+        self, cfg: ModelConfig, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int, tp_size: int
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device, tp_rank, tp_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, i, dtype, device, ops, tp_rank, tp_size) for i in range(cfg.num_hidden_layers)
+            LlamaDecoderLayer(cfg, i, dtype, device, ops, tp_rank, tp_size)
+            for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device, ops)
 
