@@ -19,8 +19,9 @@ import time
 import torch
 
 from benchmarks.roofline import ModelDims
+from kernels.native.cpu_caps import cpu_caps
+from kernels.ops import resolve_ops
 from worker.attention_backend import select_attention_backend
-from worker.cpu_caps import cpu_caps
 from worker.forward_batch import ForwardBatch
 from worker.kv_cache import KVCache
 
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument("--input-len", default="64:512")
     ap.add_argument("--decoded", type=int, default=64, help="tokens each request has decoded so far")
     ap.add_argument("--new-tokens", type=int, default=1, help="queries per request: its last N positions")
-    ap.add_argument("--backends", default="torch-gather,torch,torch-runs,cpu")
+    ap.add_argument("--backends", default="torch,cpu")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; {args.model}: {dims.layers} layers, "
           f"{dims.heads}/{dims.kv_heads} heads x {dims.head_dim}; batch {args.batch}, "
           f"mean context {sum(lens) / len(lens):.0f}, {len(locs)} queries")
-    backends = [select_attention_backend(name, torch.device("cpu")) for name in args.backends.split(",")]
+    names = args.backends.split(",")
+    backends = [select_attention_backend(resolve_ops("cpu", torch.float32, name)) for name in names]
     best = {b.name: float("inf") for b in backends}
     with torch.inference_mode():
         for _ in range(args.repeats):

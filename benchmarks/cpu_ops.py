@@ -1,6 +1,6 @@
 """A decoder layer's elementwise steps on the CPU, C kernel against its torch reference, per call: the
-residual add with RMSNorm (kernels/cpu_norm_act.py), SiLU-times-up (the same) and the rotary embedding of
-q and k (kernels/cpu_rotary.py), at a decode step's few rows and a prefill's many, for a model's shapes.
+residual add with RMSNorm (kernels/native/norm_act.py), SiLU-times-up (the same) and the rotary embedding of
+q and k (kernels/native/rotary.py), at a decode step's few rows and a prefill's many, for a model's shapes.
 The two run alternately, best of `--reps` rounds of `--calls` calls each, so a noisy neighbour hits both
 alike. Prints the CPU beside the times.
 
@@ -14,9 +14,12 @@ from collections.abc import Callable
 
 import torch
 
-from kernels import cpu_norm_act, cpu_rotary
-from worker.cpu_caps import cpu_caps
-from worker.layers.rotary import RotaryEmbedding, apply_rotary_ref
+from kernels.native import norm_act as cpu_norm_act
+from kernels.native import rotary as cpu_rotary
+from kernels.native.cpu_caps import cpu_caps
+from kernels.reference import norm_act as ref_norm_act
+from kernels.reference.rotary import apply_rotary_ref
+from worker.layers.rotary import RotaryEmbedding
 
 
 def best_us(fs: dict[str, Callable[[], object]], reps: int, calls: int) -> dict[str, float]:
@@ -41,8 +44,8 @@ def _ops(
     cos, sin = rot.cos_sin(torch.randint(0, 4096, (m,), generator=g), 4096)
     return {
         "add+rmsnorm": (lambda: cpu_norm_act.add_rms_norm(h, d, w, 1e-5),
-                        lambda: cpu_norm_act.rms_norm_ref(h.add_(d), w, 1e-5)),
-        "silu*up": (lambda: cpu_norm_act.silu_mul(gu), lambda: cpu_norm_act.silu_mul_ref(gu.clone())),
+                        lambda: ref_norm_act.add_rms_norm(h, d, w, 1e-5)),
+        "silu*up": (lambda: cpu_norm_act.silu_mul(gu), lambda: ref_norm_act.silu_mul_ref(gu.clone())),
         "rotary q,k": (lambda: cpu_rotary.rotary(qk, cos, sin), lambda: apply_rotary_ref(qk, cos, sin)),
     }
 

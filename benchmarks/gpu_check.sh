@@ -21,7 +21,7 @@ fi
 # TRITON_INTERPRET=0: the CPU test modules default it to 1 at import; here the kernels must run natively.
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-timeout 180 python3 -m pytest -q -m gpu tests/test_gpu.py tests/test_input_prep_kernels.py 2>&1 | tee "$OUT/tests.log"
+timeout 180 python3 -m pytest -q -m gpu tests/kernels/test_gpu.py tests/kernels/test_input_prep.py 2>&1 | tee "$OUT/tests.log"
 test -d /tmp/bench-llama || python3 -m launch.make_model --arch llama --size bench --out /tmp/bench-llama
 test -d /tmp/qwen3-0.6b || python3 -m launch.make_model --arch qwen3 --size 0.6b --out /tmp/qwen3-0.6b &
 MAKE=$!

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from worker.cpu_caps import cpu_caps, usable_cores
+from kernels.native.cpu_caps import cpu_caps, usable_cores
 from worker.layers.cpu_linear import pack_weight, packed_linear
 
 

@@ -113,8 +113,8 @@ def run(cfg: EngineConfig, conversations: int, turns: int, system_len: tuple[int
         question_len: tuple[int, int], answer_len: int, concurrency: int, seed: int) -> dict[str, Any]:
     import torch
 
+    from kernels.native.cpu_caps import cpu_caps, usable_cores
     from protocol.model_info import read_model_info
-    from worker.cpu_caps import cpu_caps, usable_cores
 
     convs = make_conversations(read_model_info(cfg.model).vocab_size, conversations, turns, system_len,
                                question_len, seed)

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from benchmarks.linear_shape import median_ms
-from kernels.cpu_quant_linear import GGUF_BLOCKS, available, dequantize, pack, quant_linear
+from kernels.native.cpu_caps import cpu_caps, usable_cores
+from kernels.native.quant_linear import GGUF_BLOCKS, available, dequantize, pack, quant_linear
 from protocol.gguf_metadata import open_gguf
-from worker.cpu_caps import cpu_caps, usable_cores
 from worker.layers.cpu_linear import pack_weight, packed_linear
 
 

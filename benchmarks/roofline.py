@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from kernels.native.cpu_caps import cpu_caps, usable_cores
 from protocol.engine_config import EngineConfig
 from protocol.gguf_metadata import is_gguf, open_gguf
 from protocol.model_config import read_model_config
-from worker.cpu_caps import cpu_caps, usable_cores
 from worker.device import resolve_device, resolve_dtype
 from worker.layers.cpu_linear import pack_weight, packable, packed_linear
 from worker.loader import quantized_types

@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 from benchmarks.workload import random_prompts
+from kernels.native.cpu_caps import cpu_caps
 from protocol.engine_config import EngineConfig
-from worker.cpu_caps import cpu_caps
 
 _WORDS = ("alpha beta gamma delta value total count index result buffer name item list map key "
           "score limit offset width height price amount").split()

@@ -3,7 +3,7 @@
 Runs the offline workload (default: 64 requests, prompts 64-512 tokens, 128 greedy outputs each) step by
 step and times every ModelRunner.execute, then a single request decoding alone. Reports total tok/s, the
 prefill-step time and tok/s, the mean decode-step time at full batch and the batch-1 decode ms/token.
-`--attention-backend torch-gather,torch` runs the workload once per backend in the same process (in
+`--attention-backend torch,cpu` runs the workload once per backend in the same process (in
 turn, so a noisy neighbour hits both alike) and prints each.
 
     python -m benchmarks.worker_step --model models/bench-llama [--profile] [--attention-backend A,B]
@@ -22,13 +22,14 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.workload import parse_range, random_prompts  # noqa: E402
+from kernels.native.cpu_caps import cpu_caps  # noqa: E402
+from kernels.ops import resolve_ops  # noqa: E402
 from protocol.engine_config import EngineConfig  # noqa: E402
 from protocol.messages import TokenizedRequest  # noqa: E402
 from protocol.model_info import read_model_info  # noqa: E402
 from protocol.sampling_params import SamplingParams  # noqa: E402
 from scheduler.scheduler import Scheduler  # noqa: E402
 from worker.attention_backend import select_attention_backend  # noqa: E402
-from worker.cpu_caps import cpu_caps  # noqa: E402
 from worker.model_runner import ModelRunner  # noqa: E402
 
 
@@ -80,7 +81,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, model {args.model}, dtype {runner.dtype}")
     sched = Scheduler(cfg, info, runner.num_kv_slots)
     for name in args.attention_backend.split(","):
-        runner.model.attn_backend = select_attention_backend(name, runner.device)
+        runner.model.attn_backend = select_attention_backend(resolve_ops(runner.device, runner.dtype, name))
         print(f"--- attention backend {runner.model.attn_backend.name}")
         _run(runner, sched, args, name)
 

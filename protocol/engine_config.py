@@ -50,7 +50,7 @@ class EngineConfig:
         metadata={"help": "auto (bf16 on CUDA and on CPUs with AMX or AVX512-BF16, else fp32), float32, bfloat16"},
     )
     attention_backend: str = field(
-        default="auto", metadata={"help": "auto (triton on CUDA, cpu on CPU), cpu, torch, torch-runs, torch-gather, triton"}
+        default="auto", metadata={"help": "auto (triton on CUDA, cpu on CPU), cpu, torch, triton"}
     )
     enforce_eager: bool = field(
         default=False, metadata={"help": "no CUDA graphs: every decode step launches its kernels one by one"}
@@ -121,8 +121,8 @@ class EngineConfig:
             raise bad("prompt_lookup_max", f"must be >= prompt_lookup_min={self.prompt_lookup_min} >= 1")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise bad("dtype", "must be auto, float32, bfloat16 or float16")
-        if self.attention_backend not in ("auto", "cpu", "torch", "torch-runs", "torch-gather", "triton"):
-            raise bad("attention_backend", "must be auto, cpu, torch, torch-runs, torch-gather or triton")
+        if self.attention_backend not in ("auto", "cpu", "torch", "triton"):  # kernels/ops.py's list
+            raise bad("attention_backend", "must be auto, cpu, torch or triton")
 
     @classmethod
     def from_options(cls, model: str, **options: object) -> EngineConfig:

@@ -37,7 +37,7 @@ def test_concurrent_greedy_parity_with_transformers(arch: str, tiny_model, launc
     check_idle_engine(client)
 
 
-@pytest.mark.parametrize("backend", ["torch", "torch-gather"])
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
 def test_bf16_greedy_parity_with_transformers_bf16(backend: str, tiny_model, launch_client) -> None:
     """bf16 (what --dtype auto picks on AMX / AVX512-BF16 CPUs and on CUDA) against transformers in bf16,
     with the near-tie rule at bf16's tolerance; both CPU attention backends."""

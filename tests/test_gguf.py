@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.cpu_quant_linear import dequantize
+from kernels.native.quant_linear import dequantize
 from protocol import SamplingParams
 from protocol.errors import ModelLoadError
 from protocol.model_config import read_model_config
@@ -21,8 +21,8 @@ from protocol.model_info import read_model_info
 from protocol.tokenizer_loader import load_fast_tokenizer, load_tokenizer
 from tests.conftest import ARCHS, check_idle_engine
 from tests.gguf_files import QTYPES, llamacpp_permute, write_gguf
+from tests.kernels.test_cpu_paged_attention import HAS_CC, needs_cc
 from tests.kv_pool import Pool
-from tests.test_cpu_paged_attention import HAS_CC, needs_cc
 from worker import loader
 from worker.gguf_weights import iter_gguf_weights
 from worker.layers import PackableLinear

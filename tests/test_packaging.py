@@ -70,9 +70,9 @@ def test_every_module_imports_from_the_wheel(installed: tuple[Path, Path], tmp_p
         "    mod = importlib.import_module(m)\n"
         "    assert 'site-packages' in mod.__file__, (m, mod.__file__)\n"
         # The C kernels ship as source (with the header they share) and build from the installed copy.
-        "from kernels import cpu_norm_act, cpu_paged_attention, cpu_quant_linear, cpu_rotary, native_build\n"
+        "from kernels.native import build as native_build, norm_act, paged_attention, quant_linear, rotary\n"
         "has_cc = native_build.find_compiler() is not None\n"
-        "for k in (cpu_norm_act, cpu_paged_attention, cpu_quant_linear, cpu_rotary):\n"
+        "for k in (norm_act, paged_attention, quant_linear, rotary):\n"
         "    assert 'site-packages' in str(k.SOURCE) and k.available() == has_cc, k\n"
     )
     r = subprocess.run([str(venv / "bin" / "python"), "-c", script], cwd=tmp_path, env=_clean_env(),

@@ -7,6 +7,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from kernels.ops import resolve_ops
 from protocol.messages import NewReqData, ScheduledReq, WorkerSampling
 from worker.input_prep import advance_state
 from worker.penalties import process_logits
@@ -245,7 +246,7 @@ def test_min_tokens_suppresses_until_reached() -> None:
         assert torch.equal(out[0, keep], logits[0, keep]) and torch.equal(out[1], logits[1])
         tokens = sample(out, *_params(2, temperature=0.0), [None, None])
         assert (int(tokens[0]) != 17) == suppressed and int(tokens[1]) == 17
-        advance_state(sched, st, [int(tokens[0]), 8])
+        advance_state(sched, st, resolve_ops("cpu", torch.float32), [int(tokens[0]), 8])
         sched = [ScheduledReq(1, 1, 0, [], True), ScheduledReq(3, 1, 0, [], True)]
 
 

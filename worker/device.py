@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from worker.cpu_caps import CpuCaps, cpu_caps
+from kernels.native.cpu_caps import CpuCaps, cpu_caps
 
 
 def resolve_device(name: str) -> torch.device:

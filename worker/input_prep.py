@@ -1,27 +1,20 @@
 """Build a step's ForwardBatch from the persistent request state and the scheduled counts.
 
 The host only packs a few small index arrays (one H2D copy per step); the flat token arrays are
-gathered on the device from the request state (kernels/input_prep.py), and sampled tokens are written
-back there (kernels/sample_writeback.py), so the next step's input prep needs no host round trip
-(docs/architecture.md §4). CPU runs the torch references, CUDA the Triton kernels; TANDEM_TRITON=0/1 forces one.
+gathered on the device from the request state, and sampled tokens are written back there, by the ops
+kernels/ops.py chose (the Triton kernels on CUDA, the torch references elsewhere), so the next step's input
+prep needs no host round trip (docs/architecture.md §4).
 """
 
 from __future__ import annotations
 
-import os
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from kernels.input_prep import (
-    prepare_inputs_ref,
-    prepare_inputs_triton,
-    update_table_ref,
-    update_table_triton,
-)
-from kernels.sample_writeback import write_sampled_ref, write_sampled_triton
+from kernels.ops import Ops
 from protocol.messages import ScheduledReq
 from worker.forward_batch import ForwardBatch
 from worker.host_to_device import to_device
@@ -73,17 +66,9 @@ def plan_prompt_logprobs(sched: list[ScheduledReq], state: RequestState) -> Prom
     return PromptLogprobsPlan(idx, rows, counts, top_ns, targets)
 
 
-def use_triton(device: torch.device) -> bool:
-    """Triton kernels on CUDA, torch references elsewhere; TANDEM_TRITON=0/1 overrides (=1 on CPU needs
-    TRITON_INTERPRET=1)."""
-    forced = os.environ.get("TANDEM_TRITON")
-    if forced in ("0", "1"):
-        return forced == "1"
-    return device.type == "cuda"
-
-
 def prepare_inputs(
-    sched: list[ScheduledReq], state: RequestState, kv: KVCache, prompt_lp: PromptLogprobsPlan | None = None
+    sched: list[ScheduledReq], state: RequestState, kv: KVCache, ops: Ops,
+    prompt_lp: PromptLogprobsPlan | None = None,
 ) -> ForwardBatch:
     """The step's batch. Its logits_indices: the last known token of every request that samples, then
     its draft tokens if it has some, in scheduled order; then prompt_lp.logits_indices when given."""
@@ -125,11 +110,9 @@ def prepare_inputs(
     rows_t, starts_t, lens_t, cu_t, seq_t, logits_t, srow_t, scol_t, sval_t = to_device(
         [rows, starts, lens, cu_lens, seq_lens, logits_idx, slot_rows, slot_cols, slot_vals], device
     )
-    triton = use_triton(device)
     # The table first: this step's tokens read their slots back from it below.
-    (update_table_triton if triton else update_table_ref)(kv.req_to_token, srow_t, scol_t, sval_t)
-    prep = prepare_inputs_triton if triton else prepare_inputs_ref
-    input_ids, positions, out_cache_loc = prep(
+    ops.update_table(kv.req_to_token, srow_t, scol_t, sval_t)
+    input_ids, positions, out_cache_loc = ops.prepare_inputs(
         state.tokens, kv.req_to_token, rows_t, starts_t, lens_t, cu_t, total
     )
     return ForwardBatch.build(
@@ -149,6 +132,7 @@ def prepare_inputs(
 def advance_state(
     sched: list[ScheduledReq],
     state: RequestState,
+    ops: Ops,
     sampled: Sequence[int] | torch.Tensor,
     counts: Sequence[int] | None = None,
 ) -> None:
@@ -180,5 +164,4 @@ def advance_state(
         sampled_t = sampled.to(state.device)
     else:
         rows_t, cols_t, sampled_t = to_device([rows, cols, sampled], state.device)
-    write = write_sampled_triton if use_triton(state.device) else write_sampled_ref
-    write(state.tokens, rows_t, cols_t, sampled_t)
+    ops.write_sampled(state.tokens, rows_t, cols_t, sampled_t)

@@ -1,6 +1,6 @@
 """Build a model from a HF-format directory (config.json + *.safetensors, read with safetensors) or from a
 GGUF file (see worker/gguf_weights.py: on CPU in float32 its 4- and 8-bit weights stay quantized for
-kernels/cpu_quant_linear.py; otherwise they are dequantized while loading)."""
+kernels/native/quant_linear.py; otherwise they are dequantized while loading)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from kernels import cpu_quant_linear
+from kernels.native.quant_linear import GGUF_BLOCKS
+from kernels.ops import Ops, resolve_ops
 from protocol.gguf_metadata import is_gguf
 from protocol.model_config import ModelConfig, read_hf_config
 from worker.gguf_weights import iter_gguf_weights
@@ -42,25 +43,26 @@ def iter_weights(model_dir: str) -> Iterator[tuple[str, Any]]:
 
 
 def load_model(
-    model: str, dtype: torch.dtype, device: torch.device | str, tp_rank: int = 0, tp_size: int = 1
+    model: str, dtype: torch.dtype, device: torch.device | str, tp_rank: int = 0, tp_size: int = 1,
+    ops: Ops | None = None,
 ) -> CausalLM:
-    """`model`: a HF directory or a .gguf file."""
+    """`model`: a HF directory or a .gguf file; ops: the worker's (None: resolve_ops's default for device
+    and dtype)."""
+    ops = ops or resolve_ops(device, dtype)
     hf = read_hf_config(model)
     arch = (hf.get("architectures") or [None])[0]
     cls = get_model_class(arch)
     cfg = ModelConfig.from_hf(hf, **cls.arch_flags(hf))
-    m = cls(cfg, dtype, device, tp_rank=tp_rank, tp_size=tp_size)
+    m = cls(cfg, dtype, device, ops, tp_rank=tp_rank, tp_size=tp_size)
     if is_gguf(model):
-        m.load_weights(iter_gguf_weights(model, cfg, dtype, keep_blocks=quantized_types(dtype, device)))
+        m.load_weights(iter_gguf_weights(model, cfg, dtype, keep_blocks=quantized_types(ops)))
     else:
         m.load_weights(iter_weights(model))
     return m.eval()
 
 
-def quantized_types(dtype: torch.dtype, device: torch.device | str) -> frozenset[str]:
-    """GGUF block types the model keeps as they are in the file: on CPU in float32, those the quantized
-    kernel takes (kernels/cpu_quant_linear.py), as llama.cpp runs a quantized file; elsewhere none (the
-    weights are dequantized to `dtype` while loading)."""
-    if torch.device(device).type != "cpu" or dtype != torch.float32 or not cpu_quant_linear.available():
-        return frozenset()
-    return frozenset(cpu_quant_linear.GGUF_BLOCKS)
+def quantized_types(ops: Ops) -> frozenset[str]:
+    """GGUF block types the model keeps as they are in the file: where the C kernels run (CPU, float32),
+    those the quantized kernel takes (kernels/native/quant_linear.py), as llama.cpp runs a quantized file;
+    elsewhere none (the weights are dequantized to the model's dtype while loading)."""
+    return frozenset(GGUF_BLOCKS) if ops.native else frozenset()

@@ -5,13 +5,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.bitmask import apply_bitmask
+from kernels.ops import resolve_ops
 from protocol import fault_injection
 from protocol.engine_config import EngineConfig
 from protocol.errors import ErrorCode
 from protocol.messages import Logprobs, ModelRunnerOutput, SampleStep, SchedulerOutput
 from protocol.model_info import ModelInfo
-from worker.attention_backend import select_attention_backend
 from worker.decode_graphs import MAX_GRAPH_BATCH, DecodeGraphs, graphs_apply
 from worker.device import resolve_device, resolve_dtype
 from worker.distributed import Dist, local_rank
@@ -54,11 +53,12 @@ class ModelRunner:
         if self.device.type == "cuda" and cfg.tp_size > 1:
             self.device = torch.device("cuda", local_rank(cfg, rank))
         self.dtype = resolve_dtype(cfg.dtype, self.device)
+        # Every kernel choice, made once: input prep, attention, the layers and speculation share it.
+        self.ops = resolve_ops(self.device, self.dtype, cfg.attention_backend)
         self.model = load_model(
-            cfg.model, dtype=self.dtype, device=self.device, tp_rank=rank, tp_size=cfg.tp_size
+            cfg.model, dtype=self.dtype, device=self.device, tp_rank=rank, tp_size=cfg.tp_size, ops=self.ops
         )
         self.model.pack_cpu_weights()
-        self.model.attn_backend = select_attention_backend(cfg.attention_backend, self.device)
         mc = self.model.config
         max_reqs = cfg.max_running_requests
         self.max_context = info.max_model_len
@@ -113,12 +113,12 @@ class ModelRunner:
             self.kv.copy(so.kv_copies)  # before the forward, which may write the slots they free
         self._check_faults(so)
         if self.cfg.spec_tokens:
-            trimmed = trim_drafts(so, st)
+            trimmed = trim_drafts(so, st, self.ops)
             if trimmed is not so:
                 step.num_drafts = [s.num_drafts for s in trimmed.scheduled if s.sample]
                 so = trimmed
         plp = plan_prompt_logprobs(so.scheduled, st)
-        batch = prepare_inputs(so.scheduled, st, self.kv, plp)
+        batch = prepare_inputs(so.scheduled, st, self.kv, self.ops, plp)
         if self.graphs is not None and self.graphs.can_run(batch):
             logits = self.graphs.run(batch)
         else:
@@ -176,7 +176,8 @@ class ModelRunner:
             if any(s.num_drafts for s in d.so.scheduled):  # drafts' rows sit between the samplers' rows
                 first = sampler_logit_rows(d.so.scheduled)
                 rows = [first[i] for i in rows]
-            apply_bitmask(d.logits, words, rows=to_device([rows], d.logits.device)[0])
+            dev = d.logits.device
+            self.ops.apply_bitmask(d.logits, words.to(dev, non_blocking=True), rows=to_device([rows], dev)[0])
         return self._finish(d.so, d.step, d.logits, d.rows, d.t0, d.start)
 
     def _finish(
@@ -188,11 +189,14 @@ class ModelRunner:
             tokens, step.num_sampled, step.logprobs = sample_with_drafts(logits, so.scheduled, self.state, self._sample)
         elif rows:
             tokens, step.logprobs = self._sample(logits, rows)
-        advance_state(so.scheduled, self.state, tokens if tokens is not None else [], step.num_sampled)
+        ops = self.ops
+        advance_state(so.scheduled, self.state, ops, tokens if tokens is not None else [], step.num_sampled)
         if self.cfg.spec_tokens:  # the next step's drafts, from this step's real tokens, on the device
             cfg = self.cfg
-            record_drafts(so.scheduled, step.num_sampled, self.state)
-            propose_drafts(so.scheduled, self.state, cfg.spec_tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max)
+            record_drafts(so.scheduled, step.num_sampled, self.state, ops)
+            propose_drafts(
+                so.scheduled, self.state, ops, cfg.spec_tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max
+            )
         if tokens is not None:
             # Pinned + non_blocking: on CUDA the copy is queued behind the step, not waited for.
             host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=self.device.type == "cuda")

@@ -47,7 +47,7 @@ def run_worker(cfg_bytes: bytes, ep_bytes: bytes, rank: int) -> None:
         keep_freed_memory()
         import torch
 
-        from worker.cpu_caps import usable_cores
+        from kernels.native.cpu_caps import usable_cores
 
         # The cores this process may use, shared by this node's ranks: the scheduler, frontend and
         # detokenizer sleep in their polls while the worker computes.

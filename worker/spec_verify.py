@@ -15,11 +15,10 @@ from collections.abc import Callable, Sequence
 import msgspec
 import torch
 
-from kernels.ngram_propose import propose_ngram_ref, propose_ngram_triton
+from kernels.ops import Ops
 from protocol.messages import Logprobs, ScheduledReq, SchedulerOutput
 from protocol.sampling_params import GREEDY_BELOW_TEMPERATURE
 from worker.host_to_device import to_device
-from worker.input_prep import use_triton
 from worker.request_state import RequestState
 from worker.sampler import sampling_probs
 
@@ -155,26 +154,30 @@ def sample_with_drafts(
     return tokens, counts, lps
 
 
-def propose_drafts(sched: list[ScheduledReq], state: RequestState, k: int, min_n: int, max_n: int) -> None:
+def propose_drafts(
+    sched: list[ScheduledReq], state: RequestState, ops: Ops, k: int, min_n: int, max_n: int
+) -> None:
     """Drafts for every row that just sampled, written past its known tokens (state already advanced).
-    The host reference also records how many of its matched drafts each row will verify
+    A host proposer (ops.host_drafts) also records how many of its matched drafts each row will verify
     (state.num_proposed: as many as its acceptance record says pay off at this batch size)."""
     rows = [s.req_pool_idx for s in sched if s.sample]
     if not rows:
         return
     rows_t, lens_t = to_device([rows, [state.num_tokens[r] for r in rows]], state.device)
-    if use_triton(state.device):
-        propose_ngram_triton(state.tokens, rows_t, lens_t, k, min_n, max_n)
+    found = ops.propose_ngram(state.tokens, rows_t, lens_t, k, min_n, max_n)
+    if not ops.host_drafts or found is None:  # the device proposer keeps its matches on the device
         return
-    for r, n in zip(rows, propose_ngram_ref(state.tokens, rows_t, lens_t, k, min_n, max_n), strict=True):
+    for r, n in zip(rows, found, strict=True):
         state.num_proposed[r] = state.draft_record[r].worth(n, len(rows))
 
 
-def record_drafts(sched: list[ScheduledReq], num_sampled: list[int] | None, state: RequestState) -> None:
+def record_drafts(
+    sched: list[ScheduledReq], num_sampled: list[int] | None, state: RequestState, ops: Ops
+) -> None:
     """After a step of the host proposer's path (`sched` as trimmed: the drafts each row verified), each
     sampling row's acceptance record learns how its drafts fared; num_sampled: tokens per sampling row
-    (None: no row had drafts). The device proposer (Triton) keeps no records: every draft is verified."""
-    if use_triton(state.device):
+    (None: no row had drafts). The device proposer keeps no records: every draft is verified."""
+    if not ops.host_drafts:
         return
     for i, s in enumerate(s for s in sched if s.sample):
         rec = state.draft_record[s.req_pool_idx]
@@ -184,13 +187,13 @@ def record_drafts(sched: list[ScheduledReq], num_sampled: list[int] | None, stat
             rec.skipped()
 
 
-def trim_drafts(so: SchedulerOutput, state: RequestState) -> SchedulerOutput:
+def trim_drafts(so: SchedulerOutput, state: RequestState, ops: Ops) -> SchedulerOutput:
     """The step as the worker runs it: where the proposer ran on the host, a row verifies only the drafts
     it matched, so a row without a match computes one token, like a plain decode. The scheduler reserved
     KV for all it scheduled; the table still gets every slot (a step in flight may already count on
     them), and the rollback at commit returns the unused ones as it does for rejected drafts. With the
-    device proposer (Triton) the counts stay on the device: every scheduled draft is verified."""
-    if use_triton(state.device) or not any(s.num_drafts for s in so.scheduled):
+    device proposer the counts stay on the device: every scheduled draft is verified."""
+    if not ops.host_drafts or not any(s.num_drafts for s in so.scheduled):
         return so
     items = []
     for s in so.scheduled:

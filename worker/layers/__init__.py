@@ -9,7 +9,7 @@ from worker.layers.linear import (
     local_heads,
 )
 from worker.layers.norm import RMSNorm
-from worker.layers.rotary import RotaryEmbedding, apply_rotary
+from worker.layers.rotary import RotaryEmbedding
 
 __all__ = [
     "ColumnParallelLinear",
@@ -19,6 +19,5 @@ __all__ = [
     "RotaryEmbedding",
     "RowParallelLinear",
     "VocabEmbedding",
-    "apply_rotary",
     "local_heads",
 ]

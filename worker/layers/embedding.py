@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.cpu_quant_linear import QuantWeight, pack, quant_linear
+from kernels.native.quant_linear import QuantWeight, pack, quant_linear
 from worker.gguf_weights import GGUFBlocks
 from worker.layers.cpu_linear import linear, pack_weight, packable
 

@@ -1,5 +1,5 @@
-"""RMSNorm with HF Llama/Qwen's numerics (normalize in fp32, scale in the model dtype); on CPU in float32
-one C pass, after the residual add when there is one (kernels/cpu_norm_act.py)."""
+"""RMSNorm with HF Llama/Qwen's numerics (normalize in fp32, scale in the model dtype), by the ops' norm: on
+CPU in float32 one C pass, after the residual add when there is one (kernels/native/norm_act.py)."""
 
 from __future__ import annotations
 
@@ -8,26 +8,24 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels.cpu_norm_act import add_rms_norm, rms_norm_ref, supports
+from kernels.ops import Ops
 from worker.layers.linear import full_tensor
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(
+        self, size: int, eps: float, dtype: torch.dtype, device: torch.device | str, ops: Ops
+    ) -> None:
         super().__init__()
-        self.eps = eps
+        self.eps, self.ops = eps, ops
         self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device), requires_grad=False)
 
     def load_weight(self, tensor: Any, shard: int = 0, param: str = "weight") -> None:
         self.weight.data.copy_(full_tensor(tensor))  # replicated on every rank (Qwen3 q/k norms too)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if supports(x) and self.weight.dtype == x.dtype:  # CPU float32: one C pass (kernels/cpu_norm_act.py)
-            return add_rms_norm(x, None, self.weight, self.eps)
-        return rms_norm_ref(x, self.weight, self.eps)
+        return self.ops.add_rms_norm(x, None, self.weight, self.eps)
 
     def add_forward(self, h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """h += delta in place (the residual stream takes a layer's output), then this norm of h."""
-        if supports(h, delta) and self.weight.dtype == h.dtype:
-            return add_rms_norm(h, delta, self.weight, self.eps)
-        return self(h.add_(delta))
+        return self.ops.add_rms_norm(h, delta, self.weight, self.eps)

@@ -1,4 +1,5 @@
-"""Rotary position embedding, HF "rotate_half" layout (first half of head_dim pairs with second half)."""
+"""Rotary position embedding tables, HF "rotate_half" layout (first half of head_dim pairs with second half);
+the rotation itself is the ops' (kernels/ops.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,6 @@ import math
 from typing import Any
 
 import torch
-
-from kernels import cpu_rotary
 
 
 def _inv_freq(head_dim: int, theta: float, scaling: dict[str, Any]) -> torch.Tensor:
@@ -34,8 +33,8 @@ class RotaryEmbedding:
     """Holds cos/sin tables [max_pos, head_dim] in the model dtype, grown on demand.
 
     Tables are computed like HF (fp32 position * inv_freq, then cos/sin, then cast) so fp32 results match.
-    They are stored full width, ready for apply_rotary: cos as [cos, cos] and sin with rotate_half's sign
-    folded in, [-sin, sin].
+    They are stored full width, ready for the ops' rotary (kernels/reference/rotary.py): cos as [cos, cos]
+    and sin with rotate_half's sign folded in, [-sin, sin].
     """
 
     def __init__(
@@ -49,8 +48,6 @@ class RotaryEmbedding:
         self.inv_freq = _inv_freq(head_dim, theta, scaling)
         self.dtype, self.device = dtype, device
         self.cos = self.sin = torch.empty(0, head_dim, dtype=dtype, device=device)
-        if torch.device(device).type == "cpu" and dtype == torch.float32:
-            cpu_rotary.available()  # build (or find) the kernel now, not in the first request's step
 
     def reserve(self, max_positions: int) -> None:
         """Make sure positions < max_positions are in the table (call up front to avoid growth mid-run)."""
@@ -67,22 +64,3 @@ class RotaryEmbedding:
         gathered once per step and shared by all layers. max_position: > positions.max()."""
         self.reserve(max_position)
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, head_dim] (any strides); cos/sin from RotaryEmbedding.cos_sin. Returns a new tensor:
-    on CPU in float32 from one C pass (kernels/cpu_rotary.py, the same bits), elsewhere apply_rotary_ref."""
-    if cpu_rotary.supports(x, cos):
-        return cpu_rotary.rotary(x, cos, sin)
-    return apply_rotary_ref(x, cos, sin)
-
-
-def apply_rotary_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, head_dim] (any strides); cos/sin from RotaryEmbedding.cos_sin. Returns a new tensor.
-
-    HF computes ``x * cos + rotate_half(x) * sin`` with rotate_half(x) = [-x2, x1]. With the sign folded
-    into the table (sin = [-s, s]) that is ``x * cos + [x2, x1] * sin``, and [x2, x1] is one roll: four
-    ops instead of seven, bit-identical to HF (each element sees the same products and the same add).
-    """
-    out = x * cos
-    return out.add_(torch.roll(x, x.shape[-1] // 2, dims=-1).mul_(sin))

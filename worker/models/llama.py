@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels.cpu_norm_act import silu_mul, silu_mul_ref, supports
+from kernels.ops import Ops
 from protocol.model_config import ModelConfig
 from worker.attention_backend import AttentionBackend, select_attention_backend
 from worker.forward_batch import ForwardBatch
@@ -25,7 +25,6 @@ from worker.layers import (
     RotaryEmbedding,
     RowParallelLinear,
     VocabEmbedding,
-    apply_rotary,
 )
 
 # checkpoint module -> (fused module, shard index within the fused output)
@@ -41,10 +40,11 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 class LlamaAttention(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: Any, tp_rank: int, tp_size: int
+        self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int,
+        tp_size: int,
     ):
         super().__init__()
-        self.layer_id = layer_id
+        self.layer_id, self.ops = layer_id, ops
         self.head_dim = d = cfg.head_dim
         tp = {"dtype": dtype, "device": device, "tp_rank": tp_rank, "tp_size": tp_size}
         # Heads split over ranks; KV heads fewer than ranks are replicated (see QKVParallelLinear).
@@ -55,8 +55,8 @@ class LlamaAttention(nn.Module):
         self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
         self.scale = d**-0.5
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * d, cfg.hidden_size, cfg.o_bias, **tp)
-        self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device, ops) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device, ops) if cfg.qk_norm else None
 
     def forward(
         self,
@@ -73,19 +73,22 @@ class LlamaAttention(nn.Module):
         if self.q_norm is None:
             # q and k sit side by side in each qkv row: rotate both heads-sets with one set of ops.
             qk = qkv[:, : self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
-            qk = apply_rotary(qk, cos, sin)
+            qk = self.ops.rotary(qk, cos, sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         else:  # Qwen3 normalises each head (with separate weights for q and k) before RoPE
             q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
             k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, self.num_kv_heads, self.head_dim)
-            q, k = apply_rotary(self.q_norm(q), cos, sin), apply_rotary(self.k_norm(k), cos, sin)
+            q, k = self.ops.rotary(self.q_norm(q), cos, sin), self.ops.rotary(self.k_norm(k), cos, sin)
         o = backend.forward(self.layer_id, q, k, v, kv, plan, self.scale)
         return self.o_proj(o.reshape(t, self.q_size))
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: Any, tp_rank: int, tp_size: int):
+    def __init__(
+        self, cfg: ModelConfig, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int, tp_size: int
+    ) -> None:
         super().__init__()
+        self.ops = ops
         if cfg.hidden_act != "silu":
             raise NotImplementedError(f"hidden_act {cfg.hidden_act!r} is not supported")
         tp = {"dtype": dtype, "device": device, "tp_rank": tp_rank, "tp_size": tp_size}
@@ -96,18 +99,19 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         # CPU float32: one C pass; elsewhere in place on the fresh product (no [T, intermediate] temporaries).
-        return self.down_proj(silu_mul(gate_up) if supports(gate_up) else silu_mul_ref(gate_up))
+        return self.down_proj(self.ops.silu_mul(gate_up))
 
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: Any, tp_rank: int, tp_size: int
+        self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int,
+        tp_size: int,
     ):
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, layer_id, dtype, device, tp_rank, tp_size)
-        self.mlp = LlamaMLP(cfg, dtype, device, tp_rank, tp_size)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.self_attn = LlamaAttention(cfg, layer_id, dtype, device, ops, tp_rank, tp_size)
+        self.mlp = LlamaMLP(cfg, dtype, device, ops, tp_rank, tp_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device, ops)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device, ops)
 
     def forward(self, h: torch.Tensor, *attn_args: Any) -> torch.Tensor:
         # In-place residual adds: h is this forward's own activation (the embedding output onwards).
@@ -116,22 +120,25 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: Any, tp_rank: int, tp_size: int):
+    def __init__(
+        self, cfg: ModelConfig, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int, tp_size: int
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device, tp_rank, tp_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, i, dtype, device, tp_rank, tp_size) for i in range(cfg.num_hidden_layers)
+            LlamaDecoderLayer(cfg, i, dtype, device, ops, tp_rank, tp_size)
+            for i in range(cfg.num_hidden_layers)
         )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device, ops)
 
 
 class LlamaForCausalLM(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, dtype: torch.dtype, device: Any, tp_rank: int = 0, tp_size: int = 1
+        self, cfg: ModelConfig, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int = 0, tp_size: int = 1
     ) -> None:
         super().__init__()
         self.config, self.dtype, self.device = cfg, dtype, torch.device(device)
-        self.model = LlamaModel(cfg, dtype, device, tp_rank, tp_size)
+        self.model = LlamaModel(cfg, dtype, device, ops, tp_rank, tp_size)
         # Tied: the LM head reuses the embedding matrix (this rank's vocab shard), so no lm_head module.
         self.lm_head = (
             None
@@ -139,8 +146,7 @@ class LlamaForCausalLM(nn.Module):
             else VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device, tp_rank, tp_size)
         )
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, dtype, device)
-        # The device's default; the worker sets the configured one (EngineConfig.attention_backend).
-        self.attn_backend = select_attention_backend("auto", self.device)
+        self.attn_backend = select_attention_backend(ops)
 
     @staticmethod
     def arch_flags(hf: dict[str, Any]) -> dict[str, Any]:

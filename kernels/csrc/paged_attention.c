@@ -1,0 +1,278 @@
+/* Paged attention on CPU, float32, reading K/V where it lies in the pool: decodes, draft-verify rows,
+ * prefills and prefill chunks, all alike.
+ *
+ * Built and loaded by kernels/cpu_paged_attention.py (ctypes; no torch headers, so it compiles in about a
+ * second). The plain-torch reference is kernels/paged_attention.py; the tests compare the two.
+ *
+ * A call attends B requests: request b has the queries q_offsets[b] .. q_offsets[b+1]-1 (rows q_rows[e]
+ * of q, or row e when q_rows is NULL; its outputs are rows e of out) over the keys in pool slots
+ * slots[b*slots_stride + 0 .. lens[b]-1]; its query j sits at position lens[b] - q_len + j and sees keys
+ * up to it (causal). The work is split by (request, KV head, block of queries): pass 1 reads each key of
+ * that head once, eight keys at a time, for all the G * block queries that share it; then a softmax per
+ * query; pass 2 sums the weighted values into accumulators held in registers.
+ *
+ * A query's result depends only on itself and its own keys: not on the rest of the batch, on padding, on
+ * threads, on how the queries are blocked, nor on whether it is a decode, a verify row or a prompt token
+ * (a prompt attended whole, in chunks, or one token at a time gives the same bits). With AVX2 and FMA
+ * (and a head size that is a multiple of 8) the passes run eight lanes per instruction; the portable loops
+ * compute the same sums in the same order elsewhere (the exp's rounding may differ: FMAs there).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "simd_exp.h"
+
+/* How many slots ahead to prefetch: a request's slots may be scattered over the pool. */
+#define PREFETCH_AHEAD 4
+/* Keys per block: a score row is padded to a multiple of KB (padding scores are -inf), and the softmax
+ * sums go in KB lanes by key index, a fixed order, so the same keys give the same sum. */
+#define KB 8
+
+static inline int64_t padded(int64_t len) { return (len + KB - 1) / KB * KB; }
+
+/* One key's score: 8 lanes over d (lane l sums d = l, l+8, ... in order), added ((0+1)+(2+3))+((4+5)+(6+7)),
+ * then the head sizes past a multiple of 8 in order. A score depends on its query and key alone. */
+static inline float score1(const float *q, const float *k, int64_t D) {
+    float a[8] = {0};
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8)
+        for (int l = 0; l < 8; l++) a[l] += q[d + l] * k[d + l];
+    float s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    for (; d < D; d++) s += q[d] * k[d];
+    return s;
+}
+
+static inline void prefetch_row(const float *row, int64_t floats) {
+    for (int64_t off = 0; off < floats; off += 16) __builtin_prefetch(row + off);
+}
+
+/* What one (request, KV head, query block) item reads and writes: for each query j in [j0, j1) of the
+ * request, the G query heads of KV head hk; local row i = (j - j0) * G + g. Query j sits at position
+ * len - q_len + j, so the block needs keys 0 .. kend - 1, kend = len - q_len + j1. */
+typedef struct {
+    const float *const *qb; /* [(j1 - j0) * G] query vectors */
+    float *const *ob;       /* [(j1 - j0) * G] output vectors */
+    const float *k, *v;     /* the pools, offset to KV head hk */
+    int64_t slot_stride;
+    const int64_t *sl; /* the request's slots */
+    int64_t len, q_len, j0, j1, group, D;
+    float scale;
+    float *work; /* scores: row i at work + i * padded(kend) */
+} Item;
+
+static inline int64_t item_keys(const Item *it) { return it->len - it->q_len + it->j1; }
+
+#define FOR_QUERIES(it, i, j)                                   \
+    for (int64_t j = (it)->j0; j < (it)->j1; j++)               \
+        for (int64_t i = (j - (it)->j0) * (it)->group;          \
+             i < (j - (it)->j0 + 1) * (it)->group; i++)
+
+/* Portable loops: any CPU, any head size. */
+static void attend_item_portable(const Item *it) {
+    const int64_t kend = item_keys(it), lp = padded(kend), D = it->D;
+    FOR_QUERIES(it, i, j) {
+        float *s = it->work + i * lp;
+        const int64_t last = it->len - it->q_len + j; /* the query's own position: keys past it are masked */
+        for (int64_t t = 0; t < lp; t++) {
+            if (t <= last) {
+                if (t + PREFETCH_AHEAD <= last) prefetch_row(it->k + it->sl[t + PREFETCH_AHEAD] * it->slot_stride, D);
+                s[t] = score1(it->qb[i], it->k + it->sl[t] * it->slot_stride, D) * it->scale;
+            } else {
+                s[t] = -INFINITY;
+            }
+        }
+        float m = -INFINITY, lanes[KB] = {0};
+        for (int64_t t = 0; t <= last; t++) m = fmaxf(m, s[t]);
+        for (int64_t t0 = 0; t0 < lp; t0 += KB)
+            for (int64_t u = 0; u < KB; u++) {
+                const float x = s[t0 + u];
+                s[t0 + u] = x == -INFINITY ? 0.0f : exp_clamped(x - m);
+                lanes[u] += s[t0 + u];
+            }
+        const float inv = 1.0f / (((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])));
+        float *o = it->ob[i];
+        memset(o, 0, (size_t)D * sizeof(float));
+        for (int64_t t = 0; t <= last; t++) {
+            const float p = s[t] * inv;
+            if (p == 0.0f) continue; /* a weight that underflowed */
+            const float *vt = it->v + it->sl[t] * it->slot_stride;
+            for (int64_t d = 0; d < D; d++) o[d] += p * vt[d];
+        }
+    }
+}
+
+#ifdef TANDEM_AVX2
+/* Eight 8-lane sums -> one vector of their totals, lane j = ((a_j0+a_j1)+(a_j2+a_j3))+((a_j4+a_j5)+(a_j6+a_j7)):
+ * score1's order. */
+static inline __m256 sum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6,
+                            __m256 a7) {
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* The scores of eight keys against one query, D a multiple of 8: each lane as score1 computes it. */
+static inline __m256 score8(const float *q, const float *const *k, int64_t D) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (int64_t d = 0; d < D; d += 8) {
+        const __m256 x = _mm256_loadu_ps(q + d);
+        a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[0] + d), a0);
+        a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[1] + d), a1);
+        a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[2] + d), a2);
+        a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[3] + d), a3);
+        a4 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[4] + d), a4);
+        a5 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[5] + d), a5);
+        a6 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[6] + d), a6);
+        a7 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[7] + d), a7);
+    }
+    return sum8x8(a0, a1, a2, a3, a4, a5, a6, a7);
+}
+
+/* o[0 .. 8*NV) += sum over keys t0 .. t1-1 of p[t] * v_t[0 .. 8*NV), in key order, NV accumulators held in
+ * registers: o holds the running sums between chunks of keys (a float stored and reloaded is the same
+ * float, so a query's sums run over its keys in order, however they are chunked). */
+#define PASS2(NV)                                                                                  \
+    static inline void pass2_##NV(const float *s, float inv, int64_t t0, int64_t t1, const float *v,  \
+                                  int64_t slot_stride, const int64_t *sl, float *o) {              \
+        __m256 acc[NV];                                                                            \
+        for (int c = 0; c < NV; c++) acc[c] = _mm256_loadu_ps(o + 8 * c);                          \
+        for (int64_t t = t0; t < t1; t++) {                                                        \
+            const float p = s[t] * inv;                                                            \
+            if (p == 0.0f) continue; /* a weight that underflowed */                               \
+            const float *vt = v + sl[t] * slot_stride;                                             \
+            const __m256 pv = _mm256_set1_ps(p);                                                   \
+            for (int c = 0; c < NV; c++) acc[c] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vt + 8 * c), acc[c]); \
+        }                                                                                          \
+        for (int c = 0; c < NV; c++) _mm256_storeu_ps(o + 8 * c, acc[c]);                          \
+    }
+PASS2(8)
+PASS2(4)
+PASS2(1)
+
+/* Keys per pass-2 chunk: their values stay in L1 while every query of the item sums them. */
+#define VCHUNK 32
+
+/* The same results as the portable loops but for the order of the score's sums (see score1), with
+ * eight keys (pass 1) or eight head dims (pass 2) per instruction. D a multiple of 8. */
+static void attend_item_avx2(const Item *it) {
+    const int64_t len = item_keys(it), lp = padded(len), D = it->D, stride = it->slot_stride;
+    const __m256 scale = _mm256_set1_ps(it->scale), ninf = _mm256_set1_ps(-INFINITY);
+    const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    /* pass 1: each block of eight keys, read once into L1, scored against every query of this KV head */
+    for (int64_t t0 = 0; t0 < lp; t0 += KB) {
+        const float *k[KB];
+        for (int u = 0; u < KB; u++) k[u] = it->k + it->sl[t0 + u < len ? t0 + u : len - 1] * stride;
+        for (int64_t t = t0 + KB; t < t0 + 2 * KB && t < len; t++) prefetch_row(it->k + it->sl[t] * stride, D);
+        const __m256 pos = _mm256_add_ps(_mm256_set1_ps((float)t0), lane);
+        FOR_QUERIES(it, i, j) {
+            const __m256 masked = _mm256_cmp_ps(pos, _mm256_set1_ps((float)(it->len - it->q_len + j)), _CMP_GT_OQ);
+            _mm256_storeu_ps(it->work + i * lp + t0,
+                             _mm256_blendv_ps(_mm256_mul_ps(score8(it->qb[i], k, D), scale), ninf, masked));
+        }
+    }
+    float invs[(it->j1 - it->j0) * it->group];
+    FOR_QUERIES(it, i, j) {
+        float *s = it->work + i * lp;
+        __m256 mv = ninf;
+        for (int64_t t0 = 0; t0 < lp; t0 += KB) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + t0));
+        float mx[KB], lanes[KB];
+        _mm256_storeu_ps(mx, mv);
+        float m = mx[0];
+        for (int u = 1; u < KB; u++) m = fmaxf(m, mx[u]);
+        const __m256 mb = _mm256_set1_ps(m);
+        __m256 sum = _mm256_setzero_ps();
+        for (int64_t t0 = 0; t0 < lp; t0 += KB) {
+            const __m256 x = _mm256_loadu_ps(s + t0);
+            const __m256 e = _mm256_blendv_ps(exp8(_mm256_sub_ps(x, mb)), _mm256_setzero_ps(),
+                                              _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ));
+            _mm256_storeu_ps(s + t0, e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        _mm256_storeu_ps(lanes, sum);
+        invs[i] = 1.0f / (((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])));
+        memset(it->ob[i], 0, (size_t)D * sizeof(float));
+    }
+    /* pass 2, VCHUNK keys at a time for all the queries */
+    for (int64_t c0 = 0; c0 < len; c0 += VCHUNK) {
+        const int64_t c1 = c0 + VCHUNK < len ? c0 + VCHUNK : len;
+        FOR_QUERIES(it, i, j) {
+            const int64_t last = it->len - it->q_len + j, t1 = c1 < last + 1 ? c1 : last + 1;
+            if (c0 >= t1) continue;
+            const float *s = it->work + i * lp;
+            float *o = it->ob[i];
+            int64_t d = 0;
+            for (; d + 64 <= D; d += 64) pass2_8(s, invs[i], c0, t1, it->v + d, stride, it->sl, o + d);
+            for (; d + 32 <= D; d += 32) pass2_4(s, invs[i], c0, t1, it->v + d, stride, it->sl, o + d);
+            for (; d < D; d += 8) pass2_1(s, invs[i], c0, t1, it->v + d, stride, it->sl, o + d);
+        }
+    }
+}
+#endif
+
+static void attend_item(const Item *it) {
+#ifdef TANDEM_AVX2
+    if (it->D % 8 == 0) {
+        attend_item_avx2(it);
+        return;
+    }
+#endif
+    attend_item_portable(it);
+}
+
+/* Every (request, KV head, block of up to query_block queries) item of the batch, spread over num_threads
+ * threads of the OpenMP runtime torch itself runs on (the library names libgomp.so.1, which the loader
+ * resolves to the copy torch already loaded), so the kernel and torch's ops share one pool of threads
+ * instead of two pools fighting over the cores. work: num_threads * work_stride floats, work_stride >=
+ * G * min(query_block, longest q_len) * padded(max(lens)). Returns 0, or -1 if out of memory. */
+int tandem_paged_attention_f32(
+    const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *q_rows, const int64_t *q_offsets,
+    const float *k_pool, const float *v_pool, int64_t slot_stride,
+    const int64_t *slots, int64_t slots_stride, const int64_t *lens,
+    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
+    float *out, int64_t batch, int64_t query_block, float *work, int64_t work_stride, int64_t num_threads) {
+    const int64_t group = num_heads / num_kv_heads;
+    int64_t blocks = 0;
+    for (int64_t b = 0; b < batch; b++) blocks += (q_offsets[b + 1] - q_offsets[b] + query_block - 1) / query_block;
+    /* (request, first query) per block; a request's later blocks (more keys each) first, for balance */
+    int64_t *blk = malloc((size_t)(2 * blocks + 1) * sizeof(int64_t));
+    if (!blk) return -1;
+    for (int64_t b = 0, n = 0; b < batch; b++) {
+        const int64_t ql = q_offsets[b + 1] - q_offsets[b];
+        for (int64_t j0 = (ql - 1) / query_block * query_block; j0 >= 0 && ql > 0; j0 -= query_block, n++) {
+            blk[2 * n] = b;
+            blk[2 * n + 1] = j0;
+        }
+    }
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    for (int64_t w = 0; w < blocks * num_kv_heads; w++) {
+        const int64_t b = blk[2 * (w / num_kv_heads)], j0 = blk[2 * (w / num_kv_heads) + 1], hk = w % num_kv_heads;
+        const int64_t ql = q_offsets[b + 1] - q_offsets[b], j1 = j0 + query_block < ql ? j0 + query_block : ql;
+#ifdef _OPENMP
+        float *scratch = work + omp_get_thread_num() * work_stride;
+#else
+        float *scratch = work;
+#endif
+        const float *qb[(j1 - j0) * group];
+        float *ob[(j1 - j0) * group];
+        for (int64_t j = j0; j < j1; j++) {
+            const int64_t e = q_offsets[b] + j, row = q_rows ? q_rows[e] : e;
+            for (int64_t g = 0; g < group; g++) {
+                const int64_t h = hk * group + g;
+                qb[(j - j0) * group + g] = q + row * q_row_stride + h * q_head_stride;
+                ob[(j - j0) * group + g] = out + (e * num_heads + h) * head_dim;
+            }
+        }
+        const Item it = {
+            qb, ob, k_pool + hk * head_dim, v_pool + hk * head_dim, slot_stride, slots + b * slots_stride,
+            lens[b], ql, j0, j1, group, head_dim, scale, scratch,
+        };
+        attend_item(&it);
+    }
+    free(blk);
+    return 0;
+}

@@ -1,0 +1,208 @@
+"""CPU paged attention: every query of a step (decodes, draft-verify rows, prefills and prefill chunks)
+attended with K/V read where they lie in the pool.
+
+The torch path gathers every request's K/V into a dense copy per layer before SDPA; at batch 64 that copy
+alone was a quarter of a decode step, and one SDPA per prompt of a few hundred tokens took 1.3-1.7x this
+kernel's time. kernels/csrc/paged_attention.c reads each key and value once per block of queries, straight
+from the pool, for all the query heads that share it. It is C (compiled here on first use with the
+system's C compiler, see kernels/native/build.py), called through ctypes, and spreads the work over the
+threads of the OpenMP runtime torch runs on (see the .c file). The reference is
+kernels/reference/paged_attention.py.
+
+`available()` is False, and kernels/ops.py keeps the torch path, when there is no C compiler or the build
+fails.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kernels.native import build as native_build
+from kernels.workspace import WORKSPACE
+
+SOURCE = Path(__file__).parents[1] / "csrc" / "paged_attention.c"
+# Below this many key reads per call (key-query pairs x KV heads), one thread: waking another costs more
+# than it saves. Above it even one request is split, by KV head: a lone decode is bound by memory latency,
+# and two threads keep twice the reads in flight (measured, 3 KV heads: 128 keys 15.3 -> 13.2 us per
+# layer, 256 keys 31.4 -> 24.2; 64 keys no faster).
+PARALLEL_MIN_KEYS = 256
+# A block of queries: G * block query vectors stay in L1 while pass 1 scores them against each key block
+# (measured: 4-16 queries 1.4-1.9x SDPA on 128-512-token prompts, 64 only 1.15-1.4x), and their scores
+# (at most BLOCK_SCORES floats) stay in L2 between the passes.
+BLOCK_SCORES = 64 * 1024
+MAX_QUERY_BLOCK = 8
+
+
+def build(compiler: str | None = None) -> Path:
+    """This kernel's shared library (see kernels/native/build.py)."""
+    return native_build.build(SOURCE, compiler)
+
+
+_i64, _f32p, _i64p = ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    lib = native_build.load(SOURCE, "gathering K/V instead")
+    return None if lib is None else bind(lib)
+
+
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Declares the kernel's C signature on a loaded build of SOURCE (the tests load other builds too)."""
+    fn = lib.tandem_paged_attention_f32
+    fn.restype = ctypes.c_int
+    fn.argtypes = [
+        _f32p, _i64, _i64, _i64p, _i64p,  # q, row stride, head stride, q rows, q offsets
+        _f32p, _f32p, _i64,  # k pool, v pool, slot stride
+        _i64p, _i64, _i64p,  # slots, slots row stride, lens
+        _i64, _i64, _i64, ctypes.c_float,  # heads, kv heads, head_dim, scale
+        _f32p, _i64, _i64, _f32p, _i64, _i64,  # out, batch, query block, work, work stride, threads
+    ]  # fmt: skip
+    return lib
+
+
+def available() -> bool:
+    return _library() is not None
+
+
+def supports(q: torch.Tensor, k_pool: torch.Tensor) -> bool:
+    """What the kernel handles: float32 on CPU, each head's vector contiguous, pool rows [Hkv, D] dense."""
+    return (
+        q.dtype == k_pool.dtype == torch.float32
+        and q.device.type == k_pool.device.type == "cpu"
+        and q.stride(2) == 1
+        and k_pool.is_contiguous()
+    )
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """What a call needs beyond its tensors, worked out (and checked) once for the step's requests and the
+    layers' shapes: every layer of a step reuses it."""
+
+    shape: tuple[int, int, int, int]  # q's heads and head size, the pool's KV heads and slots
+    total: int  # queries
+    offsets: torch.Tensor  # [B + 1] request b's queries are offsets[b] .. offsets[b + 1] - 1
+    block: int  # queries per work item
+    work_stride: int
+    threads: int
+    work: torch.Tensor
+
+
+def _prepare(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
+    q_lens: list[int], q_rows: torch.Tensor | None, threads: int | None,
+) -> _Launch:
+    if not supports(q, k_pool) or v_pool.shape != k_pool.shape or not v_pool.is_contiguous():
+        raise ValueError("paged_attention takes float32 CPU tensors with contiguous pools and head vectors")
+    if slots.dtype != torch.int64 or lens.dtype != torch.int64 or slots.stride(1) != 1 or not lens.is_contiguous():
+        raise ValueError("slots and lens must be int64, slots rows and lens contiguous")
+    B = slots.shape[0]
+    _, H, D = q.shape
+    hkv = k_pool.shape[1]
+    if H % hkv:
+        raise ValueError(f"{H} query heads do not split over {hkv} KV heads")
+    lens_l = lens.tolist()
+    if len(q_lens) != B or len(lens_l) != B:
+        raise ValueError("slots, lens and q_lens must describe the same requests")
+    if any(not 0 <= n <= m for n, m in zip(q_lens, lens_l)) or max(lens_l, default=0) > slots.shape[1]:
+        raise ValueError("each request needs 0 <= q_len <= len <= slots.shape[1]")
+    total = sum(q_lens)
+    if q_rows is not None and q_rows.numel() != total:
+        raise ValueError("q_rows needs one row per query")
+    padded = -(-max(lens_l, default=0) // 8) * 8  # score rows padded to whole blocks of 8 keys
+    group = H // hkv
+    block = max(1, min(MAX_QUERY_BLOCK, max(q_lens, default=1), BLOCK_SCORES // max(1, group * padded)))
+    work_stride = group * block * padded
+    pairs = sum(n * m for n, m in zip(q_lens, lens_l))
+    items = sum(-(-n // block) for n in q_lens) * hkv
+    n = max(1, min(threads or torch.get_num_threads(), items, pairs * hkv // PARALLEL_MIN_KEYS))
+    return _Launch(
+        (H, D, hkv, k_pool.shape[0]), total, torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int64),
+        block, work_stride, n,
+        WORKSPACE.get("attention_scores", (n * work_stride,), q),  # reused: a fresh one is page-faulted in
+    )  # fmt: skip
+
+
+def _launch(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
+    c: _Launch, scale: float, q_rows: torch.Tensor | None,
+) -> torch.Tensor:
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the CPU paged-attention kernel is not available")
+    H, D, hkv, _ = c.shape
+    out = q.new_empty(c.total, H, D)
+    if c.total == 0:
+        return out
+    rc = lib.tandem_paged_attention_f32(
+        q.data_ptr(), q.stride(0), q.stride(1), None if q_rows is None else q_rows.data_ptr(), c.offsets.data_ptr(),
+        k_pool.data_ptr(), v_pool.data_ptr(), k_pool.stride(0),
+        slots.data_ptr(), slots.stride(0), lens.data_ptr(),
+        H, hkv, D, scale, out.data_ptr(), slots.shape[0], c.block, c.work.data_ptr(), c.work_stride, c.threads,
+    )  # fmt: skip
+    if rc:
+        raise MemoryError("the CPU paged-attention kernel could not allocate its work list")
+    return out
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    slots: torch.Tensor,
+    lens: torch.Tensor,
+    q_lens: list[int],
+    scale: float,
+    q_rows: torch.Tensor | None = None,
+    threads: int | None = None,
+) -> torch.Tensor:
+    """q [T, H, D] (any row/head strides, D contiguous); k_pool, v_pool [S, Hkv, D] contiguous float32;
+    slots [B, L] int64 (each request's slots, L >= its length); lens [B] int64 (keys per request, i.e. the
+    position of its last query + 1); q_lens: request b's number of queries (its last q_lens[b] positions);
+    q_rows [sum(q_lens)] int64 rows of q (None: rows 0 .. sum(q_lens)-1, request by request).
+    Returns out [sum(q_lens), H, D]: request b's query j at row sum(q_lens[:b]) + j."""
+    if _library() is None:
+        raise RuntimeError("the CPU paged-attention kernel is not available")
+    lens = lens.contiguous()
+    rows = None if q_rows is None else q_rows.contiguous()
+    c = _prepare(q, k_pool, v_pool, slots, lens, q_lens, rows, threads)
+    return _launch(q, k_pool, v_pool, slots, lens, c, scale, rows)
+
+
+@dataclass
+class CpuAttentionPlan:
+    """A step's requests as the kernel takes them, shared by every layer."""
+
+    slots: torch.Tensor  # [B, L] each request's slots (past its length: whatever the table holds)
+    lens: torch.Tensor  # [B] keys per request
+    q_lens: list[int]  # new tokens per request; the step's tokens are laid out request by request
+    launch: _Launch | None = None  # worked out by the first layer (a Python pass per layer cost ~50 us)
+
+
+def plan_cpu_attention(
+    req_to_token: torch.Tensor, rows: list[int], seq_lens: list[int], extend_lens: list[int]
+) -> CpuAttentionPlan:
+    """rows: each request's row of req_to_token; seq_lens: its keys; extend_lens: its new tokens."""
+    width = max(seq_lens, default=0)
+    slots = req_to_token[torch.tensor(rows, dtype=torch.int64), :width]
+    return CpuAttentionPlan(slots, torch.tensor(seq_lens, dtype=torch.int64), list(extend_lens))
+
+
+def paged_attention_cpu(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, plan: CpuAttentionPlan, scale: float
+) -> torch.Tensor:
+    """The step's attention, q [T, H, D] -> [T, H, D] (the step's K/V already in the pools). The first call
+    checks the plan against the shapes; the other layers' calls (same shapes) only check their tensors."""
+    c = plan.launch
+    if c is None or c.shape != (q.shape[1], q.shape[2], k_pool.shape[1], k_pool.shape[0]):
+        c = plan.launch = _prepare(q, k_pool, v_pool, plan.slots, plan.lens, plan.q_lens, None, None)
+    elif q.shape[0] != c.total or not supports(q, k_pool) or not v_pool.is_contiguous() or v_pool.shape != k_pool.shape:
+        raise ValueError("paged_attention takes float32 CPU tensors with contiguous pools and head vectors")
+    return _launch(q, k_pool, v_pool, plan.slots, plan.lens, c, scale, None)

@@ -1,0 +1,95 @@
+"""Which implementation of every op the engine runs, chosen once per worker by `resolve_ops`.
+
+The runner resolves an `Ops` at start and hands it to input prep, attention, the layers and speculation;
+nothing else picks a kernel. Three families: the Triton kernels (the CUDA default), the C kernels of
+kernels/native/ (CPU in float32, when they build) and the plain-torch references (everything else). This
+is the only reader of the two switches: TANDEM_TRITON=0/1 forces the torch references or the Triton kernels
+for the device-side ops (=1 on CPU needs TRITON_INTERPRET=1), TANDEM_NO_NATIVE=1 turns the C kernels off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kernels.native import norm_act, paged_attention, quant_linear, rotary
+from kernels.reference import bitmask as ref_bitmask
+from kernels.reference import input_prep as ref_input_prep
+from kernels.reference import ngram_propose as ref_ngram
+from kernels.reference import norm_act as ref_norm_act
+from kernels.reference import rotary as ref_rotary
+from kernels.reference import sample_writeback as ref_writeback
+from kernels.triton import bitmask as tri_bitmask
+from kernels.triton import input_prep as tri_input_prep
+from kernels.triton import ngram_propose as tri_ngram
+from kernels.triton import sample_writeback as tri_writeback
+
+log = logging.getLogger(__name__)
+
+ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
+
+
+@dataclass(frozen=True)
+class Ops:
+    """One implementation per op (signatures: the reference of each, kernels/reference/)."""
+
+    attention: str  # the attention backend: cpu, torch or triton
+    native: bool  # the C kernels run (norm, SiLU, rotary, CPU attention, quantized GGUF weights)
+    host_drafts: bool  # the n-gram proposer runs on the host and returns each row's matched drafts
+    prepare_inputs: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    update_table: Callable[..., None]
+    write_sampled: Callable[..., None]
+    propose_ngram: Callable[..., list[int] | None]
+    apply_bitmask: Callable[..., None]
+    add_rms_norm: Callable[..., torch.Tensor]
+    silu_mul: Callable[[torch.Tensor], torch.Tensor]
+    rotary: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+    def describe(self) -> str:
+        device_ops = "host" if self.host_drafts else "triton"
+        return f"ops: attention={self.attention} native={self.native} input-prep/drafts={device_ops}"
+
+
+def _native_add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    # Qwen3's per-head q/k norms take [T, heads, D] views; the C pass takes matrices with contiguous rows.
+    if x.dim() == 2 and x.stride(1) == 1 and (delta is None or delta.stride(1) == 1):
+        return norm_act.add_rms_norm(x, delta, weight, eps)
+    return ref_norm_act.add_rms_norm(x, delta, weight, eps)
+
+
+def resolve_ops(device: torch.device | str, dtype: torch.dtype, attention: str = "auto") -> Ops:
+    """The ops for a worker on `device` running `dtype`; attention: one of ATTENTION_BACKENDS (`auto`: triton
+    on CUDA, cpu elsewhere; `triton` off CUDA needs TRITON_INTERPRET=1). Builds the C kernels it picks now,
+    not in the first request's step."""
+    if attention not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention backend {attention!r}; known: {', '.join(ATTENTION_BACKENDS)}")
+    device = torch.device(device)
+    forced = os.environ.get("TANDEM_TRITON")
+    triton = forced == "1" if forced in ("0", "1") else device.type == "cuda"
+    native = (
+        device.type == "cpu" and dtype == torch.float32 and os.environ.get("TANDEM_NO_NATIVE") != "1"
+        and all(k.available() for k in (norm_act, rotary, paged_attention, quant_linear))
+    )  # fmt: skip
+    if attention == "auto":
+        attention = "triton" if device.type == "cuda" else "cpu"
+    ops = Ops(
+        attention=attention,
+        native=native,
+        host_drafts=not triton,
+        prepare_inputs=tri_input_prep.prepare_inputs_triton if triton else ref_input_prep.prepare_inputs_ref,
+        update_table=tri_input_prep.update_table_triton if triton else ref_input_prep.update_table_ref,
+        write_sampled=tri_writeback.write_sampled_triton if triton else ref_writeback.write_sampled_ref,
+        propose_ngram=tri_ngram.propose_ngram_triton if triton else ref_ngram.propose_ngram_ref,
+        apply_bitmask=tri_bitmask.apply_bitmask_triton if triton else ref_bitmask.apply_bitmask_ref,
+        add_rms_norm=_native_add_rms_norm if native else ref_norm_act.add_rms_norm,
+        silu_mul=norm_act.silu_mul if native else ref_norm_act.silu_mul_ref,
+        rotary=rotary.rotary if native else ref_rotary.apply_rotary_ref,
+    )
+    log.info("%s (device %s, %s)", ops.describe(), device, dtype)
+    return ops

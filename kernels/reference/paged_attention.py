@@ -1,0 +1,238 @@
+"""Paged attention over a slot-addressed KV pool, in plain torch (the `torch` backend, and the reference).
+
+Layout: q [T, H, D] holds the new tokens of B requests back to back; request i has extend_lens[i] new
+tokens that sit at positions seq_lens[i]-extend_lens[i] .. seq_lens[i]-1 and attend (causally) over the
+KV slots req_to_token[req_pool_indices[i], :seq_lens[i]], which already include this step's K/V.
+
+Speed: everything that does not depend on the layer (which slots to gather, masks, grouping) is worked
+out once per step in an AttentionPlan and reused by every layer. Single-token requests (decodes), and
+requests with a few new tokens over a cached prefix (draft verification), run as padded batches --
+grouped by new-token count and by similar length so padding costs at most ~2x -- with GQA handled by
+viewing the G query heads of a KV head as G query rows (no K/V repeat). Other multi-token requests
+(prefills, chunks) run one SDPA each.
+Gathered K/V go into persistent buffers (kernels/workspace.py), a cache-sized chunk of decodes at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from kernels.workspace import WORKSPACE
+
+# Gathered K+V per decode chunk: well inside a server L3, so SDPA re-reads it from cache, not DRAM.
+DECODE_CHUNK_BYTES = 8 << 20
+
+
+def _gather(name: str, pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    out = WORKSPACE.get(name, (slots.numel(), *pool.shape[1:]), pool)
+    return torch.index_select(pool, 0, slots, out=out)
+
+
+@dataclass
+class DecodeGroup:
+    """Requests with the same few new tokens (q_len: 1 for decodes, 1 + K to verify K drafts) over a
+    cached prefix, attended as one padded batch."""
+
+    token_idx: torch.Tensor | None  # [Bd * q_len] rows of q / out; None = all of q, in order
+    slots: torch.Tensor  # [Bd * L] KV slots, padded with slot 0
+    mask: torch.Tensor | None  # [Bd, 1, q_len, L] bool, True = attend; None when nothing is masked
+    size: int
+    max_len: int
+    lens: torch.Tensor  # [Bd] int64 keys per request (its last query's position + 1)
+    q_len: int = 1
+    _rows_mask: torch.Tensor | None = None  # mask with each query's G head rows, built by the first layer
+
+    def mask_for(self, group: int) -> torch.Tensor | None:
+        """The mask for q laid out [Bd, Hkv, q_len * G, D] (query j's G heads are rows j*G .. j*G+G-1)."""
+        if self.q_len == 1 or self.mask is None:
+            return self.mask
+        if self._rows_mask is None or self._rows_mask.shape[2] != self.q_len * group:
+            self._rows_mask = self.mask.repeat_interleave(group, dim=2)
+        return self._rows_mask
+
+
+@dataclass
+class ExtendSeg:
+    start: int  # first row in q
+    length: int  # new tokens
+    slots: torch.Tensor  # [seq_len] KV slots of the whole sequence
+    mask: torch.Tensor | None  # [length, seq_len] bool, or None for a fresh prefill (plain causal)
+
+
+@dataclass
+class AttentionPlan:
+    num_tokens: int
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
+    extends: list[ExtendSeg] = field(default_factory=list)
+
+
+# Multi-token requests over a cached prefix with at most this many new tokens (draft verification) are
+# batched like decodes: one SDPA per request and layer cost more than the attention itself.
+SHORT_EXTEND = 16
+
+
+def _group_decodes(reqs: list[int], seq_lens: Sequence[int]) -> list[list[int]]:
+    """Split decode requests into groups whose lengths are within 2x of the group's longest."""
+    if not reqs or min(seq_lens[i] for i in reqs) * 2 > max(seq_lens[i] for i in reqs):
+        return [reqs] if reqs else []  # one group keeps the original order (no scatter needed)
+    groups: list[list[int]] = []
+    for i in sorted(reqs, key=lambda r: -seq_lens[r]):
+        if groups and seq_lens[i] * 2 > seq_lens[groups[-1][0]]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def build_attention_plan(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    *,
+    seq_lens_cpu: Sequence[int] | None = None,
+    extend_lens_cpu: Sequence[int] | None = None,
+    req_pool_indices_cpu: Sequence[int] | None = None,
+    decodes: bool = True,
+) -> AttentionPlan:
+    """decodes=False: plan the multi-token requests only (the caller attends the decodes its own way)."""
+    seq_l = list(seq_lens_cpu) if seq_lens_cpu is not None else seq_lens.tolist()
+    ext_l = list(extend_lens_cpu) if extend_lens_cpu is not None else extend_lens.tolist()
+    rows = list(req_pool_indices_cpu) if req_pool_indices_cpu is not None else req_pool_indices.tolist()
+    dev = req_to_token.device
+    starts, t = [], 0
+    for e in ext_l:
+        starts.append(t)
+        t += e
+    plan = AttentionPlan(num_tokens=t)
+
+    by_len: dict[int, list[int]] = {}  # new tokens -> requests attended as padded batches
+    for i, e in enumerate(ext_l):
+        if (e == 1 and decodes) or 1 < e <= SHORT_EXTEND and seq_l[i] > e:
+            by_len.setdefault(e, []).append(i)
+    for e, reqs in by_len.items():
+        for grp in _group_decodes(reqs, seq_l):
+            plan.decode_groups.append(_padded_group(req_to_token, rows, seq_l, starts, t, grp, e))
+    batched = {i for reqs in by_len.values() for i in reqs}
+
+    for i, e in enumerate(ext_l):
+        if e <= 1 or i in batched:  # decodes are grouped above or run by the caller; e == 0: no queries
+            continue
+        s, prefix = seq_l[i], seq_l[i] - e
+        mask = None
+        if prefix > 0:  # query j sits at position prefix + j and sees keys 0 .. prefix + j
+            mask = torch.arange(s, device=dev)[None, :] <= torch.arange(prefix, s, device=dev)[:, None]
+        plan.extends.append(ExtendSeg(starts[i], e, req_to_token[rows[i], :s], mask))
+    return plan
+
+
+def _padded_group(
+    req_to_token: torch.Tensor, rows: list[int], seq_l: list[int], starts: list[int], t: int, grp: list[int],
+    q_len: int,
+) -> DecodeGroup:
+    dev = req_to_token.device
+    lens = [seq_l[i] for i in grp]
+    max_len = max(lens)
+    table = req_to_token[torch.tensor([rows[i] for i in grp], device=dev), :max_len]
+    mask = None
+    if min(lens) != max_len or q_len > 1:
+        # Query j of a request sits at position len - q_len + j and sees keys up to it.
+        last = torch.tensor(lens, device=dev)[:, None] - q_len + torch.arange(q_len, device=dev)[None, :]
+        mask = torch.arange(max_len, device=dev)[None, None, :] <= last[:, :, None]  # [Bd, q_len, L]
+        # Slots past a request's length may hold anything; point them at slot 0 (masked anyway).
+        table = table.masked_fill(~mask[:, -1], 0)
+        mask = mask[:, None]
+    tok = [starts[i] + j for i in grp for j in range(q_len)]
+    identity = len(tok) == t and tok == list(range(t))
+    return DecodeGroup(
+        token_idx=None if identity else torch.tensor(tok, device=dev), slots=table.reshape(-1), mask=mask,
+        size=len(grp), max_len=max_len, lens=torch.tensor(lens, device=dev), q_len=q_len,
+    )
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    scale: float,
+    plan: AttentionPlan | None = None,
+    new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """q [T, H, D]; k_pool/v_pool [num_slots, Hkv, D] -> out [T, H, D]. Pass `plan` (from
+    build_attention_plan) to share the per-step bookkeeping across layers. `new_kv`: this step's K/V
+    [T, Hkv, D], already written to the pools; a prefill with no cached prefix attends them as they are
+    instead of gathering the same values back from the pool."""
+    if plan is None:
+        plan = build_attention_plan(req_to_token, req_pool_indices, seq_lens, extend_lens)
+    T, H, D = q.shape
+    hkv = k_pool.shape[1]
+    group = H // hkv
+    out = None
+
+    for g in plan.decode_groups:
+        # unflatten, not view: q may be a strided view (the model rotates q and k in one tensor).
+        qd = (q if g.token_idx is None else q.index_select(0, g.token_idx)).unflatten(1, (hkv, group))
+        rows_per = g.q_len * group
+        if g.q_len > 1:  # [Bd * q_len, Hkv, G, D] -> [Bd, Hkv, q_len * G, D]
+            qd = qd.view(g.size, g.q_len, hkv, group, D).transpose(1, 2).reshape(g.size, hkv, rows_per, D)
+        o = qd.new_empty(g.size, hkv, rows_per, D)
+        full_mask = g.mask_for(group)
+        # Gather a few requests at a time so their K/V is still in cache when SDPA reads it back.
+        row_bytes = 2 * g.max_len * hkv * D * k_pool.element_size()
+        chunk = max(1, DECODE_CHUNK_BYTES // row_bytes)
+        for c0 in range(0, g.size, chunk):
+            n = min(chunk, g.size - c0)
+            slots = g.slots[c0 * g.max_len : (c0 + n) * g.max_len]
+            # [n, L, Hkv, D] -> [n, Hkv, L, D]; the G query heads of each KV head act as G query rows.
+            k = _gather("k", k_pool, slots).view(n, g.max_len, hkv, D).transpose(1, 2)
+            v = _gather("v", v_pool, slots).view(n, g.max_len, hkv, D).transpose(1, 2)
+            mask = None if full_mask is None else full_mask[c0 : c0 + n]
+            o[c0 : c0 + n] = F.scaled_dot_product_attention(
+                qd[c0 : c0 + n], k, v, attn_mask=mask, scale=scale
+            )
+        if g.q_len > 1:
+            o = o.view(g.size, hkv, g.q_len, group, D).transpose(1, 2)
+        o = o.reshape(g.size * g.q_len, H, D)
+        if g.token_idx is None:
+            return o  # the whole batch was one decode group
+        if out is None:
+            out = q.new_empty(T, H, D)
+        out.index_copy_(0, g.token_idx, o)
+
+    if out is None:
+        out = q.new_empty(T, H, D)
+    return attend_extends(out, q, k_pool, v_pool, plan.extends, scale, new_kv)
+
+
+def attend_extends(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    extends: list[ExtendSeg],
+    scale: float,
+    new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """The plan's multi-token requests (prefills, chunks): one SDPA each, written into their rows of out."""
+    group = q.shape[1] // k_pool.shape[1]
+    for seg in extends:
+        rows = slice(seg.start, seg.start + seg.length)
+        qs = q[rows].transpose(0, 1).unsqueeze(0)  # [1, H, E, D]
+        if new_kv is not None and seg.mask is None:  # fresh prefill: its keys are exactly this step's
+            k, v = (x[rows].transpose(0, 1).unsqueeze(0).to(k_pool.dtype) for x in new_kv)
+        else:
+            k = _gather("k", k_pool, seg.slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, D]
+            v = _gather("v", v_pool, seg.slots).transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(
+            qs, k, v, attn_mask=seg.mask, is_causal=seg.mask is None, scale=scale, enable_gqa=group > 1
+        )
+        out[rows] = o[0].transpose(0, 1)
+    return out

@@ -1,0 +1,20 @@
+"""A C kernel built for plain x86-64 (no AVX2): the loops an ARM or older x86 CPU compiles."""
+from __future__ import annotations
+
+import ctypes
+import platform
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kernels.native import build as native_build
+
+x86_only = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the SIMD path is x86's AVX2")
+
+
+def portable_build(source: Path, out_dir: Path) -> ctypes.CDLL:
+    lib = out_dir / f"{source.stem}-portable.so"
+    subprocess.run([native_build.find_compiler(), "-O2", "-march=x86-64", "-fno-math-errno", "-shared", "-fPIC",
+                    "-o", str(lib), str(source), "-lm"], check=True, capture_output=True, timeout=120)  # fmt: skip
+    return ctypes.CDLL(str(lib))

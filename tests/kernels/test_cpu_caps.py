@@ -1,0 +1,55 @@
+"""CPU capability parsing, `--dtype auto` by hardware, and the attention backend choice."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.native.cpu_caps import cpu_caps, parse_cpuinfo
+from kernels.ops import resolve_ops
+from protocol.engine_config import EngineConfig
+from worker.attention_backend import select_attention_backend
+from worker.device import resolve_dtype
+
+CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse2 avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile
+processor\t: 1
+model name\t: ignored
+flags\t\t: fpu
+"""
+
+
+def test_parse_cpuinfo_reads_first_processor() -> None:
+    caps = parse_cpuinfo(CPUINFO, cores=4)
+    assert caps.model == "Intel(R) Xeon(R) Platinum 8480+" and caps.cores == 4
+    assert caps.fast_bf16 and "amx_bf16" in caps.describe() and "4 cores" in caps.describe()
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [("avx2 fma", torch.float32), ("avx2 avx512f", torch.float32), ("avx512f avx512_bf16", torch.bfloat16),
+     ("amx_bf16 amx_tile", torch.bfloat16)],
+)  # fmt: skip
+def test_auto_dtype_follows_cpu_flags(flags: str, expected: torch.dtype) -> None:
+    caps = parse_cpuinfo(f"model name\t: X\nflags\t\t: {flags}\n", cores=2)
+    assert resolve_dtype("auto", torch.device("cpu"), caps) == expected
+    assert resolve_dtype("float32", torch.device("cpu"), caps) == torch.float32  # explicit wins
+    assert resolve_dtype("auto", torch.device("cuda"), caps) == torch.bfloat16
+
+
+def test_this_machine_is_described() -> None:
+    caps = cpu_caps()
+    assert caps.cores >= 1 and caps.describe().startswith("CPU: ")
+
+
+def test_attention_backend_choice() -> None:
+    assert select_attention_backend(resolve_ops("cpu", torch.float32)).name == "cpu"
+    assert select_attention_backend(resolve_ops("cuda", torch.bfloat16)).name == "triton"
+    for name in ("cpu", "torch", "triton"):
+        assert select_attention_backend(resolve_ops("cpu", torch.float32, name)).name == name
+    for gone in ("flash", "torch-runs", "torch-gather"):  # the comparison-only backends went
+        with pytest.raises(ValueError, match="unknown attention backend"):
+            resolve_ops("cpu", torch.float32, gone)
+    with pytest.raises(ValueError, match="attention_backend"):
+        EngineConfig(model="m", attention_backend="flash")

@@ -1,0 +1,218 @@
+"""GPU-only checks (skipped without CUDA). Their CPU twins: tests/kernels/test_input_prep.py (Triton
+kernels under the interpreter), tests/test_e2e_parity.py and tests/test_e2e_async.py (the engine on CPU)."""
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+from protocol import SamplingParams
+from tests.conftest import check_idle_engine
+from tests.reference import NEAR_TIE_BF16, assert_greedy_parity, greedy
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def test_triton_is_not_interpreted() -> None:
+    """The kernels here run natively: no test module may have turned the interpreter on in this process
+    (tests/kernels/conftest.py sets it only where there is no GPU)."""
+    assert os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+
+def test_triton_input_prep_kernels_equal_references_on_cuda() -> None:
+    from kernels.reference.input_prep import prepare_inputs_ref, update_table_ref
+    from kernels.reference.sample_writeback import write_sampled_ref
+    from kernels.triton.input_prep import prepare_inputs_triton, update_table_triton
+    from kernels.triton.sample_writeback import write_sampled_triton
+
+    g = torch.Generator().manual_seed(0)
+    dev = torch.device("cuda")
+    rows = torch.randperm(32, generator=g)[:12].to(dev)
+    lens = torch.randint(1, 600, (12,), generator=g).to(dev)
+    starts = torch.randint(0, 300, (12,), generator=g).to(dev)
+    cu = torch.cumsum(lens, 0) - lens
+    total = int(lens.sum())
+    tokens = torch.randint(0, 50_000, (32, 1024), generator=g).to(dev)
+    table = torch.randint(1, 1 << 33, (32, 1024), generator=g).to(dev)
+    a = prepare_inputs_ref(tokens, table, rows, starts, lens, cu, total)
+    b = prepare_inputs_triton(tokens, table, rows, starts, lens, cu, total)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+    r = rows.repeat_interleave(8)
+    c = torch.arange(8, device=dev).repeat(12) + 100
+    v = torch.randint(1, 1 << 20, (96,), generator=g).to(dev)
+    t1, t2 = table.clone(), table.clone()
+    update_table_ref(t1, r, c, v)
+    update_table_triton(t2, r, c, v)
+    assert torch.equal(t1, t2)
+    s = torch.randint(0, 50_000, (12,), generator=g).to(dev)
+    k1, k2 = tokens.clone(), tokens.clone()
+    write_sampled_ref(k1, rows, starts, s)
+    write_sampled_triton(k2, rows, starts, s)
+    assert torch.equal(k1, k2)
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_cuda_fp32_greedy_parity_with_transformers(arch: str, eager: bool, tiny_model, launch_client) -> None:
+    model = tiny_model(arch)
+    client = launch_client(model, device="cuda", dtype="float32", enforce_eager=eager)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (1, 7, 33, 120, 300)]
+    outs = client.generate_batch(prompts, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True),
+                                 progress=False)
+    for p, o in zip(prompts, outs):
+        assert_greedy_parity(o.token_ids, greedy(model, p, 32), f"cuda {arch} len {len(p)}")
+    check_idle_engine(client)
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+def test_cuda_bf16_greedy_parity_with_transformers_bf16(eager: bool, tiny_model, launch_client) -> None:
+    model = tiny_model("llama")
+    client = launch_client(model, device="cuda", dtype="auto", enforce_eager=eager)  # auto is bf16 on CUDA
+    rng = random.Random(4)
+    prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (1, 7, 33, 120, 300)]
+    outs = client.generate_batch(prompts, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True),
+                                 progress=False)
+    equal = sum(assert_greedy_parity(o.token_ids, greedy(model, p, 16, torch.bfloat16), f"cuda bf16 len {len(p)}",
+                                     NEAR_TIE_BF16) for p, o in zip(prompts, outs))
+    assert equal >= 1
+    check_idle_engine(client)
+
+
+# (seq_len, extend_len) per request; the same shapes as tests/kernels/test_paged_attention_triton.py (not imported:
+# it turns the Triton interpreter on, and here the kernels must run natively).
+ATTN_CASES = {
+    "decodes": [(1, 1), (64, 1), (65, 1), (150, 1), (7, 1)],
+    "mixed": [(30, 1), (25, 25), (140, 1), (60, 17), (9, 9), (82, 35), (2, 1)],
+    "prefill-blocks": [(65, 65), (1, 1)],
+}
+
+
+@pytest.mark.parametrize("case", sorted(ATTN_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_paged_attention_equals_reference_on_cuda(case: str, dtype: torch.dtype) -> None:
+    from kernels.reference.paged_attention import paged_attention_ref
+    from kernels.triton.paged_attention import paged_attention_triton
+    from tests.kernels.test_paged_attention import make_case
+
+    c = make_case(ATTN_CASES[case], hkv=2, group=4, seed=1, d=64)
+    c = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
+    for k in ("q", "k_pool", "v_pool"):
+        c[k] = c[k].to(dtype)
+    args = (c["q"], c["k_pool"], c["v_pool"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"],
+            c["extend_lens"], c["scale"])
+    ext = c["extend_lens"]
+    got = paged_attention_triton(*args, cu_lens=torch.cumsum(ext, 0) - ext, max_extend=int(ext.max()))
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), paged_attention_ref(*args).float(), atol=tol, rtol=tol)
+
+
+def test_cuda_async_equals_sync(tiny_model, launch_client) -> None:
+    model = tiny_model("llama")
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, 1000) for _ in range(rng.randrange(1, 200))] for _ in range(24)]
+    params = [SamplingParams(max_tokens=24, temperature=0.0 if i % 2 else 0.8, seed=i, ignore_eos=True)
+              for i in range(24)]
+    res = {}
+    for mode in (True, False):
+        c = launch_client(model, device="cuda", dtype="float32", async_scheduling=mode)
+        res[mode] = [o.token_ids for o in c.generate_batch(prompts, params, progress=False)]
+        check_idle_engine(c)
+    assert res[True] == res[False]
+
+
+def test_host_kv_tier_copies_round_trip_on_cuda() -> None:
+    """Pinned host pool, async DMA per run of host slots: device -> host -> other device slots keeps
+    the KV bit for bit, and a step's to_host copies run before its loads."""
+    from protocol.messages import KVCopies
+    from worker.kv_cache import KVCache
+
+    kv = KVCache(3, 256, 2, 8, torch.bfloat16, "cuda", max_reqs=4, max_context=64, host_slots=128)
+    assert kv.host_k[0].is_pinned()
+    for layer in kv.k + kv.v:
+        layer.copy_(torch.randn_like(layer, dtype=torch.float32).to(torch.bfloat16))
+    src = list(range(10, 40))
+    want = [layer[src].clone() for layer in kv.k + kv.v]
+    host = list(range(60, 70)) + list(range(5, 25))  # two runs
+    kv.copy(KVCopies(to_host_src=src, to_host_dst=host))
+    dst = list(range(100, 130))
+    kv.copy(KVCopies(to_device_src=host, to_device_dst=dst))
+    torch.cuda.synchronize()
+    for w, layer in zip(want, kv.k + kv.v):
+        assert torch.equal(layer[dst], w)
+    # Evicting 100..129 to the host and loading other KV into them in one step: the save comes first.
+    kv.copy(KVCopies(to_host_src=dst, to_host_dst=list(range(30, 60)), to_device_src=host[:5],
+                     to_device_dst=dst[:5]))
+    kv.copy(KVCopies(to_device_src=list(range(30, 60)), to_device_dst=list(range(140, 170))))
+    torch.cuda.synchronize()
+    for w, layer in zip(want, kv.k + kv.v):
+        assert torch.equal(layer[140:170], w)
+
+
+def test_host_kv_tier_on_cuda_matches_a_large_pool(tiny_model, launch_client) -> None:
+    model = tiny_model("llama")
+    rng = random.Random(4)
+    prompts = [[rng.randrange(3, 1000) for _ in range(120)] for _ in range(12)]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    large = launch_client(model, device="cuda", kv_cache_tokens=8192)
+    want = [c.token_ids for c in large.generate_batch(prompts, params, progress=False)]
+    tiered = launch_client(model, device="cuda", kv_cache_tokens=256, host_kv_tokens=4096, max_running_requests=2)
+    for _ in range(2):  # the second round finds the prompts in the host tier
+        got = [c.token_ids for c in tiered.generate_batch(prompts, params, progress=False)]
+        assert got == want
+    assert tiered.stats().host_hit_tokens > 0
+    check_idle_engine(tiered)
+
+
+def _runner_and_scheduler(model, **opts):
+    from protocol.engine_config import EngineConfig
+    from protocol.model_info import read_model_info
+    from scheduler.scheduler import Scheduler
+    from worker.model_runner import ModelRunner
+
+    cfg = EngineConfig(model=str(model), device="cuda", kv_cache_tokens=8192, max_running_requests=32, **opts)
+    info = read_model_info(cfg.model)
+    runner = ModelRunner(cfg, info)
+    return runner, Scheduler(cfg, info, runner.num_kv_slots)
+
+
+def test_step_launch_never_waits_for_the_device(tiny_model) -> None:
+    """A step's launch (new requests with every sampling feature but logprobs, input prep, attention or
+    a decode graph's replay, penalties, sampling, write-back) queues work without one host-device sync."""
+    from protocol.messages import TokenizedRequest
+
+    runner, sched = _runner_and_scheduler(tiny_model("llama"), dtype="bfloat16")
+    rng = random.Random(2)
+    params = [
+        SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=0.8, top_k=20, top_p=0.9, seed=3, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=1.0, top_p=0.7, min_p=0.05, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=0.7, repetition_penalty=1.2, presence_penalty=0.5,
+                       frequency_penalty=0.3, min_tokens=4, ignore_eos=True),
+    ]
+    launched = 0
+    for step in range(10):
+        if step in (0, 3):  # new requests join a running batch too
+            for i, p in enumerate(params):
+                ids = [rng.randrange(3, 1000) for _ in range(rng.randrange(5, 120))]
+                sched.add_request(TokenizedRequest(f"s{step}-{i}", ids, p))
+        so = sched.schedule()
+        if so is None:
+            break
+        if step >= 2:  # the first steps compile the kernels
+            torch.cuda.set_sync_debug_mode("error")
+            launched += 1
+        try:
+            pending = runner.launch(so)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        sched.commit(pending.result())
+        sched.take_outbox()
+    assert launched >= 5
+    assert runner.graphs is not None and runner.graphs.num_runs >= 3  # decode steps replayed graphs
