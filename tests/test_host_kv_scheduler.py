@@ -98,6 +98,22 @@ def test_abort_while_the_load_is_in_flight_frees_everything_once(depth: int) -> 
     idle_accounting(sched)
 
 
+def test_a_request_holds_its_prefix_as_one_handle() -> None:
+    """Admission swaps the matched handle (no device part, a host part) for the loaded one, all on the
+    device; the request's protected length is the handle's, and finishing lets go of it."""
+    sched, worker, prompt = _evicted_to_host(1)
+    sched.add_request(req("again", prompt + [3, 4], max_tokens=2))
+    r = sched.reqs["again"]
+    so = sched.schedule()
+    assert so is not None and r.prefix is not None and r.prefix.host_hit_length == 0
+    assert r.cache_protected_len == len(r.prefix.indices) == sched.kv.host_hit_tokens >= 64
+    assert sched.kv.tree.protected_size == r.cache_protected_len == r.cached_tokens
+    sched.commit(worker.execute(so))
+    run(sched, worker, 1)
+    assert r.finished() and r.prefix is None and r.cache_protected_len == 0
+    idle_accounting(sched)
+
+
 def test_admission_that_does_not_fit_queues_no_load() -> None:
     sched, worker, prompt = _evicted_to_host(1)
     sched.add_request(req("big", list(range(1, 90)), max_tokens=4))  # takes most of the device pool
