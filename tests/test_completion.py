@@ -2,8 +2,8 @@
 which crosses the sockets as it was made."""
 from __future__ import annotations
 
+from frontend.client.connection import decode_msg
 from frontend.completion import Completion, to_delta
-from frontend.connection import decode_msg
 from protocol.codec import encode
 from protocol.final_info import FinalInfo
 from protocol.messages import OutputBatch, RequestOutput
