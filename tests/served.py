@@ -13,7 +13,8 @@ from launch.serve import HTTP_PREFIX, READY_PREFIX
 
 class Served:
     def __init__(self, model: Path, *flags: str) -> None:
-        cmd = [sys.executable, "-m", "launch.cli", "serve", "--model", str(model), "--port", "0", *flags]
+        dtype = () if "--dtype" in flags else ("--dtype", "float32")  # as conftest's launch_client, and why
+        cmd = [sys.executable, "-m", "launch.cli", "serve", "--model", str(model), "--port", "0", *dtype, *flags]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.err: deque[str] = deque(maxlen=40)

@@ -26,7 +26,7 @@ MAX_REQUEST_BYTES = 64 * 1024
 @pytest.fixture(scope="module")
 def engine(tiny_model, request):
     model = tiny_model("llama")
-    c = Client.launch(str(model), kv_cache_tokens=16384, max_running_requests=64, debug_integrity=True,
+    c = Client.launch(str(model), dtype="float32", kv_cache_tokens=16384, max_running_requests=64, debug_integrity=True,
                       max_request_bytes=MAX_REQUEST_BYTES)
     request.addfinalizer(c.close)
     return model, c

@@ -86,7 +86,7 @@ def test_fuzzed_client_socket_never_disturbs_valid_requests(tiny_model) -> None:
     model = tiny_model("llama")
     batches = _fuzz_batches()
     assert sum(map(len, batches)) == EXAMPLES * FRAMES_PER_EXAMPLE
-    with Client.launch(str(model), kv_cache_tokens=16384, max_running_requests=128) as c:
+    with Client.launch(str(model), dtype="float32", kv_cache_tokens=16384, max_running_requests=128) as c:
         prompts = [[3 + i, 40 + 3 * i, 7, 9 + i] for i in range(6)]
         params = SamplingParams(max_tokens=16, **GREEDY)
         want = [c.generate(p, params).token_ids for p in prompts]

@@ -39,7 +39,7 @@ def engines(tiny_model, request):
     need = sum(len(p) + 24 for p in prompts)
     out = {}
     for mode in (True, False):
-        c = Client.launch(str(model), kv_cache_tokens=need // 3, async_scheduling=mode, debug_integrity=True,
+        c = Client.launch(str(model), dtype="float32", kv_cache_tokens=need // 3, async_scheduling=mode, debug_integrity=True,
                           max_num_batched_tokens=256)
         request.addfinalizer(c.close)
         out[mode] = c

@@ -16,7 +16,7 @@ def engine(tiny_model, request):
     from frontend import Client
 
     model = tiny_model("qwen3")
-    client = Client.launch(str(model), kv_cache_tokens=8192, max_running_requests=32)
+    client = Client.launch(str(model), dtype="float32", kv_cache_tokens=8192, max_running_requests=32)
     request.addfinalizer(client.close)
     return model, client
 

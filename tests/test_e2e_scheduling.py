@@ -95,7 +95,7 @@ def qwen3_engine(tiny_model, request):
     from frontend import Client
 
     model = tiny_model("qwen3")
-    client = Client.launch(str(model), kv_cache_tokens=8192, debug_integrity=True)
+    client = Client.launch(str(model), dtype="float32", kv_cache_tokens=8192, debug_integrity=True)
     request.addfinalizer(client.close)
     return model, client
 

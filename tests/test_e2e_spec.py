@@ -48,7 +48,7 @@ def engines(models, request):
         key = (model, mode, tuple(sorted(opts.items())))
         if key not in made:
             spec = {} if mode == "off" else SPEC
-            c = Client.launch(str(models[model]), kv_cache_tokens=opts.pop("kv", 8192), max_running_requests=64,
+            c = Client.launch(str(models[model]), dtype="float32", kv_cache_tokens=opts.pop("kv", 8192), max_running_requests=64,
                               async_scheduling=mode != "sync", **spec, **opts)
             request.addfinalizer(c.close)
             made[key] = c

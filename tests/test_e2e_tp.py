@@ -54,7 +54,7 @@ def test_two_nodes_over_tcp_on_loopback(tiny_model) -> None:
         params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
         with Client(endpoint) as c:
             two = c.generate([5, 6, 7, 8], params).token_ids
-        with Client.launch(model, kv_cache_tokens=4096) as c:
+        with Client.launch(model, dtype="float32", kv_cache_tokens=4096) as c:
             one = c.generate([5, 6, 7, 8], params).token_ids
         assert two == one
         node0.terminate()

@@ -27,7 +27,7 @@ pytestmark = [
     pytest.mark.timeout(900),
 ]
 MAX_TOKENS = 64
-ENGINE = {"kv_cache_tokens": 24576, "max_num_batched_tokens": 512, "chunked_prefill_tokens": 128,
+ENGINE = {"dtype": "float32", "kv_cache_tokens": 24576, "max_num_batched_tokens": 512, "chunked_prefill_tokens": 128,
           "async_scheduling": True}
 
 PLAIN = [
