@@ -17,7 +17,8 @@ from frontend.request_encoding import build_request
 from protocol import EngineDeadError, InvalidRequestError, SamplingParams
 from protocol.codec import encode
 from tests.conftest import check_idle_engine
-from tests.test_e2e_scheduling import GREEDY, _assert_equal_or_near_tie
+from tests.reference import assert_equal_or_near_tie
+from tests.test_e2e_scheduling import GREEDY
 
 LONG = SamplingParams(max_tokens=2000, **GREEDY)
 MAX_REQUEST_BYTES = 64 * 1024
@@ -195,7 +196,7 @@ def test_32_threads_share_one_client(engine) -> None:
         assert not any(t.is_alive() for t in threads), "a thread hung on the shared client"
         assert not errors, errors
     for (_, i), got in results.items():
-        _assert_equal_or_near_tie(model, prompts[i], got, want[i])
+        assert_equal_or_near_tie(model, prompts[i], got, want[i])
     assert len(results) == 3 * 24
     check_idle_engine(c)
 
