@@ -13,6 +13,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ARCHS = ("llama", "qwen2", "qwen3")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """transformers references are kept under pytest's cache directory (keyed by the model files' hash):
+    a second run reads them instead of recomputing. `pytest --cache-clear` or -p no:cacheprovider: none."""
+    from tests.reference import CACHE_ENV
+
+    cache = getattr(config, "cache", None)
+    if cache is not None and not os.environ.get(CACHE_ENV):
+        os.environ[CACHE_ENV] = str(cache.mkdir("tandem-ref"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def gguf_metadata_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """GGUF metadata files (protocol/gguf_metadata.py) go to a session directory, not the user's cache,

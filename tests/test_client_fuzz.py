@@ -14,7 +14,8 @@ from frontend.client.request_encoding import build_request
 from protocol import SamplingParams
 from protocol.codec import encode
 from tests.conftest import check_idle_engine
-from tests.test_e2e_scheduling import GREEDY, _assert_equal_or_near_tie
+from tests.reference import assert_equal_or_near_tie
+from tests.test_e2e_scheduling import GREEDY
 
 EXAMPLES, FRAMES_PER_EXAMPLE = 200, 50  # 10,000 frames
 
@@ -128,6 +129,6 @@ def test_fuzzed_client_socket_never_disturbs_valid_requests(tiny_model) -> None:
             ctx.term()
         assert not traffic.is_alive() and not errors, errors
         for i, tokens in got:
-            _assert_equal_or_near_tie(model, prompts[i], tokens, want[i])
+            assert_equal_or_near_tie(model, prompts[i], tokens, want[i])
         check_idle_engine(c)
         assert [c.generate(p, params).token_ids for p in prompts] == want

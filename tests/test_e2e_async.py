@@ -8,7 +8,7 @@ import pytest
 
 from protocol import SamplingParams
 from tests.conftest import check_idle_engine
-from tests.test_e2e_scheduling import _assert_equal_or_near_tie
+from tests.reference import assert_equal_or_near_tie
 
 LENGTHS = [1, 3, 8, 21, 55, 120, 200, 333]
 
@@ -55,7 +55,7 @@ def test_async_equals_sync_under_kv_pressure(engines) -> None:
         assert a.finish_reason == s.finish_reason == "length"
         assert len(a.token_ids) == len(s.token_ids) == sp.max_tokens
         if sp.temperature == 0.0:
-            _assert_equal_or_near_tie(model, p, a.token_ids, s.token_ids)
+            assert_equal_or_near_tie(model, p, a.token_ids, s.token_ids)
         else:
             assert a.token_ids == s.token_ids, f"seeded request {i} differs"
     assert any(c.stats().retractions > 0 for c in clients.values())

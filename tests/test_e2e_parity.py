@@ -52,8 +52,9 @@ def test_bf16_greedy_parity_with_transformers_bf16(backend: str, tiny_model, lau
         assert_greedy_parity(o.token_ids, greedy(model, p, 16, torch.bfloat16), f"bf16 len {len(p)}", NEAR_TIE_BF16)
         for p, o in zip(ps, outs)
     )
-    # Tiny random models have many bf16-sized gaps: the rule above is the check; some must match in full.
-    assert equal >= 1, f"no sequence of {len(ps)} equal"
+    # Tiny random models have many bf16-sized gaps: the rule above is the main check (4 of 6 matched in
+    # full when it was written); half must match in full.
+    assert equal >= len(ps) // 2, f"only {equal}/{len(ps)} sequences equal"
     check_idle_engine(client)
 
 

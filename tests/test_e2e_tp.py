@@ -13,7 +13,7 @@ import pytest
 from frontend import Client
 from protocol import SamplingParams
 from tests.conftest import check_idle_engine
-from tests.test_e2e_scheduling import _assert_equal_or_near_tie
+from tests.reference import assert_equal_or_near_tie
 from tests.test_lifecycle import _serve, assert_killing_stops_engine
 
 
@@ -28,7 +28,7 @@ def test_tp2_equals_tp1(arch: str, kw: dict, tiny_model, launch_client) -> None:
     tp2 = launch_client(model, tp_size=2)
     two = [o.token_ids for o in tp2.generate_batch(prompts, params, progress=False)]
     for p, a, b in zip(prompts, two, one):
-        _assert_equal_or_near_tie(model, p, a, b)
+        assert_equal_or_near_tie(model, p, a, b)
     check_idle_engine(tp2)
 
 

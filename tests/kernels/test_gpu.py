@@ -66,8 +66,9 @@ def test_cuda_fp32_greedy_parity_with_transformers(arch: str, eager: bool, tiny_
     prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (1, 7, 33, 120, 300)]
     outs = client.generate_batch(prompts, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True),
                                  progress=False)
-    for p, o in zip(prompts, outs):
-        assert_greedy_parity(o.token_ids, greedy(model, p, 32), f"cuda {arch} len {len(p)}")
+    equal = sum(assert_greedy_parity(o.token_ids, greedy(model, p, 32), f"cuda {arch} len {len(p)}")
+                for p, o in zip(prompts, outs))
+    assert equal >= len(prompts) - 1, f"only {equal}/{len(prompts)} sequences equal"  # as on CPU: near-ties are rare
     check_idle_engine(client)
 
 
@@ -81,7 +82,7 @@ def test_cuda_bf16_greedy_parity_with_transformers_bf16(eager: bool, tiny_model,
                                  progress=False)
     equal = sum(assert_greedy_parity(o.token_ids, greedy(model, p, 16, torch.bfloat16), f"cuda bf16 len {len(p)}",
                                      NEAR_TIE_BF16) for p, o in zip(prompts, outs))
-    assert equal >= 1
+    assert equal >= len(prompts) // 2, f"only {equal}/{len(prompts)} sequences equal"  # as on CPU's bf16 test
     check_idle_engine(client)
 
 
