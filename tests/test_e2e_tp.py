@@ -48,6 +48,7 @@ def test_two_nodes_over_tcp_on_loopback(tiny_model) -> None:
         [sys.executable, "-m", "launch.cli", "serve", "--model", model, "--kv-cache-tokens", "4096", *common,
          "--node-rank", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
     )
+    node0: subprocess.Popen | None = None
     try:
         node0, endpoint, pids = _serve(model, *common, "--node-rank", "0")
         assert "tandem-worker1" not in pids and "tandem-scheduler" in pids  # rank 1 lives on node 1
@@ -61,6 +62,9 @@ def test_two_nodes_over_tcp_on_loopback(tiny_model) -> None:
         assert node0.wait(20) == 0
         assert node1.wait(30) != 0  # its peer is gone: node 1 stops too
     finally:
+        if node0 is not None and node0.poll() is None:  # a failed check above: node 0 still serves
+            node0.terminate()
+            node0.wait(30)
         if node1.poll() is None:
             node1.kill()
 
