@@ -42,7 +42,7 @@ def test_two_nodes_over_tcp_on_loopback(tiny_model) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     model = str(tiny_model("llama"))
-    common = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{port}"]
+    common = ["--dtype", "float32", "--tp-size", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{port}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     node1 = subprocess.Popen(
         [sys.executable, "-m", "launch.cli", "serve", "--model", model, "--kv-cache-tokens", "4096", *common,
