@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.native.cpu_caps import cpu_caps, usable_cores
+from kernels.ops import resolve_ops
 from protocol.engine_config import EngineConfig
 from protocol.gguf_metadata import is_gguf, open_gguf
 from protocol.model_config import read_model_config
@@ -25,7 +26,7 @@ from worker.loader import quantized_types
 
 def engine_dtype(cfg: EngineConfig) -> torch.dtype:
     """The dtype the engine's worker will run in (what `--dtype auto` picks on this machine)."""
-    return resolve_dtype(cfg.dtype, resolve_device(cfg.device))
+    return resolve_dtype(cfg.dtype, resolve_device(cfg.device), gguf=is_gguf(cfg.model))
 
 
 def model_dims(cfg: EngineConfig) -> ModelDims:
@@ -56,7 +57,7 @@ class ModelDims:
             kv_heads=c.num_key_value_heads, head_dim=c.head_dim, intermediate=c.intermediate_size,
             vocab=c.vocab_size, dtype=dtype,
         )
-        kept = quantized_types(dtype, device) if is_gguf(model) else frozenset()
+        kept = quantized_types(resolve_ops(device, dtype)) if is_gguf(model) else frozenset()
         if not kept:
             return dims
         stored = 0

@@ -9,8 +9,10 @@ from kernels.ops import resolve_ops
 from protocol import fault_injection
 from protocol.engine_config import EngineConfig
 from protocol.errors import ErrorCode
+from protocol.gguf_metadata import is_gguf
 from protocol.messages import Logprobs, ModelRunnerOutput, SampleStep, SchedulerOutput
 from protocol.model_info import ModelInfo
+from worker.cpu_step_graph import CpuStepGraph, cpu_graph_applies
 from worker.decode_graphs import MAX_GRAPH_BATCH, DecodeGraphs, graphs_apply
 from worker.device import resolve_device, resolve_dtype
 from worker.distributed import Dist, local_rank
@@ -52,7 +54,7 @@ class ModelRunner:
         self.device = resolve_device(cfg.device)
         if self.device.type == "cuda" and cfg.tp_size > 1:
             self.device = torch.device("cuda", local_rank(cfg, rank))
-        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        self.dtype = resolve_dtype(cfg.dtype, self.device, gguf=is_gguf(cfg.model))
         # Every kernel choice, made once: input prep, attention, the layers and speculation share it.
         self.ops = resolve_ops(self.device, self.dtype, cfg.attention_backend)
         self.model = load_model(
@@ -79,10 +81,12 @@ class ModelRunner:
             host_slots=self.num_host_slots + cfg.page_size if self.num_host_slots else 0,
         )
         self.state = RequestState(max_reqs, self.max_context, self.device)
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: DecodeGraphs | CpuStepGraph | None = None
         if graphs_apply(cfg, self.device, self.model.attn_backend):
             # After the KV pool: capture takes its memory from what the pool left.
             self.graphs = DecodeGraphs(self.model, self.kv, min(max_reqs, MAX_GRAPH_BATCH), self.max_context)
+        elif cpu_graph_applies(cfg, self.model, self.kv):
+            self.graphs = CpuStepGraph(self.model, self.kv, min(max_reqs, MAX_GRAPH_BATCH), self.max_context)
         self.clock = StepClock(self.device)
         self._deferred: _Deferred | None = None
         self.max_reqs = max_reqs

@@ -36,6 +36,10 @@ def test_auto_dtype_follows_cpu_flags(flags: str, expected: torch.dtype) -> None
     assert resolve_dtype("auto", torch.device("cpu"), caps) == expected
     assert resolve_dtype("float32", torch.device("cpu"), caps) == torch.float32  # explicit wins
     assert resolve_dtype("auto", torch.device("cuda"), caps) == torch.bfloat16
+    # A GGUF file on CPU computes in float32 from its blocks, whatever the CPU; explicit still wins.
+    assert resolve_dtype("auto", torch.device("cpu"), caps, gguf=True) == torch.float32
+    assert resolve_dtype("bfloat16", torch.device("cpu"), caps, gguf=True) == torch.bfloat16
+    assert resolve_dtype("auto", torch.device("cuda"), caps, gguf=True) == torch.bfloat16
 
 
 def test_this_machine_is_described() -> None:

@@ -1,0 +1,137 @@
+"""worker/cpu_step_graph.py: a recorded CPU decode step replayed with one call gives the eager forward's bits
+(logits and every K/V it writes), for each architecture, batch sizes up and down, and through the worker's
+step loop with page sizes 1 and 16; it applies only where every op has a C kernel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels.native import step_graph
+from kernels.ops import resolve_ops
+from protocol import SamplingParams
+from protocol.engine_config import EngineConfig
+from protocol.messages import TokenBatch, TokenizedRequest
+from protocol.model_info import read_model_info
+from scheduler.scheduler import Scheduler
+from tests.gguf_files import write_gguf
+from tests.kv_pool import Pool
+from worker.cpu_step_graph import CpuStepGraph, cpu_graph_applies
+from worker.loader import load_model
+from worker.model_runner import ModelRunner
+
+pytestmark = pytest.mark.skipif(not step_graph.available(), reason="needs a C compiler for the CPU kernels")
+
+
+@pytest.fixture(scope="module")
+def gguf_model(tiny_model, tmp_path_factory):  # a factory
+    root = tmp_path_factory.mktemp("graph-gguf")
+
+    def get(arch: str, qtype: str = "Q4_1") -> Path:
+        out = root / f"{arch}-{qtype}.gguf"
+        if not out.exists():
+            write_gguf(tiny_model(arch), out, qtype)
+        return out
+
+    return get
+
+
+def _kv(pool: Pool) -> list[torch.Tensor]:
+    return [t.clone() for t in pool.kv.k + pool.kv.v]
+
+
+@pytest.mark.parametrize("arch,qtype", [("llama", "Q4_1"), ("qwen2", "Q8_0"), ("qwen3", "Q4_0")])
+def test_replay_equals_eager_bit_for_bit(gguf_model, arch: str, qtype: str) -> None:
+    model = load_model(str(gguf_model(arch, qtype)), torch.float32, "cpu",
+                       ops=resolve_ops("cpu", torch.float32, "cpu"))
+    model.pack_cpu_weights()
+    pool = Pool(model, num_slots=600, max_reqs=16)
+    cfg = EngineConfig(model="unused")
+    assert cpu_graph_applies(cfg, model, pool.kv)
+    graph = CpuStepGraph(model, pool.kv, max_batch=8, max_context=128)
+    g = torch.Generator().manual_seed(3)
+    lens = [3, 9, 14, 20, 6, 11, 2, 30]
+    seqs = [torch.randint(0, 500, (n + 12,), generator=g).tolist() for n in lens]
+    rows = [pool.add(len(s)) for s in seqs]
+    model.forward(pool.batch([(r, s[:n], n) for r, s, n in zip(rows, seqs, lens, strict=True)]), pool.kv)
+    done = list(lens)
+    for size in (1, 7, 3, 8, 2, 5):  # down and up: rows a larger batch left in the buffers are not read
+        batch = pool.batch([(rows[i], [seqs[i][done[i]]], done[i] + 1) for i in range(size)])
+        before = _kv(pool)
+        eager = model.forward(batch, pool.kv)
+        after_eager = _kv(pool)
+        for t, b in zip(pool.kv.k + pool.kv.v, before, strict=True):
+            t.copy_(b)
+        assert graph.can_run(batch)
+        replayed = graph.run(batch)
+        assert torch.equal(replayed, eager), (size, (replayed - eager).abs().max())
+        for got, want in zip(pool.kv.k + pool.kv.v, after_eager, strict=True):
+            assert torch.equal(got, want)  # the step's K/V where eager wrote them, no other slot touched
+        for i in range(size):
+            done[i] += 1
+    assert graph.num_runs == 6
+
+
+def test_only_decode_batches_within_max_batch_are_taken(gguf_model) -> None:
+    model = load_model(str(gguf_model("llama")), torch.float32, "cpu")
+    pool = Pool(model)
+    graph = CpuStepGraph(model, pool.kv, max_batch=2, max_context=128)
+    a, b, c = pool.add(8), pool.add(8), pool.add(8)
+    assert not graph.can_run(pool.batch([(a, [1, 2, 3], 3)]))  # a prefill
+    assert not graph.can_run(pool.batch([(a, [1], 4), (b, [2], 4), (c, [3], 4)]))  # past max_batch
+    with pytest.raises(ValueError):
+        graph.run(pool.batch([(a, [1, 2, 3], 3)]))
+
+
+def test_applies_only_where_every_op_has_a_c_kernel(gguf_model, tiny_model) -> None:
+    path = str(gguf_model("llama"))
+    cpu = resolve_ops("cpu", torch.float32, "cpu")
+    quant = load_model(path, torch.float32, "cpu", ops=cpu)
+    kv = Pool(quant).kv
+    assert cpu_graph_applies(EngineConfig(model=path), quant, kv)
+    assert not cpu_graph_applies(EngineConfig(model=path, enforce_eager=True), quant, kv)
+    torch_backend = load_model(path, torch.float32, "cpu", ops=resolve_ops("cpu", torch.float32, "torch"))
+    assert not cpu_graph_applies(EngineConfig(model=path), torch_backend, Pool(torch_backend).kv)
+    plain = load_model(str(tiny_model("llama")), torch.float32, "cpu", ops=cpu)  # float32 weights: oneDNN
+    plain.pack_cpu_weights()
+    assert not cpu_graph_applies(EngineConfig(model=path), plain, Pool(plain).kv)
+
+
+def _generate(cfg: EngineConfig, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[dict, int]:
+    info = read_model_info(cfg.model)
+    runner = ModelRunner(cfg, info)
+    sched = Scheduler(cfg, info, runner.num_kv_slots)
+    for i, p in enumerate(prompts):
+        sched.add_request(TokenizedRequest(f"r{i}", p, params[i % len(params)]))
+    tokens: dict[str, list[int]] = {}
+    while sched.has_work:
+        so = sched.schedule()
+        if so is None:
+            break
+        sched.commit(runner.execute(so))
+        for msg in sched.take_outbox():
+            if isinstance(msg, TokenBatch):
+                for d in msg.deltas:
+                    tokens.setdefault(d.rid, []).extend(d.token_ids)
+    sched.check_integrity()
+    return tokens, getattr(runner.graphs, "num_runs", 0)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_worker_steps_through_the_graph_give_the_eager_tokens(gguf_model, arch: str, page_size: int) -> None:
+    path = str(gguf_model(arch))
+    params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+              SamplingParams(max_tokens=9, temperature=0.8, seed=4, repetition_penalty=1.2, ignore_eos=True)]
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (5, 17, 40, 9, 2)]
+    outs = {}
+    for eager in (True, False):
+        cfg = EngineConfig(model=path, dtype="float32", kv_cache_tokens=4096, max_running_requests=8,
+                           page_size=page_size, enforce_eager=eager)
+        outs[eager], runs = _generate(cfg, prompts, params)
+        assert (runs > 0) == (not eager)
+    assert outs[True] == outs[False]
+    assert sum(map(len, outs[False].values())) == 3 * 12 + 2 * 9

@@ -1,0 +1,172 @@
+"""Decode steps on CPU replayed from a recorded list of C kernel calls: the CPU twin of decode_graphs.py.
+
+At batch 1 a small model's CPU decode step is mostly Python dispatch (some eleven ops a layer, each a call
+with its checks) rather than the weights streaming through the quantized products. So once, at start, the
+worker records the forward up to the final norm as nodes of kernels/csrc/step_graph.c: every op's C kernel
+with its arguments bound to persistent buffers (token ids, positions, KV slots, request rows, lengths), the
+KV pools, the weights and scratch. A decode step writes its inputs into those buffers and replays the list
+with one call; the LM head and sampling run after it as in the eager path. The row count is an argument of
+the replay, so one recording serves every decode batch up to `max_batch` without padding rows.
+
+Each node calls the kernel the eager forward calls, with the arguments it would get, so a replay gives the
+eager forward's bits (tests hold them equal). It applies where every op of a step has a C kernel: CPU,
+float32, the C kernels built, the `cpu` attention backend, one rank, every linear layer running from GGUF
+blocks (the float32 products run through oneDNN, which has no C entry), a Llama/Qwen2/Qwen3 decoder.
+--enforce-eager turns it off.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from kernels.native import paged_attention, quant_linear
+from kernels.native import step_graph as sg
+from protocol.engine_config import EngineConfig
+from worker.attention_backend import CpuBackend
+from worker.forward_batch import ForwardBatch
+from worker.kv_cache import KVCache
+from worker.layers.linear import PackableLinear
+
+log = logging.getLogger(__name__)
+
+
+def cpu_graph_applies(cfg: EngineConfig, model: torch.nn.Module, kv: KVCache) -> bool:
+    """Whether CpuStepGraph can record this model (see the module doc)."""
+    backend = getattr(model, "attn_backend", None)
+    if cfg.enforce_eager or cfg.tp_size != 1 or kv.device.type != "cpu" or kv.dtype != torch.float32:
+        return False
+    if not isinstance(backend, CpuBackend) or not backend.native or not sg.available():
+        return False
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not layers or not hasattr(layers[0], "self_attn") or not hasattr(layers[0], "mlp"):
+        return False
+    linears = [m for m in model.modules() if isinstance(m, PackableLinear)]
+    return bool(linears) and all(m.quant is not None for m in linears)
+
+
+class CpuStepGraph:
+    """Runs decode batches of up to max_batch requests by replaying one recorded step."""
+
+    def __init__(self, model: torch.nn.Module, kv: KVCache, max_batch: int, max_context: int) -> None:
+        self.model, self.kv, self.max_batch = model, kv, max_batch
+        self.num_runs = 0  # decode steps run through here (the tests check that they were)
+        i64 = {"dtype": torch.int64}
+        self.ids, self.positions, self.slots, self.rows, self.lens = (torch.zeros(max_batch, **i64) for _ in range(5))
+        self._inputs = {"input_ids": self.ids, "positions": self.positions, "out_cache_loc": self.slots,
+                        "req_pool_indices": self.rows, "seq_lens": self.lens}
+        model.rotary.reserve(max_context)  # the table is never grown between recording and replay
+        self._keep: list[torch.Tensor] = []  # every buffer a node points into
+        self._nodes: list[list[int]] = []
+        self._record(max_batch, max_context)
+        self.nodes = torch.tensor(self._nodes, dtype=torch.int64)
+        log.info("CPU step graph: %d nodes for decode batches up to %d", len(self._nodes), max_batch)
+
+    def can_run(self, batch: ForwardBatch) -> bool:
+        """A pure decode batch whose every request wants its one logit row, within max_batch."""
+        b = batch.batch_size
+        return 0 < b <= self.max_batch and batch.all_decode and batch.logits_indices.numel() == b
+
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        """The batch's float32 logits [B, vocab], as model.forward(batch, kv) gives them."""
+        if not self.can_run(batch):
+            raise ValueError("not a decode batch this graph takes (see can_run)")
+        b = batch.batch_size
+        for name, buf in self._inputs.items():
+            buf[:b].copy_(getattr(batch, name))
+        if batch.max_seq_len > self.model.rotary.cos.shape[0]:
+            raise ValueError(f"position {batch.max_seq_len} past the recorded rotary table")
+        sg.run(self.nodes, b, torch.get_num_threads())
+        self.num_runs += 1
+        return self.model.compute_logits(self.final[:b])
+
+    # ---- recording -------------------------------------------------------------------------------
+    def _buf(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        t = torch.zeros(shape, dtype=dtype)
+        self._keep.append(t)
+        return t
+
+    def _node(self, kind: int, *args: int) -> None:
+        if len(args) > sg.NODE_ARGS:
+            raise ValueError("too many node arguments")
+        self._nodes.append([kind, *args, *[0] * (sg.NODE_ARGS - len(args))])
+
+    def _norm(self, x: torch.Tensor, delta: torch.Tensor | None, norm: torch.nn.Module, out: torch.Tensor) -> None:
+        fn = sg.entry_points()["add_rms_norm"]
+        n = x.shape[1]
+        self._node(sg.NORM, fn, x.data_ptr(), x.stride(0), sg.ptr(delta), 0 if delta is None else delta.stride(0),
+                   norm.weight.data_ptr(), n, sg.float_bits(norm.eps), out.data_ptr(), out.stride(0))
+
+    def _linear(self, layer: PackableLinear, x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None) -> None:
+        w = layer.quant
+        assert w is not None  # cpu_graph_applies checked every layer
+        self._node(sg.QLINEAR, sg.entry_points()["quant_linear"], x.data_ptr(), w.in_features, x.stride(0),
+                   w.data.data_ptr(), w.kind, w.out_features, y.data_ptr(), y.stride(0), sg.ptr(bias),
+                   quant_linear.PARALLEL_MIN_MACS)
+
+    def _rotary(self, x: torch.Tensor, heads: int, out: torch.Tensor) -> None:
+        """x: a [B, width] buffer whose first heads * D floats of each row are the heads to rotate."""
+        rot, d = self.model.rotary, out.shape[-1]
+        self._node(sg.ROTARY, sg.entry_points()["rotary"], x.data_ptr(), x.stride(0), d, rot.cos.data_ptr(),
+                   rot.sin.data_ptr(), d, heads, self.positions.data_ptr(), out.data_ptr())
+
+    def _head_norm(self, x_ptr: int, ld: int, heads: int, norm: torch.nn.Module, out: torch.Tensor) -> None:
+        d = out.shape[-1]
+        self._node(sg.HEAD_NORM, sg.entry_points()["add_rms_norm"], x_ptr, ld, heads, norm.weight.data_ptr(), d,
+                   sg.float_bits(norm.eps), out.data_ptr(), out.stride(0))
+
+    def _record(self, mb: int, max_context: int) -> None:
+        m, kv = self.model, self.kv
+        layers = m.model.layers
+        attn0 = layers[0].self_attn
+        H, Hkv, D = attn0.num_heads, attn0.num_kv_heads, attn0.head_dim
+        hidden = m.model.embed_tokens.weight.shape[1]
+        qkv_w = attn0.qkv_proj.quant.out_features
+        inter2 = layers[0].mlp.gate_up_proj.quant.out_features
+        h, x, o, down = (self._buf(mb, hidden) for _ in range(4))
+        self.final = self._buf(mb, hidden)
+        qkv, attn_out = self._buf(mb, qkv_w), self._buf(mb, H, D)
+        gate_up, act = self._buf(mb, inter2), self._buf(mb, inter2 // 2)
+        qk_norm = attn0.q_norm is not None
+        if qk_norm:
+            qn, kn, q, k = self._buf(mb, H, D), self._buf(mb, Hkv, D), self._buf(mb, H, D), self._buf(mb, Hkv, D)
+        else:
+            rot = self._buf(mb, H + Hkv, D)
+            q, k = rot, rot[:, H:]
+        group = H // Hkv
+        slot_buf = self._buf(mb, kv.req_to_token.shape[1], dtype=torch.int64)
+        offsets = self._buf(mb + 1, dtype=torch.int64)
+        work = self._buf(max(1, torch.get_num_threads()) * group * (-(-max_context // 8) * 8))
+
+        emb = m.model.embed_tokens.weight
+        self._node(sg.EMBED, emb.data_ptr(), hidden, self.ids.data_ptr(), h.data_ptr(), h.stride(0))
+        for i, layer in enumerate(layers):
+            a = layer.self_attn
+            self._norm(h, None if i == 0 else down, layer.input_layernorm, x)
+            self._linear(a.qkv_proj, x, qkv, a.qkv_proj.bias)
+            if qk_norm:
+                self._head_norm(qkv.data_ptr(), qkv.stride(0), H, a.q_norm, qn)
+                self._head_norm(qkv.data_ptr() + a.q_size * 4, qkv.stride(0), Hkv, a.k_norm, kn)
+                self._rotary(qn.view(mb, -1), H, q)
+                self._rotary(kn.view(mb, -1), Hkv, k)
+            else:
+                self._rotary(qkv, H + Hkv, rot)
+            v_ptr = qkv.data_ptr() + (a.q_size + a.kv_size) * 4
+            kp, vp = kv.k[i], kv.v[i]
+            self._node(sg.KV_WRITE, k.data_ptr(), k.stride(0), v_ptr, qkv.stride(0), kp.data_ptr(), vp.data_ptr(),
+                       Hkv * D, self.slots.data_ptr())
+            rtt = kv.req_to_token
+            self._node(sg.ATTENTION, sg.entry_points()["paged_attention"], q.data_ptr(), q.stride(0), q.stride(1),
+                       kp.data_ptr(), vp.data_ptr(), kp.stride(0), rtt.data_ptr(), rtt.stride(0),
+                       self.rows.data_ptr(), self.lens.data_ptr(), slot_buf.data_ptr(), H, Hkv, D,
+                       sg.float_bits(a.scale), attn_out.data_ptr(), work.data_ptr(), offsets.data_ptr(),
+                       paged_attention.PARALLEL_MIN_KEYS)
+            self._linear(a.o_proj, attn_out.view(mb, -1), o, a.o_proj.bias)
+            self._norm(h, o, layer.post_attention_layernorm, x)
+            mlp = layer.mlp
+            self._linear(mlp.gate_up_proj, x, gate_up, mlp.gate_up_proj.bias)
+            self._node(sg.SILU_MUL, sg.entry_points()["silu_mul"], gate_up.data_ptr(), gate_up.stride(0),
+                       inter2 // 2, act.data_ptr(), act.stride(0))
+            self._linear(mlp.down_proj, act, down, mlp.down_proj.bias)
+        self._norm(h, down, m.model.norm, self.final)
