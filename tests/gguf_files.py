@@ -24,8 +24,8 @@ QTYPES = {
     "Q6_K": gguf.GGMLQuantizationType.Q6_K,
 }
 K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
-# Files of several types, as llama.cpp's converter mixes them: name -> the type of each 2-D tensor.
-MIXES = ("Q4_K_M",)
+# Files of several types, as llama.cpp's converter mixes them (see mixed_type).
+MIXES = ("Q4_K_M", "Q5_K_M")
 
 # K-quant -> (byte offsets of its float16 super-block scales, their range): any other bytes make a valid
 # block, and these ranges keep the weights within about +-0.05 (the sub-block scales reach 63, or +-128
@@ -44,17 +44,20 @@ def k_quant_blocks(qtype: str, rows: int, cols: int, seed: int) -> np.ndarray:
     return raw.reshape(rows, -1)
 
 
-def q4_k_m_type(name: str) -> str:
-    """A tensor's type in the "Q4_K_M" mix: Q4_K, and as llama.cpp's Q4_K_M does, Q6_K for the output and
-    for attn_v and ffn_down in some layers (here the first and the last of 4); Q5_0 and Q8_0 stand for the
-    types such a file falls back to for tensors whose rows are not whole 256-blocks (here an attn_k and an
-    attn_q), and Q8_0 for the embedding (the tied models' LM head)."""
+def mixed_type(mix: str, name: str) -> str:
+    """A tensor's type in a Q4_K_M or Q5_K_M file of the 4-layer "small" models: Q4_K (Q5_K), and as
+    llama.cpp's mixes do, Q6_K for the output and for attn_v and ffn_down in some layers (here the first
+    and the last), so a layer's fused q/k/v has two types. Q5_0 (Q5_1) stands for the type such a file falls
+    back to for a tensor whose rows are not whole 256-blocks (here an attn_k), Q8_0 for the embedding (the
+    tied models' LM head) and an attn_q."""
     layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
     if name == "output.weight" or (name.endswith(("attn_v.weight", "ffn_down.weight")) and layer in (0, 3)):
         return "Q6_K"
     if name == "token_embd.weight" or (name.endswith("attn_q.weight") and layer == 2):
         return "Q8_0"
-    return "Q5_0" if name.endswith("attn_k.weight") and layer == 1 else "Q4_K"
+    if name.endswith("attn_k.weight") and layer == 1:
+        return {"Q4_K_M": "Q5_0", "Q5_K_M": "Q5_1"}[mix]
+    return {"Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K"}[mix]
 
 
 def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -125,7 +128,7 @@ def write_gguf(
             t = llamacpp_permute(t, heads)
         elif real_arch == "llama" and ".k_proj." in hf_name:
             t = llamacpp_permute(t, kv_heads)
-        qt = q4_k_m_type(name) if qtype == "Q4_K_M" else qtype
+        qt = mixed_type(qtype, name) if qtype in MIXES else qtype
         if override and name in override:
             w.add_tensor(name, override[name])
         elif t.ndim == 1 or qt == "F32":

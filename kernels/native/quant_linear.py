@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from kernels.native import build as native_build
-from kernels.native.quant_pack import GGUF_BLOCKS, QuantWeight, dequantize, pack
+from kernels.native.quant_pack import GGUF_BLOCKS, QuantRows, QuantWeight, dequantize, pack
 
-__all__ = ["GGUF_BLOCKS", "QuantWeight", "available", "build", "dequantize", "pack", "quant_linear"]
+__all__ = ["GGUF_BLOCKS", "QuantRows", "QuantWeight", "available", "build", "dequantize", "pack", "quant_linear"]
 
 SOURCE = Path(__file__).parents[1] / "csrc" / "quant_linear.c"
 # Below this many multiply-adds a call runs on one thread: waking the other costs more than it saves.
@@ -52,7 +52,7 @@ def available() -> bool:
     return _library() is not None
 
 
-def quant_linear(x: torch.Tensor, w: QuantWeight, threads: int | None = None) -> torch.Tensor:
+def quant_linear(x: torch.Tensor, w: QuantWeight | QuantRows, threads: int | None = None) -> torch.Tensor:
     """x [rows, in_features] float32 (rows of any stride, each row contiguous) -> x @ W.T [rows, out]."""
     lib = _library()
     if lib is None:
@@ -66,8 +66,11 @@ def quant_linear(x: torch.Tensor, w: QuantWeight, threads: int | None = None) ->
     y = x.new_empty(m, w.out_features)
     if m == 0:
         return y
-    macs = m * w.out_features * w.in_features
-    n = 1 if macs < PARALLEL_MIN_MACS else (threads or torch.get_num_threads())
-    lib.tandem_quant_linear_f32(x.data_ptr(), m, w.in_features, x.stride(0), w.data.data_ptr(), w.kind,
-                                w.out_features, y.data_ptr(), y.stride(0), n)
+    col = 0
+    for part in w.parts if isinstance(w, QuantRows) else (w,):  # each into its own columns of y
+        macs = m * part.out_features * part.in_features
+        n = 1 if macs < PARALLEL_MIN_MACS else (threads or torch.get_num_threads())
+        lib.tandem_quant_linear_f32(x.data_ptr(), m, part.in_features, x.stride(0), part.data.data_ptr(), part.kind,
+                                    part.out_features, y.data_ptr() + col * y.element_size(), y.stride(0), n)
+        col += part.out_features
     return y

@@ -52,6 +52,27 @@ class QuantWeight:
         return self.data.numel()
 
 
+@dataclass(frozen=True)
+class QuantRows:
+    """A weight stacked along its output rows from parts of different GGUF types (a fused q/k/v projection
+    whose v is Q6_K and q, k Q4_K, as in llama.cpp's Q4_K_M files): each part in its own kind, written to
+    its own columns of the one output."""
+
+    parts: tuple[QuantWeight, ...]
+
+    @property
+    def out_features(self) -> int:
+        return sum(p.out_features for p in self.parts)
+
+    @property
+    def in_features(self) -> int:
+        return self.parts[0].in_features
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
 def _halves(raw: np.ndarray, at: int) -> np.ndarray:
     """The float16 field at byte `at` of every block, as uint16 bit patterns [..., blocks]."""
     return np.ascontiguousarray(raw[..., at : at + 2]).view(np.uint16)[..., 0]
@@ -153,9 +174,11 @@ def pack(raw: np.ndarray, qtype: str, in_features: int) -> QuantWeight:
     return QuantWeight(torch.from_numpy(data), kind, n, in_features)
 
 
-def dequantize(w: QuantWeight) -> torch.Tensor:
+def dequantize(w: QuantWeight | QuantRows) -> torch.Tensor:
     """The reference: the float32 [out, in] weight a packed one stands for, D * q + M with D and M computed
     as the kernel computes them from its layout (what gguf's dequantization of the file gives)."""
+    if isinstance(w, QuantRows):
+        return torch.cat([dequantize(p) for p in w.parts])
     qtype = w.qtype
     a = w.data.numpy()
     panels = a.shape[0]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from kernels.native import quant_linear as cpu_quant_linear
-from kernels.native.quant_linear import GGUF_BLOCKS, dequantize, pack, quant_linear
+from kernels.native.quant_linear import GGUF_BLOCKS, QuantRows, dequantize, pack, quant_linear
 from tests.gguf_files import K_QUANTS, k_quant_blocks
 from tests.kernels.portable_build import portable_build, x86_only
 from tests.kernels.test_cpu_paged_attention import HAS_CC, needs_cc
@@ -202,6 +202,27 @@ def test_a_scale_the_fused_form_cannot_give_falls_back_to_float32(qtype: str) ->
         want = _gguf_dequant(raw, qtype, k).numpy()
     assert layer.quant is None and layer.weight is not None and torch.isinf(layer.weight[0]).any()
     np.testing.assert_array_equal(layer.weight.numpy(), want)  # NaN where gguf has NaN
+
+
+@needs_cc
+def test_a_fused_layer_of_several_types_keeps_each_parts_blocks() -> None:
+    """q and k in Q4_K, v in Q6_K (a Q4_K_M file's attention): one QuantRows of a Q4_K and a Q6_K part, each
+    into its columns (34 + 6 rows: the Q4_K part's last panel part-filled), the same bits as the chain over
+    gguf's weights."""
+    sizes, types = [34, 6, 6], ["Q4_K", "Q4_K", "Q6_K"]
+    raws = [_blocks(t, n, 256, seed=i) for i, (t, n) in enumerate(zip(types, sizes))]
+    layer = ColumnParallelLinear(256, sizes, bias=False, dtype=torch.float32, device="cpu")
+    for shard, (raw, t) in enumerate(zip(raws, types)):
+        layer.load_weight(GGUFBlocks(raw, t, 256), shard=shard)
+    layer.finish_loading()
+    assert isinstance(layer.quant, QuantRows) and layer.weight is None
+    assert [(p.qtype, p.out_features) for p in layer.quant.parts] == [("Q4_K", 40), ("Q6_K", 6)]
+    want_w = torch.cat([_gguf_dequant(raw, t, 256) for raw, t in zip(raws, types)])
+    assert torch.equal(dequantize(layer.quant), want_w)
+    x = torch.randn(20, 256, generator=torch.Generator().manual_seed(3))
+    want = _fma_chain(x, want_w)
+    for rows in (1, 5, 20):
+        assert torch.equal(layer(x[:rows]), want[:rows]), rows
 
 
 def test_a_layer_given_a_type_without_a_kernel_dequantizes_it() -> None:
