@@ -36,7 +36,7 @@
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
 /* Numbered as the kinds of kernels/native/quant_pack.py's GGUF_BLOCKS. */
-enum { KIND_Q4_1, KIND_Q8_0, KIND_Q4_K, KIND_Q4_0, KIND_Q5_0, KIND_Q5_1, KIND_Q5_K, KIND_Q6_K, KINDS };
+enum { KIND_Q4_1, KIND_Q8_0, KIND_Q4_K, KIND_Q4_0, KIND_Q5_0, KIND_Q5_1, KIND_Q5_K, KIND_Q6_K };
 
 static inline int super_k(int kind) { return kind == KIND_Q4_K || kind == KIND_Q5_K || kind == KIND_Q6_K; }
 /* 32-blocks per super-block */
@@ -96,10 +96,9 @@ static ALWAYS_INLINE __m256i broadcast32(const uint8_t *p) {
     return _mm256_set1_epi32(v);
 }
 
-/* D and M of columns 0..7 and 8..15 for scale group g of 32-block `sub` of the super-block at sb. */
-static ALWAYS_INLINE void scales_at(int kind, const uint8_t *sb, int64_t sub, int g, __m256 *d0, __m256 *d1,
+/* D and M of columns 0..7 and 8..15 for scale group g of 32-block `sub` of the super-block at s. */
+static ALWAYS_INLINE void scales_at(int kind, const uint8_t *s, int64_t sub, int g, __m256 *d0, __m256 *d1,
                                     __m256 *m0, __m256 *m1) {
-    const uint8_t *s = sb;
     if (kind == KIND_Q4_K || kind == KIND_Q5_K) {
         const uint8_t *sc = s + 64 + sub * PANEL, *mn = sc + 8 * PANEL;
         const __m256 neg = _mm256_set1_ps(-0.0f); /* M = -(dmin * mn): a true negation, as gguf subtracts */
