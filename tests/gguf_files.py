@@ -16,18 +16,48 @@ QTYPES = {
     "Q8_0": gguf.GGMLQuantizationType.Q8_0,
     "Q4_0": gguf.GGMLQuantizationType.Q4_0,
     "Q4_1": gguf.GGMLQuantizationType.Q4_1,
-    "Q4_K": gguf.GGMLQuantizationType.Q4_K,  # random blocks: gguf cannot quantize to it (see q4_k_blocks)
+    "Q5_0": gguf.GGMLQuantizationType.Q5_0,
+    "Q5_1": gguf.GGMLQuantizationType.Q5_1,
+    # random blocks: gguf cannot quantize to the K-quants (see k_quant_blocks)
+    "Q4_K": gguf.GGMLQuantizationType.Q4_K,
+    "Q5_K": gguf.GGMLQuantizationType.Q5_K,
+    "Q6_K": gguf.GGMLQuantizationType.Q6_K,
 }
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
+# Files of several types, as llama.cpp's converter mixes them (see mixed_type).
+MIXES = ("Q4_K_M", "Q5_K_M")
+
+# K-quant -> (byte offsets of its float16 super-block scales, their range): any other bytes make a valid
+# block, and these ranges keep the weights within about +-0.05 (the sub-block scales reach 63, or +-128
+# for Q6_K; q reaches 15, 31, or +-32).
+_K_SCALES = {"Q4_K": ((0, 2), (1e-5, 1e-4)), "Q5_K": ((0, 2), (5e-6, 5e-5)), "Q6_K": ((208,), (1e-6, 1e-5))}
 
 
-def q4_k_blocks(rows: int, cols: int, seed: int) -> np.ndarray:
-    """Random Q4_K blocks for a [rows, cols] weight (cols a multiple of 256): any bytes are a valid block
-    given finite scales; d and dmin small, so the weights stay within about +-0.05."""
+def k_quant_blocks(qtype: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random blocks of a K-quant (Q4_K, Q5_K, Q6_K) for a [rows, cols] weight (cols a multiple of 256)."""
     rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, (rows, cols // 256, 144), dtype=np.uint8)
-    for at in (0, 2):
-        raw[..., at : at + 2] = rng.uniform(1e-5, 1e-4, (rows, cols // 256, 1)).astype(np.float16).view(np.uint8)
+    size = gguf.GGML_QUANT_SIZES[QTYPES[qtype]][1]
+    raw = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
+    ats, (lo, hi) = _K_SCALES[qtype]
+    for at in ats:
+        raw[..., at : at + 2] = rng.uniform(lo, hi, (rows, cols // 256, 1)).astype(np.float16).view(np.uint8)
     return raw.reshape(rows, -1)
+
+
+def mixed_type(mix: str, name: str) -> str:
+    """A tensor's type in a Q4_K_M or Q5_K_M file of the 4-layer "small" models: Q4_K (Q5_K), and as
+    llama.cpp's mixes do, Q6_K for the output and for attn_v and ffn_down in some layers (here the first
+    and the last), so a layer's fused q/k/v has two types. Q5_0 (Q5_1) stands for the type such a file falls
+    back to for a tensor whose rows are not whole 256-blocks (here an attn_k), Q8_0 for the embedding (the
+    tied models' LM head) and an attn_q."""
+    layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+    if name == "output.weight" or (name.endswith(("attn_v.weight", "ffn_down.weight")) and layer in (0, 3)):
+        return "Q6_K"
+    if name == "token_embd.weight" or (name.endswith("attn_q.weight") and layer == 2):
+        return "Q8_0"
+    if name.endswith("attn_k.weight") and layer == 1:
+        return {"Q4_K_M": "Q5_0", "Q5_K_M": "Q5_1"}[mix]
+    return {"Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K"}[mix]
 
 
 def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -65,8 +95,8 @@ def write_gguf(
     arch: str | None = None,
     override: dict[str, np.ndarray] | None = None,
 ) -> Path:
-    """Write `model_dir` as a GGUF file. arch: the GGUF architecture name to claim (default: the model's);
-    override: GGUF tensor name -> array written instead (any dtype the writer accepts)."""
+    """Write `model_dir` as a GGUF file. qtype: one of QTYPES or MIXES; arch: the GGUF architecture name to
+    claim (default: the model's); override: GGUF tensor name -> array written instead (any dtype the writer accepts)."""
     cfg = AutoConfig.from_pretrained(model_dir)
     real_arch = cfg.model_type
     arch = arch or real_arch
@@ -90,7 +120,6 @@ def write_gguf(
 
     arch_id = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == real_arch)
     names = gguf.get_tensor_name_map(arch_id, cfg.num_hidden_layers)
-    q = QTYPES[qtype]
     for hf_name, t in load_file(str(model_dir / "model.safetensors")).items():
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert name is not None, hf_name
@@ -99,16 +128,17 @@ def write_gguf(
             t = llamacpp_permute(t, heads)
         elif real_arch == "llama" and ".k_proj." in hf_name:
             t = llamacpp_permute(t, kv_heads)
+        qt = mixed_type(qtype, name) if qtype in MIXES else qtype
         if override and name in override:
             w.add_tensor(name, override[name])
-        elif t.ndim == 1 or qtype == "F32":
+        elif t.ndim == 1 or qt == "F32":
             w.add_tensor(name, t)
-        elif qtype == "F16":
+        elif qt == "F16":
             w.add_tensor(name, t.astype(np.float16))
-        elif qtype == "Q4_K":
-            w.add_tensor(name, q4_k_blocks(*t.shape, seed=len(name) + t.size), raw_dtype=q)
+        elif qt in K_QUANTS:
+            w.add_tensor(name, k_quant_blocks(qt, *t.shape, seed=len(name) + t.size), raw_dtype=QTYPES[qt])
         else:
-            w.add_tensor(name, gguf.quants.quantize(t, q), raw_dtype=q)
+            w.add_tensor(name, gguf.quants.quantize(t, QTYPES[qt]), raw_dtype=QTYPES[qt])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -122,6 +122,18 @@ def test_quant_linear_benchmark_checks_and_times_a_gguf(tiny_model, tmp_path: Pa
 
 
 @needs_cc
+def test_quant_linear_benchmark_times_each_type_against_the_first(capsys) -> None:
+    from benchmarks import quant_linear
+
+    res = quant_linear.main(["--types", "Q4_1,Q5_0,Q6_K", "--shape", "40x256", "--layers", "2", "--rows", "1,3",
+                             "--reps", "1", "--threads", "1"])
+    assert list(res) == [1, 3] and all(list(r) == ["Q4_1", "Q5_0", "Q6_K"] for r in res.values())
+    assert all(ms > 0 for r in res.values() for ms in r.values())
+    out = capsys.readouterr().out
+    assert out.startswith("CPU: ") and "ratio to Q4_1" in out and "rows    3 Q6_K" in out
+
+
+@needs_cc
 def test_attention_step_times_a_prefill_too(tiny_model, capsys) -> None:
     from benchmarks import attention_step
 

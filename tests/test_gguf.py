@@ -1,7 +1,8 @@
-"""GGUF files in: tiny made models written with gguf's writer (F32, F16, Q8_0, Q4_0, Q4_1; llama's Q/K rows
-permuted as llama.cpp does) load to gguf's own dequantization, run like their source directory (and, on
-CPU in float32, from their quantized blocks), carry their tokenizer, and broken or unsupported files fail
-with a clear error."""
+"""GGUF files in: tiny made models written with gguf's writer (F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; random
+K-quant blocks, alone or mixed as in llama.cpp's Q4_K_M and Q5_K_M files; llama's Q/K rows permuted as
+llama.cpp does) load to gguf's own dequantization, run like their source directory (and, on CPU in float32,
+from their quantized blocks), carry their tokenizer, and broken or unsupported files fail with a clear
+error."""
 from __future__ import annotations
 
 import subprocess
@@ -13,14 +14,14 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.native.quant_linear import dequantize
+from kernels.native.quant_linear import QuantRows, QuantWeight, dequantize
 from protocol import SamplingParams
 from protocol.errors import ModelLoadError
 from protocol.model_config import read_model_config
 from protocol.model_info import read_model_info
 from protocol.tokenizer_loader import load_fast_tokenizer, load_tokenizer
 from tests.conftest import ARCHS, check_idle_engine
-from tests.gguf_files import QTYPES, llamacpp_permute, write_gguf
+from tests.gguf_files import K_QUANTS, QTYPES, llamacpp_permute, write_gguf
 from tests.kernels.test_cpu_paged_attention import HAS_CC, needs_cc
 from tests.kv_pool import Pool
 from worker import loader
@@ -42,7 +43,7 @@ def gguf_file(tiny_model, tmp_path_factory):  # a factory
     return get
 
 
-@pytest.mark.parametrize("qtype", sorted(set(QTYPES) - {"Q4_K"}))  # Q4_K: random blocks, not the source's
+@pytest.mark.parametrize("qtype", sorted(set(QTYPES) - set(K_QUANTS)))  # K-quants: random blocks, not the source's
 @pytest.mark.parametrize("arch", ARCHS)
 def test_weights_equal_gguf_dequantization(arch: str, qtype: str, gguf_file) -> None:
     path = gguf_file(arch, qtype)
@@ -76,13 +77,20 @@ def test_f32_logits_equal_source_directory(arch: str, tiny_model, gguf_file) -> 
     torch.testing.assert_close(logits[1], logits[0], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K"])
+def _kinds(q: QuantWeight | QuantRows) -> list[str]:
+    return [p.qtype for p in q.parts] if isinstance(q, QuantRows) else [q.qtype]
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q4_K_M", "Q5_K_M"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_quantized_file_runs_from_its_blocks(arch: str, qtype: str, gguf_file, monkeypatch) -> None:
     """On CPU in float32 the quantized layers and the LM head keep the file's blocks (the kernel's weights
-    are the dequantized ones exactly) and the logits match the model loaded dequantized. Q4_K's blocks
-    are 256 weights: the "small" model (hidden 256, intermediate 768) has whole ones."""
-    path = str(gguf_file(arch, qtype, size="small" if qtype == "Q4_K" else "tiny"))
+    are the dequantized ones exactly), every type of the file among them, and the logits (and so the greedy
+    tokens) match the model loaded dequantized. The K-quants' blocks are 256 weights: the "small" model
+    (hidden 256, intermediate 768) has whole ones; in the Q4_K_M and Q5_K_M mixes (tests/gguf_files.py)
+    fused q/k/v layers hold parts of two or three types."""
+    small = qtype in K_QUANTS or qtype.endswith("_M")
+    path = str(gguf_file(arch, qtype, size="small" if small else "tiny"))
     quant = load_model(path, torch.float32, "cpu")
     with monkeypatch.context() as m:
         m.setattr(loader, "quantized_types", lambda *a: frozenset())
@@ -96,6 +104,9 @@ def test_quantized_file_runs_from_its_blocks(arch: str, qtype: str, gguf_file, m
     assert (head.head_quant is not None) == HAS_CC
     if quant.lm_head is not None:  # an untied embedding is only looked up: it keeps no blocks
         assert quant.model.embed_tokens.head_quant is None
+    if HAS_CC:
+        kept = {k for a, _ in pairs for k in _kinds(a.quant)} | set(_kinds(head.head_quant))
+        assert kept == {t.tensor_type.name for t in gguf.GGUFReader(path).tensors if len(t.shape) == 2}
     seq = torch.randint(3, 1000, (30,), generator=torch.Generator().manual_seed(2)).tolist()
     logits = []
     for model in (quant, plain):
@@ -104,11 +115,13 @@ def test_quantized_file_runs_from_its_blocks(arch: str, qtype: str, gguf_file, m
         row = pool.add(len(seq))
         logits.append(model.forward(pool.batch([(row, seq, len(seq))], all_logits=True), pool.kv))
     torch.testing.assert_close(logits[0], logits[1], atol=1e-4, rtol=1e-4)
+    assert torch.equal(logits[0].argmax(-1), logits[1].argmax(-1))
 
 
 @needs_cc
 @pytest.mark.parametrize("rank", [0, 1])
-@pytest.mark.parametrize(("arch", "qtype", "size"), [("qwen3", "Q8_0", "tiny"), ("llama", "Q4_K", "small")])
+@pytest.mark.parametrize(("arch", "qtype", "size"), [("qwen3", "Q8_0", "tiny"), ("llama", "Q4_K", "small"),
+                                                     ("qwen2", "Q4_K_M", "small")])
 def test_tensor_parallel_ranks_take_their_blocks(arch: str, qtype: str, size: str, rank: int, gguf_file,
                                                   monkeypatch) -> None:
     """Column- and row-parallel layers and the vocab-parallel head cut the blocks as they cut a float
@@ -123,7 +136,7 @@ def test_tensor_parallel_ranks_take_their_blocks(arch: str, qtype: str, size: st
         if isinstance(a, PackableLinear):
             assert torch.equal(dequantize(a.quant) if a.quant is not None else a.weight, b.weight)
             kept.append(a.quant is not None)
-    edges = qtype != "Q4_K"  # o_proj and down_proj take 128 and 384 inputs per rank: not Q4_K edges
+    edges = qtype == "Q8_0"  # o_proj and down_proj take 128 and 384 inputs per rank: not K-quant edges
     assert kept == [True, edges, True, edges] * quant.config.num_hidden_layers
     head = quant.model.embed_tokens if quant.lm_head is None else quant.lm_head
     plain_head = plain.model.embed_tokens if plain.lm_head is None else plain.lm_head

@@ -1,17 +1,13 @@
-/* y = x @ W.T on CPU, float32 activations, W kept in GGUF's 4- and 8-bit blocks (Q4_0, Q4_1, Q4_K, Q8_0).
+/* y = x @ W.T on CPU, float32 activations, W kept in GGUF's blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+ * Q6_K): the weights of gguf's float32 dequantization, read as 4.5 to 8.5 bits each.
  *
- * Built and loaded by kernels/cpu_quant_linear.py, which also repacks GGUF's blocks into the layout below;
- * the plain-torch reference (dequantize, then x @ W.T) is there too.
+ * Built and loaded by kernels/native/quant_linear.py; kernels/native/quant_pack.py repacks GGUF's blocks
+ * into the layout of quant_blocks.h and holds the plain-torch reference (dequantize, then x @ W.T).
  *
  * Layout: W [N, K] in panels of 16 output columns (N padded to a multiple of 16 with zero weights), each
- * panel in blocks of 32 along K. A Q4 block is 320 bytes: for each of its 32 k, 8 bytes of nibbles
- * (byte j: column j in the low nibble, column j + 8 in the high one), then d[16] and m[16] as float16
- * (weight = d * q + m). A Q8 block is 544 bytes: 32 x 16 int8 (k-major), then d[16] (weight = d * q).
- * A Q4F block (Q4_K) is 384 bytes: the nibbles, then d[16] and m[16] as float32 (d = d_super * scale and
- * m = -dmin * min, each exact in float32 but not in float16).
- * Each weight is dequantized in registers as fma(d, q, m): d * q is exact in float32 (at most a 17-bit by
- * 4-bit or an 11-bit by 8-bit product), so this is the very float gguf's dequantization computes
- * ((d * q) + m), and the product uses the same weights as the float32 conversion of the file.
+ * panel a run of blocks along K (quant_blocks.h). Each weight is dequantized in registers as fma(D, q, M),
+ * the very float gguf's dequantization computes (see there), so the product uses the same weights as the
+ * float32 conversion of the file.
  *
  * Each output y[r, n] is one chain of FMAs over k = 0 .. K-1 in order, started from 0: its bits depend
  * on row r of x and column n of W only, not on how many rows the call has, which rows sit beside it or
@@ -23,15 +19,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
 
-#define PANEL 16
-#define KBLK 32
-#define Q4_BYTES 320
-#define Q8_BYTES 544
-#define Q4F_BYTES 384
+#include "quant_blocks.h"
+
 /* Rows of x kept hot per pass over the panels (measured: capping them to fit L2 at large K was slower). */
 #define ROW_BLOCK 128
 /* From this many rows a panel is dequantized once into float32 scratch and shared by all of them (below,
@@ -39,90 +29,43 @@
 #define SCRATCH_MIN_ROWS 16
 /* Inputs per pass of the many-rows path: 256 x 16 weights (16 KB) and 6 rows' 256 inputs fit in L1. */
 #define K_CHUNK 256
+/* Bytes ahead of a panel's current 32-block fetched in software by the few-rows tile. The hardware
+ * prefetcher alone left the K-quants' super-blocks (scales, then 8 x 256 bytes) 1.2-1.3x slower than Q4_1 a
+ * weight at 1 row when streaming from L3, against 1.04x in L2; with it they are even (512 to 4096 measured
+ * alike), and the other kinds unchanged. */
+#define PF_DIST 1024
 
-/* qtype 0: 4-bit, float16 d and m; 1: 8-bit, float16 d; 2: 4-bit, float32 d and m (Q4_K's d * scale and
- * dmin * min, exact in float32 but not in float16). */
-static inline int64_t block_bytes(int64_t qtype) { return qtype == 0 ? Q4_BYTES : qtype == 1 ? Q8_BYTES : Q4F_BYTES; }
-static inline int64_t quant_bytes(int64_t qtype) { return qtype == 1 ? 512 : 256; }
-
-static inline float half_to_float(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000 | (man << 13);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    } else if (man == 0) {
-        bits = sign;
-    } else { /* subnormal half: normalise */
-        int e = -1;
-        uint32_t m = man;
-        do {
-            e++;
-            m <<= 1;
-        } while (!(m & 0x400));
-        bits = sign | ((uint32_t)(112 - e) << 23) | ((m & 0x3ff) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-#ifdef __AVX2__
-/* The 16 weights of column pairs (0..7, 8..15) at k = kk of block blk. */
-static inline void weights_at(int64_t qtype, const uint8_t *blk, int64_t kk, __m256 d0, __m256 d1, __m256 m0,
-                              __m256 m1, __m256 *w0, __m256 *w1) {
-    if (qtype != 1) {
-        const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + kk * 8)));
-        const __m256 q0 = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15)));
-        const __m256 q1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
-        *w0 = _mm256_fmadd_ps(d0, q0, m0);
-        *w1 = _mm256_fmadd_ps(d1, q1, m1);
-    } else {
-        const uint8_t *p = blk + kk * 16;
-        const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-        const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8))));
-        *w0 = _mm256_fmadd_ps(d0, q0, m0);
-        *w1 = _mm256_fmadd_ps(d1, q1, m1);
-    }
-}
-
-/* A block's d and m for columns 0..7 and 8..15 (m = 0 for 8-bit blocks). */
-static inline void scales_at(int64_t qtype, const uint8_t *blk, __m256 *d0, __m256 *d1, __m256 *m0, __m256 *m1) {
-    const uint8_t *s = blk + quant_bytes(qtype);
-    if (qtype == 2) {
-        *d0 = _mm256_loadu_ps((const float *)s);
-        *d1 = _mm256_loadu_ps((const float *)(s + 32));
-        *m0 = _mm256_loadu_ps((const float *)(s + 64));
-        *m1 = _mm256_loadu_ps((const float *)(s + 96));
-        return;
-    }
-    *d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s));
-    *d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16)));
-    *m0 = qtype == 0 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 32))) : _mm256_setzero_ps();
-    *m1 = qtype == 0 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 48))) : _mm256_setzero_ps();
-}
-
-/* MR rows x NP panels: MR * NP * 2 accumulators, independent chains so the FMA latency is hidden. */
-static inline __attribute__((always_inline)) void tile(int64_t qtype, const float *x, int64_t ldx, int64_t K,
-                                                       const uint8_t *w, int64_t panel_stride, float *out,
-                                                       int64_t ldo, const int MR, const int NP) {
+#ifdef QUANT_AVX2
+/* MR rows x NP panels: MR * NP * 2 accumulators, independent chains so the FMA latency is hidden. `kind`
+ * is a constant at every call (see BY_KIND), so each kind's decoding compiles to straight-line code. */
+static ALWAYS_INLINE void tile(const int kind, const float *x, int64_t ldx, int64_t K, const uint8_t *w,
+                               int64_t panel_stride, float *out, int64_t ldo, const int MR, const int NP) {
     __m256 acc[4][4][2];
     for (int r = 0; r < MR; r++)
         for (int p = 0; p < NP; p++) acc[r][p][0] = acc[r][p][1] = _mm256_setzero_ps();
-    const int64_t bb = block_bytes(qtype);
+    const int64_t subs = sub_blocks(kind), sbb = super_bytes(kind);
+    const int gk = KBLK / groups(kind);
     for (int64_t b = 0; b < K / KBLK; b++) {
-        __m256 d0[4], d1[4], m0[4], m1[4];
-        for (int p = 0; p < NP; p++) scales_at(qtype, w + p * panel_stride + b * bb, &d0[p], &d1[p], &m0[p], &m1[p]);
+        const int64_t sub = b % subs;
+        const uint8_t *sb = w + b / subs * sbb;
         const float *xb = x + b * KBLK;
-        for (int64_t kk = 0; kk < KBLK; kk++) {
-            for (int p = 0; p < NP; p++) {
-                __m256 w0, w1;
-                weights_at(qtype, w + p * panel_stride + b * bb, kk, d0[p], d1[p], m0[p], m1[p], &w0, &w1);
-                for (int r = 0; r < MR; r++) {
-                    const __m256 xv = _mm256_broadcast_ss(xb + r * ldx + kk);
-                    acc[r][p][0] = _mm256_fmadd_ps(xv, w0, acc[r][p][0]);
-                    acc[r][p][1] = _mm256_fmadd_ps(xv, w1, acc[r][p][1]);
+        for (int p = 0; p < NP; p++) /* a 32-block's share of the bytes, and a line for the misalignment */
+            for (int64_t off = 0; off < sbb / subs + 64; off += 64)
+                _mm_prefetch((const char *)values_of(kind, sb + p * panel_stride, sub) + PF_DIST + off, _MM_HINT_T0);
+        for (int g = 0; g < groups(kind); g++) {
+            __m256 d0[4], d1[4], m0[4], m1[4];
+            for (int p = 0; p < NP; p++)
+                scales_at(kind, sb + p * panel_stride, sub, g, &d0[p], &d1[p], &m0[p], &m1[p]);
+            for (int64_t kk = g * gk; kk < (g + 1) * gk; kk++) {
+                for (int p = 0; p < NP; p++) {
+                    const uint8_t *v = values_of(kind, sb + p * panel_stride, sub);
+                    __m256 w0, w1;
+                    weights_at(kind, v, kk, d0[p], d1[p], m0[p], m1[p], &w0, &w1);
+                    for (int r = 0; r < MR; r++) {
+                        const __m256 xv = _mm256_broadcast_ss(xb + r * ldx + kk);
+                        acc[r][p][0] = _mm256_fmadd_ps(xv, w0, acc[r][p][0]);
+                        acc[r][p][1] = _mm256_fmadd_ps(xv, w1, acc[r][p][1]);
+                    }
                 }
             }
         }
@@ -134,18 +77,21 @@ static inline __attribute__((always_inline)) void tile(int64_t qtype, const floa
         }
 }
 
-/* Panel p's weights as float32, k-major: wf[k * 16 + c]. */
-static void dequant_panel(int64_t qtype, const uint8_t *w, int64_t K, float *wf) {
-    const int64_t bb = block_bytes(qtype);
+/* A panel's weights as float32, k-major: wf[k * 16 + c]. */
+static ALWAYS_INLINE void dequant_panel_kind(const int kind, const uint8_t *w, int64_t K, float *wf) {
+    const int64_t subs = sub_blocks(kind), sbb = super_bytes(kind);
+    const int gk = KBLK / groups(kind);
     for (int64_t b = 0; b < K / KBLK; b++) {
-        const uint8_t *blk = w + b * bb;
-        __m256 d0, d1, m0, m1;
-        scales_at(qtype, blk, &d0, &d1, &m0, &m1);
-        for (int64_t kk = 0; kk < KBLK; kk++) {
-            __m256 w0, w1;
-            weights_at(qtype, blk, kk, d0, d1, m0, m1, &w0, &w1);
-            _mm256_storeu_ps(wf + (b * KBLK + kk) * PANEL, w0);
-            _mm256_storeu_ps(wf + (b * KBLK + kk) * PANEL + 8, w1);
+        const uint8_t *sb = w + b / subs * sbb, *blk = values_of(kind, sb, b % subs);
+        for (int g = 0; g < groups(kind); g++) {
+            __m256 d0, d1, m0, m1;
+            scales_at(kind, sb, b % subs, g, &d0, &d1, &m0, &m1);
+            for (int64_t kk = g * gk; kk < (g + 1) * gk; kk++) {
+                __m256 w0, w1;
+                weights_at(kind, blk, kk, d0, d1, m0, m1, &w0, &w1);
+                _mm256_storeu_ps(wf + (b * KBLK + kk) * PANEL, w0);
+                _mm256_storeu_ps(wf + (b * KBLK + kk) * PANEL + 8, w1);
+            }
         }
     }
 }
@@ -173,49 +119,22 @@ static inline __attribute__((always_inline)) void tile_f32(const float *x, int64
     }
 }
 #else
-/* Column c's weight at input kk of block blk, as the AVX2 path computes it. */
-static inline float weight_at(int64_t qtype, const uint8_t *blk, int c, int64_t kk) {
-    const uint8_t *s = blk + quant_bytes(qtype);
-    float d, m = 0.0f;
-    if (qtype == 2) {
-        memcpy(&d, s + 4 * c, 4);
-        memcpy(&m, s + 64 + 4 * c, 4);
-    } else {
-        uint16_t hd, hm = 0;
-        memcpy(&hd, s + 2 * c, 2);
-        if (qtype == 0) memcpy(&hm, s + 32 + 2 * c, 2);
-        d = half_to_float(hd);
-        m = half_to_float(hm);
-    }
-    float q;
-    if (qtype != 1) {
-        const uint8_t byte = blk[kk * 8 + (c & 7)];
-        q = (float)(c < 8 ? byte & 15 : byte >> 4);
-    } else {
-        q = (float)(int8_t)blk[kk * 16 + c];
-    }
-    return __builtin_fmaf(d, q, m);
-}
-
 /* Portable twin of the AVX2 tile: the same weights and the same FMA chain per output. */
-static void tile(int64_t qtype, const float *x, int64_t ldx, int64_t K, const uint8_t *w, int64_t panel_stride,
-                 float *out, int64_t ldo, const int MR, const int NP) {
-    const int64_t bb = block_bytes(qtype);
+static ALWAYS_INLINE void tile(const int kind, const float *x, int64_t ldx, int64_t K, const uint8_t *w,
+                               int64_t panel_stride, float *out, int64_t ldo, const int MR, const int NP) {
     for (int p = 0; p < NP; p++)
         for (int c = 0; c < PANEL; c++)
             for (int r = 0; r < MR; r++) {
                 float acc = 0.0f;
                 for (int64_t k = 0; k < K; k++)
-                    acc = __builtin_fmaf(x[r * ldx + k], weight_at(qtype, w + p * panel_stride + k / KBLK * bb, c,
-                                                                   k % KBLK), acc);
+                    acc = __builtin_fmaf(x[r * ldx + k], weight_at(kind, w + p * panel_stride, c, k), acc);
                 out[r * ldo + p * PANEL + c] = acc;
             }
 }
 
-static void dequant_panel(int64_t qtype, const uint8_t *w, int64_t K, float *wf) {
+static ALWAYS_INLINE void dequant_panel_kind(const int kind, const uint8_t *w, int64_t K, float *wf) {
     for (int64_t k = 0; k < K; k++)
-        for (int c = 0; c < PANEL; c++)
-            wf[k * PANEL + c] = weight_at(qtype, w + k / KBLK * block_bytes(qtype), c, k % KBLK);
+        for (int c = 0; c < PANEL; c++) wf[k * PANEL + c] = weight_at(kind, w, c, k);
 }
 
 static void tile_f32(const float *x, int64_t ldx, int64_t k0, int64_t k1, const float *wf, float *out, int64_t ldo,
@@ -229,6 +148,23 @@ static void tile_f32(const float *x, int64_t ldx, int64_t k0, int64_t k1, const 
 }
 #endif
 
+/* Calls fn with kind as a constant, so the always-inline code below it is compiled once per kind. */
+#define BY_KIND(kind, fn, ...)                                                                                  \
+    switch (kind) {                                                                                            \
+    case KIND_Q4_1: fn(KIND_Q4_1, __VA_ARGS__); break;                                                         \
+    case KIND_Q8_0: fn(KIND_Q8_0, __VA_ARGS__); break;                                                         \
+    case KIND_Q4_K: fn(KIND_Q4_K, __VA_ARGS__); break;                                                         \
+    case KIND_Q4_0: fn(KIND_Q4_0, __VA_ARGS__); break;                                                         \
+    case KIND_Q5_0: fn(KIND_Q5_0, __VA_ARGS__); break;                                                         \
+    case KIND_Q5_1: fn(KIND_Q5_1, __VA_ARGS__); break;                                                         \
+    case KIND_Q5_K: fn(KIND_Q5_K, __VA_ARGS__); break;                                                         \
+    case KIND_Q6_K: fn(KIND_Q6_K, __VA_ARGS__); break;                                                         \
+    }
+
+static void dequant_panel(int kind, const uint8_t *w, int64_t K, float *wf) {
+    BY_KIND(kind, dequant_panel_kind, w, K, wf)
+}
+
 /* Copies an MR-row tile of the last, partial panel's outputs (columns < N) from tmp into y. */
 static void store_partial(float *y, int64_t ldy, int64_t N, int64_t col0, const float *tmp, int64_t ldt, int MR,
                           int64_t width) {
@@ -236,10 +172,13 @@ static void store_partial(float *y, int64_t ldy, int64_t N, int64_t col0, const 
         for (int64_t c = col0; c < N && c < col0 + width; c++) y[i * ldy + c] = tmp[i * ldt + c - col0];
 }
 
+static inline int64_t panel_bytes(int kind, int64_t K) { return K / (KBLK * sub_blocks(kind)) * super_bytes(kind); }
+
 /* Few rows: each panel's weights dequantized in registers for up to 4 rows at a time. */
-static void run_direct(int64_t qtype, const float *x, int64_t ldx, int64_t K, const uint8_t *w, int64_t N,
-                       float *y, int64_t ldy, int64_t r0, int64_t rows, int64_t p0, int64_t np) {
-    const int64_t panel_stride = (K / KBLK) * block_bytes(qtype), full = N / PANEL;
+static ALWAYS_INLINE void direct_kind(const int kind, const float *x, int64_t ldx, int64_t K, const uint8_t *w,
+                                      int64_t N, float *y, int64_t ldy, int64_t r0, int64_t rows, int64_t p0,
+                                      int64_t np) {
+    const int64_t panel_stride = panel_bytes(kind, K), full = N / PANEL;
     float tmp[4 * 4 * PANEL];
     for (int64_t r = r0; r < r0 + rows;) {
         const int64_t left = r0 + rows - r;
@@ -257,14 +196,14 @@ static void run_direct(int64_t qtype, const float *x, int64_t ldx, int64_t K, co
             float *o = direct ? y + r * ldy + p * PANEL : tmp;
             const int64_t ldo = direct ? ldy : NP * PANEL;
             switch (MR * 8 + NP) {
-            case 4 * 8 + 1: tile(qtype, xr, ldx, K, wp, panel_stride, o, ldo, 4, 1); break;
-            case 3 * 8 + 2: tile(qtype, xr, ldx, K, wp, panel_stride, o, ldo, 3, 2); break;
-            case 3 * 8 + 1: tile(qtype, xr, ldx, K, wp, panel_stride, o, ldo, 3, 1); break;
-            case 2 * 8 + 2: tile(qtype, xr, ldx, K, wp, panel_stride, o, ldo, 2, 2); break;
-            case 2 * 8 + 1: tile(qtype, xr, ldx, K, wp, panel_stride, o, ldo, 2, 1); break;
-            case 1 * 8 + 4: tile(qtype, xr, ldx, K, wp, panel_stride, o, ldo, 1, 4); break;
-            case 1 * 8 + 2: tile(qtype, xr, ldx, K, wp, panel_stride, o, ldo, 1, 2); break;
-            default: tile(qtype, xr, ldx, K, wp, panel_stride, o, ldo, 1, 1); break;
+            case 4 * 8 + 1: tile(kind, xr, ldx, K, wp, panel_stride, o, ldo, 4, 1); break;
+            case 3 * 8 + 2: tile(kind, xr, ldx, K, wp, panel_stride, o, ldo, 3, 2); break;
+            case 3 * 8 + 1: tile(kind, xr, ldx, K, wp, panel_stride, o, ldo, 3, 1); break;
+            case 2 * 8 + 2: tile(kind, xr, ldx, K, wp, panel_stride, o, ldo, 2, 2); break;
+            case 2 * 8 + 1: tile(kind, xr, ldx, K, wp, panel_stride, o, ldo, 2, 1); break;
+            case 1 * 8 + 4: tile(kind, xr, ldx, K, wp, panel_stride, o, ldo, 1, 4); break;
+            case 1 * 8 + 2: tile(kind, xr, ldx, K, wp, panel_stride, o, ldo, 1, 2); break;
+            default: tile(kind, xr, ldx, K, wp, panel_stride, o, ldo, 1, 1); break;
             }
             if (!direct) store_partial(y + r * ldy, ldy, N, p * PANEL, tmp, ldo, MR, NP * PANEL);
             p += NP;
@@ -273,15 +212,20 @@ static void run_direct(int64_t qtype, const float *x, int64_t ldx, int64_t K, co
     }
 }
 
+static void run_direct(int kind, const float *x, int64_t ldx, int64_t K, const uint8_t *w, int64_t N, float *y,
+                       int64_t ldy, int64_t r0, int64_t rows, int64_t p0, int64_t np) {
+    BY_KIND(kind, direct_kind, x, ldx, K, w, N, y, ldy, r0, rows, p0, np)
+}
+
 /* Many rows: each panel dequantized once into wf (K * 16 floats), then 6 rows at a time over K_CHUNK
  * inputs at a time, so the chunk of weights and of the 6 rows stays in L1 (a float stored and reloaded
  * between chunks is the same float: one chain per output still). */
-static void run_scratch(int64_t qtype, const float *x, int64_t ldx, int64_t K, const uint8_t *w, int64_t N,
-                        float *y, int64_t ldy, int64_t r0, int64_t rows, int64_t p0, int64_t np, float *wf) {
-    const int64_t panel_stride = (K / KBLK) * block_bytes(qtype), full = N / PANEL;
+static void run_scratch(int kind, const float *x, int64_t ldx, int64_t K, const uint8_t *w, int64_t N, float *y,
+                        int64_t ldy, int64_t r0, int64_t rows, int64_t p0, int64_t np, float *wf) {
+    const int64_t panel_stride = panel_bytes(kind, K), full = N / PANEL;
     float tmp[ROW_BLOCK * PANEL];
     for (int64_t p = p0; p < p0 + np; p++) {
-        dequant_panel(qtype, w + p * panel_stride, K, wf);
+        dequant_panel(kind, w + p * panel_stride, K, wf);
         const int direct = p < full;
         float *o = direct ? y + r0 * ldy + p * PANEL : tmp;
         const int64_t ldo = direct ? ldy : PANEL;
@@ -309,9 +253,10 @@ static void run_scratch(int64_t qtype, const float *x, int64_t ldx, int64_t K, c
     }
 }
 
-/* y[M, N] (row stride ldy) = x[M, K] (row stride ldx) @ W.T; qtype: see block_bytes. K is a
- * multiple of 32. Rows go in blocks of ROW_BLOCK; each thread of the OpenMP runtime torch runs on (see
- * cpu_paged_attention.c) takes a contiguous range of panels, so it streams its own share of the weights.
+/* y[M, N] (row stride ldy) = x[M, K] (row stride ldx) @ W.T; qtype: the block kind (quant_blocks.h, checked
+ * by the caller). K is a multiple of the kind's super-block (32 inputs, 256 for the K-quants). Rows go in
+ * blocks of ROW_BLOCK; each thread of the OpenMP runtime torch runs on (see paged_attention.c) takes a
+ * contiguous range of panels, so it streams its own share of the weights.
  * Both paths give every output the same bits (the same weights, one FMA chain over k in order). */
 void tandem_quant_linear_f32(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int64_t qtype,
                              int64_t N, float *y, int64_t ldy, int64_t num_threads) {
@@ -334,9 +279,9 @@ void tandem_quant_linear_f32(const float *x, int64_t M, int64_t K, int64_t ldx, 
         for (int64_t r0 = 0; r0 < M && p1 > p0; r0 += ROW_BLOCK) {
             const int64_t rows = M - r0 < ROW_BLOCK ? M - r0 : ROW_BLOCK;
             if (wf && rows >= SCRATCH_MIN_ROWS)
-                run_scratch(qtype, x, ldx, K, w, N, y, ldy, r0, rows, p0, p1 - p0, wf);
+                run_scratch((int)qtype, x, ldx, K, w, N, y, ldy, r0, rows, p0, p1 - p0, wf);
             else
-                run_direct(qtype, x, ldx, K, w, N, y, ldy, r0, rows, p0, p1 - p0);
+                run_direct((int)qtype, x, ldx, K, w, N, y, ldy, r0, rows, p0, p1 - p0);
         }
         free(wf);
     }

@@ -1,7 +1,8 @@
-"""The quantized-linear CPU kernel (kernels/cpu_quant_linear.c): its repacking gives back gguf's own
-dequantization exactly, its products match the float32 reference at every row count on both of its paths,
-a row's result is the same bits alone, in any batch, at any stride and on any number of threads, and what
-it cannot take is refused with a typed error."""
+"""The quantized-linear CPU kernel (kernels/csrc/quant_linear.c), for every GGUF type it takes: its
+repacking gives back gguf's own dequantization exactly, its products are bit for bit one FMA chain over
+those weights in k order and match the float32 reference at every row count on both of its paths, a row's
+result is the same bits alone, in any batch, at any stride and on any number of threads, and what it
+cannot take is refused with a typed error (and a layer then runs dequantized)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 import torch
 
 from kernels.native import quant_linear as cpu_quant_linear
-from kernels.native.quant_linear import GGUF_BLOCKS, dequantize, pack, quant_linear
-from tests.gguf_files import q4_k_blocks
+from kernels.native.quant_linear import GGUF_BLOCKS, QuantRows, dequantize, pack, quant_linear
+from tests.gguf_files import K_QUANTS, k_quant_blocks
 from tests.kernels.portable_build import portable_build, x86_only
 from tests.kernels.test_cpu_paged_attention import HAS_CC, needs_cc
 from worker.gguf_weights import GGUFBlocks
@@ -22,15 +23,15 @@ from worker.layers import ColumnParallelLinear
 
 
 def _fit(qtype: str, k: int) -> int:
-    """k rounded up to whole blocks of the type (Q4_K's are 256 weights)."""
+    """k rounded up to whole blocks of the type (the K-quants' are 256 weights)."""
     elems = GGUF_BLOCKS[qtype][1]
     return -(-k // elems) * elems
 
 
 def _blocks(qtype: str, n: int, k: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    if qtype == "Q4_K":  # gguf cannot quantize to it: random blocks
-        return q4_k_blocks(n, k, seed)
+    if qtype in K_QUANTS:  # gguf cannot quantize to them: random blocks
+        return k_quant_blocks(qtype, n, k, seed)
     # rows of different scales, and an offset so Q4_1's minimum is not always ~ -max
     w = rng.standard_normal((n, k)).astype(np.float32) * rng.uniform(0.01, 3, (n, 1)).astype(np.float32)
     w += rng.uniform(-0.5, 0.5, (n, 1)).astype(np.float32)
@@ -51,17 +52,35 @@ def test_repacking_keeps_gguf_dequantization_exactly(qtype: str, n: int, k: int)
     assert torch.equal(dequantize(w), _gguf_dequant(raw, qtype, k))
 
 
+def _fma_chain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [rows, K] @ w [out, K].T as one float32 FMA chain per output over k in order, from 0, computed
+    without the kernel: each step's exact x * w + acc (x * w is exact in float64) summed in float64 rounded
+    to odd, which rounds to float32 as the exact sum would (a correctly rounded FMA)."""
+    xs, ws = x.double().numpy(), w.double().numpy()
+    acc = np.zeros((xs.shape[0], ws.shape[0]))
+    for k in range(xs.shape[1]):
+        p = xs[:, k, None] * ws[None, :, k]
+        s = p + acc
+        t = s - p
+        err = (p - (s - t)) + (acc - t)  # the exact sum is s + err (TwoSum)
+        even = (s.view(np.int64) & 1) == 0
+        s = np.where((err != 0) & even, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+        acc = s.astype(np.float32).astype(np.float64)
+    return torch.from_numpy(acc.astype(np.float32))
+
+
 @needs_cc
 @pytest.mark.parametrize("qtype", sorted(GGUF_BLOCKS))
-@pytest.mark.parametrize(("n", "k"), [(16, 32), (70, 96), (200, 288)])  # 70, 200: a last panel part-filled
+@pytest.mark.parametrize(("n", "k"), [(16, 32), (37, 96), (70, 256), (200, 288), (21, 768)])
 def test_products_match_the_float32_reference(qtype: str, n: int, k: int) -> None:
+    """N not a multiple of 16 (the last panel part-filled), several K (1 to 3 K-quant super-blocks)."""
     k = _fit(qtype, k)
     raw = _blocks(qtype, n, k, seed=3)
     w = pack(raw, qtype, k)
     ref_w = _gguf_dequant(raw, qtype, k)
     g = torch.Generator().manual_seed(n)
     # 1-15 rows: weights dequantized in registers; 16 and more: through the float32 scratch; 150: two row blocks
-    for rows in (1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 20, 64, 150):
+    for rows in (*range(1, 21), 64, 150):
         x = torch.randn(rows, k, generator=g)
         got = quant_linear(x, w).double()
         want = x.double() @ ref_w.double().T
@@ -71,7 +90,23 @@ def test_products_match_the_float32_reference(qtype: str, n: int, k: int) -> Non
 
 
 @needs_cc
-@pytest.mark.parametrize("qtype", ["Q4_1", "Q4_K", "Q8_0"])
+@pytest.mark.parametrize("qtype", sorted(GGUF_BLOCKS))
+def test_products_are_one_fma_chain_over_gguf_weights_bit_for_bit(qtype: str) -> None:
+    """The contract itself: each output is the float32 FMA chain over k in order on gguf's dequantized
+    weights, to the bit, on both paths and on 1 and 2 threads."""
+    n, k = 37, _fit(qtype, 288)
+    raw = _blocks(qtype, n, k, seed=11)
+    want_w = _gguf_dequant(raw, qtype, k)
+    w = pack(raw, qtype, k)
+    x = torch.randn(20, k, generator=torch.Generator().manual_seed(6))
+    want = _fma_chain(x, want_w)
+    for rows in (1, 3, 4, 16, 20):
+        for threads in (1, 2):
+            assert torch.equal(quant_linear(x[:rows], w, threads=threads), want[:rows]), (rows, threads)
+
+
+@needs_cc
+@pytest.mark.parametrize("qtype", sorted(GGUF_BLOCKS))
 def test_a_row_gives_the_same_bits_alone_in_any_batch_and_thread_count(qtype: str) -> None:
     k, n = _fit(qtype, 96), 70
     w = pack(_blocks(qtype, n, k, seed=9), qtype, k)
@@ -85,7 +120,7 @@ def test_a_row_gives_the_same_bits_alone_in_any_batch_and_thread_count(qtype: st
 
 
 @needs_cc
-@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("qtype", sorted(GGUF_BLOCKS))
 def test_threads_split_the_panels_without_changing_a_bit(qtype: str) -> None:
     """38 panels over 1 and 2 threads (pairs of panels for few rows, single ones for many: a thread's range
     ends in a 2-panel tile), for 1 to 20 rows: the same bits each way, and right."""
@@ -124,8 +159,8 @@ def test_blocks_sliced_on_block_edges_stay_blocks() -> None:
 
 def test_what_the_kernel_does_not_take_is_refused() -> None:
     raw = _blocks("Q8_0", 16, 64)
-    with pytest.raises(ValueError, match="no CPU kernel for GGUF type Q6_K"):
-        pack(raw, "Q6_K", 64)
+    with pytest.raises(ValueError, match="no CPU kernel for GGUF type Q3_K"):
+        pack(raw, "Q3_K", 64)
     with pytest.raises(ValueError, match="expected uint8 rows of 68 bytes"):
         pack(raw[:, :34], "Q8_0", 64)
     with pytest.raises(ValueError, match="expected uint8 rows"):
@@ -143,17 +178,61 @@ def test_the_kernel_builds_where_there_is_a_compiler() -> None:
     assert cpu_quant_linear.available() == HAS_CC
 
 
-def test_a_scale_the_repacking_cannot_hold_falls_back_to_float32() -> None:
-    """Q4_0's d * (q - 8) is repacked as d * q + m with m = -8 d in float16: a d past 8191 would overflow,
-    so that weight is refused here and the layer dequantizes it instead."""
-    raw = _blocks("Q4_0", 16, 64)
-    raw[0, 0:2] = np.array([60000.0], np.float16).view(np.uint8)  # row 0, block 0: d = 60000
-    with pytest.raises(ValueError, match="too large"):
-        pack(raw, "Q4_0", 64)
-    layer = ColumnParallelLinear(64, [16], bias=False, dtype=torch.float32, device="cpu")
-    layer.load_weight(GGUFBlocks(raw, "Q4_0", 64))
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q5_0", "Q6_K"])
+def test_a_scale_the_fused_form_cannot_give_falls_back_to_float32(qtype: str) -> None:
+    """gguf's d * (q - offset) is rebuilt as D * q + M with M = -offset * D in float32: exact for any finite
+    d (60000 too, which a float16 M could not hold), but for an infinite d gguf gives +-inf where that
+    gives NaN: such a weight is refused, and a layer given it dequantizes it instead."""
+    k = _fit(qtype, 64)
+    raw = _blocks(qtype, 16, k)
+    at = 208 if qtype == "Q6_K" else 0  # row 0, first block: d
+    raw[0, at : at + 2] = np.array([60000.0], np.float16).view(np.uint8)
+    want = _gguf_dequant(raw, qtype, k)
+    assert torch.equal(dequantize(pack(raw, qtype, k)), want) and want.abs().max() > 1e5
+    if HAS_CC:
+        x = torch.randn(3, k)
+        assert torch.equal(quant_linear(x, pack(raw, qtype, k)), _fma_chain(x, want))
+    raw[0, at : at + 2] = np.array([np.inf], np.float16).view(np.uint8)
+    with pytest.raises(ValueError, match="infinite or NaN scale"):
+        pack(raw, qtype, k)
+    layer = ColumnParallelLinear(k, [16], bias=False, dtype=torch.float32, device="cpu")
+    layer.load_weight(GGUFBlocks(raw, qtype, k))
+    with np.errstate(invalid="ignore"):  # gguf's inf * 0
+        layer.finish_loading()
+        want = _gguf_dequant(raw, qtype, k).numpy()
+    assert layer.quant is None and layer.weight is not None and torch.isinf(layer.weight[0]).any()
+    np.testing.assert_array_equal(layer.weight.numpy(), want)  # NaN where gguf has NaN
+
+
+@needs_cc
+def test_a_fused_layer_of_several_types_keeps_each_parts_blocks() -> None:
+    """q and k in Q4_K, v in Q6_K (a Q4_K_M file's attention): one QuantRows of a Q4_K and a Q6_K part, each
+    into its columns (34 + 6 rows: the Q4_K part's last panel part-filled), the same bits as the chain over
+    gguf's weights."""
+    sizes, types = [34, 6, 6], ["Q4_K", "Q4_K", "Q6_K"]
+    raws = [_blocks(t, n, 256, seed=i) for i, (t, n) in enumerate(zip(types, sizes))]
+    layer = ColumnParallelLinear(256, sizes, bias=False, dtype=torch.float32, device="cpu")
+    for shard, (raw, t) in enumerate(zip(raws, types)):
+        layer.load_weight(GGUFBlocks(raw, t, 256), shard=shard)
     layer.finish_loading()
-    assert layer.quant is None and torch.equal(layer.weight, _gguf_dequant(raw, "Q4_0", 64))
+    assert isinstance(layer.quant, QuantRows) and layer.weight is None
+    assert [(p.qtype, p.out_features) for p in layer.quant.parts] == [("Q4_K", 40), ("Q6_K", 6)]
+    want_w = torch.cat([_gguf_dequant(raw, t, 256) for raw, t in zip(raws, types)])
+    assert torch.equal(dequantize(layer.quant), want_w)
+    x = torch.randn(20, 256, generator=torch.Generator().manual_seed(3))
+    want = _fma_chain(x, want_w)
+    for rows in (1, 5, 20):
+        assert torch.equal(layer(x[:rows]), want[:rows]), rows
+
+
+def test_a_layer_given_a_type_without_a_kernel_dequantizes_it() -> None:
+    """Q3_K (Q3_K_M files have it): no kernel, so the layer takes gguf's float32 weights."""
+    raw = np.random.default_rng(0).integers(0, 256, (16, 110), dtype=np.uint8)  # 256 inputs: one block a row
+    raw[:, 108:110] = np.array([1e-4], np.float16).view(np.uint8)  # d: finite
+    layer = ColumnParallelLinear(256, [16], bias=False, dtype=torch.float32, device="cpu")
+    layer.load_weight(GGUFBlocks(raw, "Q3_K", 256))
+    layer.finish_loading()
+    assert layer.quant is None and torch.equal(layer.weight, _gguf_dequant(raw, "Q3_K", 256))
 
 
 @needs_cc

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kernels.native.quant_linear import QuantWeight, pack, quant_linear
+from kernels.native.quant_linear import QuantRows, QuantWeight, pack, quant_linear
 from worker.gguf_weights import GGUFBlocks
 from worker.layers.cpu_linear import linear, pack_weight, packable
 
@@ -31,11 +31,11 @@ def full_tensor(src: Any) -> torch.Tensor:
 class PackableLinear(nn.Module):
     """A linear layer whose weight the worker may swap, once loaded, for oneDNN's packed copy on CPU
     (cpu_linear.py), or that keeps a GGUF file's quantized blocks for the CPU kernel
-    (kernels/cpu_quant_linear.py); the plain weight is then freed and `weight` is None."""
+    (kernels/native/quant_linear.py); the plain weight is then freed and `weight` is None."""
 
     weight: nn.Parameter | None
     packed: torch.Tensor | None = None
-    quant: QuantWeight | None = None
+    quant: QuantWeight | QuantRows | None = None
     # rows offset -> that part's GGUF blocks, until finish_loading packs (or dequantizes) them
     _blocks: dict[int, GGUFBlocks]
 
@@ -45,22 +45,31 @@ class PackableLinear(nn.Module):
         self._blocks[offset] = blocks
 
     def finish_loading(self) -> None:
-        """Once every part is in: the kernel's layout when all of the weight came as blocks of one type
-        (the plain weight is freed); otherwise the blocks that came are dequantized into the weight."""
+        """Once every part is in: the kernel's layout when all of the weight came as blocks (the plain
+        weight is freed), one QuantWeight per run of parts of one type (a QuantRows of them when the types
+        differ, as a Q4_K_M file's q/k and v do); otherwise the blocks that came are dequantized into the
+        weight."""
         parts = getattr(self, "_blocks", None)
         if not parts:
             return
         self._blocks = {}
         order = sorted(parts)
         rows = sum(parts[o].shape[0] for o in order)
-        same = len({(parts[o].qtype, parts[o].in_features) for o in order}) == 1
-        if same and rows == self.weight.shape[0] and order == _contiguous(parts, order):
-            raw = np.concatenate([parts[o].raw for o in order])
+        inputs = {parts[o].in_features for o in order}
+        if len(inputs) == 1 and rows == self.weight.shape[0] and order == _contiguous(parts, order):
+            runs: list[list[int]] = []
+            for o in order:
+                if runs and parts[runs[-1][0]].qtype == parts[o].qtype:
+                    runs[-1].append(o)
+                else:
+                    runs.append([o])
             try:
-                self.quant = pack(raw, parts[order[0]].qtype, parts[order[0]].in_features)
+                packed = [pack(np.concatenate([parts[o].raw for o in run]), parts[run[0]].qtype, *inputs)
+                          for run in runs]
             except ValueError:
-                pass  # a scale the repacking cannot hold: dequantized below
+                pass  # a type or scale the kernel does not take: dequantized below
             else:
+                self.quant = packed[0] if len(packed) == 1 else QuantRows(tuple(packed))
                 self.weight = None
                 return
         for o in order:
