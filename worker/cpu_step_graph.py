@@ -23,6 +23,7 @@ import torch
 
 from kernels.native import paged_attention, quant_linear
 from kernels.native import step_graph as sg
+from kernels.native.quant_linear import QuantRows
 from protocol.engine_config import EngineConfig
 from worker.attention_backend import CpuBackend
 from worker.forward_batch import ForwardBatch
@@ -99,11 +100,16 @@ class CpuStepGraph:
                    norm.weight.data_ptr(), n, sg.float_bits(norm.eps), out.data_ptr(), out.stride(0))
 
     def _linear(self, layer: PackableLinear, x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """One node per packed part (a fused layer may mix GGUF types), each into its own columns of y,
+        adding its columns' bias as the eager product adds the whole bias after."""
         w = layer.quant
         assert w is not None  # cpu_graph_applies checked every layer
-        self._node(sg.QLINEAR, sg.entry_points()["quant_linear"], x.data_ptr(), w.in_features, x.stride(0),
-                   w.data.data_ptr(), w.kind, w.out_features, y.data_ptr(), y.stride(0), sg.ptr(bias),
-                   quant_linear.PARALLEL_MIN_MACS)
+        col = 0
+        for part in w.parts if isinstance(w, QuantRows) else (w,):
+            self._node(sg.QLINEAR, sg.entry_points()["quant_linear"], x.data_ptr(), part.in_features, x.stride(0),
+                       part.data.data_ptr(), part.kind, part.out_features, y.data_ptr() + 4 * col, y.stride(0),
+                       0 if bias is None else bias.data_ptr() + 4 * col, quant_linear.PARALLEL_MIN_MACS)
+            col += part.out_features
 
     def _rotary(self, x: torch.Tensor, heads: int, out: torch.Tensor) -> None:
         """x: a [B, width] buffer whose first heads * D floats of each row are the heads to rotate."""
