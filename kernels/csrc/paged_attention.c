@@ -180,7 +180,7 @@ ALWAYS_INLINE __m256 load8(const char *row, int64_t d, int kt) {
     if (kt == KV_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 #ifdef __F16C__
     return _mm256_cvtph_ps(h);
-#else /* AVX2 without F16C (no such CPU is known; a compiler told not to use it): one lane at a time */
+#else /* a build told not to use F16C (every AVX2 CPU has it): one lane at a time */
     float f[8];
     for (int l = 0; l < 8; l++) f[l] = f16_to_f32(((const uint16_t *)row)[d + l]);
     return _mm256_loadu_ps(f);
