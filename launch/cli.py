@@ -56,11 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "serve":
         from launch.serve import serve
 
-        try:
-            scfg = config_from_args(args, ServeConfig)
+        try:  # a value the configs refuse: their one-line message, not a traceback
+            cfg, scfg = config_from_args(args), config_from_args(args, ServeConfig)
         except ValueError as e:
             raise SystemExit(f"tandem serve: {e}") from e
-        return serve(config_from_args(args), scfg, owner_fd=args.owner_fd)
+        return serve(cfg, scfg, owner_fd=args.owner_fd)
     if args.cmd == "generate":
         return _generate(args)
     return 2

@@ -49,6 +49,10 @@ class EngineConfig:
         default="auto",
         metadata={"help": "auto (bf16 on CUDA and on CPUs with AMX or AVX512-BF16, else fp32), float32, bfloat16"},
     )
+    kv_cache_dtype: str = field(
+        default="auto", metadata={"help": "the KV pools' element: auto (the model's dtype), float32, float16, "
+                                  "bfloat16"}
+    )
     attention_backend: str = field(
         default="auto", metadata={"help": "auto (triton on CUDA, cpu on CPU), cpu, torch, triton"}
     )
@@ -121,6 +125,8 @@ class EngineConfig:
             raise bad("prompt_lookup_max", f"must be >= prompt_lookup_min={self.prompt_lookup_min} >= 1")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise bad("dtype", "must be auto, float32, bfloat16 or float16")
+        if self.kv_cache_dtype not in ("auto", "float32", "float16", "bfloat16"):
+            raise bad("kv_cache_dtype", "must be auto, float32, float16 or bfloat16")
         if self.attention_backend not in ("auto", "cpu", "torch", "triton"):  # kernels/ops.py's list
             raise bad("attention_backend", "must be auto, cpu, torch or triton")
 

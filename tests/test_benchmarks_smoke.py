@@ -121,6 +121,17 @@ def test_quant_linear_benchmark_checks_and_times_a_gguf(tiny_model, tmp_path: Pa
     assert out.startswith("CPU: ") and "quantized layer weights" in out and "rows     9" in out
 
 
+def test_attention_step_times_each_backend_on_each_kv_dtype(tiny_model, capsys) -> None:
+    from benchmarks import attention_step
+
+    best = attention_step.main(["--model", str(tiny_model("llama")), "--batch", "3", "--input-len", "8:40",
+                                "--decoded", "5", "--repeats", "1", "--backends", "torch,cpu",
+                                "--kv-dtypes", "float32,float16,bfloat16"])
+    assert list(best) == ["torch", "cpu", "torch/float16", "cpu/float16", "torch/bfloat16", "cpu/bfloat16"]
+    assert all(ms > 0 for ms in best.values())
+    assert all(line.endswith("x torch") for line in capsys.readouterr().out.splitlines()[-6:])  # to the first
+
+
 @needs_cc
 def test_quant_linear_benchmark_times_each_type_against_the_first(capsys) -> None:
     from benchmarks import quant_linear

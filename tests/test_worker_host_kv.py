@@ -13,11 +13,13 @@ def test_host_runs_split_on_gaps() -> None:
     assert host_runs([]) == []
 
 
-def test_copies_round_trip_and_save_before_load() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])  # --kv-cache-dtype
+def test_copies_round_trip_and_save_before_load(dtype: torch.dtype) -> None:
     torch.manual_seed(0)
-    kv = KVCache(2, 64, 2, 4, torch.float32, "cpu", max_reqs=2, max_context=8, host_slots=32)
+    kv = KVCache(2, 64, 2, 4, dtype, "cpu", max_reqs=2, max_context=8, host_slots=32)
+    assert all(h.dtype == dtype for h in kv.host_k + kv.host_v)  # the host tier holds the same elements
     for layer in kv.k + kv.v:
-        layer.copy_(torch.randn_like(layer))
+        layer.copy_(torch.randn(layer.shape))
     a = [layer[10:20].clone() for layer in kv.k + kv.v]
     b = [layer[30:35].clone() for layer in kv.k + kv.v]
     kv.copy(KVCopies(to_host_src=list(range(30, 35)), to_host_dst=[7, 8, 9, 1, 2]))

@@ -6,9 +6,10 @@ resolved (`Ops.attention`, from `EngineConfig.attention_backend`):
 
 - `cpu` (CPU default): every query of the step (decodes, verify rows, prefills and chunks) attended in
   one call per layer by a C kernel that reads K/V where it lies in the pool
-  (kernels/native/paged_attention.py), float32 only; where the C kernels do not run (another dtype, no C
-  compiler, TANDEM_NO_NATIVE=1) it runs as `torch`. A query's output depends on its own keys only, so a
-  prompt prefilled whole, in chunks or beside other requests gives the same bits.
+  (kernels/native/paged_attention.py), float32 queries over float32, float16 or bfloat16 pools; where the
+  C kernels do not run (a model dtype other than float32, no C compiler, TANDEM_NO_NATIVE=1) it runs as
+  `torch`. A query's output depends on its own keys only, so a prompt prefilled whole, in chunks or beside
+  other requests gives the same bits.
 - `torch`: kernels/reference/paged_attention.py. Fresh prefills attend their own K/V as computed instead
   of gathering them back from the pool; decodes and the prefixes of chunked or cached prefills are gathered.
 - `triton` (CUDA default): kernels/triton/paged_attention.py, reading K/V where it lies; its launch

@@ -55,7 +55,8 @@ class KVCache:
         self.host_v = [torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for _ in range(num_layers if host_slots else 0)]
 
     def write(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store this step's K/V ([T, num_kv_heads, head_dim]) into slots `loc` ([T])."""
+        """Store this step's K/V ([T, num_kv_heads, head_dim]) into slots `loc` ([T]), rounded to the pool's
+        dtype (--kv-cache-dtype) to nearest even, as torch's .to() does."""
         self.k[layer].index_copy_(0, loc, k.to(self.dtype))
         self.v[layer].index_copy_(0, loc, v.to(self.dtype))
 

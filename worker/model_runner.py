@@ -55,8 +55,15 @@ class ModelRunner:
         if self.device.type == "cuda" and cfg.tp_size > 1:
             self.device = torch.device("cuda", local_rank(cfg, rank))
         self.dtype = resolve_dtype(cfg.dtype, self.device, gguf=is_gguf(cfg.model))
+        # The KV pools' (device and host) element; K/V are rounded to it when written. Attention reads it as
+        # is (the C kernel widens half pools to float32 as it loads; torch attends a mixed pair in float32).
+        kvd = cfg.kv_cache_dtype
+        self.kv_dtype = self.dtype if kvd == "auto" else resolve_dtype(kvd, self.device)
         # Every kernel choice, made once: input prep, attention, the layers and speculation share it.
         self.ops = resolve_ops(self.device, self.dtype, cfg.attention_backend)
+        if self.ops.attention == "triton" and self.kv_dtype != self.dtype:
+            raise ValueError(f"--kv-cache-dtype {cfg.kv_cache_dtype} with a {self.dtype} model needs "
+                             "--attention-backend torch (the triton kernel takes the model's dtype)")
         self.model = load_model(
             cfg.model, dtype=self.dtype, device=self.device, tp_rank=rank, tp_size=cfg.tp_size, ops=self.ops
         )
@@ -64,17 +71,17 @@ class ModelRunner:
         mc = self.model.config
         max_reqs = cfg.max_running_requests
         self.max_context = info.max_model_len
-        self.num_kv_slots = kv_pool_tokens(cfg, mc, self.dtype, self.device, max_reqs * self.max_context)
+        self.num_kv_slots = kv_pool_tokens(cfg, mc, self.kv_dtype, self.device, max_reqs * self.max_context)
         if dist is not None:  # every rank's pool must hold the slots the scheduler hands out
             self.num_kv_slots = dist.min_int(self.num_kv_slots)
-        self.num_host_slots = host_pool_tokens(cfg, mc, self.dtype)  # the same on every rank
+        self.num_host_slots = host_pool_tokens(cfg, mc, self.kv_dtype)  # the same on every rank
         # + a page: page 0 (slot 0 is the padding slot) is never handed out by the scheduler.
         self.kv = KVCache(
             mc.num_hidden_layers,
             self.num_kv_slots + cfg.page_size,
             mc.local_kv_heads(cfg.tp_size),  # only this rank's KV heads
             mc.head_dim,
-            self.dtype,
+            self.kv_dtype,
             self.device,
             max_reqs=max_reqs,
             max_context=self.max_context,

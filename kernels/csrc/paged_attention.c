@@ -1,8 +1,10 @@
-/* Paged attention on CPU, float32, reading K/V where it lies in the pool: decodes, draft-verify rows,
- * prefills and prefill chunks, all alike.
+/* Paged attention on CPU, float32 queries and sums, reading K/V where it lies in the pool: decodes,
+ * draft-verify rows, prefills and prefill chunks, all alike. The pools hold float32, float16 or bfloat16
+ * (--kv-cache-dtype); a half-precision element is widened to float32 as it is loaded, which is exact, so a
+ * half pool gives the very bits of a float32 pool holding the same values, for half the bytes read.
  *
- * Built and loaded by kernels/cpu_paged_attention.py (ctypes; no torch headers, so it compiles in about a
- * second). The plain-torch reference is kernels/paged_attention.py; the tests compare the two.
+ * Built and loaded by kernels/native/paged_attention.py (ctypes; no torch headers, so it compiles in about a
+ * second). The plain-torch reference is kernels/reference/paged_attention.py; the tests compare the two.
  *
  * A call attends B requests: request b has the queries q_offsets[b] .. q_offsets[b+1]-1 (rows q_rows[e]
  * of q, or row e when q_rows is NULL; its outputs are rows e of out) over the keys in pool slots
@@ -16,6 +18,10 @@
  * (a prompt attended whole, in chunks, or one token at a time gives the same bits). With AVX2 and FMA
  * (and a head size that is a multiple of 8) the passes run eight lanes per instruction; the portable loops
  * compute the same sums in the same order elsewhere (the exp's rounding may differ: FMAs there).
+ *
+ * The AVX2 passes are written once for the three pool types (an always-inlined function of a constant type)
+ * and instantiated per type, so the type is no branch in their inner loops; the portable loops widen each
+ * row they read into float32 first (see widen).
  */
 #include <math.h>
 #include <stdint.h>
@@ -33,7 +39,53 @@
  * sums go in KB lanes by key index, a fixed order, so the same keys give the same sum. */
 #define KB 8
 
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
 static inline int64_t padded(int64_t len) { return (len + KB - 1) / KB * KB; }
+
+/* The pools' element type: the codes kernels/native/paged_attention.py passes. */
+enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
+
+static inline int64_t kv_size(int kt) { return kt == KV_F32 ? 4 : 2; }
+
+/* IEEE half -> float, exactly (every half is a float): rebias the exponent, widen the mantissa. */
+static inline float f16_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13); /* inf, nan */
+    } else if (exp) {
+        bits = sign | ((exp + 112) << 23) | (man << 13); /* normal: bias 15 -> 127 */
+    } else {
+        const float f = (float)man * 0x1p-24f; /* zero or subnormal: man * 2^-24, exact in float */
+        memcpy(&bits, &f, sizeof bits);
+        bits |= sign;
+    }
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+/* bfloat16 is a float's upper half. */
+static inline float bf16_to_f32(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+/* A K/V row of D elements of type kt as float32: the row itself, or widened into buf. The portable loops
+ * below read every row through this, so a half pool runs the float32 pool's very instructions (the
+ * compiler fuses multiply-adds as it likes, differently in differently typed copies of a loop). */
+static inline const float *widen(const char *row, int64_t D, int kt, float *buf) {
+    if (kt == KV_F32) return (const float *)row;
+    const uint16_t *h = (const uint16_t *)row;
+    if (kt == KV_F16)
+        for (int64_t d = 0; d < D; d++) buf[d] = f16_to_f32(h[d]);
+    else
+        for (int64_t d = 0; d < D; d++) buf[d] = bf16_to_f32(h[d]);
+    return buf;
+}
 
 /* One key's score: 8 lanes over d (lane l sums d = l, l+8, ... in order), added ((0+1)+(2+3))+((4+5)+(6+7)),
  * then the head sizes past a multiple of 8 in order. A score depends on its query and key alone. */
@@ -47,8 +99,8 @@ static inline float score1(const float *q, const float *k, int64_t D) {
     return s;
 }
 
-static inline void prefetch_row(const float *row, int64_t floats) {
-    for (int64_t off = 0; off < floats; off += 16) __builtin_prefetch(row + off);
+static inline void prefetch_row(const char *row, int64_t bytes) {
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off);
 }
 
 /* What one (request, KV head, query block) item reads and writes: for each query j in [j0, j1) of the
@@ -57,8 +109,9 @@ static inline void prefetch_row(const float *row, int64_t floats) {
 typedef struct {
     const float *const *qb; /* [(j1 - j0) * G] query vectors */
     float *const *ob;       /* [(j1 - j0) * G] output vectors */
-    const float *k, *v;     /* the pools, offset to KV head hk */
-    int64_t slot_stride;
+    const char *k, *v;      /* the pools, offset to KV head hk */
+    int64_t row_bytes;      /* from one slot to the next */
+    int kt;                 /* the pools' element type */
     const int64_t *sl; /* the request's slots */
     int64_t len, q_len, j0, j1, group, D;
     float scale;
@@ -74,14 +127,17 @@ static inline int64_t item_keys(const Item *it) { return it->len - it->q_len + i
 
 /* Portable loops: any CPU, any head size. */
 static void attend_item_portable(const Item *it) {
-    const int64_t kend = item_keys(it), lp = padded(kend), D = it->D;
+    const int kt = it->kt;
+    const int64_t kend = item_keys(it), lp = padded(kend), D = it->D, rb = it->row_bytes;
+    const int64_t bytes = D * kv_size(kt);
+    float buf[D];
     FOR_QUERIES(it, i, j) {
         float *s = it->work + i * lp;
         const int64_t last = it->len - it->q_len + j; /* the query's own position: keys past it are masked */
         for (int64_t t = 0; t < lp; t++) {
             if (t <= last) {
-                if (t + PREFETCH_AHEAD <= last) prefetch_row(it->k + it->sl[t + PREFETCH_AHEAD] * it->slot_stride, D);
-                s[t] = score1(it->qb[i], it->k + it->sl[t] * it->slot_stride, D) * it->scale;
+                if (t + PREFETCH_AHEAD <= last) prefetch_row(it->k + it->sl[t + PREFETCH_AHEAD] * rb, bytes);
+                s[t] = score1(it->qb[i], widen(it->k + it->sl[t] * rb, D, kt, buf), D) * it->scale;
             } else {
                 s[t] = -INFINITY;
             }
@@ -100,7 +156,7 @@ static void attend_item_portable(const Item *it) {
         for (int64_t t = 0; t <= last; t++) {
             const float p = s[t] * inv;
             if (p == 0.0f) continue; /* a weight that underflowed */
-            const float *vt = it->v + it->sl[t] * it->slot_stride;
+            const float *vt = widen(it->v + it->sl[t] * rb, D, kt, buf);
             for (int64_t d = 0; d < D; d++) o[d] += p * vt[d];
         }
     }
@@ -116,63 +172,76 @@ static inline __m256 sum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+/* Elements d .. d+7 of a K/V row of type kt, as float32: F16C's conversion for half, a 16-bit shift for
+ * bfloat16 (its bits are a float's upper half). */
+ALWAYS_INLINE __m256 load8(const char *row, int64_t d, int kt) {
+    if (kt == KV_F32) return _mm256_loadu_ps((const float *)row + d);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + d));
+    if (kt == KV_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+#ifdef __F16C__
+    return _mm256_cvtph_ps(h);
+#else /* a build told not to use F16C (every AVX2 CPU has it): one lane at a time */
+    float f[8];
+    for (int l = 0; l < 8; l++) f[l] = f16_to_f32(((const uint16_t *)row)[d + l]);
+    return _mm256_loadu_ps(f);
+#endif
+}
+
 /* The scores of eight keys against one query, D a multiple of 8: each lane as score1 computes it. */
-static inline __m256 score8(const float *q, const float *const *k, int64_t D) {
+ALWAYS_INLINE __m256 score8(const float *q, const char *const *k, int64_t D, int kt) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     for (int64_t d = 0; d < D; d += 8) {
         const __m256 x = _mm256_loadu_ps(q + d);
-        a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[0] + d), a0);
-        a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[1] + d), a1);
-        a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[2] + d), a2);
-        a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[3] + d), a3);
-        a4 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[4] + d), a4);
-        a5 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[5] + d), a5);
-        a6 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[6] + d), a6);
-        a7 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[7] + d), a7);
+        a0 = _mm256_fmadd_ps(x, load8(k[0], d, kt), a0);
+        a1 = _mm256_fmadd_ps(x, load8(k[1], d, kt), a1);
+        a2 = _mm256_fmadd_ps(x, load8(k[2], d, kt), a2);
+        a3 = _mm256_fmadd_ps(x, load8(k[3], d, kt), a3);
+        a4 = _mm256_fmadd_ps(x, load8(k[4], d, kt), a4);
+        a5 = _mm256_fmadd_ps(x, load8(k[5], d, kt), a5);
+        a6 = _mm256_fmadd_ps(x, load8(k[6], d, kt), a6);
+        a7 = _mm256_fmadd_ps(x, load8(k[7], d, kt), a7);
     }
     return sum8x8(a0, a1, a2, a3, a4, a5, a6, a7);
 }
 
-/* o[0 .. 8*NV) += sum over keys t0 .. t1-1 of p[t] * v_t[0 .. 8*NV), in key order, NV accumulators held in
- * registers: o holds the running sums between chunks of keys (a float stored and reloaded is the same
- * float, so a query's sums run over its keys in order, however they are chunked). */
-#define PASS2(NV)                                                                                  \
-    static inline void pass2_##NV(const float *s, float inv, int64_t t0, int64_t t1, const float *v,  \
-                                  int64_t slot_stride, const int64_t *sl, float *o) {              \
-        __m256 acc[NV];                                                                            \
-        for (int c = 0; c < NV; c++) acc[c] = _mm256_loadu_ps(o + 8 * c);                          \
-        for (int64_t t = t0; t < t1; t++) {                                                        \
-            const float p = s[t] * inv;                                                            \
-            if (p == 0.0f) continue; /* a weight that underflowed */                               \
-            const float *vt = v + sl[t] * slot_stride;                                             \
-            const __m256 pv = _mm256_set1_ps(p);                                                   \
-            for (int c = 0; c < NV; c++) acc[c] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vt + 8 * c), acc[c]); \
-        }                                                                                          \
-        for (int c = 0; c < NV; c++) _mm256_storeu_ps(o + 8 * c, acc[c]);                          \
+/* o[d .. d+8*nv) += sum over keys t0 .. t1-1 of p[t] * v_t[d .. d+8*nv), in key order, nv (a constant once
+ * inlined) accumulators held in registers: o holds the running sums between chunks of keys (a float stored
+ * and reloaded is the same float, so a query's sums run over its keys in order, however they are chunked). */
+ALWAYS_INLINE void pass2(const int nv, const int kt, const float *s, float inv, int64_t t0, int64_t t1,
+                         const char *v, int64_t row_bytes, const int64_t *sl, int64_t d, float *o) {
+    __m256 acc[8];
+    for (int c = 0; c < nv; c++) acc[c] = _mm256_loadu_ps(o + d + 8 * c);
+    for (int64_t t = t0; t < t1; t++) {
+        const float p = s[t] * inv;
+        if (p == 0.0f) continue; /* a weight that underflowed */
+        const char *vt = v + sl[t] * row_bytes;
+        const __m256 pv = _mm256_set1_ps(p);
+        for (int c = 0; c < nv; c++) acc[c] = _mm256_fmadd_ps(pv, load8(vt, d + 8 * c, kt), acc[c]);
     }
-PASS2(8)
-PASS2(4)
-PASS2(1)
+    for (int c = 0; c < nv; c++) _mm256_storeu_ps(o + d + 8 * c, acc[c]);
+}
 
 /* Keys per pass-2 chunk: their values stay in L1 while every query of the item sums them. */
 #define VCHUNK 32
 
 /* The same results as the portable loops but for the order of the score's sums (see score1), with
  * eight keys (pass 1) or eight head dims (pass 2) per instruction. D a multiple of 8. */
-static void attend_item_avx2(const Item *it) {
-    const int64_t len = item_keys(it), lp = padded(len), D = it->D, stride = it->slot_stride;
+ALWAYS_INLINE void attend_item_avx2_t(const Item *it, const int kt) {
+    const int64_t len = item_keys(it), lp = padded(len), D = it->D, rb = it->row_bytes;
+    const int64_t bytes = D * kv_size(kt);
     const __m256 scale = _mm256_set1_ps(it->scale), ninf = _mm256_set1_ps(-INFINITY);
     const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
     /* pass 1: each block of eight keys, read once into L1, scored against every query of this KV head */
     for (int64_t t0 = 0; t0 < lp; t0 += KB) {
-        const float *k[KB];
-        for (int u = 0; u < KB; u++) k[u] = it->k + it->sl[t0 + u < len ? t0 + u : len - 1] * stride;
-        for (int64_t t = t0 + KB; t < t0 + 2 * KB && t < len; t++) prefetch_row(it->k + it->sl[t] * stride, D);
+        const char *k[KB];
+        for (int u = 0; u < KB; u++) k[u] = it->k + it->sl[t0 + u < len ? t0 + u : len - 1] * rb;
+        for (int64_t t = t0 + KB; t < t0 + 2 * KB && t < len; t++)
+            prefetch_row(it->k + it->sl[t] * rb, bytes);
         const __m256 pos = _mm256_add_ps(_mm256_set1_ps((float)t0), lane);
         FOR_QUERIES(it, i, j) {
             const __m256 masked = _mm256_cmp_ps(pos, _mm256_set1_ps((float)(it->len - it->q_len + j)), _CMP_GT_OQ);
-            _mm256_storeu_ps(it->work + i * lp + t0,
-                             _mm256_blendv_ps(_mm256_mul_ps(score8(it->qb[i], k, D), scale), ninf, masked));
+            const __m256 sc = _mm256_mul_ps(score8(it->qb[i], k, D, kt), scale);
+            _mm256_storeu_ps(it->work + i * lp + t0, _mm256_blendv_ps(sc, ninf, masked));
         }
     }
     float invs[(it->j1 - it->j0) * it->group];
@@ -206,18 +275,23 @@ static void attend_item_avx2(const Item *it) {
             const float *s = it->work + i * lp;
             float *o = it->ob[i];
             int64_t d = 0;
-            for (; d + 64 <= D; d += 64) pass2_8(s, invs[i], c0, t1, it->v + d, stride, it->sl, o + d);
-            for (; d + 32 <= D; d += 32) pass2_4(s, invs[i], c0, t1, it->v + d, stride, it->sl, o + d);
-            for (; d < D; d += 8) pass2_1(s, invs[i], c0, t1, it->v + d, stride, it->sl, o + d);
+            for (; d + 64 <= D; d += 64) pass2(8, kt, s, invs[i], c0, t1, it->v, rb, it->sl, d, o);
+            for (; d + 32 <= D; d += 32) pass2(4, kt, s, invs[i], c0, t1, it->v, rb, it->sl, d, o);
+            for (; d < D; d += 8) pass2(1, kt, s, invs[i], c0, t1, it->v, rb, it->sl, d, o);
         }
     }
 }
+static void attend_item_avx2_f32(const Item *it) { attend_item_avx2_t(it, KV_F32); }
+static void attend_item_avx2_f16(const Item *it) { attend_item_avx2_t(it, KV_F16); }
+static void attend_item_avx2_bf16(const Item *it) { attend_item_avx2_t(it, KV_BF16); }
 #endif
 
 static void attend_item(const Item *it) {
 #ifdef TANDEM_AVX2
     if (it->D % 8 == 0) {
-        attend_item_avx2(it);
+        if (it->kt == KV_F16) attend_item_avx2_f16(it);
+        else if (it->kt == KV_BF16) attend_item_avx2_bf16(it);
+        else attend_item_avx2_f32(it);
         return;
     }
 #endif
@@ -228,14 +302,18 @@ static void attend_item(const Item *it) {
  * threads of the OpenMP runtime torch itself runs on (the library names libgomp.so.1, which the loader
  * resolves to the copy torch already loaded), so the kernel and torch's ops share one pool of threads
  * instead of two pools fighting over the cores. work: num_threads * work_stride floats, work_stride >=
- * G * min(query_block, longest q_len) * padded(max(lens)). Returns 0, or -1 if out of memory. */
-int tandem_paged_attention_f32(
+ * G * min(query_block, longest q_len) * padded(max(lens)). kv_type: the pools' element (KV_F32, KV_F16,
+ * KV_BF16); slot_stride counts elements. Returns 0, -1 if out of memory, -2 for an unknown kv_type. */
+int tandem_paged_attention_kv(
     const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *q_rows, const int64_t *q_offsets,
-    const float *k_pool, const float *v_pool, int64_t slot_stride,
+    const void *k_pool, const void *v_pool, int64_t slot_stride,
     const int64_t *slots, int64_t slots_stride, const int64_t *lens,
     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
-    float *out, int64_t batch, int64_t query_block, float *work, int64_t work_stride, int64_t num_threads) {
-    const int64_t group = num_heads / num_kv_heads;
+    float *out, int64_t batch, int64_t query_block, float *work, int64_t work_stride, int64_t num_threads,
+    int64_t kv_type) {
+    if (kv_type != KV_F32 && kv_type != KV_F16 && kv_type != KV_BF16) return -2;
+    const int kt = (int)kv_type;
+    const int64_t group = num_heads / num_kv_heads, esize = kv_size(kt);
     int64_t blocks = 0;
     for (int64_t b = 0; b < batch; b++) blocks += (q_offsets[b + 1] - q_offsets[b] + query_block - 1) / query_block;
     /* (request, first query) per block; a request's later blocks (more keys each) first, for balance */
@@ -267,12 +345,25 @@ int tandem_paged_attention_f32(
                 ob[(j - j0) * group + g] = out + (e * num_heads + h) * head_dim;
             }
         }
+        const int64_t head_off = hk * head_dim * esize;
         const Item it = {
-            qb, ob, k_pool + hk * head_dim, v_pool + hk * head_dim, slot_stride, slots + b * slots_stride,
-            lens[b], ql, j0, j1, group, head_dim, scale, scratch,
+            qb, ob, (const char *)k_pool + head_off, (const char *)v_pool + head_off, slot_stride * esize, kt,
+            slots + b * slots_stride, lens[b], ql, j0, j1, group, head_dim, scale, scratch,
         };
         attend_item(&it);
     }
     free(blk);
     return 0;
+}
+
+/* The float32-pool entry, kept with its signature for callers that bind it by name. */
+int tandem_paged_attention_f32(
+    const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *q_rows, const int64_t *q_offsets,
+    const float *k_pool, const float *v_pool, int64_t slot_stride,
+    const int64_t *slots, int64_t slots_stride, const int64_t *lens,
+    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
+    float *out, int64_t batch, int64_t query_block, float *work, int64_t work_stride, int64_t num_threads) {
+    return tandem_paged_attention_kv(q, q_row_stride, q_head_stride, q_rows, q_offsets, k_pool, v_pool,
+                                     slot_stride, slots, slots_stride, lens, num_heads, num_kv_heads, head_dim,
+                                     scale, out, batch, query_block, work, work_stride, num_threads, KV_F32);
 }

@@ -6,7 +6,8 @@ alone was a quarter of a decode step, and one SDPA per prompt of a few hundred t
 kernel's time. kernels/csrc/paged_attention.c reads each key and value once per block of queries, straight
 from the pool, for all the query heads that share it. It is C (compiled here on first use with the
 system's C compiler, see kernels/native/build.py), called through ctypes, and spreads the work over the
-threads of the OpenMP runtime torch runs on (see the .c file). The reference is
+threads of the OpenMP runtime torch runs on (see the .c file). The pools may be float32, float16 or
+bfloat16 (--kv-cache-dtype: half the bytes a step reads); queries and sums are float32. The reference is
 kernels/reference/paged_attention.py.
 
 `available()` is False, and kernels/ops.py keeps the torch path, when there is no C compiler or the build
@@ -37,6 +38,8 @@ PARALLEL_MIN_KEYS = 256
 # (at most BLOCK_SCORES floats) stay in L2 between the passes.
 BLOCK_SCORES = 64 * 1024
 MAX_QUERY_BLOCK = 8
+# The pool element types the kernel reads, by its code for each (the .c file's KV_F32, KV_F16, KV_BF16).
+KV_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 def build(compiler: str | None = None) -> Path:
@@ -54,16 +57,17 @@ def _library() -> ctypes.CDLL | None:
 
 
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Declares the kernel's C signature on a loaded build of SOURCE (the tests load other builds too)."""
-    fn = lib.tandem_paged_attention_f32
-    fn.restype = ctypes.c_int
-    fn.argtypes = [
+    """Declares the kernel's C signatures on a loaded build of SOURCE (the tests load other builds too):
+    tandem_paged_attention_kv, and tandem_paged_attention_f32, the same but for the trailing pool type."""
+    args = [
         _f32p, _i64, _i64, _i64p, _i64p,  # q, row stride, head stride, q rows, q offsets
         _f32p, _f32p, _i64,  # k pool, v pool, slot stride
         _i64p, _i64, _i64p,  # slots, slots row stride, lens
         _i64, _i64, _i64, ctypes.c_float,  # heads, kv heads, head_dim, scale
         _f32p, _i64, _i64, _f32p, _i64, _i64,  # out, batch, query block, work, work stride, threads
     ]  # fmt: skip
+    for fn, extra in ((lib.tandem_paged_attention_f32, []), (lib.tandem_paged_attention_kv, [_i64])):
+        fn.restype, fn.argtypes = ctypes.c_int, args + extra  # extra: the pools' KV_TYPES code
     return lib
 
 
@@ -72,13 +76,23 @@ def available() -> bool:
 
 
 def supports(q: torch.Tensor, k_pool: torch.Tensor) -> bool:
-    """What the kernel handles: float32 on CPU, each head's vector contiguous, pool rows [Hkv, D] dense."""
+    """What the kernel handles: float32 queries on CPU, each head's vector contiguous, pool rows [Hkv, D]
+    dense, in a type of KV_TYPES."""
     return (
-        q.dtype == k_pool.dtype == torch.float32
+        q.dtype == torch.float32 and k_pool.dtype in KV_TYPES
         and q.device.type == k_pool.device.type == "cpu"
         and q.stride(2) == 1
         and k_pool.is_contiguous()
     )
+
+
+BAD_TENSORS = ("paged_attention takes float32 CPU queries, contiguous head vectors and contiguous K and V "
+               "pools of one type: float32, float16 or bfloat16")
+
+
+def _pools_ok(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> bool:
+    same = (v_pool.shape, v_pool.dtype) == (k_pool.shape, k_pool.dtype)
+    return supports(q, k_pool) and same and v_pool.is_contiguous()
 
 
 @dataclass(frozen=True)
@@ -99,8 +113,8 @@ def _prepare(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
     q_lens: list[int], q_rows: torch.Tensor | None, threads: int | None,
 ) -> _Launch:
-    if not supports(q, k_pool) or v_pool.shape != k_pool.shape or not v_pool.is_contiguous():
-        raise ValueError("paged_attention takes float32 CPU tensors with contiguous pools and head vectors")
+    if not _pools_ok(q, k_pool, v_pool):
+        raise ValueError(BAD_TENSORS)
     if slots.dtype != torch.int64 or lens.dtype != torch.int64 or slots.stride(1) != 1 or not lens.is_contiguous():
         raise ValueError("slots and lens must be int64, slots rows and lens contiguous")
     B = slots.shape[0]
@@ -141,11 +155,12 @@ def _launch(
     out = q.new_empty(c.total, H, D)
     if c.total == 0:
         return out
-    rc = lib.tandem_paged_attention_f32(
+    rc = lib.tandem_paged_attention_kv(
         q.data_ptr(), q.stride(0), q.stride(1), None if q_rows is None else q_rows.data_ptr(), c.offsets.data_ptr(),
         k_pool.data_ptr(), v_pool.data_ptr(), k_pool.stride(0),
         slots.data_ptr(), slots.stride(0), lens.data_ptr(),
         H, hkv, D, scale, out.data_ptr(), slots.shape[0], c.block, c.work.data_ptr(), c.work_stride, c.threads,
+        KV_TYPES[k_pool.dtype],
     )  # fmt: skip
     if rc:
         raise MemoryError("the CPU paged-attention kernel could not allocate its work list")
@@ -163,7 +178,8 @@ def paged_attention(
     q_rows: torch.Tensor | None = None,
     threads: int | None = None,
 ) -> torch.Tensor:
-    """q [T, H, D] (any row/head strides, D contiguous); k_pool, v_pool [S, Hkv, D] contiguous float32;
+    """q [T, H, D] float32 (any row/head strides, D contiguous); k_pool, v_pool [S, Hkv, D] contiguous, both
+    float32, float16 or bfloat16;
     slots [B, L] int64 (each request's slots, L >= its length); lens [B] int64 (keys per request, i.e. the
     position of its last query + 1); q_lens: request b's number of queries (its last q_lens[b] positions);
     q_rows [sum(q_lens)] int64 rows of q (None: rows 0 .. sum(q_lens)-1, request by request).
@@ -203,6 +219,6 @@ def paged_attention_cpu(
     c = plan.launch
     if c is None or c.shape != (q.shape[1], q.shape[2], k_pool.shape[1], k_pool.shape[0]):
         c = plan.launch = _prepare(q, k_pool, v_pool, plan.slots, plan.lens, plan.q_lens, None, None)
-    elif q.shape[0] != c.total or not supports(q, k_pool) or not v_pool.is_contiguous() or v_pool.shape != k_pool.shape:
-        raise ValueError("paged_attention takes float32 CPU tensors with contiguous pools and head vectors")
+    elif q.shape[0] != c.total or not _pools_ok(q, k_pool, v_pool):
+        raise ValueError(BAD_TENSORS)
     return _launch(q, k_pool, v_pool, plan.slots, plan.lens, c, scale, None)

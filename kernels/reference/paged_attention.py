@@ -11,6 +11,8 @@ grouped by new-token count and by similar length so padding costs at most ~2x --
 viewing the G query heads of a KV head as G query rows (no K/V repeat). Other multi-token requests
 (prefills, chunks) run one SDPA each.
 Gathered K/V go into persistent buffers (kernels/workspace.py), a cache-sized chunk of decodes at a time.
+A pool in another dtype than q's (--kv-cache-dtype) is attended in float32: the gathered K/V and q widened,
+the output rounded back to q's dtype.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ from kernels.workspace import WORKSPACE
 
 # Gathered K+V per decode chunk: well inside a server L3, so SDPA re-reads it from cache, not DRAM.
 DECODE_CHUNK_BYTES = 8 << 20
+
+
+def _compute_dtype(q: torch.Tensor, k_pool: torch.Tensor) -> torch.dtype:
+    """q's dtype, or float32 for a pool in another (SDPA takes one dtype; float32 loses nothing of either)."""
+    return q.dtype if k_pool.dtype == q.dtype else torch.float32
 
 
 def _gather(name: str, pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -173,13 +180,14 @@ def paged_attention_ref(
     if plan is None:
         plan = build_attention_plan(req_to_token, req_pool_indices, seq_lens, extend_lens)
     T, H, D = q.shape
+    cd = _compute_dtype(q, k_pool)
     hkv = k_pool.shape[1]
     group = H // hkv
     out = None
 
     for g in plan.decode_groups:
         # unflatten, not view: q may be a strided view (the model rotates q and k in one tensor).
-        qd = (q if g.token_idx is None else q.index_select(0, g.token_idx)).unflatten(1, (hkv, group))
+        qd = (q if g.token_idx is None else q.index_select(0, g.token_idx)).to(cd).unflatten(1, (hkv, group))
         rows_per = g.q_len * group
         if g.q_len > 1:  # [Bd * q_len, Hkv, G, D] -> [Bd, Hkv, q_len * G, D]
             qd = qd.view(g.size, g.q_len, hkv, group, D).transpose(1, 2).reshape(g.size, hkv, rows_per, D)
@@ -192,15 +200,15 @@ def paged_attention_ref(
             n = min(chunk, g.size - c0)
             slots = g.slots[c0 * g.max_len : (c0 + n) * g.max_len]
             # [n, L, Hkv, D] -> [n, Hkv, L, D]; the G query heads of each KV head act as G query rows.
-            k = _gather("k", k_pool, slots).view(n, g.max_len, hkv, D).transpose(1, 2)
-            v = _gather("v", v_pool, slots).view(n, g.max_len, hkv, D).transpose(1, 2)
+            k = _gather("k", k_pool, slots).to(cd).view(n, g.max_len, hkv, D).transpose(1, 2)
+            v = _gather("v", v_pool, slots).to(cd).view(n, g.max_len, hkv, D).transpose(1, 2)
             mask = None if full_mask is None else full_mask[c0 : c0 + n]
             o[c0 : c0 + n] = F.scaled_dot_product_attention(
                 qd[c0 : c0 + n], k, v, attn_mask=mask, scale=scale
             )
         if g.q_len > 1:
             o = o.view(g.size, hkv, g.q_len, group, D).transpose(1, 2)
-        o = o.reshape(g.size * g.q_len, H, D)
+        o = o.reshape(g.size * g.q_len, H, D).to(q.dtype)
         if g.token_idx is None:
             return o  # the whole batch was one decode group
         if out is None:
@@ -222,15 +230,15 @@ def attend_extends(
     new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The plan's multi-token requests (prefills, chunks): one SDPA each, written into their rows of out."""
-    group = q.shape[1] // k_pool.shape[1]
+    group, cd = q.shape[1] // k_pool.shape[1], _compute_dtype(q, k_pool)
     for seg in extends:
         rows = slice(seg.start, seg.start + seg.length)
-        qs = q[rows].transpose(0, 1).unsqueeze(0)  # [1, H, E, D]
-        if new_kv is not None and seg.mask is None:  # fresh prefill: its keys are exactly this step's
-            k, v = (x[rows].transpose(0, 1).unsqueeze(0).to(k_pool.dtype) for x in new_kv)
+        qs = q[rows].transpose(0, 1).unsqueeze(0).to(cd)  # [1, H, E, D]
+        if new_kv is not None and seg.mask is None:  # fresh prefill: its keys are this step's, as stored
+            k, v = (x[rows].transpose(0, 1).unsqueeze(0).to(k_pool.dtype).to(cd) for x in new_kv)
         else:
-            k = _gather("k", k_pool, seg.slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, D]
-            v = _gather("v", v_pool, seg.slots).transpose(0, 1).unsqueeze(0)
+            k = _gather("k", k_pool, seg.slots).transpose(0, 1).unsqueeze(0).to(cd)  # [1, Hkv, S, D]
+            v = _gather("v", v_pool, seg.slots).transpose(0, 1).unsqueeze(0).to(cd)
         o = F.scaled_dot_product_attention(
             qs, k, v, attn_mask=seg.mask, is_causal=seg.mask is None, scale=scale, enable_gqa=group > 1
         )

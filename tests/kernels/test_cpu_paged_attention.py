@@ -1,7 +1,9 @@
 """The C paged-attention kernel (kernels/csrc/paged_attention.c) against the torch reference and dense
-attention, its batch invariance, and how it is built and refused."""
+attention, its batch invariance, its float16 and bfloat16 pools, and how it is built and refused."""
 
 from __future__ import annotations
+
+import ctypes
 
 import pytest
 import torch
@@ -144,6 +146,68 @@ def test_portable_build_matches_the_reference_and_is_batch_invariant(tmp_path, m
     test_mixed_batch_of_decodes_verifies_and_prefills(0)
     test_a_query_is_the_same_whatever_runs_beside_it()
     test_a_prompt_gives_the_same_bits_whole_chunked_or_token_by_token(64)
+    for dtype in (torch.float16, torch.bfloat16):
+        test_a_half_pool_gives_the_bits_of_a_float32_pool_of_its_values(dtype, 64)
+        test_every_half_value_is_read_exactly(dtype, 8)
+
+
+@needs_cc
+# 64: the AVX2 passes (F16C's conversion, bf16's shift); 20: the portable loops, which widen each row first
+@pytest.mark.parametrize("d", [64, 20])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_pool_gives_the_bits_of_a_float32_pool_of_its_values(dtype: torch.dtype, d: int) -> None:
+    """Widening a half to float32 is exact and the sums are the float32 kernel's, in its order: a float16 or
+    bfloat16 pool gives the very bits of a float32 pool holding the same values; so does the reference
+    (which widens what it gathers). Kernel against reference: the float32 tolerance of the tests above
+    (their sums run in different orders, on the same float32 values)."""
+    reqs = [(40, 1), (20, 20), (90, 5), (3, 1), (60, 17), (150, 1), (12, 12)]
+    c = make_case(reqs, hkv=2, group=3, seed=d, d=d)
+    q, kh, vh = c["q"], c["k_pool"].to(dtype), c["v_pool"].to(dtype)
+    got = paged_attention_cpu(q, kh, vh, _cpu_plan(c), c["scale"])
+    assert torch.equal(got, paged_attention_cpu(q, kh.float(), vh.float(), _cpu_plan(c), c["scale"]))
+    rest = (c["req_to_token"], c["req_pool_indices"], c["seq_lens"], c["extend_lens"], c["scale"])
+    ref = paged_attention_ref(q, kh, vh, *rest, plan=_plan(c))
+    assert ref.dtype == torch.float32
+    assert torch.equal(ref, paged_attention_ref(q, kh.float(), vh.float(), *rest, plan=_plan(c)))
+    torch.testing.assert_close(got, ref, atol=3e-6, rtol=1e-5)
+    # and the rounding is not lost on the way: the float32 pool itself gives other values
+    assert not torch.equal(got, paged_attention_cpu(q, c["k_pool"], c["v_pool"], _cpu_plan(c), c["scale"]))
+
+
+@needs_cc
+@pytest.mark.parametrize("d", [8, 4])  # the AVX2 loads and the portable widening
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_every_half_value_is_read_exactly(dtype: torch.dtype, d: int) -> None:
+    """All 65,536 bit patterns (subnormals, infinities and NaNs included) as values: a query with a single
+    key gives that key's value times a weight of exactly 1, i.e. the value as the kernel widened it."""
+    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    values = bits.view(dtype).reshape(-1, 1, d)
+    n = values.shape[0]
+    k_pool = torch.zeros(n, 1, d, dtype=dtype)  # every score 0: softmax weight 1 for the only key
+    table = torch.arange(n, dtype=torch.int64)[:, None]
+    out = paged_decode(torch.zeros(n, 1, d), k_pool, values, table, torch.ones(n, dtype=torch.int64), 1, 1.0)
+    torch.testing.assert_close(out, values.float(), atol=0, rtol=0, equal_nan=True)
+
+
+@needs_cc
+def test_the_float32_entry_keeps_its_signature() -> None:
+    """tandem_paged_attention_f32 (bound by name elsewhere) still takes its float32 pools, no type argument,
+    and computes what paged_attention does."""
+    c = make_case([(30, 1), (50, 3), (9, 9)], hkv=2, group=2, seed=4, d=32)
+    q, kp, vp, scale = c["q"], c["k_pool"], c["v_pool"], c["scale"]
+    plan = _cpu_plan(c)
+    want = paged_attention_cpu(q, kp, vp, plan, scale)
+    launch, lib = plan.launch, cpu_paged_attention._library()
+    assert launch is not None and lib is not None
+    fn = lib.tandem_paged_attention_f32
+    assert len(fn.argtypes) == 21 and fn.restype is ctypes.c_int
+    out = torch.full_like(want, float("nan"))
+    H, D, hkv, _ = launch.shape
+    rc = fn(q.data_ptr(), q.stride(0), q.stride(1), None, launch.offsets.data_ptr(), kp.data_ptr(),
+            vp.data_ptr(), kp.stride(0), plan.slots.data_ptr(), plan.slots.stride(0), plan.lens.data_ptr(),
+            H, hkv, D, scale, out.data_ptr(), plan.slots.shape[0], launch.block, launch.work.data_ptr(),
+            launch.work_stride, 1)
+    assert rc == 0 and torch.equal(out, want)
 
 
 @needs_cc
@@ -163,6 +227,10 @@ def test_refuses_what_it_does_not_handle() -> None:
     table, lens = c["slot_lists"][0][None], c["seq_lens"]
     with pytest.raises(ValueError, match="float32"):
         paged_decode(c["q"].bfloat16(), c["k_pool"].bfloat16(), c["v_pool"].bfloat16(), table, lens, 1, 1.0)
+    k, v = c["k_pool"], c["v_pool"]
+    for kp, vp in ((k.half(), v.bfloat16()), (k.double(), v.double())):
+        with pytest.raises(ValueError, match="of one type: float32, float16 or bfloat16"):
+            paged_decode(c["q"], kp, vp, table, lens, 1, 1.0)
     with pytest.raises(ValueError, match="int64"):
         paged_decode(c["q"], c["k_pool"], c["v_pool"], table.int(), lens, 1, 1.0)
     with pytest.raises(ValueError, match="q_len <= len"):
@@ -192,14 +260,25 @@ def test_no_compiler_is_reported(tmp_path, monkeypatch) -> None:
 
 
 def test_backend_uses_the_kernel_for_float32_and_the_torch_path_otherwise() -> None:
+    """The kernel runs for a float32 model over a float32, float16 or bfloat16 pool (and matches the torch
+    backend on it); a bfloat16 model runs the torch path."""
     assert cpu_paged_attention.available() == HAS_CC  # with a compiler, the kernel must build
-    for dtype, native in ((torch.float32, HAS_CC), (torch.bfloat16, False)):
+    q, k, v = torch.randn(1, 1, 16), torch.randn(1, 1, 16), torch.randn(1, 1, 16)
+    f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
+    cases = ((f32, f32, HAS_CC), (f32, f16, HAS_CC), (f32, bf16, HAS_CC), (bf16, bf16, False))
+    for dtype, kv_dtype, native in cases:
         backend = select_attention_backend(resolve_ops("cpu", dtype, "cpu"))
-        model = type("M", (), {"config": _Cfg(), "dtype": dtype})()
+        model = type("M", (), {"config": _Cfg(), "dtype": kv_dtype})()  # Pool's KV takes the model's dtype
         pool = Pool(model, num_slots=64, max_reqs=4)
         row = pool.add(5)
         batch: ForwardBatch = pool.batch([(row, [1], 5)])
-        assert isinstance(backend.plan(batch, pool.kv), CpuPlan) is native
+        plan = backend.plan(batch, pool.kv)
+        assert isinstance(plan, CpuPlan) is native
+        got = backend.forward(0, q.to(dtype), k.to(dtype), v.to(dtype), pool.kv, plan, 0.25)
+        ref = select_attention_backend(resolve_ops("cpu", dtype, "torch"))
+        want = ref.forward(0, q.to(dtype), k.to(dtype), v.to(dtype), pool.kv, ref.plan(batch, pool.kv), 0.25)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
 
 
 def test_without_the_kernel_the_backend_runs_the_torch_path(monkeypatch) -> None:
