@@ -23,7 +23,10 @@ ALLOWED = {
     "launch": set(ENGINE) - {"launch"},
 }
 MAX_FILE_LINES = 400
-MAX_ENGINE_LINES = 12_535  # the count at ceb361a, before the rooms were built
+# A ratchet, raised only by a feature that lands with its lines counted here: 12,535 at ceb361a, before the
+# rooms were built (the move itself had to fit under it); +400 for issue 23's CPU step graph, K-quant
+# packing and KV-cache dtype.
+MAX_ENGINE_LINES = 12_935
 
 
 def _engine_files() -> list[Path]:
