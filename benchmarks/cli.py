@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     lat.add_argument("--prompt-len", type=int, default=64)
     lat.add_argument("--output-len", type=int, default=256)
     lat.add_argument("--num-requests", type=int, default=3, help="sequential requests; medians are reported")
+    lat.add_argument("--llama-cpp", type=Path, help="a llama.cpp build: also run its llama-bench on the same "
+                     ".gguf and print the ratio (benchmarks/llama_cpp.py)")
 
     pre = sub.add_parser("prefix", help="TTFT with a shared system prompt: prefix cache on vs off; with "
                          "--host-kv-tokens or --host-kv-memory-gb, multi-turn conversations: host KV tier vs none",
@@ -91,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--seed", type=int, default=0)
     sv.add_argument("--label", default="serve", help="names the result files")
     sv.add_argument("--result-dir", type=Path, help="write LABEL.json and LABEL_*.png plots here")
+    sv.add_argument("--llama-cpp", type=Path, help="a llama.cpp build: also serve --llama-cpp-model with its "
+                    "llama-server, send it the same requests and print the ratios")
+    sv.add_argument("--llama-cpp-model", help="the .gguf llama-server serves (default: --tokenizer)")
     return p
 
 
@@ -111,6 +116,21 @@ def _serve_main(args: argparse.Namespace) -> int:
                          args.prefix_len, args.num_prefixes)
     results = run_serve(args.base_url, args.model, reqs, rates, args.max_concurrency, args.seed, args.api_key,
                         args.slo_ttft_ms, args.slo_tpot_ms)
+    if args.llama_cpp is not None:
+        from benchmarks.llama_cpp import llama_server, ratio_line, tpot_median
+        from kernels.native.cpu_caps import usable_cores
+
+        gguf = args.llama_cpp_model or args.tokenizer
+        slots = args.max_concurrency or args.num_prompts
+        with llama_server(args.llama_cpp, gguf, slots, input_len[1] + output_len[1] + 64, usable_cores()) as url:
+            theirs = run_serve(url, args.model, reqs, rates, args.max_concurrency, args.seed, None,
+                               args.slo_ttft_ms, args.slo_tpot_ms)
+        for ours_r, theirs_r in zip(results, theirs):
+            rate = ours_r["request_rate"]
+            print(ratio_line(f"rate {rate}: output tok/s", ours_r["output_throughput"], theirs_r["output_throughput"]))
+            print(ratio_line(f"rate {rate}: TPOT p50 ms", ours_r["median_tpot_ms"], theirs_r["median_tpot_ms"],
+                             higher_is_better=False))
+        print(ratio_line("TPOT p50 ms (median over rates)", tpot_median(results), tpot_median(theirs), False))
     if args.result_dir is not None:
         from benchmarks.serve_plots import plot
 
@@ -183,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.latency import run as run_latency
 
         result = run_latency(cfg, args.prompt_len, args.output_len, args.num_requests, cfg.seed,
-                             args.skip_baseline)
+                             args.skip_baseline, args.llama_cpp)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

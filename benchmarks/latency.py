@@ -3,13 +3,17 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from benchmarks import roofline
+from benchmarks.llama_cpp import llama_bench
 from benchmarks.workload import format_stats, load_hf_model, random_prompts, stats_delta
+from kernels.native.cpu_caps import usable_cores
 from protocol.engine_config import EngineConfig
+from protocol.gguf_metadata import is_gguf
 from protocol.sampling_params import SamplingParams
 
 
@@ -73,9 +77,11 @@ def run_transformers(model_dir: str, prompt: list[int], output_len: int, repeats
 
 
 def run(cfg: EngineConfig, prompt_len: int, output_len: int, num_requests: int, seed: int,
-        skip_baseline: bool) -> dict[str, Any]:
+        skip_baseline: bool, llama_cpp: Path | None = None) -> dict[str, Any]:
     if output_len < 2:
         raise ValueError("--output-len must be >= 2 to measure decode speed")
+    if llama_cpp is not None and not is_gguf(cfg.model):
+        raise SystemExit("--llama-cpp needs --model FILE.gguf: llama-bench runs the same file")
     prompts = random_prompts(cfg.model, num_requests, (prompt_len, prompt_len), seed)
     print(f"latency: {num_requests} sequential requests, prompt {prompt_len} tokens, output {output_len}, "
           f"seed {seed}", flush=True)
@@ -99,6 +105,11 @@ def run(cfg: EngineConfig, prompt_len: int, output_len: int, num_requests: int, 
         print(f"transformers generate batch 1 (fp32): decode median {statistics.median(base):.1f} tok/s "
               f"[{', '.join(f'{r:.1f}' for r in base)}]", flush=True)
     base_med = statistics.median(base) if base else None
+    llama = None
+    if llama_cpp is not None:
+        llama = llama_bench(llama_cpp, cfg.model, 0, output_len, cfg.torch_threads or usable_cores())
+        print(f"llama.cpp ({llama['build']}) llama-bench tg{output_len}: {llama['tg_tok_s']:.1f} "
+              f"± {llama['tg_std']:.1f} tok/s", flush=True)
 
     result: dict[str, Any] = {
         "benchmark": "latency",
@@ -116,6 +127,8 @@ def run(cfg: EngineConfig, prompt_len: int, output_len: int, num_requests: int, 
         "baseline_decode_tok_s": base_med,
         "baseline_decode_tok_s_all": base,
         "ratio": decode / base_med if base_med else None,
+        "llama_cpp": llama,
+        "ratio_vs_llama_cpp": decode / llama["tg_tok_s"] if llama and llama["tg_tok_s"] else None,
         "roofline_decode_tok_s": floor_tok_s,
         "roofline_fraction": decode / floor_tok_s,
         "weight_bytes": dims.weight_bytes,
@@ -129,4 +142,7 @@ def run(cfg: EngineConfig, prompt_len: int, output_len: int, num_requests: int, 
     print(f"RESULT engine_ttft_ms={ttft_ms:.1f} engine_decode_tok_s={decode:.1f} baseline_decode_tok_s="
           f"{base_med if base_med else float('nan'):.1f} ratio={ratio} roofline_decode_tok_s={floor_tok_s:.1f} "
           f"roofline_fraction={result['roofline_fraction']:.3f}", flush=True)
+    if llama is not None:
+        print(f"RESULT_LLAMA_CPP llama_cpp_tg_tok_s={llama['tg_tok_s']:.1f} engine_decode_tok_s={decode:.1f} "
+              f"ratio_vs_llama_cpp={result['ratio_vs_llama_cpp']:.2f}x", flush=True)
     return result

@@ -1,0 +1,100 @@
+"""llama.cpp beside tandem in one command: `--llama-cpp DIR` on `tandem bench latency` and `bench serve`.
+
+DIR is a llama.cpp build (its `llama-bench` and `llama-server` in DIR, DIR/bin or DIR/build-*/bin); it is a
+benchmark's anchor only, never a dependency. The latency benchmark runs `llama-bench -p 0 -n OUTPUT_LEN` on
+the same .gguf with the same threads and prints its tg tok/s beside tandem's decode rate; the serve
+benchmark starts `llama-server` on the same file and sends it the same requests as tandem's server.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from statistics import median
+
+
+def find_binary(build: Path, name: str) -> Path:
+    """`name` in a llama.cpp build directory (DIR, DIR/bin, DIR/build*/bin); FileNotFoundError otherwise."""
+    for cand in (build / name, build / "bin" / name, *sorted(build.glob(f"build*/bin/{name}"))):
+        if cand.is_file():
+            return cand
+    raise FileNotFoundError(f"no {name} under {build} (looked in ., bin/ and build*/bin/)")
+
+
+def llama_bench(build: Path, gguf: str, prompt_len: int, gen_len: int, threads: int, reps: int = 3) -> dict:
+    """llama-bench's pp and tg rates on `gguf`: {"pp_tok_s", "tg_tok_s", "tg_std", "build"}; a rate is None
+    when its length is 0."""
+    exe = find_binary(build, "llama-bench")
+    cmd = [str(exe), "-m", gguf, "-p", str(prompt_len), "-n", str(gen_len), "-t", str(threads), "-r", str(reps),
+           "-o", "json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama-bench failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
+    rows = json.loads(proc.stdout)
+    out: dict = {"pp_tok_s": None, "tg_tok_s": None, "tg_std": None, "build": None}
+    for r in rows:
+        out["build"] = r.get("build_commit")
+        if r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0:
+            out["tg_tok_s"], out["tg_std"] = float(r["avg_ts"]), float(r.get("stddev_ts", 0.0))
+        elif r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) == 0:
+            out["pp_tok_s"] = float(r["avg_ts"])
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def llama_server(build: Path, gguf: str, parallel: int, ctx_per_slot: int, threads: int,
+                 timeout_s: float = 300.0) -> Iterator[str]:
+    """A llama-server on 127.0.0.1 serving `gguf` with `parallel` slots; yields its base URL, stops it after."""
+    port = _free_port()
+    cmd = [str(find_binary(build, "llama-server")), "-m", gguf, "-np", str(parallel), "-c",
+           str(parallel * ctx_per_slot), "--cont-batching", "-t", str(threads), "--host", "127.0.0.1",
+           "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {proc.returncode}: {proc.stderr.read()[-500:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"llama-server not ready after {timeout_s}s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def ratio_line(name: str, ours: float | None, theirs: float | None, higher_is_better: bool = True) -> str:
+    """'name: tandem X vs llama.cpp Y = Z x' (Z > 1: tandem better, whichever way the figure runs)."""
+    if not ours or not theirs:
+        return f"{name}: tandem {ours} vs llama.cpp {theirs}"
+    r = ours / theirs if higher_is_better else theirs / ours
+    return f"{name}: tandem {ours:.1f} vs llama.cpp {theirs:.1f} = {r:.2f}x"
+
+
+def tpot_median(results: list[dict]) -> float | None:
+    vals = [r["median_tpot_ms"] for r in results if r.get("median_tpot_ms")]
+    return median(vals) if vals else None

@@ -1,0 +1,63 @@
+"""`--llama-cpp DIR` on `tandem bench latency`: llama-bench found in a build directory, its JSON read, the ratio
+printed and recorded (against a stand-in llama-bench: no llama.cpp build is part of the project)."""
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from benchmarks.cli import main
+from benchmarks.llama_cpp import find_binary, llama_bench, ratio_line
+from tests.gguf_files import write_gguf
+
+FAKE_TG = 40.0
+
+
+def _fake_build(root: Path) -> Path:
+    """A build tree whose bin/llama-bench prints llama-bench's JSON for the -p/-n it is given."""
+    exe = root / "build-native" / "bin" / "llama-bench"
+    exe.parent.mkdir(parents=True)
+    exe.write_text(f"""#!/usr/bin/env python3
+import json, sys
+a = sys.argv
+p, n = int(a[a.index("-p") + 1]), int(a[a.index("-n") + 1])
+assert a[a.index("-o") + 1] == "json" and a[a.index("-m") + 1].endswith(".gguf")
+rows = []
+if p: rows.append({{"build_commit": "fake", "n_prompt": p, "n_gen": 0, "avg_ts": 500.0, "stddev_ts": 5.0}})
+if n: rows.append({{"build_commit": "fake", "n_prompt": 0, "n_gen": n, "avg_ts": {FAKE_TG}, "stddev_ts": 1.5}})
+print(json.dumps(rows))
+""")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return root
+
+
+def test_llama_bench_output_is_read(tmp_path: Path) -> None:
+    build = _fake_build(tmp_path)
+    assert find_binary(build, "llama-bench").name == "llama-bench"
+    with pytest.raises(FileNotFoundError):
+        find_binary(build, "llama-server")
+    r = llama_bench(build, "m.gguf", 512, 128, threads=2)
+    assert r == {"pp_tok_s": 500.0, "tg_tok_s": FAKE_TG, "tg_std": 1.5, "build": "fake"}
+    assert ratio_line("x", 80.0, 40.0).endswith("= 2.00x")
+    assert ratio_line("tpot", 10.0, 20.0, higher_is_better=False).endswith("= 2.00x")
+
+
+def test_latency_prints_llama_cpp_beside_tandem(tiny_model, tmp_path: Path, capsys) -> None:
+    gguf = write_gguf(tiny_model("llama"), tmp_path / "m.gguf", "Q4_1")
+    out = tmp_path / "latency.json"
+    rc = main(["latency", "--model", str(gguf), "--prompt-len", "16", "--output-len", "16", "--num-requests", "1",
+               "--kv-cache-tokens", "1024", "--skip-baseline", "--llama-cpp", str(_fake_build(tmp_path / "lc")),
+               "--json", str(out)])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["llama_cpp"]["tg_tok_s"] == FAKE_TG
+    assert r["ratio_vs_llama_cpp"] == pytest.approx(r["engine_decode_tok_s"] / FAKE_TG)
+    assert "RESULT_LLAMA_CPP llama_cpp_tg_tok_s=40.0" in capsys.readouterr().out
+
+
+def test_llama_cpp_needs_the_gguf_file(tiny_model, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="gguf"):
+        main(["latency", "--model", str(tiny_model("llama")), "--output-len", "4", "--num-requests", "1",
+              "--skip-baseline", "--llama-cpp", str(_fake_build(tmp_path))])
