@@ -10,14 +10,15 @@ from worker.kv_cache import KVCache
 class Pool:
     """Test-side stand-in for the engine: hands out random non-contiguous slots and request rows."""
 
-    def __init__(self, model, num_slots: int = 400, max_reqs: int = 16, seed: int = 0) -> None:
+    def __init__(self, model, num_slots: int = 400, max_reqs: int = 16, seed: int = 0,
+                 kv_dtype: torch.dtype | None = None) -> None:
         cfg = model.config
         self.kv = KVCache(
             cfg.num_hidden_layers,
             num_slots,
             cfg.num_key_value_heads,
             cfg.head_dim,
-            model.dtype,
+            kv_dtype or model.dtype,
             "cpu",
             max_reqs=max_reqs,
             max_context=128,

@@ -9,8 +9,8 @@ with one call; the LM head and sampling run after it as in the eager path. The r
 the replay, so one recording serves every decode batch up to `max_batch` without padding rows.
 
 Each node calls the kernel the eager forward calls, with the arguments it would get, so a replay gives the
-eager forward's bits (tests hold them equal). It applies where every op of a step has a C kernel: CPU,
-float32, the C kernels built, the `cpu` attention backend, one rank, every linear layer running from GGUF
+eager forward's bits (tests hold them equal; K/V written to a float16 or bfloat16 pool are rounded as torch
+rounds them). It applies where every op of a step has a C kernel: CPU, a float32 model, the C kernels built, the `cpu` attention backend, one rank, every linear layer running from GGUF
 blocks (the float32 products run through oneDNN, which has no C entry), a Llama/Qwen2/Qwen3 decoder.
 --enforce-eager turns it off.
 """
@@ -23,6 +23,7 @@ import torch
 
 from kernels.native import paged_attention, quant_linear
 from kernels.native import step_graph as sg
+from kernels.native.paged_attention import KV_TYPES
 from kernels.native.quant_linear import QuantRows
 from protocol.engine_config import EngineConfig
 from worker.attention_backend import CpuBackend
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 def cpu_graph_applies(cfg: EngineConfig, model: torch.nn.Module, kv: KVCache) -> bool:
     """Whether CpuStepGraph can record this model (see the module doc)."""
     backend = getattr(model, "attn_backend", None)
-    if cfg.enforce_eager or cfg.tp_size != 1 or kv.device.type != "cpu" or kv.dtype != torch.float32:
+    if cfg.enforce_eager or cfg.tp_size != 1 or kv.device.type != "cpu" or kv.dtype not in KV_TYPES:
         return False
     if not isinstance(backend, CpuBackend) or not backend.native or not sg.available():
         return False
@@ -161,13 +162,13 @@ class CpuStepGraph:
             v_ptr = qkv.data_ptr() + (a.q_size + a.kv_size) * 4
             kp, vp = kv.k[i], kv.v[i]
             self._node(sg.KV_WRITE, k.data_ptr(), k.stride(0), v_ptr, qkv.stride(0), kp.data_ptr(), vp.data_ptr(),
-                       Hkv * D, self.slots.data_ptr())
+                       Hkv * D, self.slots.data_ptr(), KV_TYPES[kv.dtype])
             rtt = kv.req_to_token
             self._node(sg.ATTENTION, sg.entry_points()["paged_attention"], q.data_ptr(), q.stride(0), q.stride(1),
                        kp.data_ptr(), vp.data_ptr(), kp.stride(0), rtt.data_ptr(), rtt.stride(0),
                        self.rows.data_ptr(), self.lens.data_ptr(), slot_buf.data_ptr(), H, Hkv, D,
                        sg.float_bits(a.scale), attn_out.data_ptr(), work.data_ptr(), offsets.data_ptr(),
-                       paged_attention.PARALLEL_MIN_KEYS)
+                       paged_attention.PARALLEL_MIN_KEYS, KV_TYPES[kv.dtype])
             self._linear(a.o_proj, attn_out.view(mb, -1), o, a.o_proj.bias)
             self._norm(h, o, layer.post_attention_layernorm, x)
             mlp = layer.mlp

@@ -24,9 +24,9 @@ enum {
     HEAD_NORM = 2, /* fn, x, ld_token, heads, w, D, eps bits, out, ld_out_token: heads of each token as rows */
     QLINEAR = 3,   /* fn, x, K, ldx, w, kind, N, y, ldy, bias|0, min_macs */
     ROTARY = 4,    /* fn, x, ldx, ldh, cos table, sin table, D, H, positions, out */
-    KV_WRITE = 5,  /* k, ldk, v, ldv, k pool, v pool, floats per slot, slots */
+    KV_WRITE = 5,  /* k, ldk, v, ldv, k pool, v pool, elements per slot, slots, pool type */
     ATTENTION = 6, /* fn, q, ldq, ldqh, k pool, v pool, slot stride, req_to_token, ld_rtt, rows, lens, slot buf,
-                      H, Hkv, D, scale bits, out, work, offsets, min_keys */
+                      H, Hkv, D, scale bits, out, work, offsets, min_keys, pool type */
     SILU_MUL = 7,  /* fn, gate_up, ldg, n, out, ldo */
 };
 
@@ -36,9 +36,12 @@ typedef void (*qlinear_fn)(const float *, int64_t, int64_t, int64_t, const uint8
                            int64_t, int64_t);
 typedef void (*rotary_fn)(const float *, int64_t, int64_t, const float *, int64_t, const float *, int64_t, int64_t,
                           int64_t, int64_t, float *, int64_t);
-typedef int (*attention_fn)(const float *, int64_t, int64_t, const int64_t *, const int64_t *, const float *,
-                            const float *, int64_t, const int64_t *, int64_t, const int64_t *, int64_t, int64_t,
-                            int64_t, float, float *, int64_t, int64_t, float *, int64_t, int64_t);
+typedef int (*attention_fn)(const float *, int64_t, int64_t, const int64_t *, const int64_t *, const void *,
+                            const void *, int64_t, const int64_t *, int64_t, const int64_t *, int64_t, int64_t,
+                            int64_t, float, float *, int64_t, int64_t, float *, int64_t, int64_t, int64_t);
+
+/* The KV pools' element (kernels/native/paged_attention.py's KV_TYPES). */
+enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
 typedef void (*silu_fn)(const float *, int64_t, int64_t, int64_t, float *, int64_t, int64_t);
 
 #define P(i, T) ((T)(intptr_t)a[i])
@@ -86,13 +89,54 @@ static void rotary(const int64_t *a, int64_t rows, int64_t threads) {
                         P(5, const float *) + pos[t] * D, D, 1, H, D, P(9, float *) + t * H * D, threads);
 }
 
+/* float32 -> float16, rounded to nearest even as torch's .to(float16) rounds (NaN: its quiet NaN). */
+static uint16_t to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7fffffff;
+    if (ax > 0x7f800000) return (uint16_t)(sign | 0x7e00);
+    if (ax >= 0x477ff000) return (uint16_t)(sign | 0x7c00); /* 65520 and up round to inf */
+    const int32_t e = (int32_t)(ax >> 23) - 127;
+    uint32_t q, r, half;
+    if (e >= -14) { /* a normal half: drop 13 mantissa bits (a carry may step the exponent, as it should) */
+        q = ((uint32_t)(e + 15) << 10) | ((ax >> 13) & 0x3ff);
+        r = ax & 0x1fff;
+        half = 0x1000;
+    } else { /* a subnormal half: the value in units of 2^-24 */
+        const uint32_t m = (ax >> 23) ? (ax & 0x7fffff) | 0x800000 : 0;
+        const int32_t s = -(e + 1); /* >= 14 */
+        if (s > 25) return (uint16_t)sign;
+        q = m >> s;
+        r = m & ((1u << s) - 1);
+        half = 1u << (s - 1);
+    }
+    if (r > half || (r == half && (q & 1))) q++;
+    return (uint16_t)(sign | q);
+}
+
+/* float32 -> bfloat16, rounded to nearest even as torch's vectorized .to(bfloat16) rounds (NaN: 0xffff). */
+static uint16_t to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7fffffff) > 0x7f800000) return 0xffff;
+    return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+}
+
+static void store_row(void *pool, int64_t slot, const float *src, int64_t n, int64_t type) {
+    if (type == KV_F32) {
+        memcpy((float *)pool + slot * n, src, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *dst = (uint16_t *)pool + slot * n;
+    for (int64_t i = 0; i < n; i++) dst[i] = type == KV_F16 ? to_f16(src[i]) : to_bf16(src[i]);
+}
+
 static void kv_write(const int64_t *a, int64_t rows) {
     const float *k = P(0, const float *), *v = P(2, const float *);
-    float *kp = P(4, float *), *vp = P(5, float *);
-    const int64_t width = a[6], *slots = P(7, const int64_t *);
+    const int64_t width = a[6], *slots = P(7, const int64_t *), type = a[8];
     for (int64_t t = 0; t < rows; t++) {
-        memcpy(kp + slots[t] * width, k + t * a[1], (size_t)width * sizeof(float));
-        memcpy(vp + slots[t] * width, v + t * a[3], (size_t)width * sizeof(float));
+        store_row(P(4, void *), slots[t], k + t * a[1], width, type);
+        store_row(P(5, void *), slots[t], v + t * a[3], width, type);
     }
 }
 
@@ -114,9 +158,9 @@ static int attention(const int64_t *a, int64_t rows, int64_t threads) {
     int64_t n = threads < items ? threads : items;
     if (pairs * Hkv / min_keys < n) n = pairs * Hkv / min_keys;
     if (n < 1) n = 1;
-    return P(0, attention_fn)(P(1, const float *), a[2], a[3], NULL, offsets, P(4, const float *),
-                              P(5, const float *), a[6], slot_buf, ld_rtt, lens, H, Hkv, a[14], as_float(a[15]),
-                              P(16, float *), rows, 1, P(17, float *), (H / Hkv) * padded, n);
+    return P(0, attention_fn)(P(1, const float *), a[2], a[3], NULL, offsets, P(4, const void *),
+                              P(5, const void *), a[6], slot_buf, ld_rtt, lens, H, Hkv, a[14], as_float(a[15]),
+                              P(16, float *), rows, 1, P(17, float *), (H / Hkv) * padded, n, a[20]);
 }
 
 static void silu_mul(const int64_t *a, int64_t rows, int64_t threads) {

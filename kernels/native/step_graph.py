@@ -51,7 +51,7 @@ def entry_points() -> dict[str, int]:
         "silu_mul": (norm_act._library(), "tandem_silu_mul_f32"),
         "quant_linear": (quant_linear._library(), "tandem_quant_linear_f32"),
         "rotary": (rotary._library(), "tandem_rotary_f32"),
-        "paged_attention": (paged_attention._library(), "tandem_paged_attention_f32"),
+        "paged_attention": (paged_attention._library(), "tandem_paged_attention_kv"),
     }
     out = {}
     for name, (lib, symbol) in libs.items():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.native import step_graph
+from kernels.native import paged_attention, step_graph
 from kernels.ops import resolve_ops
 from protocol import SamplingParams
 from protocol.engine_config import EngineConfig
@@ -42,12 +42,14 @@ def _kv(pool: Pool) -> list[torch.Tensor]:
     return [t.clone() for t in pool.kv.k + pool.kv.v]
 
 
-@pytest.mark.parametrize("arch,qtype", [("llama", "Q4_1"), ("qwen2", "Q8_0"), ("qwen3", "Q4_0"), ("qwen2", "Q4_K_M")])
-def test_replay_equals_eager_bit_for_bit(gguf_model, arch: str, qtype: str) -> None:
+@pytest.mark.parametrize("arch,qtype,kv_dtype", [
+    ("llama", "Q4_1", torch.float32), ("qwen2", "Q8_0", torch.float32), ("qwen3", "Q4_0", torch.float32),
+    ("qwen2", "Q4_K_M", torch.float32), ("llama", "Q4_1", torch.float16), ("qwen3", "Q4_0", torch.bfloat16)])
+def test_replay_equals_eager_bit_for_bit(gguf_model, arch: str, qtype: str, kv_dtype: torch.dtype) -> None:
     model = load_model(str(gguf_model(arch, qtype)), torch.float32, "cpu",
                        ops=resolve_ops("cpu", torch.float32, "cpu"))
     model.pack_cpu_weights()
-    pool = Pool(model, num_slots=600, max_reqs=16)
+    pool = Pool(model, num_slots=600, max_reqs=16, kv_dtype=kv_dtype)
     cfg = EngineConfig(model="unused")
     assert cpu_graph_applies(cfg, model, pool.kv)
     graph = CpuStepGraph(model, pool.kv, max_batch=8, max_context=128)
@@ -72,6 +74,34 @@ def test_replay_equals_eager_bit_for_bit(gguf_model, arch: str, qtype: str) -> N
         for i in range(size):
             done[i] += 1
     assert graph.num_runs == 6
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_kv_write_rounds_like_torch(dtype: torch.dtype) -> None:
+    """The graph's K/V store into a half pool gives torch's .to(dtype) bits: ties to even, subnormals,
+    overflow to inf, signed zeros, infinities, NaN."""
+    g = torch.Generator().manual_seed(0)
+    edge = [0.0, -0.0, 1.0, -2.5, 65504.0, 65519.99, 65520.0, -1e6, 6e-8, 3e-8, 2.9802322e-08, 5.9604645e-08,
+            6.1035156e-05, 6.1e-05, 1e-40, -1e-45, 1.0009765625, 1.00048828125, 1.00146484375, 1.00390625,
+            1.001953125, 3.3895314e38, float("inf"), float("-inf"), float("nan")]
+    rand = torch.randn(1000, generator=g) * torch.logspace(-9, 6, 1000)
+    bits = torch.randint(-(2**31), 2**31 - 1, (1000,), generator=g, dtype=torch.int64).to(torch.int32)
+    src = torch.cat([torch.tensor(edge), rand, bits.view(torch.float32)])
+    src = torch.where(src.isnan(), torch.full_like(src, float("nan")), src)  # torch keeps one NaN pattern
+    width = 32
+    src = torch.cat([src, src.new_zeros(-src.numel() % width)]).view(-1, width)
+    rows = src.shape[0]
+    kp, vp = torch.zeros(rows + 3, width, dtype=dtype), torch.zeros(rows + 3, width, dtype=dtype)
+    slots = torch.randperm(rows + 3, generator=g)[:rows].contiguous()
+    node = [step_graph.KV_WRITE, src.data_ptr(), width, (-src).data_ptr(), width, kp.data_ptr(), vp.data_ptr(),
+            width, slots.data_ptr(), paged_attention.KV_TYPES[dtype]]
+    neg = -src
+    node[3] = neg.data_ptr()
+    step_graph.run(torch.tensor([node + [0] * (step_graph.NODE_ARGS + 1 - len(node))]), rows, 1)
+    want_k, want_v = torch.zeros_like(kp), torch.zeros_like(vp)
+    want_k[slots], want_v[slots] = src.to(dtype), neg.to(dtype)
+    assert torch.equal(kp.view(torch.int16), want_k.view(torch.int16))
+    assert torch.equal(vp.view(torch.int16), want_v.view(torch.int16))
 
 
 def test_only_decode_batches_within_max_batch_are_taken(gguf_model) -> None:
@@ -119,9 +149,9 @@ def _generate(cfg: EngineConfig, prompts: list[list[int]], params: list[Sampling
     return tokens, getattr(runner.graphs, "num_runs", 0)
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_worker_steps_through_the_graph_give_the_eager_tokens(gguf_model, arch: str, page_size: int) -> None:
+@pytest.mark.parametrize("arch,page_size,kv", [("llama", 1, "auto"), ("llama", 16, "auto"), ("qwen3", 1, "auto"),
+                                               ("qwen3", 16, "float16")])
+def test_worker_steps_through_the_graph_give_the_eager_tokens(gguf_model, arch: str, page_size: int, kv: str) -> None:
     path = str(gguf_model(arch))
     params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
               SamplingParams(max_tokens=9, temperature=0.8, seed=4, repetition_penalty=1.2, ignore_eos=True)]
@@ -130,7 +160,7 @@ def test_worker_steps_through_the_graph_give_the_eager_tokens(gguf_model, arch: 
     outs = {}
     for eager in (True, False):
         cfg = EngineConfig(model=path, dtype="float32", kv_cache_tokens=4096, max_running_requests=8,
-                           page_size=page_size, enforce_eager=eager)
+                           page_size=page_size, enforce_eager=eager, kv_cache_dtype=kv)
         outs[eager], runs = _generate(cfg, prompts, params)
         assert (runs > 0) == (not eager)
     assert outs[True] == outs[False]
