@@ -13,11 +13,10 @@ from kernels.native import paged_attention, step_graph
 from kernels.ops import resolve_ops
 from protocol import SamplingParams
 from protocol.engine_config import EngineConfig
-from protocol.messages import TokenBatch, TokenizedRequest
 from protocol.model_info import read_model_info
-from scheduler.scheduler import Scheduler
 from tests.gguf_files import write_gguf
 from tests.kv_pool import Pool
+from tests.step_loop import generate
 from worker.cpu_step_graph import CpuStepGraph, cpu_graph_applies
 from worker.loader import load_model
 from worker.model_runner import ModelRunner
@@ -129,26 +128,6 @@ def test_applies_only_where_every_op_has_a_c_kernel(gguf_model, tiny_model) -> N
     assert not cpu_graph_applies(EngineConfig(model=path), plain, Pool(plain).kv)
 
 
-def _generate(cfg: EngineConfig, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[dict, int]:
-    info = read_model_info(cfg.model)
-    runner = ModelRunner(cfg, info)
-    sched = Scheduler(cfg, info, runner.num_kv_slots)
-    for i, p in enumerate(prompts):
-        sched.add_request(TokenizedRequest(f"r{i}", p, params[i % len(params)]))
-    tokens: dict[str, list[int]] = {}
-    while sched.has_work:
-        so = sched.schedule()
-        if so is None:
-            break
-        sched.commit(runner.execute(so))
-        for msg in sched.take_outbox():
-            if isinstance(msg, TokenBatch):
-                for d in msg.deltas:
-                    tokens.setdefault(d.rid, []).extend(d.token_ids)
-    sched.check_integrity()
-    return tokens, getattr(runner.graphs, "num_runs", 0)
-
-
 @pytest.mark.parametrize("arch,page_size,kv", [("llama", 1, "auto"), ("llama", 16, "auto"), ("qwen3", 1, "auto"),
                                                ("qwen3", 16, "float16")])
 def test_worker_steps_through_the_graph_give_the_eager_tokens(gguf_model, arch: str, page_size: int, kv: str) -> None:
@@ -161,7 +140,8 @@ def test_worker_steps_through_the_graph_give_the_eager_tokens(gguf_model, arch: 
     for eager in (True, False):
         cfg = EngineConfig(model=path, dtype="float32", kv_cache_tokens=4096, max_running_requests=8,
                            page_size=page_size, enforce_eager=eager, kv_cache_dtype=kv)
-        outs[eager], runs = _generate(cfg, prompts, params)
-        assert (runs > 0) == (not eager)
+        runner = ModelRunner(cfg, read_model_info(cfg.model))
+        outs[eager] = generate(cfg, read_model_info(cfg.model), runner, prompts, params)
+        assert (isinstance(runner.graphs, CpuStepGraph) and runner.graphs.num_runs > 0) == (not eager)
     assert outs[True] == outs[False]
     assert sum(map(len, outs[False].values())) == 3 * 12 + 2 * 9

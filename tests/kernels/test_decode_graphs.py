@@ -10,11 +10,10 @@ import torch
 from kernels.ops import resolve_ops
 from protocol import SamplingParams
 from protocol.engine_config import EngineConfig
-from protocol.messages import TokenBatch, TokenizedRequest
 from protocol.model_info import read_model_info
-from scheduler.scheduler import Scheduler
 from tests.kernels.ops_variants import cpu_triton
 from tests.kv_pool import Pool
+from tests.step_loop import generate
 from worker.attention_backend import select_attention_backend
 from worker.decode_graphs import DecodeGraphs, decode_buckets, graphs_apply
 from worker.forward_batch import ForwardBatch
@@ -106,21 +105,7 @@ def test_runner_with_padded_decodes_generates_the_same_tokens(tiny_model) -> Non
         runner = ModelRunner(cfg, info)
         if padded:
             runner.graphs = DecodeGraphs(runner.model, runner.kv, 8, runner.max_context, capture=False)
-        sched = Scheduler(cfg, info, runner.num_kv_slots)
-        for i, p in enumerate(prompts):
-            sched.add_request(TokenizedRequest(f"r{i}", p, params[i % 2]))
-        tokens: dict[str, list[int]] = {}
-        while sched.has_work:
-            so = sched.schedule()
-            if so is None:
-                break
-            sched.commit(runner.execute(so))
-            for msg in sched.take_outbox():
-                if isinstance(msg, TokenBatch):
-                    for d in msg.deltas:
-                        tokens.setdefault(d.rid, []).extend(d.token_ids)
-        sched.check_integrity()
-        outputs.append(tokens)
+        outputs.append(generate(cfg, info, runner, prompts, params))
         if padded:
             assert runner.graphs.num_runs >= 8  # the decode steps went through the padded path
     assert outputs[0] == outputs[1] and sum(map(len, outputs[0].values())) == 3 * 10 + 2 * 7

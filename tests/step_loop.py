@@ -1,0 +1,29 @@
+"""A worker's steps driven in-process by a scheduler, no sockets: the tokens each request got."""
+from __future__ import annotations
+
+from protocol import SamplingParams
+from protocol.engine_config import EngineConfig
+from protocol.messages import TokenBatch, TokenizedRequest
+from protocol.model_info import ModelInfo
+from scheduler.scheduler import Scheduler
+
+
+def generate(cfg: EngineConfig, info: ModelInfo, runner, prompts: list[list[int]],
+             params: list[SamplingParams]) -> dict[str, list[int]]:
+    """Request i is prompts[i] with params[i % len(params)], id f"r{i}"; runs until every one ends and checks
+    the scheduler's integrity after."""
+    sched = Scheduler(cfg, info, runner.num_kv_slots)
+    for i, p in enumerate(prompts):
+        sched.add_request(TokenizedRequest(f"r{i}", p, params[i % len(params)]))
+    tokens: dict[str, list[int]] = {}
+    while sched.has_work:
+        so = sched.schedule()
+        if so is None:
+            break
+        sched.commit(runner.execute(so))
+        for msg in sched.take_outbox():
+            if isinstance(msg, TokenBatch):
+                for d in msg.deltas:
+                    tokens.setdefault(d.rid, []).extend(d.token_ids)
+    sched.check_integrity()
+    return tokens
