@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     lat.add_argument("--num-requests", type=int, default=3, help="sequential requests; medians are reported")
     lat.add_argument("--llama-cpp", type=Path, help="a llama.cpp build: also run its llama-bench on the same "
                      ".gguf and print the ratio (benchmarks/llama_cpp.py)")
+    lat.add_argument("--llama-cpp-args", default="", help="more llama-bench flags, e.g. '--repack 0'")
 
     pre = sub.add_parser("prefix", help="TTFT with a shared system prompt: prefix cache on vs off; with "
                          "--host-kv-tokens or --host-kv-memory-gb, multi-turn conversations: host KV tier vs none",
@@ -96,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--llama-cpp", type=Path, help="a llama.cpp build: also serve --llama-cpp-model with its "
                     "llama-server, send it the same requests and print the ratios")
     sv.add_argument("--llama-cpp-model", help="the .gguf llama-server serves (default: --tokenizer)")
+    sv.add_argument("--llama-cpp-args", default="", help="more llama-server flags, e.g. '--no-repack'")
     return p
 
 
@@ -122,7 +125,8 @@ def _serve_main(args: argparse.Namespace) -> int:
 
         gguf = args.llama_cpp_model or args.tokenizer
         slots = args.max_concurrency or args.num_prompts
-        with llama_server(args.llama_cpp, gguf, slots, input_len[1] + output_len[1] + 64, usable_cores()) as url:
+        with llama_server(args.llama_cpp, gguf, slots, input_len[1] + output_len[1] + 64, usable_cores(),
+                          tuple(shlex.split(args.llama_cpp_args))) as url:
             theirs = run_serve(url, args.model, reqs, rates, args.max_concurrency, args.seed, None,
                                args.slo_ttft_ms, args.slo_tpot_ms)
         for ours_r, theirs_r in zip(results, theirs):
@@ -203,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.latency import run as run_latency
 
         result = run_latency(cfg, args.prompt_len, args.output_len, args.num_requests, cfg.seed,
-                             args.skip_baseline, args.llama_cpp)
+                             args.skip_baseline, args.llama_cpp, tuple(shlex.split(args.llama_cpp_args)))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

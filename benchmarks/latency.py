@@ -77,7 +77,7 @@ def run_transformers(model_dir: str, prompt: list[int], output_len: int, repeats
 
 
 def run(cfg: EngineConfig, prompt_len: int, output_len: int, num_requests: int, seed: int,
-        skip_baseline: bool, llama_cpp: Path | None = None) -> dict[str, Any]:
+        skip_baseline: bool, llama_cpp: Path | None = None, llama_cpp_args: tuple[str, ...] = ()) -> dict[str, Any]:
     if output_len < 2:
         raise ValueError("--output-len must be >= 2 to measure decode speed")
     if llama_cpp is not None and not is_gguf(cfg.model):
@@ -107,7 +107,8 @@ def run(cfg: EngineConfig, prompt_len: int, output_len: int, num_requests: int, 
     base_med = statistics.median(base) if base else None
     llama = None
     if llama_cpp is not None:
-        llama = llama_bench(llama_cpp, cfg.model, 0, output_len, cfg.torch_threads or usable_cores())
+        llama = llama_bench(llama_cpp, cfg.model, 0, output_len, cfg.torch_threads or usable_cores(),
+                            extra=llama_cpp_args)
         print(f"llama.cpp ({llama['build']}) llama-bench tg{output_len}: {llama['tg_tok_s']:.1f} "
               f"± {llama['tg_std']:.1f} tok/s", flush=True)
 

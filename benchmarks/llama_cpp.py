@@ -27,12 +27,13 @@ def find_binary(build: Path, name: str) -> Path:
     raise FileNotFoundError(f"no {name} under {build} (looked in ., bin/ and build*/bin/)")
 
 
-def llama_bench(build: Path, gguf: str, prompt_len: int, gen_len: int, threads: int, reps: int = 3) -> dict:
+def llama_bench(build: Path, gguf: str, prompt_len: int, gen_len: int, threads: int, reps: int = 3,
+                extra: tuple[str, ...] = ()) -> dict:
     """llama-bench's pp and tg rates on `gguf`: {"pp_tok_s", "tg_tok_s", "tg_std", "build"}; a rate is None
-    when its length is 0."""
+    when its length is 0. extra: more llama-bench flags (e.g. `--repack 0`)."""
     exe = find_binary(build, "llama-bench")
     cmd = [str(exe), "-m", gguf, "-p", str(prompt_len), "-n", str(gen_len), "-t", str(threads), "-r", str(reps),
-           "-o", "json"]
+           "-o", "json", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"llama-bench failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
@@ -55,12 +56,13 @@ def _free_port() -> int:
 
 @contextmanager
 def llama_server(build: Path, gguf: str, parallel: int, ctx_per_slot: int, threads: int,
-                 timeout_s: float = 300.0) -> Iterator[str]:
-    """A llama-server on 127.0.0.1 serving `gguf` with `parallel` slots; yields its base URL, stops it after."""
+                 extra: tuple[str, ...] = (), timeout_s: float = 300.0) -> Iterator[str]:
+    """A llama-server on 127.0.0.1 serving `gguf` with `parallel` slots (extra: more of its flags); yields its
+    base URL, stops it after."""
     port = _free_port()
     cmd = [str(find_binary(build, "llama-server")), "-m", gguf, "-np", str(parallel), "-c",
            str(parallel * ctx_per_slot), "--cont-batching", "-t", str(threads), "--host", "127.0.0.1",
-           "--port", str(port)]
+           "--port", str(port), *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
