@@ -289,6 +289,18 @@ void tandem_quant_linear_f32(const float *x, int64_t M, int64_t K, int64_t ldx, 
 
 #include "quant_int8.h"
 
+/* Rows r0 .. r1-1 of x [M, K] as int8 activations (quant_int8.h's format): q [M, K], d and sd [M, K / 32],
+ * s [M, K / 32, 2]. Also an entry of its own, for the tests. */
+void tandem_quantize_q8(const float *x, int64_t r0, int64_t r1, int64_t K, int64_t ldx, int8_t *q, float *d,
+                        float *sd, int32_t *s) {
+    const int64_t nb = K / KBLK;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t at = r * nb + b;
+            quantize_block(x + r * ldx + b * KBLK, q + r * K + b * KBLK, d + at, sd + at, s + 2 * at);
+        }
+}
+
 /* tandem_quant_linear_f32's product with int8 activations (quant_int8.h: the format, the arithmetic and why
  * every path gives the same bits). x is quantized once, each thread its share of the rows, then the threads
  * split the panels as above. Should the activations' buffer not be allocated, the float32 product runs. */
@@ -310,11 +322,7 @@ void tandem_quant_linear_q8(const float *x, int64_t M, int64_t K, int64_t ldx, c
 #else
         const int64_t t = 0, nt = 1;
 #endif
-        for (int64_t r = M * t / nt; r < M * (t + 1) / nt; r++)
-            for (int64_t b = 0; b < nb; b++) {
-                const int64_t at = r * nb + b;
-                quantize_block(x + r * ldx + b * KBLK, buf + r * K + b * KBLK, d + at, sd + at, s + 2 * at);
-            }
+        tandem_quantize_q8(x, M * t / nt, M * (t + 1) / nt, K, ldx, buf, d, sd, s);
 #pragma omp barrier
         const int64_t gp = M >= I8_SCRATCH_MIN_ROWS ? 1 : 2, groups = (panels + gp - 1) / gp;
         const int64_t g0 = groups * t / nt, g1 = groups * (t + 1) / nt;

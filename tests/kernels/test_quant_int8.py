@@ -56,30 +56,70 @@ def test_a_row_gives_the_same_bits_alone_in_any_batch_and_thread_count(qtype: st
             assert torch.equal(_int8(x[a:b], w, threads=threads), full[a:b]), (a, b, threads)
 
 
-def test_activation_edge_cases_follow_the_format() -> None:
-    """Per 32-block: all zeros (d = 0: q = 0, the block adds nothing), a tiny maximum (d subnormal: x / d
-    clamped to 127), exact halves (x / d = k + 0.5: to even, not away from zero), an infinite or NaN input
-    (that row's outputs NaN, the other rows untouched)."""
-    k = 128
-    x = torch.randn(6, k, generator=torch.Generator().manual_seed(0))
+def _division_sensitive(amax: float, count: int) -> list[float]:
+    """Inputs of a block whose maximum is amax that x / d and x * (1 / d) round to different integers."""
+    f = np.float32
+    d = f(amax) / f(127)
+    out = []
+    for k in range(-126, 126):
+        mid = f((k + 0.5) * d)
+        for x in (np.nextafter(mid, f(-np.inf)), mid, np.nextafter(mid, f(np.inf))):
+            if np.rint(x / d) != np.rint(x * (f(1) / d)):
+                out.append(float(x))
+    assert len(out) >= count
+    return out[:count]
+
+
+def _edge_rows(k: int = 128) -> torch.Tensor:
+    """Rows of 32-blocks at the format's edges (see test_activation_edge_cases_follow_the_format)."""
+    x = torch.randn(7, k, generator=torch.Generator().manual_seed(0))
     x[0, :32] = 0.0
     x[1, 32:64] = torch.linspace(-1, 1, 32) * 2e-43  # d = max / 127 is a subnormal of a few bits
     x[2, 31] = 127.0  # d = 1 exactly: the others are their own x / d
     x[2, :31] = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5, 126.5, -126.5] + [0.25] * 22)
     x[3, 40] = float("inf")
     x[4, 100] = float("nan")
+    x[6, 64:95] = torch.tensor(_division_sensitive(1.3, 31))
+    x[6, 95] = 1.3
+    return x
+
+
+def test_activation_edge_cases_follow_the_format() -> None:
+    """Per 32-block: all zeros (d = 0: q = 0, the block adds nothing), a tiny maximum (d subnormal: x / d
+    clamped to 127), exact halves (x / d = k + 0.5: to even, not away from zero), inputs where x / d and
+    x * (1 / d) round apart (a division), an infinite or NaN input (that row's outputs NaN, no other's)."""
+    x = _edge_rows()
     qx, dx, _, _ = quantize_activations(x)
     assert dx[0, 0] == 0 and not qx[0, :32].any()
     assert dx[2, 0] == 1.0 and qx[2, :9].tolist() == [0, 2, 2, 0, -2, -2, 4, 126, -126]
     assert np.abs(qx[1, 32:64]).max() == 127
     assert np.isnan(dx[3, 1]) and np.isnan(dx[4, 3]) and not qx[3, 32:64].any()
+    f = np.float32
+    assert (qx[6, 64:95] == np.rint(x[6, 64:95].numpy() / (f(1.3) / f(127)))).all()
+    for got, want in zip(_quantize(cpu_quant_linear._library(), x), (qx, dx, *quantize_activations(x)[2:])):
+        np.testing.assert_array_equal(got, want)  # NaN where NaN
     for qtype in TYPES:
-        kq = _fit(qtype, k)
-        xq = torch.cat([x, x.new_zeros(6, kq - k)], 1) if kq > k else x
-        w = pack(_blocks(qtype, 20, kq, seed=2), qtype, kq)
+        w = pack(_blocks(qtype, 20, _fit(qtype, 128), seed=2), qtype, _fit(qtype, 128))
+        xq = _edge_rows(w.in_features)
         got, want = _int8(xq, w), int8_linear_ref(xq, w)
-        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num()), qtype
-        assert got[3:5].isnan().all() and not got[[0, 1, 2, 5]].isnan().any(), qtype
+        assert _same(got, want), qtype
+        assert got[3:5].isnan().all() and not got[[0, 1, 2, 5, 6]].isnan().any(), qtype
+
+
+def _quantize(lib: ctypes.CDLL, x: torch.Tensor) -> tuple[np.ndarray, ...]:
+    """The kernel's own quantization of x (tandem_quantize_q8 of the library `lib`): q, d, s, sd."""
+    m, k = x.shape
+    q, s = torch.empty(m, k, dtype=torch.int8), torch.empty(m, k // 32, 2, dtype=torch.int32)
+    d, sd = torch.empty(m, k // 32), torch.empty(m, k // 32)
+    fn = lib.tandem_quantize_q8
+    fn.restype, fn.argtypes = None, [ctypes.c_void_p, *[ctypes.c_int64] * 4, *[ctypes.c_void_p] * 4]
+    fn(x.data_ptr(), 0, m, k, x.stride(0), q.data_ptr(), d.data_ptr(), sd.data_ptr(), s.data_ptr())
+    return q.numpy(), d.numpy(), s.numpy().astype(np.int64), sd.numpy()
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bits, NaN where NaN."""
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -135,10 +175,14 @@ def test_every_simd_path_and_the_portable_loops_give_the_same_bits(tmp_path) -> 
                                                *[ctypes.c_int64] * 2, ctypes.c_void_p, *[ctypes.c_int64] * 2]
     g = torch.Generator().manual_seed(4)
     for qtype in TYPES:
-        k = _fit(qtype, 96)
+        k = _fit(qtype, 128)
         w = pack(_blocks(qtype, 70, k, seed=5), qtype, k)
-        for rows in (1, 3, 9, 20, 150):
-            x = torch.randn(rows, k, generator=g)
+        for x in (*(torch.randn(rows, k, generator=g) for rows in (1, 3, 9, 20, 150)), _edge_rows(k)):
             want = _int8(x, w)
             for name, lib in builds.items():
-                assert torch.equal(_call(lib.tandem_quant_linear_q8, x, w), want), (qtype, rows, name)
+                assert _same(_call(lib.tandem_quant_linear_q8, x, w), want), (qtype, x.shape[0], name)
+    x = _edge_rows()
+    want = quantize_activations(x)
+    for name, lib in builds.items():  # the activations themselves (a tiny block's q need not reach the output)
+        for got, ref in zip(_quantize(lib, x), want, strict=True):
+            np.testing.assert_array_equal(got, ref, err_msg=name)
