@@ -21,7 +21,8 @@
  * AVX2 path: a panel's 32-block is decoded 4 inputs at a time into two vectors of 8 dwords, one per column,
  * each holding that column's 4 consecutive q as bytes, so a broadcast of the row's 4 q bytes against it
  * sums 4 products per column: _mm256_maddubs_epi16 (u8 x s8; never saturates here: |2 * 63 * 127| and, for
- * Q8_0 as |w| x sign-moved x, 2 * 128 * 127 < 2^15) then _mm256_madd_epi16, or one dpbusd with VNNI (Q8_0's
+ * Q8_0 as |w| x sign-moved x, 2 * 128 * 127 < 2^15), a run of those added in 16 bits (see i16_run) then
+ * _mm256_madd_epi16, or one dpbusd with VNNI (Q8_0's
  * q stored + 128 as u8 there, taken off again as 128 * (s0 + s1)). Few rows decode in registers; from
  * I8_SCRATCH_MIN_ROWS a panel is decoded once into scratch and read by every row tile. */
 #ifndef TANDEM_QUANT_INT8_H
@@ -32,7 +33,7 @@
 #include "quant_blocks.h"
 
 /* From this many rows a panel's 32-blocks are decoded once into scratch (below, in registers per tile). */
-#define I8_SCRATCH_MIN_ROWS 8
+#define I8_SCRATCH_MIN_ROWS 16
 /* A decoded 32-block in scratch: 16 columns x 32 q bytes, then D for 2 scale groups and M (16 floats each). */
 #define I8_SCRATCH_BLOCK (512 + 3 * PANEL * 4)
 
@@ -169,19 +170,21 @@ static ALWAYS_INLINE __m256i bcast4(const int8_t *p) {
     return _mm256_set1_epi32(v);
 }
 
-/* acc + per column the sum of its 4 products w * x. */
-static ALWAYS_INLINE __m256i dot4(const int kind, __m256i acc, __m256i w, __m256i x) {
-#ifdef I8_VNNI
-    (void)kind;
-    return DPBUSD(acc, w, x);
-#else
+#ifndef I8_VNNI
+/* Groups of 4 inputs whose maddubs sums (2 products a 16-bit lane) add up in 16 bits before widening, one
+ * madd_epi16 for the run: 8 x 2 * 15 * 127, 4 x 2 * 31 * 127 and 2 x 2 * 63 * 127 stay under 2^15; Q8_0's
+ * 2 * 128 * 127 only alone. */
+static inline int i16_run(int kind) { return kind == KIND_Q8_0 ? 1 : high_bits(kind) ? 4 / high_bits(kind) : 8; }
+
+/* Per 16-bit lane the sum of 2 products w * x (Q8_0's signed w: |w| x x with w's sign). */
+static ALWAYS_INLINE __m256i pairs(const int kind, __m256i w, __m256i x) {
     if (kind == KIND_Q8_0) {
         x = _mm256_sign_epi8(x, w);
         w = _mm256_abs_epi8(w);
     }
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
-#endif
+    return _mm256_maddubs_epi16(w, x);
 }
+#endif
 
 /* MR rows x NP panels over all of K, from the panels' blocks at w (decoded in registers) or, with scr, from
  * one panel decoded into scratch. Integer sums per 16 inputs ([..][g >> 2]: Q6_K's scale groups; summed for
@@ -197,6 +200,9 @@ static ALWAYS_INLINE void tile8(const int kind, const QActs *a, int64_t r0, cons
         const int64_t sub = b % subs;
         const uint8_t *sb = scr ? NULL : w + b / subs * sbb, *sblk = scr ? scr + b * I8_SCRATCH_BLOCK : NULL;
         __m256i ia[I8_MR][2][2][2];
+#ifndef I8_VNNI
+        __m256i s16[I8_MR][2][2]; /* 16-bit sums of a run of groups */
+#endif
         for (int r = 0; r < MR; r++)
             for (int p = 0; p < NP; p++)
                 for (int h = 0; h < 2; h++) ia[r][p][h][0] = ia[r][p][h][1] = _mm256_setzero_si256();
@@ -217,8 +223,19 @@ static ALWAYS_INLINE void tile8(const int kind, const QActs *a, int64_t r0, cons
                 }
                 for (int r = 0; r < MR; r++) {
                     const __m256i xv = bcast4(a->q + (r0 + r) * a->K + b * KBLK + 4 * g);
-                    ia[r][p][0][g >> 2] = dot4(kind, ia[r][p][0][g >> 2], w0, xv);
-                    ia[r][p][1][g >> 2] = dot4(kind, ia[r][p][1][g >> 2], w1, xv);
+#ifdef I8_VNNI
+                    ia[r][p][0][g >> 2] = DPBUSD(ia[r][p][0][g >> 2], w0, xv);
+                    ia[r][p][1][g >> 2] = DPBUSD(ia[r][p][1][g >> 2], w1, xv);
+#else
+                    const int run = i16_run(kind), hk = KH == 2 ? g >> 2 : 0; /* one chain: runs are short */
+                    const __m256i p0 = pairs(kind, w0, xv), p1 = pairs(kind, w1, xv);
+                    s16[r][p][0] = g % run ? _mm256_add_epi16(s16[r][p][0], p0) : p0;
+                    s16[r][p][1] = g % run ? _mm256_add_epi16(s16[r][p][1], p1) : p1;
+                    if (g % run == run - 1)
+                        for (int h = 0; h < 2; h++)
+                            ia[r][p][h][hk] = _mm256_add_epi32(
+                                ia[r][p][h][hk], _mm256_madd_epi16(s16[r][p][h], _mm256_set1_epi16(1)));
+#endif
                 }
             }
         for (int p = 0; p < NP; p++) {
@@ -296,7 +313,7 @@ static ALWAYS_INLINE void panels8_kind(const int kind, const QActs *a, const uin
                 const int64_t ldo = direct ? ldy : PANEL;
                 switch (MR) {
                 case 4: tile8(kind, a, r0 + r, NULL, 0, scr, o, ldo, I8_MR >= 4 ? 4 : 1, 1); break;
-                case 3: tile8(kind, a, r0 + r, NULL, 0, scr, o, ldo, 3, 1); break;
+                case 3: tile8(kind, a, r0 + r, NULL, 0, scr, o, ldo, I8_MR >= 3 ? 3 : 1, 1); break;
                 case 2: tile8(kind, a, r0 + r, NULL, 0, scr, o, ldo, 2, 1); break;
                 default: tile8(kind, a, r0 + r, NULL, 0, scr, o, ldo, 1, 1); break;
                 }
@@ -317,7 +334,7 @@ static ALWAYS_INLINE void panels8_kind(const int kind, const QActs *a, const uin
             const uint8_t *wp = w + p * panel_stride;
             switch (MR * 8 + NP) {
             case 4 * 8 + 1: tile8(kind, a, r, wp, panel_stride, NULL, o, ldo, I8_MR >= 4 ? 4 : 1, 1); break;
-            case 3 * 8 + 1: tile8(kind, a, r, wp, panel_stride, NULL, o, ldo, 3, 1); break;
+            case 3 * 8 + 1: tile8(kind, a, r, wp, panel_stride, NULL, o, ldo, I8_MR >= 3 ? 3 : 1, 1); break;
             case 2 * 8 + 1: tile8(kind, a, r, wp, panel_stride, NULL, o, ldo, 2, 1); break;
             case 1 * 8 + 2: tile8(kind, a, r, wp, panel_stride, NULL, o, ldo, 1, 2); break;
             default: tile8(kind, a, r, wp, panel_stride, NULL, o, ldo, 1, 1); break;

@@ -149,6 +149,21 @@ def test_a_fused_layer_of_several_types_takes_each_parts_path() -> None:
     assert torch.equal(_int8(x, w), torch.cat([int8_linear_ref(x, p) for p in parts], 1))
 
 
+def _extreme(qtype: str, n: int, k: int) -> np.ndarray:
+    """Blocks whose every q is its type's largest (Q8_0: -128), the scales kept: the widest integer sums,
+    where 16-bit partial sums would overflow first."""
+    from benchmarks.quant_linear import _SCALES
+
+    raw = _blocks(qtype, n, k, seed=7)
+    _, elems, size = GGUF_BLOCKS[qtype]
+    blocks = raw.reshape(n, k // elems, size).copy()
+    keep = blocks.copy()
+    blocks[:] = 0x80 if qtype == "Q8_0" else 0xFF
+    for at in _SCALES[qtype]:
+        blocks[..., at : at + 2] = keep[..., at : at + 2]
+    return blocks.reshape(n, -1)
+
+
 def _call(fn, x: torch.Tensor, w, threads: int = 2) -> torch.Tensor:
     y = torch.empty(x.shape[0], w.out_features)
     fn(x.data_ptr(), x.shape[0], w.in_features, x.stride(0), w.data.data_ptr(), w.kind, w.out_features, y.data_ptr(),
@@ -181,6 +196,13 @@ def test_every_simd_path_and_the_portable_loops_give_the_same_bits(tmp_path) -> 
             want = _int8(x, w)
             for name, lib in builds.items():
                 assert _same(_call(lib.tandem_quant_linear_q8, x, w), want), (qtype, x.shape[0], name)
+        big = pack(_extreme(qtype, 20, k), qtype, k)
+        x = torch.ones(24, k)
+        x[1::2] = -1  # q = +-127 against every weight's largest q
+        want = int8_linear_ref(x, big)
+        assert torch.equal(_int8(x, big), want), qtype
+        for name, lib in builds.items():
+            assert torch.equal(_call(lib.tandem_quant_linear_q8, x, big), want), (qtype, name)
     x = _edge_rows()
     want = quantize_activations(x)
     for name, lib in builds.items():  # the activations themselves (a tiny block's q need not reach the output)
