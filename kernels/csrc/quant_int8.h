@@ -21,10 +21,9 @@
  * AVX2 path: a panel's 32-block is decoded 4 inputs at a time into two vectors of 8 dwords, one per column,
  * each holding that column's 4 consecutive q as bytes, so a broadcast of the row's 4 q bytes against it
  * sums 4 products per column: _mm256_maddubs_epi16 (u8 x s8; never saturates here: |2 * 63 * 127| and, for
- * Q8_0 as |w| x sign-moved x, 2 * 128 * 127 < 2^15), a run of those added in 16 bits (see i16_run) then
- * _mm256_madd_epi16, or one dpbusd with VNNI (Q8_0's
- * q stored + 128 as u8 there, taken off again as 128 * (s0 + s1)). Few rows decode in registers; from
- * I8_SCRATCH_MIN_ROWS a panel is decoded once into scratch and read by every row tile. */
+ * Q8_0 as |w| x sign-moved x, 2 * 128 * 127 < 2^15), a run of those added in 16 bits (i16_run), then
+ * _mm256_madd_epi16; or one dpbusd with VNNI (Q8_0's q stored + 128 as u8, taken off as 128 * (s0 + s1)).
+ * Few rows decode in registers; from I8_SCRATCH_MIN_ROWS a panel is decoded once into scratch. */
 #ifndef TANDEM_QUANT_INT8_H
 #define TANDEM_QUANT_INT8_H
 #include <float.h>
@@ -68,10 +67,15 @@ static inline int has_min(int kind) {
 #else
 #define Q8_OFFSET 0 /* the sign moves onto x: |w| x sign(x, w) */
 #endif
+#else
+#define Q8_OFFSET 0
+#endif
 
 static inline int int_offset(int kind) {
     return kind == KIND_Q4_0 ? 8 : kind == KIND_Q5_0 ? 16 : kind == KIND_Q6_K ? 32 : kind == KIND_Q8_0 ? Q8_OFFSET : 0;
 }
+
+#ifdef QUANT_AVX2
 
 static inline int32_t hsum_epi32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -128,10 +132,8 @@ static ALWAYS_INLINE void high_group(int hb, const uint8_t *blk, int g, __m256i 
         mask = _mm256_set1_epi8(1);
     } else { /* per k a 32-bit word: column c's 2 bits in its byte c / 4, at bit 2 (c % 4) */
         p = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 16 * g)));
-        m0 = _mm256_setr_epi32(0x0c080400, 0x0c080400, 0x0c080400, 0x0c080400, 0x0d090501, 0x0d090501, 0x0d090501,
-                               0x0d090501);
-        m1 = _mm256_setr_epi32(0x0e0a0602, 0x0e0a0602, 0x0e0a0602, 0x0e0a0602, 0x0f0b0703, 0x0f0b0703, 0x0f0b0703,
-                               0x0f0b0703);
+        m0 = _mm256_set_m128i(_mm_set1_epi32(0x0d090501), _mm_set1_epi32(0x0c080400)); /* lane 1: columns 4-7 */
+        m1 = _mm256_set_m128i(_mm_set1_epi32(0x0f0b0703), _mm_set1_epi32(0x0e0a0602));
         shift = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
         mask = _mm256_set1_epi8(3);
     }
@@ -178,17 +180,14 @@ static inline int i16_run(int kind) { return kind == KIND_Q8_0 ? 1 : high_bits(k
 
 /* Per 16-bit lane the sum of 2 products w * x (Q8_0's signed w: |w| x x with w's sign). */
 static ALWAYS_INLINE __m256i pairs(const int kind, __m256i w, __m256i x) {
-    if (kind == KIND_Q8_0) {
-        x = _mm256_sign_epi8(x, w);
-        w = _mm256_abs_epi8(w);
-    }
+    if (kind == KIND_Q8_0) return _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
     return _mm256_maddubs_epi16(w, x);
 }
 #endif
 
 /* MR rows x NP panels over all of K, from the panels' blocks at w (decoded in registers) or, with scr, from
- * one panel decoded into scratch. Integer sums per 16 inputs ([..][g >> 2]: Q6_K's scale groups; summed for
- * the others, two chains in flight), then the block's float ops in the order of the header comment. */
+ * one panel decoded into scratch. Integer sums per 16 inputs ([..][g >> 2]: Q6_K's scale groups; for the
+ * others two dpbusd chains in flight, summed), then the block's float ops in the header comment's order. */
 static ALWAYS_INLINE void tile8(const int kind, const QActs *a, int64_t r0, const uint8_t *w, int64_t panel_stride,
                                 const uint8_t *scr, float *out, int64_t ldo, const int MR, const int NP) {
     const int KH = groups(kind), off = int_offset(kind);
@@ -347,10 +346,6 @@ static ALWAYS_INLINE void panels8_kind(const int kind, const QActs *a, const uin
 }
 #else
 /* Portable twin: the same integers and the same float ops in the same order. */
-static inline int int_offset(int kind) {
-    return kind == KIND_Q4_0 ? 8 : kind == KIND_Q5_0 ? 16 : kind == KIND_Q6_K ? 32 : 0;
-}
-
 static void quantize_block(const float *x, int8_t *q, float *d, float *sd, int32_t *s) {
     float mx = 0.0f;
     int bad = 0;
