@@ -5,6 +5,7 @@ directory). Every decoder layer's own weights, so they stream from memory as in 
 checks both give the same products first. Prints the CPU beside the times.
 
     python -m benchmarks.quant_linear --model M.gguf [--rows 1,2,4,8,16,64,256,1024 --reps 7 --threads N]
+        [--int8]   (also the kernel with int8 activations, --cpu-int8-activations, against the float32 one)
 
 With --types instead of --model: the kernel on random blocks of each type, `--layers` weights of one
 shape per type (distinct weights, so a pass streams them), timed round-robin (so load on a shared
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> dict[int, tuple[float, float, float, 
     ap.add_argument("--rows", default=None, help="default 1,2,4,8,16,64,256,1024 (with --types: 1)")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=usable_cores())
+    ap.add_argument("--int8", action="store_true", help="with --model: also the int8-activation kernel")
     args = ap.parse_args(argv)
     if not available():
         raise SystemExit("the quantized-linear kernel is not available here (no C compiler?)")
@@ -121,6 +123,18 @@ def main(argv: list[str] | None = None) -> dict[int, tuple[float, float, float, 
         results[m] = (a, b, c, d)
         print(f"rows {m:5d}: layers quantized {a:8.1f} ms, oneDNN float32 {b:8.1f} ms ({b / a:.2f}x) | "
               f"head {c:7.1f} vs {d:7.1f} ({d / c:.2f}x)", flush=True)
+        if args.int8:
+            for q, _ in layers[:4] + ([head] if head else []):
+                x = xs[q.in_features]
+                want = quant_linear(x, q)
+                assert (quant_linear(x, q, int8=True) - want).norm() <= 0.05 * want.norm()
+            e = median_ms(lambda xs=xs: [quant_linear(xs[q.in_features], q, int8=True) for q, _ in layers], args.reps)
+            f = float("nan")
+            if head:
+                f = median_ms(lambda xs=xs: quant_linear(xs[head[0].in_features], head[0], int8=True), args.reps)
+            results[m] = (a, b, c, d, e, f)
+            print(f"             int8 activations: layers {e:8.1f} ms ({a / e:.2f}x the float32 kernel) | "
+                  f"head {f:7.1f} ({c / f:.2f}x)", flush=True)
     return results
 
 

@@ -39,6 +39,8 @@ class Ops:
 
     attention: str  # the attention backend: cpu, torch or triton
     native: bool  # the C kernels run (norm, SiLU, rotary, CPU attention, quantized GGUF weights)
+    # GGUF blocks' products take int8 activations (--cpu-int8-activations; kernels/csrc/quant_int8.h)
+    int8_activations: bool
     host_drafts: bool  # the n-gram proposer runs on the host and returns each row's matched drafts
     prepare_inputs: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     update_table: Callable[..., None]
@@ -51,7 +53,8 @@ class Ops:
 
     def describe(self) -> str:
         device_ops = "host" if self.host_drafts else "triton"
-        return f"ops: attention={self.attention} native={self.native} input-prep/drafts={device_ops}"
+        return (f"ops: attention={self.attention} native={self.native} int8-activations={self.int8_activations} "
+                f"input-prep/drafts={device_ops}")
 
 
 def _native_add_rms_norm(
@@ -65,10 +68,13 @@ def _native_add_rms_norm(
     return ref_norm_act.add_rms_norm(x, delta, weight, eps)
 
 
-def resolve_ops(device: torch.device | str, dtype: torch.dtype, attention: str = "auto") -> Ops:
+def resolve_ops(
+    device: torch.device | str, dtype: torch.dtype, attention: str = "auto", int8_activations: bool = False
+) -> Ops:
     """The ops for a worker on `device` running `dtype`; attention: one of ATTENTION_BACKENDS (`auto`: triton
-    on CUDA, cpu elsewhere; `triton` off CUDA needs TRITON_INTERPRET=1). Builds the C kernels it picks now,
-    not in the first request's step."""
+    on CUDA, cpu elsewhere; `triton` off CUDA needs TRITON_INTERPRET=1); int8_activations: the quantized
+    products' int8 path, where the C kernels run (elsewhere it is ignored, with a warning). Builds the C
+    kernels it picks now, not in the first request's step."""
     if attention not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {attention!r}; known: {', '.join(ATTENTION_BACKENDS)}")
     device = torch.device(device)
@@ -78,11 +84,14 @@ def resolve_ops(device: torch.device | str, dtype: torch.dtype, attention: str =
         device.type == "cpu" and dtype == torch.float32 and os.environ.get("TANDEM_NO_NATIVE") != "1"
         and all(k.available() for k in (norm_act, rotary, paged_attention, quant_linear))
     )  # fmt: skip
+    if int8_activations and not native:
+        log.warning("--cpu-int8-activations ignored: it needs the C kernels (CPU, float32, a C compiler)")
     if attention == "auto":
         attention = "triton" if device.type == "cuda" else "cpu"
     ops = Ops(
         attention=attention,
         native=native,
+        int8_activations=int8_activations and native,
         host_drafts=not triton,
         prepare_inputs=tri_input_prep.prepare_inputs_triton if triton else ref_input_prep.prepare_inputs_ref,
         update_table=tri_input_prep.update_table_triton if triton else ref_input_prep.update_table_ref,

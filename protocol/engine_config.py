@@ -56,6 +56,11 @@ class EngineConfig:
     attention_backend: str = field(
         default="auto", metadata={"help": "auto (triton on CUDA, cpu on CPU), cpu, torch, triton"}
     )
+    cpu_int8_activations: bool = field(
+        default=False,
+        metadata={"help": "on CPU, a GGUF's quantized layers take their input quantized to 8 bits per 32 values and "
+                  "multiply in integers (faster, approximate; kernels/csrc/quant_int8.h)"},
+    )
     enforce_eager: bool = field(
         default=False, metadata={"help": "no CUDA graphs: every decode step launches its kernels one by one"}
     )

@@ -115,10 +115,23 @@ def test_quant_linear_benchmark_checks_and_times_a_gguf(tiny_model, tmp_path: Pa
     from tests.gguf_files import write_gguf
 
     path = write_gguf(tiny_model("qwen3"), tmp_path / "q.gguf", "Q4_1")
-    res = quant_linear.main(["--model", str(path), "--rows", "1,9", "--reps", "1"])
-    assert list(res) == [1, 9] and all(ms > 0 for row in res.values() for ms in row)
+    res = quant_linear.main(["--model", str(path), "--rows", "1,9", "--reps", "1", "--int8"])
+    assert list(res) == [1, 9] and all(len(row) == 6 and all(ms > 0 for ms in row) for row in res.values())
     out = capsys.readouterr().out
     assert out.startswith("CPU: ") and "quantized layer weights" in out and "rows     9" in out
+    assert out.count("int8 activations: layers") == 2
+
+
+@needs_cc
+def test_int8_agreement_benchmark_compares_greedy_runs(tiny_model, tmp_path: Path, capsys) -> None:
+    from benchmarks import int8_agreement
+    from tests.gguf_files import write_gguf
+
+    path = write_gguf(tiny_model("llama"), tmp_path / "q.gguf", "Q4_1")
+    res = int8_agreement.main(["--model", str(path), "--prompts", "3", "--tokens", "6"])
+    assert res["identical"] + len(res["first_divergence"]) == 3 and 0 <= res["flips"] <= 18
+    out = capsys.readouterr().out
+    assert "3 prompts x 6 greedy tokens" in out and "of 18 positions" in out
 
 
 def test_attention_step_times_each_backend_on_each_kv_dtype(tiny_model, capsys) -> None:

@@ -102,12 +102,14 @@ class CpuStepGraph:
 
     def _linear(self, layer: PackableLinear, x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None) -> None:
         """One node per packed part (a fused layer may mix GGUF types), each into its own columns of y,
-        adding its columns' bias as the eager product adds the whole bias after."""
+        adding its columns' bias as the eager product adds the whole bias after; the entry the layer's eager
+        product calls (float32 or int8 activations)."""
         w = layer.quant
         assert w is not None  # cpu_graph_applies checked every layer
+        fn = sg.entry_points()["quant_linear_int8" if layer.int8_activations else "quant_linear"]
         col = 0
         for part in w.parts if isinstance(w, QuantRows) else (w,):
-            self._node(sg.QLINEAR, sg.entry_points()["quant_linear"], x.data_ptr(), part.in_features, x.stride(0),
+            self._node(sg.QLINEAR, fn, x.data_ptr(), part.in_features, x.stride(0),
                        part.data.data_ptr(), part.kind, part.out_features, y.data_ptr() + 4 * col, y.stride(0),
                        0 if bias is None else bias.data_ptr() + 4 * col, quant_linear.PARALLEL_MIN_MACS)
             col += part.out_features

@@ -60,7 +60,7 @@ class ModelRunner:
         kvd = cfg.kv_cache_dtype
         self.kv_dtype = self.dtype if kvd == "auto" else resolve_dtype(kvd, self.device)
         # Every kernel choice, made once: input prep, attention, the layers and speculation share it.
-        self.ops = resolve_ops(self.device, self.dtype, cfg.attention_backend)
+        self.ops = resolve_ops(self.device, self.dtype, cfg.attention_backend, cfg.cpu_int8_activations)
         if self.ops.attention == "triton" and self.kv_dtype != self.dtype:
             raise ValueError(f"--kv-cache-dtype {cfg.kv_cache_dtype} with a {self.dtype} model needs "
                              "--attention-backend torch (the triton kernel takes the model's dtype)")

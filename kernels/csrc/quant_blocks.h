@@ -164,31 +164,39 @@ static inline float load_half(const uint8_t *p) {
     return half_to_float(h);
 }
 
+/* D and M of column c at input k of the panel at w, as the AVX2 path's scales_at computes them. */
+static inline void scales_scalar(int kind, const uint8_t *w, int c, int64_t k, float *d, float *m) {
+    const int64_t b = k / KBLK, kk = k % KBLK, sub = b % sub_blocks(kind);
+    const uint8_t *s = w + b / sub_blocks(kind) * super_bytes(kind);
+    if (kind == KIND_Q4_K || kind == KIND_Q5_K) {
+        *d = load_half(s + 2 * c) * (float)s[64 + sub * PANEL + c];
+        *m = -(load_half(s + 32 + 2 * c) * (float)s[64 + (8 + sub) * PANEL + c]);
+        return;
+    }
+    *d = load_half(s + 2 * c);
+    if (kind == KIND_Q6_K) *d *= (float)(int8_t)s[32 + (sub * 2 + kk / 16) * PANEL + c];
+    *m = kind == KIND_Q4_1 || kind == KIND_Q5_1 ? load_half(s + 32 + 2 * c)
+         : kind == KIND_Q8_0                  ? 0.0f
+                                              : *d * offset_scale(kind);
+}
+
+/* Column c's quantized value q at input k of the panel at w (signed for Q8_0). */
+static inline int quant_at(int kind, const uint8_t *w, int c, int64_t k) {
+    const int64_t b = k / KBLK, kk = k % KBLK;
+    const uint8_t *blk = values_of(kind, w + b / sub_blocks(kind) * super_bytes(kind), b % sub_blocks(kind));
+    if (kind == KIND_Q8_0) return (int8_t)blk[kk * 16 + c];
+    const int hb = high_bits(kind), bit = hb * c;
+    const uint8_t byte = blk[64 * hb + kk * 8 + (c & 7)];
+    int q = c < 8 ? byte & 15 : byte >> 4;
+    if (hb) q |= ((blk[kk * 2 * hb + bit / 8] >> (bit % 8)) & ((1 << hb) - 1)) << 4;
+    return q;
+}
+
 /* Column c's weight at input k of the panel at w, as the AVX2 path computes it (the same float ops). */
 static inline float weight_at(int kind, const uint8_t *w, int c, int64_t k) {
-    const int64_t b = k / KBLK, kk = k % KBLK, sub = b % sub_blocks(kind);
-    const uint8_t *s = w + b / sub_blocks(kind) * super_bytes(kind), *blk = values_of(kind, s, sub);
     float d, m;
-    if (kind == KIND_Q4_K || kind == KIND_Q5_K) {
-        d = load_half(s + 2 * c) * (float)s[64 + sub * PANEL + c];
-        m = -(load_half(s + 32 + 2 * c) * (float)s[64 + (8 + sub) * PANEL + c]);
-    } else {
-        d = load_half(s + 2 * c);
-        if (kind == KIND_Q6_K) d *= (float)(int8_t)s[32 + (sub * 2 + kk / 16) * PANEL + c];
-        m = kind == KIND_Q4_1 || kind == KIND_Q5_1 ? load_half(s + 32 + 2 * c)
-            : kind == KIND_Q8_0                  ? 0.0f
-                                                 : d * offset_scale(kind);
-    }
-    int q;
-    if (kind == KIND_Q8_0) {
-        q = (int8_t)blk[kk * 16 + c];
-    } else {
-        const int hb = high_bits(kind), bit = hb * c;
-        const uint8_t byte = blk[64 * hb + kk * 8 + (c & 7)];
-        q = c < 8 ? byte & 15 : byte >> 4;
-        if (hb) q |= ((blk[kk * 2 * hb + bit / 8] >> (bit % 8)) & ((1 << hb) - 1)) << 4;
-    }
-    return __builtin_fmaf(d, (float)q, m);
+    scales_scalar(kind, w, c, k, &d, &m);
+    return __builtin_fmaf(d, (float)quant_at(kind, w, c, k), m);
 }
 #endif
 #endif

@@ -286,3 +286,57 @@ void tandem_quant_linear_f32(const float *x, int64_t M, int64_t K, int64_t ldx, 
         free(wf);
     }
 }
+
+#include "quant_int8.h"
+
+/* Rows r0 .. r1-1 of x [M, K] as int8 activations (quant_int8.h's format): q [M, K], d and sd [M, K / 32],
+ * s [M, K / 32, 2]. Also an entry of its own, for the tests. */
+void tandem_quantize_q8(const float *x, int64_t r0, int64_t r1, int64_t K, int64_t ldx, int8_t *q, float *d,
+                        float *sd, int32_t *s) {
+    const int64_t nb = K / KBLK;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t at = r * nb + b;
+            quantize_block(x + r * ldx + b * KBLK, q + r * K + b * KBLK, d + at, sd + at, s + 2 * at);
+        }
+}
+
+/* tandem_quant_linear_f32's product with int8 activations (quant_int8.h: the format, the arithmetic and why
+ * every path gives the same bits). x is quantized once, each thread its share of the rows, then the threads
+ * split the panels as above. Should the activations' buffer not be allocated, the float32 product runs. */
+void tandem_quant_linear_q8(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int64_t qtype,
+                            int64_t N, float *y, int64_t ldy, int64_t num_threads) {
+    const int64_t panels = (N + PANEL - 1) / PANEL, nb = K / KBLK;
+    int8_t *buf = malloc((size_t)(M * K + M * nb * 4 * 4));
+    if (!buf) {
+        tandem_quant_linear_f32(x, M, K, ldx, w, qtype, N, y, ldy, num_threads);
+        return;
+    }
+    float *d = (float *)(buf + M * K), *sd = d + M * nb;
+    int32_t *s = (int32_t *)(sd + M * nb);
+    const QActs a = {buf, d, sd, s, K, nb};
+#pragma omp parallel num_threads(num_threads)
+    {
+#ifdef _OPENMP
+        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+        const int64_t t = 0, nt = 1;
+#endif
+        tandem_quantize_q8(x, M * t / nt, M * (t + 1) / nt, K, ldx, buf, d, sd, s);
+#pragma omp barrier
+        const int64_t gp = M >= I8_SCRATCH_MIN_ROWS ? 1 : 2, groups = (panels + gp - 1) / gp;
+        const int64_t g0 = groups * t / nt, g1 = groups * (t + 1) / nt;
+        const int64_t p0 = g0 * gp, p1 = g1 * gp < panels ? g1 * gp : panels;
+#ifdef QUANT_AVX2
+        uint8_t *scr = M >= I8_SCRATCH_MIN_ROWS ? malloc((size_t)(nb * I8_SCRATCH_BLOCK)) : NULL;
+#else
+        uint8_t *scr = NULL;
+#endif
+        for (int64_t r0 = 0; r0 < M && p1 > p0; r0 += ROW_BLOCK) {
+            const int64_t rows = M - r0 < ROW_BLOCK ? M - r0 : ROW_BLOCK;
+            run_panels8((int)qtype, &a, w, N, y, ldy, r0, rows, p0, p1 - p0, rows >= I8_SCRATCH_MIN_ROWS ? scr : NULL);
+        }
+        free(scr);
+    }
+    free(buf);
+}

@@ -7,6 +7,10 @@ the very float gguf's own dequantization gives, and multiplies in float32, so th
 weights of its float32 conversion while reading a sixth of the bytes. Each output is one FMA chain over the
 input in order, so a row's result does not depend on the batch it runs in (see the .c file).
 
+With `int8=True` (--cpu-int8-activations) the product takes x quantized per row and 32-block to 8 bits and
+multiplies it with the weights' integer q in integer arithmetic (kernels/csrc/quant_int8.h; the reference is
+kernels/reference/quant_int8.py): fewer operations a weight, an approximation of the float32 product.
+
 `pack` turns a GGUF tensor's raw blocks into the kernel's layout and `dequantize` is the plain-torch
 reference the tests compare with (both in quant_pack.py); `quant_linear` runs the kernel. `available()` is
 False (the caller then dequantizes to float32) without a C compiler, when the build fails, or with
@@ -42,9 +46,9 @@ def _library() -> ctypes.CDLL | None:
     if lib is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn = lib.tandem_quant_linear_f32
-    fn.restype = None
-    fn.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr, i64, i64]  # x M K ldx w kind N y ldy threads
+    for fn in (lib.tandem_quant_linear_f32, lib.tandem_quant_linear_q8):
+        fn.restype = None
+        fn.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr, i64, i64]  # x M K ldx w kind N y ldy threads
     return lib
 
 
@@ -52,8 +56,11 @@ def available() -> bool:
     return _library() is not None
 
 
-def quant_linear(x: torch.Tensor, w: QuantWeight | QuantRows, threads: int | None = None) -> torch.Tensor:
-    """x [rows, in_features] float32 (rows of any stride, each row contiguous) -> x @ W.T [rows, out]."""
+def quant_linear(
+    x: torch.Tensor, w: QuantWeight | QuantRows, threads: int | None = None, int8: bool = False
+) -> torch.Tensor:
+    """x [rows, in_features] float32 (rows of any stride, each row contiguous) -> x @ W.T [rows, out];
+    int8: with x quantized to 8 bits (the module doc)."""
     lib = _library()
     if lib is None:
         raise RuntimeError("the CPU quantized-linear kernel is not available")
@@ -66,11 +73,12 @@ def quant_linear(x: torch.Tensor, w: QuantWeight | QuantRows, threads: int | Non
     y = x.new_empty(m, w.out_features)
     if m == 0:
         return y
+    fn = lib.tandem_quant_linear_q8 if int8 else lib.tandem_quant_linear_f32
     col = 0
     for part in w.parts if isinstance(w, QuantRows) else (w,):  # each into its own columns of y
         macs = m * part.out_features * part.in_features
         n = 1 if macs < PARALLEL_MIN_MACS else (threads or torch.get_num_threads())
-        lib.tandem_quant_linear_f32(x.data_ptr(), m, part.in_features, x.stride(0), part.data.data_ptr(), part.kind,
-                                    part.out_features, y.data_ptr() + col * y.element_size(), y.stride(0), n)
+        fn(x.data_ptr(), m, part.in_features, x.stride(0), part.data.data_ptr(), part.kind, part.out_features,
+           y.data_ptr() + col * y.element_size(), y.stride(0), n)
         col += part.out_features
     return y

@@ -30,7 +30,7 @@ GGUF_BLOCKS = {
 _NAMES = {kind: name for name, (kind, _, _) in GGUF_BLOCKS.items()}
 _K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
 _HIGH_BITS = {"Q5_0": 1, "Q5_1": 1, "Q5_K": 1, "Q6_K": 2}  # bits of q above its low nibble
-_OFFSET = {"Q4_0": 8, "Q5_0": 16, "Q6_K": 32}  # gguf's d * (q - offset): M = -offset * D
+OFFSETS = {"Q4_0": 8, "Q5_0": 16, "Q6_K": 32}  # gguf's d * (q - offset): M = -offset * D
 _WITH_M = ("Q4_1", "Q5_1")  # d * q + m, m stored
 
 
@@ -140,7 +140,7 @@ def pack(raw: np.ndarray, qtype: str, in_features: int) -> QuantWeight:
                          f"{in_features // elems * block} bytes, got {raw.dtype} {tuple(raw.shape)}")
     n, kb = raw.shape[0], in_features // KBLK
     f = _read(raw, qtype, n, kb)
-    if qtype in _OFFSET and not np.isfinite(f["d"].view(np.float16)).all():
+    if qtype in OFFSETS and not np.isfinite(f["d"].view(np.float16)).all():
         # gguf's d * (q - offset) is +-inf where the kernel's D * q + M (M = -offset * D) is inf - inf
         raise ValueError(f"{qtype} weight with an infinite or NaN scale: not repacked")
     panels = -(-n // PANEL)
@@ -174,11 +174,11 @@ def pack(raw: np.ndarray, qtype: str, in_features: int) -> QuantWeight:
     return QuantWeight(torch.from_numpy(data), kind, n, in_features)
 
 
-def dequantize(w: QuantWeight | QuantRows) -> torch.Tensor:
-    """The reference: the float32 [out, in] weight a packed one stands for, D * q + M with D and M computed
-    as the kernel computes them from its layout (what gguf's dequantization of the file gives)."""
-    if isinstance(w, QuantRows):
-        return torch.cat([dequantize(p) for p in w.parts])
+def unpack(w: QuantWeight) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """From the layout: q [panels, kb, 32 (k), 16 (column)] (uint8; int8 for Q8_0), D float32 [panels, kb,
+    groups, 16] (2 scale groups of 16 inputs for Q6_K, else 1) and M float32 [panels, kb, 1, 16] for the types
+    whose weights are D * q + M with M stored (Q4_1, Q5_1, Q4_K, Q5_K; None for the others, D * (q - offset)
+    or, Q8_0, D * q), each computed as the kernel computes it."""
     qtype = w.qtype
     a = w.data.numpy()
     panels = a.shape[0]
@@ -204,10 +204,9 @@ def dequantize(w: QuantWeight | QuantRows) -> torch.Tensor:
         if hb:
             words = np.ascontiguousarray(quants[..., : 64 * hb]).view("<u2" if hb == 1 else "<u4").astype(np.uint32)
             q = q | (_bits(words, PANEL, hb).swapaxes(-1, -2) << 4).astype(np.uint8)
-    d = halves(0)
-    if qtype == "Q6_K":  # d * sc per 16 inputs: each scale twice over the 32 k of a block's rows
-        d = (d[:, :, None, :] * per_sub(32, 16, np.int8).reshape(panels, -1, 16, PANEL)).reshape(panels, kb, 2, 1, 16)
-        d = np.broadcast_to(d, (panels, kb, 2, 16, 16)).reshape(panels, kb, 32, 16)
+    d, m = halves(0), None
+    if qtype == "Q6_K":  # d * sc per 16 inputs
+        d = (d[:, :, None, :] * per_sub(32, 16, np.int8).reshape(panels, -1, 16, PANEL)).reshape(panels, kb, 2, 16)
     elif qtype in _K_QUANTS:
         sc, mn = per_sub(64, 8, np.uint8), per_sub(64 + 8 * PANEL, 8, np.uint8)
         d = (d[:, :, None, :] * sc.reshape(panels, -1, 8, PANEL)).reshape(panels, kb, 1, 16)
@@ -216,9 +215,20 @@ def dequantize(w: QuantWeight | QuantRows) -> torch.Tensor:
         d = d[:, :, None, :]
     if qtype in _WITH_M:
         m = halves(32)[:, :, None, :]
-    elif qtype in _OFFSET:
-        m = d * np.float32(-_OFFSET[qtype])
-    elif qtype == "Q8_0":
+    return q, d, m
+
+
+def dequantize(w: QuantWeight | QuantRows) -> torch.Tensor:
+    """The reference: the float32 [out, in] weight a packed one stands for, D * q + M with D and M computed
+    as the kernel computes them from its layout (what gguf's dequantization of the file gives)."""
+    if isinstance(w, QuantRows):
+        return torch.cat([dequantize(p) for p in w.parts])
+    q, d, m = unpack(w)
+    panels, kb = q.shape[:2]
+    d = np.repeat(d, 32 // d.shape[2], axis=2)  # each scale over its inputs: [panels, kb, 32 (k), 16]
+    if w.qtype in OFFSETS:
+        m = d * np.float32(-OFFSETS[w.qtype])
+    elif m is None:  # Q8_0
         m = np.float32(0)
     deq = d * q.astype(np.float32) + m  # d * q is exact: one rounding, the FMA's
     # [panels, kb, 32 (k), 16 (column)] -> [panels * 16, kb * 32]

@@ -50,6 +50,7 @@ def entry_points() -> dict[str, int]:
         "add_rms_norm": (norm_act._library(), "tandem_add_rms_norm_f32"),
         "silu_mul": (norm_act._library(), "tandem_silu_mul_f32"),
         "quant_linear": (quant_linear._library(), "tandem_quant_linear_f32"),
+        "quant_linear_int8": (quant_linear._library(), "tandem_quant_linear_q8"),  # --cpu-int8-activations
         "rotary": (rotary._library(), "tandem_rotary_f32"),
         "paged_attention": (paged_attention._library(), "tandem_paged_attention_kv"),
     }

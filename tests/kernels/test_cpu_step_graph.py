@@ -41,12 +41,17 @@ def _kv(pool: Pool) -> list[torch.Tensor]:
     return [t.clone() for t in pool.kv.k + pool.kv.v]
 
 
-@pytest.mark.parametrize("arch,qtype,kv_dtype", [
-    ("llama", "Q4_1", torch.float32), ("qwen2", "Q8_0", torch.float32), ("qwen3", "Q4_0", torch.float32),
-    ("qwen2", "Q4_K_M", torch.float32), ("llama", "Q4_1", torch.float16), ("qwen3", "Q4_0", torch.bfloat16)])
-def test_replay_equals_eager_bit_for_bit(gguf_model, arch: str, qtype: str, kv_dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("arch,qtype,kv_dtype,int8", [
+    ("llama", "Q4_1", torch.float32, False), ("qwen2", "Q8_0", torch.float32, False),
+    ("qwen3", "Q4_0", torch.float32, False), ("qwen2", "Q4_K_M", torch.float32, False),
+    ("llama", "Q4_1", torch.float16, False), ("qwen3", "Q4_0", torch.bfloat16, False),
+    ("llama", "Q4_1", torch.float32, True), ("qwen2", "Q4_K_M", torch.float32, True)])
+def test_replay_equals_eager_bit_for_bit(gguf_model, arch: str, qtype: str, kv_dtype: torch.dtype,
+                                         int8: bool) -> None:
+    """int8: --cpu-int8-activations, whose nodes call the int8 entry the eager products call."""
     model = load_model(str(gguf_model(arch, qtype)), torch.float32, "cpu",
-                       ops=resolve_ops("cpu", torch.float32, "cpu"))
+                       ops=resolve_ops("cpu", torch.float32, "cpu", int8_activations=int8))
+    assert all(m.int8_activations == int8 for m in model.modules() if hasattr(m, "int8_activations"))
     model.pack_cpu_weights()
     pool = Pool(model, num_slots=600, max_reqs=16, kv_dtype=kv_dtype)
     cfg = EngineConfig(model="unused")
@@ -128,9 +133,11 @@ def test_applies_only_where_every_op_has_a_c_kernel(gguf_model, tiny_model) -> N
     assert not cpu_graph_applies(EngineConfig(model=path), plain, Pool(plain).kv)
 
 
-@pytest.mark.parametrize("arch,page_size,kv", [("llama", 1, "auto"), ("llama", 16, "auto"), ("qwen3", 1, "auto"),
-                                               ("qwen3", 16, "float16")])
-def test_worker_steps_through_the_graph_give_the_eager_tokens(gguf_model, arch: str, page_size: int, kv: str) -> None:
+@pytest.mark.parametrize("arch,page_size,kv,int8", [("llama", 1, "auto", False), ("llama", 16, "auto", False),
+                                                    ("qwen3", 1, "auto", False), ("qwen3", 16, "float16", False),
+                                                    ("qwen3", 1, "auto", True)])
+def test_worker_steps_through_the_graph_give_the_eager_tokens(gguf_model, arch: str, page_size: int, kv: str,
+                                                              int8: bool) -> None:
     path = str(gguf_model(arch))
     params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
               SamplingParams(max_tokens=9, temperature=0.8, seed=4, repetition_penalty=1.2, ignore_eos=True)]
@@ -139,9 +146,10 @@ def test_worker_steps_through_the_graph_give_the_eager_tokens(gguf_model, arch: 
     outs = {}
     for eager in (True, False):
         cfg = EngineConfig(model=path, dtype="float32", kv_cache_tokens=4096, max_running_requests=8,
-                           page_size=page_size, enforce_eager=eager, kv_cache_dtype=kv)
+                           page_size=page_size, enforce_eager=eager, kv_cache_dtype=kv, cpu_int8_activations=int8)
         runner = ModelRunner(cfg, read_model_info(cfg.model))
         outs[eager] = generate(cfg, read_model_info(cfg.model), runner, prompts, params)
         assert (isinstance(runner.graphs, CpuStepGraph) and runner.graphs.num_runs > 0) == (not eager)
+        assert runner.ops.int8_activations == int8
     assert outs[True] == outs[False]
     assert sum(map(len, outs[False].values())) == 3 * 12 + 2 * 9

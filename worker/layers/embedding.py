@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -13,15 +13,20 @@ from kernels.native.quant_linear import QuantWeight, pack, quant_linear
 from worker.gguf_weights import GGUFBlocks
 from worker.layers.cpu_linear import linear, pack_weight, packable
 
+if TYPE_CHECKING:
+    from kernels.ops import Ops
+
 
 class VocabEmbedding(nn.Module):
     """Also the LM head (same [vocab, hidden] layout): `logits` gives every rank the full-vocab logits."""
 
     def __init__(
         self, vocab_size: int, hidden_size: int, dtype: torch.dtype, device: torch.device | str,
-        tp_rank: int = 0, tp_size: int = 1,
+        tp_rank: int = 0, tp_size: int = 1, ops: Ops | None = None,
     ) -> None:
         super().__init__()
+        # the head's product from blocks takes int8 activations (the worker's Ops: --cpu-int8-activations)
+        self.int8_activations = ops is not None and ops.int8_activations
         self.vocab_size, self.tp_rank, self.tp_size = vocab_size, tp_rank, tp_size
         # Rounded up: the last rank's rows past the vocab are zero padding, cut from the logits.
         self.shard = -(-vocab_size // tp_size)
@@ -77,7 +82,7 @@ class VocabEmbedding(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [N, hidden] -> float32 logits [N, vocab], the same on every rank."""
         if self.head_quant is not None:
-            local = quant_linear(h, self.head_quant)
+            local = quant_linear(h, self.head_quant, int8=self.int8_activations)
             if local.shape[1] < self.shard:  # the last rank's padding rows past the vocab: zero logits
                 local = torch.cat([local, local.new_zeros(local.shape[0], self.shard - local.shape[1])], dim=1)
         else:

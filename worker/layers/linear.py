@@ -7,7 +7,7 @@ safetensors slice: both support ``src[a:b]`` / ``src[:, a:b]``, so a rank reads 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -17,6 +17,9 @@ from torch import nn
 from kernels.native.quant_linear import QuantRows, QuantWeight, pack, quant_linear
 from worker.gguf_weights import GGUFBlocks
 from worker.layers.cpu_linear import linear, pack_weight, packable
+
+if TYPE_CHECKING:
+    from kernels.ops import Ops
 
 
 def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -36,8 +39,13 @@ class PackableLinear(nn.Module):
     weight: nn.Parameter | None
     packed: torch.Tensor | None = None
     quant: QuantWeight | QuantRows | None = None
+    # the product from blocks takes int8 activations (the worker's Ops: --cpu-int8-activations)
+    int8_activations: bool = False
     # rows offset -> that part's GGUF blocks, until finish_loading packs (or dequantizes) them
     _blocks: dict[int, GGUFBlocks]
+
+    def use_ops(self, ops: Ops | None) -> None:
+        self.int8_activations = ops is not None and ops.int8_activations
 
     def take_blocks(self, blocks: GGUFBlocks, offset: int) -> None:
         if not hasattr(self, "_blocks"):
@@ -82,7 +90,7 @@ class PackableLinear(nn.Module):
 
     def product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.quant is not None:
-            y = quant_linear(x, self.quant)
+            y = quant_linear(x, self.quant, int8=self.int8_activations)
             return y if bias is None else y.add_(bias)
         return linear(x, self.weight, self.packed, bias)
 
@@ -112,8 +120,10 @@ class ColumnParallelLinear(PackableLinear):
         device: torch.device | str,
         tp_rank: int = 0,
         tp_size: int = 1,
+        ops: Ops | None = None,
     ) -> None:
         super().__init__()
+        self.use_ops(ops)
         if any(s % tp_size for s in output_sizes):
             raise ValueError(f"output sizes {output_sizes} not divisible by tp_size={tp_size}")
         self.tp_rank, self.tp_size = tp_rank, tp_size
@@ -158,8 +168,10 @@ class QKVParallelLinear(ColumnParallelLinear):
         device: torch.device | str,
         tp_rank: int = 0,
         tp_size: int = 1,
+        ops: Ops | None = None,
     ) -> None:
         nn.Module.__init__(self)
+        self.use_ops(ops)
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.num_heads, self.num_kv_heads = local_heads(num_heads, num_kv_heads, tp_size)
         replicated = num_kv_heads < tp_size
@@ -194,8 +206,10 @@ class RowParallelLinear(PackableLinear):
         device: torch.device | str,
         tp_rank: int = 0,
         tp_size: int = 1,
+        ops: Ops | None = None,
     ) -> None:
         super().__init__()
+        self.use_ops(ops)
         if input_size % tp_size:
             raise ValueError(f"input size {input_size} not divisible by tp_size={tp_size}")
         self.tp_rank, self.tp_size = tp_rank, tp_size

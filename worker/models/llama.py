@@ -46,7 +46,7 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.layer_id, self.ops = layer_id, ops
         self.head_dim = d = cfg.head_dim
-        tp = {"dtype": dtype, "device": device, "tp_rank": tp_rank, "tp_size": tp_size}
+        tp = {"dtype": dtype, "device": device, "tp_rank": tp_rank, "tp_size": tp_size, "ops": ops}
         # Heads split over ranks; KV heads fewer than ranks are replicated (see QKVParallelLinear).
         self.qkv_proj = QKVParallelLinear(
             cfg.hidden_size, d, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.qkv_bias, **tp
@@ -91,7 +91,7 @@ class LlamaMLP(nn.Module):
         self.ops = ops
         if cfg.hidden_act != "silu":
             raise NotImplementedError(f"hidden_act {cfg.hidden_act!r} is not supported")
-        tp = {"dtype": dtype, "device": device, "tp_rank": tp_rank, "tp_size": tp_size}
+        tp = {"dtype": dtype, "device": device, "tp_rank": tp_rank, "tp_size": tp_size, "ops": ops}
         inter = cfg.intermediate_size
         self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [inter, inter], cfg.mlp_bias, **tp)
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, cfg.mlp_bias, **tp)
@@ -124,7 +124,7 @@ class LlamaModel(nn.Module):
         self, cfg: ModelConfig, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int, tp_size: int
     ) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device, tp_rank, tp_size)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device, tp_rank, tp_size, ops)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(cfg, i, dtype, device, ops, tp_rank, tp_size)
             for i in range(cfg.num_hidden_layers)
@@ -143,7 +143,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (
             None
             if cfg.tie_word_embeddings
-            else VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device, tp_rank, tp_size)
+            else VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device, tp_rank, tp_size, ops)
         )
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, dtype, device)
         self.attn_backend = select_attention_backend(ops)
