@@ -253,6 +253,17 @@ static void run_scratch(int kind, const float *x, int64_t ldx, int64_t K, const 
     }
 }
 
+/* Thread t of nt's panels [p0, p1). Few rows: pairs of panels (a 1-row tile takes 4 panels at once, or 2 at a
+ * range's end); many rows (`single`): single panels. So two threads split 36 or 60 panels evenly (groups of 4
+ * gave one thread 20 of 36: measured 1.07x at 64 rows and 1.11x at 2,048 once split evenly; at 1-8 rows
+ * within the noise). */
+static void panel_range(int64_t panels, int single, int64_t t, int64_t nt, int64_t *p0, int64_t *p1) {
+    const int64_t gp = single ? 1 : 2, groups = (panels + gp - 1) / gp;
+    const int64_t g0 = groups * t / nt, g1 = groups * (t + 1) / nt;
+    *p0 = g0 * gp;
+    *p1 = g1 * gp < panels ? g1 * gp : panels;
+}
+
 /* y[M, N] (row stride ldy) = x[M, K] (row stride ldx) @ W.T; qtype: the block kind (quant_blocks.h, checked
  * by the caller). K is a multiple of the kind's super-block (32 inputs, 256 for the K-quants). Rows go in
  * blocks of ROW_BLOCK; each thread of the OpenMP runtime torch runs on (see paged_attention.c) takes a
@@ -268,13 +279,8 @@ void tandem_quant_linear_f32(const float *x, int64_t M, int64_t K, int64_t ldx, 
 #else
         const int64_t t = 0, nt = 1;
 #endif
-        /* Few rows: pairs of panels (a 1-row tile takes 4 panels at once, or 2 at a range's end); many rows:
-         * single panels. So two threads split 36 or 60 panels evenly (groups of 4 gave one thread 20 of 36:
-         * measured 1.07x at 64 rows and 1.11x at 2,048 once split evenly; at 1-8 rows within the noise). */
-        const int64_t gp = M >= SCRATCH_MIN_ROWS ? 1 : 2;
-        const int64_t groups = (panels + gp - 1) / gp;
-        const int64_t g0 = groups * t / nt, g1 = groups * (t + 1) / nt;
-        const int64_t p0 = g0 * gp, p1 = g1 * gp < panels ? g1 * gp : panels;
+        int64_t p0, p1;
+        panel_range(panels, M >= SCRATCH_MIN_ROWS, t, nt, &p0, &p1);
         float *wf = M >= SCRATCH_MIN_ROWS ? malloc((size_t)K * PANEL * sizeof(float)) : NULL;
         for (int64_t r0 = 0; r0 < M && p1 > p0; r0 += ROW_BLOCK) {
             const int64_t rows = M - r0 < ROW_BLOCK ? M - r0 : ROW_BLOCK;
@@ -324,9 +330,8 @@ void tandem_quant_linear_q8(const float *x, int64_t M, int64_t K, int64_t ldx, c
 #endif
         tandem_quantize_q8(x, M * t / nt, M * (t + 1) / nt, K, ldx, buf, d, sd, s);
 #pragma omp barrier
-        const int64_t gp = M >= I8_SCRATCH_MIN_ROWS ? 1 : 2, groups = (panels + gp - 1) / gp;
-        const int64_t g0 = groups * t / nt, g1 = groups * (t + 1) / nt;
-        const int64_t p0 = g0 * gp, p1 = g1 * gp < panels ? g1 * gp : panels;
+        int64_t p0, p1;
+        panel_range(panels, M >= I8_SCRATCH_MIN_ROWS, t, nt, &p0, &p1);
 #ifdef QUANT_AVX2
         uint8_t *scr = M >= I8_SCRATCH_MIN_ROWS ? malloc((size_t)(nb * I8_SCRATCH_BLOCK)) : NULL;
 #else
