@@ -103,11 +103,15 @@ def test_unknown_engine_option_is_an_error(tiny_model) -> None:
 
 def test_engine_option_of_the_wrong_type_is_an_error_and_a_good_one_serves(tiny_model) -> None:
     model = str(tiny_model("llama"))
-    for bad in ({"enforce_eager": "yes"}, {"max_running_requests": True}, {"kv_memory_fraction": "0.2"}):
+    for bad in ({"enforce_eager": "yes"}, {"max_running_requests": True}, {"kv_memory_fraction": "0.2"},
+                {"cpu_int8_activations": "yes"}):
         with pytest.raises(ValueError, match=f"invalid engine option.*{next(iter(bad))}"):
             Client.launch(model, **bad)
-    with pytest.raises(ValueError, match="kv_memory_fraction"):  # a value __post_init__ refuses, as before
-        Client.launch(model, kv_memory_fraction=2.0)
-    with Client.launch(model, enforce_eager=True, kv_cache_tokens=2048) as client:  # on CPU: nothing to turn off
+    for field, value in (("kv_memory_fraction", 2.0), ("kv_cache_dtype", "fp8")):  # values __post_init__ refuses
+        with pytest.raises(ValueError, match=field):
+            Client.launch(model, **{field: value})
+    # A directory model on CPU has no decode graph to turn off; the options all reach a serving engine.
+    with Client.launch(model, enforce_eager=True, kv_cache_tokens=2048, kv_cache_dtype="float16",
+                       cpu_int8_activations=False) as client:
         out = client.generate([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
         assert len(out.token_ids) == 4
