@@ -1,22 +1,27 @@
 """Starts every process (spawn), waits for each to report ready, and tears all down together.
 
 If any child dies, everything stops: the frontend's socket closes and clients waiting on requests
-get an error instead of hanging.
+get an error instead of hanging. The launcher leaves last: it reaps every process it started, the ones
+orphaned under it (it is their subreaper) and multiprocessing's resource tracker, before it returns.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
-import multiprocessing.connection
+import os
 import shutil
+import signal
 import time
 from multiprocessing.process import BaseProcess
 
+import msgspec
 import zmq
 
+from launch.reaper import become_subreaper, reap_descendants, stop_resource_tracker
 from protocol.codec import encode, launcher_decoder
 from protocol.engine_config import EngineConfig
+from protocol.errors import ErrorCode
 from protocol.ipc import Endpoints, make_socket
-from protocol.messages import EngineStopping, Failed, Ready
+from protocol.messages import Drain, EngineStopping, Failed, LauncherMsg, Ready
 from protocol.model_info import read_model_info
 from protocol.serve_config import ServeConfig
 
@@ -33,6 +38,9 @@ class Launcher:
         self.procs: list[BaseProcess] = []
         self.ready: dict[str, str] = {}  # role+rank of each process that reported ready -> what it reported
         self._ctx = zmq.Context()
+        self._control: zmq.Socket | None = None  # the children's messages: readiness, then stalls and drains
+        self._decode = launcher_decoder()
+        self._stopped = False
 
     def start(self) -> str:
         """Start all processes (the HTTP server's URL is then `ready["http0"]`); returns the endpoint a client
@@ -49,7 +57,8 @@ class Launcher:
             read_model_info(self.cfg.model, self.cfg.max_model_len)
         except (ValueError, KeyError, NotImplementedError) as e:  # ModelLoadError is a ValueError
             raise EngineStartError(f"cannot load model {self.cfg.model}: {e}") from None
-        ready = make_socket(self._ctx, zmq.PULL, self.endpoints.launcher, bind=True)
+        become_subreaper()  # a worker's own children, orphaned by its death, come back here to be reaped
+        self._control = make_socket(self._ctx, zmq.PULL, self.endpoints.launcher, bind=True)
         spawn = mp.get_context("spawn")
         c, e = self.cfg.encode(), self.endpoints.encode()
         per_node = self.cfg.tp_size // self.cfg.nnodes
@@ -68,54 +77,90 @@ class Launcher:
             p.start()
             self.procs.append(p)
         try:
-            self._wait_ready(ready, len(targets))
+            self._wait_ready(len(targets))
         except BaseException:
-            ready.close(0)  # before stop(): terminating the context waits for every open socket
             self.stop()
             raise
-        ready.close(0)
         return self.endpoints.client
 
-    def _wait_ready(self, ready: zmq.Socket, expected: int) -> None:
-        decode = launcher_decoder()
+    def _wait_ready(self, expected: int) -> None:
         deadline = time.monotonic() + self.cfg.startup_timeout_s
         while len(self.ready) < expected:
             if time.monotonic() > deadline:
                 raise EngineStartError(f"engine not ready after {self.cfg.startup_timeout_s}s: ready {sorted(self.ready)}")
-            dead = [p for p in self.procs if p.exitcode is not None]
-            if ready.poll(200) == 0:
-                if dead:
-                    raise EngineStartError(f"{dead[0].name} exited with code {dead[0].exitcode} during startup")
+            dead, msgs = self.poll(0.2)
+            for msg in msgs:
+                if isinstance(msg, Failed):
+                    raise EngineStartError(f"{msg.role} failed to start: {msg.message}")
+                if isinstance(msg, Ready):
+                    self.ready[f"{msg.role}{msg.rank}"] = msg.info
+            if dead is not None and len(self.ready) < expected:
+                raise EngineStartError(f"{dead.name} exited with code {dead.exitcode} during startup")
+
+    def poll(self, timeout_s: float) -> tuple[BaseProcess | None, list[LauncherMsg]]:
+        """Wait up to timeout_s for a child to exit or to send something: (a dead child or None, the messages)."""
+        assert self._control is not None
+        poller = zmq.Poller()
+        poller.register(self._control, zmq.POLLIN)
+        for p in self.procs:
+            poller.register(p.sentinel, zmq.POLLIN)  # readable once the process has exited
+        poller.poll(int(timeout_s * 1000))
+        msgs: list[LauncherMsg] = []
+        while True:
+            try:
+                data = self._control.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                msgs.append(self._decode(data))
+            except msgspec.DecodeError:  # only our children write here; a bad frame is dropped, not fatal
                 continue
-            msg = decode(ready.recv())
-            if isinstance(msg, Failed):
-                raise EngineStartError(f"{msg.role} failed to start: {msg.message}")
-            assert isinstance(msg, Ready)
-            self.ready[f"{msg.role}{msg.rank}"] = msg.info
+        return next((p for p in self.procs if p.exitcode is not None), None), msgs
 
-    def wait(self, poll_s: float | None = None) -> BaseProcess | None:
-        """Block until a child exits (returns it) or poll_s passes (returns None)."""
-        sentinels = {p.sentinel: p for p in self.procs}
-        done = multiprocessing.connection.wait(list(sentinels), timeout=poll_s)
-        return sentinels[done[0]] if done else None  # type: ignore[index]
+    def drain(self, reason: str) -> None:
+        """The frontend refuses new requests from now on and says `Drained` once none is left."""
+        self._to_frontend(Drain(reason), linger_s=1.0)
 
-    def stop(self, reason: str = "the engine was stopped", grace_s: float = 3.0) -> None:
-        """Stop every process. The frontend goes first, after telling each waiting client why."""
+    def stop(self, reason: str = "the engine was stopped", grace_s: float = 3.0,
+             code: str = ErrorCode.ENGINE_DEAD) -> None:
+        """Stop every process. The frontend goes first, after telling each waiting client why (with `code`)."""
+        if self._stopped:
+            return
+        self._stopped = True
         frontend = next((p for p in self.procs if p.name == "tandem-frontend" and p.exitcode is None), None)
-        if frontend is not None and "frontend0" in self.ready:
-            notify = make_socket(self._ctx, zmq.PUSH, self.endpoints.frontend_in, bind=False)
-            notify.setsockopt(zmq.LINGER, int(grace_s * 1000))
-            notify.send(encode(EngineStopping(reason)))
-            notify.close()
+        if frontend is not None and self._to_frontend(EngineStopping(reason, code), linger_s=grace_s):
             frontend.join(grace_s)
         for p in self.procs:
             if p.exitcode is None:
                 p.terminate()
+                _resume(p)  # a stopped process (SIGSTOP) acts on the SIGTERM only once it runs again
         deadline = time.monotonic() + grace_s
         for p in self.procs:
             p.join(max(0.0, deadline - time.monotonic()))
             if p.exitcode is None:
                 p.kill()
                 p.join(1.0)
+        reap_descendants(grace_s)
+        stop_resource_tracker()
+        if self._control is not None:
+            self._control.close(0)
         self._ctx.term()
         shutil.rmtree(self.endpoints.root, ignore_errors=True)
+
+    def _to_frontend(self, msg: Drain | EngineStopping, linger_s: float) -> bool:
+        """Send to the frontend's inbox, once it is up; False when it is not (yet)."""
+        if "frontend0" not in self.ready:
+            return False
+        notify = make_socket(self._ctx, zmq.PUSH, self.endpoints.frontend_in, bind=False)
+        notify.setsockopt(zmq.LINGER, int(linger_s * 1000))
+        notify.send(encode(msg))
+        notify.close()
+        return True
+
+
+def _resume(p: BaseProcess) -> None:
+    try:
+        if p.pid is not None:
+            os.kill(p.pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass

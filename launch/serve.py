@@ -1,4 +1,4 @@
-"""`tandem serve`: run the engine until a signal or the death of any process.
+"""`tandem serve`: run the engine until a signal, a drain, a stall or the death of any process.
 
 What it prints is for people (and tests that read it as people do); a program that starts it passes
 `--owner-fd` and reads the one `Ready` record written there.
@@ -11,11 +11,15 @@ import signal
 import socket
 import sys
 import threading
+from multiprocessing.process import BaseProcess
 
 from launch.launcher import EngineStartError, Launcher
+from launch.stall_report import describe_stall
+from launch.stop_plan import StopPlan
 from protocol.codec import encode
 from protocol.engine_config import EngineConfig
-from protocol.messages import Ready
+from protocol.errors import ErrorCode
+from protocol.messages import Drained, DrainRequested, Ready, Stalled
 from protocol.serve_config import ServeConfig
 
 READY_PREFIX = "tandem: ready at "
@@ -23,29 +27,44 @@ HTTP_PREFIX = "tandem: "
 PROCESS_PREFIX = "tandem: process "
 
 
+class _Signals:
+    """SIGTERM and SIGINT drain, SIGUSR1 (the owner died) stops. While the engine starts, any of them stops
+    the start at once (KeyboardInterrupt); afterwards they queue for the serve loop, which acts on them
+    between polls (nothing is ever interrupted half way)."""
+
+    def __init__(self) -> None:
+        self.starting = True
+        self.pending: list[int] = []
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.pending.append(signum)
+        if self.starting and len(self.pending) == 1:
+            raise KeyboardInterrupt
+
+    def take(self) -> list[int]:
+        out, self.pending = self.pending, []
+        return out
+
+
+def _reason(signum: int) -> str:
+    if signum == signal.SIGUSR1:
+        return "the engine's owner process died"
+    return f"the engine was stopped ({signal.Signals(signum).name})"
+
+
 def serve(cfg: EngineConfig, scfg: ServeConfig | None = None, owner_fd: int | None = None) -> int:
     scfg = scfg or ServeConfig()
     launcher = Launcher(cfg, scfg)
-    stopping = {"reason": "the engine was stopped"}
-
-    def on_signal(signum: int, _frame: object) -> None:
-        if stopping.get("signalled"):  # already stopping: a second signal must not cut the teardown short
-            return
-        stopping["signalled"] = "yes"
-        if signum != signal.SIGUSR1:
-            stopping["reason"] = f"the engine was stopped ({signal.Signals(signum).name})"
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGUSR1, on_signal)
+    signals = _Signals()
     try:
         owner = None if owner_fd is None else socket.socket(fileno=owner_fd)
     except OSError as e:  # not an inherited socket
         print(f"tandem serve: --owner-fd {owner_fd}: {e}", file=sys.stderr, flush=True)
         return 2
     if owner is not None:
-        _stop_when_closed(owner, stopping)
+        _stop_when_closed(owner)
     try:
         endpoint = launcher.start()
     except EngineStartError as e:
@@ -53,8 +72,9 @@ def serve(cfg: EngineConfig, scfg: ServeConfig | None = None, owner_fd: int | No
         launcher.stop()
         return 1
     except KeyboardInterrupt:
-        launcher.stop(stopping["reason"])
+        launcher.stop(_reason(signals.pending[0]))
         return 0
+    signals.starting = False
     for p in launcher.procs:
         print(f"{PROCESS_PREFIX}{p.name} {p.pid}", flush=True)
     if cfg.node_rank == 0:
@@ -67,28 +87,60 @@ def serve(cfg: EngineConfig, scfg: ServeConfig | None = None, owner_fd: int | No
                 owner.shutdown(socket.SHUT_WR)  # the record is whole; the owner still holds its end
     else:
         print(f"tandem: node {cfg.node_rank} workers ready (clients connect to node 0)", flush=True)
-    try:
-        dead = None
-        while dead is None:
-            dead = launcher.wait(1.0)
-        why = f"{dead.name} exited with code {dead.exitcode}"
-        print(f"tandem: {why}; stopping the engine", file=sys.stderr, flush=True)
-        launcher.stop(f"the engine stopped: {why}")
-        return 1
-    except KeyboardInterrupt:
-        launcher.stop(stopping["reason"])
-        return 0
+    return _supervise(launcher, cfg, signals)
 
 
-def _stop_when_closed(owner: socket.socket, stopping: dict[str, str]) -> None:
+def _supervise(launcher: Launcher, cfg: EngineConfig, signals: _Signals) -> int:
+    """Serve until a stop is due (StopPlan); returns the exit code."""
+    # A drain needs the frontend, which lives on node 0: another node's workers stop at once.
+    plan = StopPlan(cfg.drain_timeout_s if cfg.node_rank == 0 else 0.0)
+    while True:
+        for signum in signals.take():
+            if signum == signal.SIGUSR1:
+                plan.stop_now(_reason(signum))
+            elif plan.on_signal(_reason(signum)):
+                _start_drain(launcher, plan)
+        stop = plan.due()
+        if stop is not None:
+            launcher.stop(stop.reason, code=stop.code)
+            return stop.exit_code
+        dead, msgs = launcher.poll(0.2)
+        for msg in msgs:
+            if isinstance(msg, Stalled):
+                why = describe_stall(msg, launcher.procs, cfg.step_timeout_s)
+                print(f"tandem: {why}; stopping the engine", file=sys.stderr, flush=True)
+                plan.stop_now(why, ErrorCode.STALLED, exit_code=1)
+            elif isinstance(msg, DrainRequested) and plan.request_drain(msg.reason):
+                _start_drain(launcher, plan)
+            elif isinstance(msg, Drained):
+                plan.drained()
+        if dead is not None and plan.stop is None:
+            why = _death(dead)
+            print(f"tandem: {why}; stopping the engine", file=sys.stderr, flush=True)
+            plan.stop_now(f"the engine stopped: {why}", exit_code=1)
+
+
+def _death(p: BaseProcess) -> str:
+    code = p.exitcode or 0
+    how = f" ({signal.Signals(-code).name})" if code < 0 and -code in signal.valid_signals() else ""
+    return f"{p.name} (pid {p.pid}) exited with code {code}{how}"
+
+
+def _start_drain(launcher: Launcher, plan: StopPlan) -> None:
+    assert plan.draining is not None
+    print(f"tandem: draining ({plan.draining}): running requests get up to {plan.drain_timeout_s:g} s, new ones "
+          "are refused", file=sys.stderr, flush=True)
+    launcher.drain(plan.draining)
+
+
+def _stop_when_closed(owner: socket.socket) -> None:
     """The owner holds the other end of this socket: end of file means it died (or let go), so stop."""
 
     def watch() -> None:
         with contextlib.suppress(OSError):
             while owner.recv(4096):
                 pass
-        stopping["reason"] = "the engine's owner process died"
-        os.kill(os.getpid(), signal.SIGUSR1)  # the main thread stops the engine, as on SIGTERM
+        os.kill(os.getpid(), signal.SIGUSR1)  # the main thread stops the engine
         with contextlib.suppress(OSError):  # stderr was most likely a pipe to the dead owner
             print("tandem: the owner of this engine is gone; stopping", file=sys.stderr, flush=True)
 

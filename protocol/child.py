@@ -1,6 +1,7 @@
 """What every engine process does first: follow its parent, decode its config, report how startup went."""
 from __future__ import annotations
 
+import signal
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,9 @@ from protocol.messages import Failed
 def start_child(cfg_bytes: bytes, ep_bytes: bytes) -> tuple[EngineConfig, Endpoints, zmq.Context, zmq.Socket]:
     """Config, endpoints, a ZMQ context and the socket to the launcher's readiness handshake."""
     exit_with_parent()
+    # A terminal's Ctrl-C reaches the whole process group: the launcher alone acts on it (a drain), and
+    # stops the children when the drain is done.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     cfg = EngineConfig.decode(cfg_bytes)
     ep = Endpoints.decode(ep_bytes)
     ctx = zmq.Context()

@@ -78,6 +78,15 @@ class EngineConfig:
     )
     debug_integrity: bool = field(default=False, metadata={"help": "check allocator invariants every step"})
     startup_timeout_s: float = 300.0
+    step_timeout_s: float | None = field(
+        default=None, metadata={"help": "a step not back from the workers after this long stops the engine, "
+                                "waiting calls get EngineDeadError naming the rank; default: max(60 s, 50x the "
+                                "longest step seen), the startup timeout until a step has finished"}
+    )
+    drain_timeout_s: float = field(
+        default=30.0, metadata={"help": "on SIGTERM or POST /drain, running requests get this long to finish "
+                                "while new ones are refused; the rest are then aborted (0: at once)"}
+    )
     max_request_bytes: int = field(
         default=32 * 1024 * 1024, metadata={"help": "largest client message; larger ones get a typed error"}
     )
@@ -111,6 +120,10 @@ class EngineConfig:
             raise bad("max_waiting_requests", "must be >= 0")
         if not self.grammar_compile_timeout_s > 0:
             raise bad("grammar_compile_timeout_s", "must be > 0")
+        if self.step_timeout_s is not None and not self.step_timeout_s > 0:
+            raise bad("step_timeout_s", "must be > 0 (leave it unset for the default from the step times)")
+        if not self.drain_timeout_s >= 0:
+            raise bad("drain_timeout_s", "must be >= 0")
         for name in ("max_running_requests", "max_num_batched_tokens", "page_size", "tp_size", "max_request_bytes"):
             if getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")

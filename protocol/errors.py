@@ -30,8 +30,12 @@ class ErrorCode(str, Enum):
     GRAMMAR_REJECTED = "request_failed.grammar"
     GRAMMAR_FAILED = "request_failed.grammar_internal"
     GRAMMAR_TIMEOUT = "request_failed.grammar_timeout"
+    CLIENT_NOT_READING = "request_failed.client_not_reading"
     OVERLOADED = "overloaded"
     ENGINE_DEAD = "engine_dead"
+    DRAINING = "engine_dead.draining"  # the engine is draining (SIGTERM, POST /drain): no new requests
+    DRAIN_TIMEOUT = "engine_dead.drain_timeout"  # still running when --drain-timeout-s ran out
+    STALLED = "engine_dead.stalled"  # a step did not come back within --step-timeout-s
 
     def __str__(self) -> str:  # the wire string in logs and f-strings, not "ErrorCode.X"
         return self.value
@@ -70,7 +74,7 @@ class OverloadedError(TandemError):
 
 
 class EngineDeadError(TandemError):
-    """The engine went away while a request was waiting on it."""
+    """The engine went away while a request was waiting on it, or is draining and takes no new ones."""
 
     code = ErrorCode.ENGINE_DEAD
 

@@ -100,6 +100,14 @@ class StatsRequest(msgspec.Struct, tag="stats"):
     rid: str
 
 
+class DrainRequest(msgspec.Struct, tag="drain"):
+    """Drain the engine as SIGTERM does (running requests finish, new ones are refused, then it stops);
+    answered with the engine's stats."""
+
+    rid: str
+    reason: str = "a client asked for a drain"
+
+
 class EngineStats(msgspec.Struct, tag="stats"):
     rid: str
     kv_pool_size: int
@@ -128,9 +136,10 @@ class EngineStats(msgspec.Struct, tag="stats"):
     host_hit_tokens: int = 0
     host_kv_pool_size: int = 0
     host_kv_used: int = 0
+    draining: str = ""  # filled in by the frontend: why the engine is draining ("" while it serves)
 
 
-ClientMsg = GenerateRequest | AbortRequest | StatsRequest
+ClientMsg = GenerateRequest | AbortRequest | StatsRequest | DrainRequest
 FrontendMsg = OutputBatch | RequestError | EngineStats
 
 
@@ -299,10 +308,17 @@ class EngineStopping(msgspec.Struct, tag="stopping"):
     """From the launcher, before it stops the engine: the frontend fails every waiting call with this reason."""
 
     reason: str
+    code: str = "engine_dead"  # an ErrorCode of the engine_dead class
+
+
+class Drain(msgspec.Struct, tag="drain"):
+    """From the launcher: refuse new requests, and say `Drained` once none is left."""
+
+    reason: str
 
 
 DetokInMsg = DetokRegister | TokenBatch | RequestError | EngineStats
-FrontendInMsg = OutputBatch | RequestError | EngineStats | EngineStopping
+FrontendInMsg = OutputBatch | RequestError | EngineStats | EngineStopping | Drain
 
 
 # ---- child -> launcher -------------------------------------------------------------------------------
@@ -317,4 +333,22 @@ class Failed(msgspec.Struct, tag="failed"):
     message: str
 
 
-LauncherMsg = Ready | Failed
+class Stalled(msgspec.Struct, tag="stalled"):
+    """From the scheduler: the oldest step in flight has not come back within the step timeout."""
+
+    step_id: int
+    waited_s: float
+    limit_s: float
+
+
+class DrainRequested(msgspec.Struct, tag="drain_requested"):
+    """From the frontend: a client asked for a drain (POST /drain); the launcher runs it as on SIGTERM."""
+
+    reason: str
+
+
+class Drained(msgspec.Struct, tag="drained"):
+    """From the frontend, while draining: no request is left."""
+
+
+LauncherMsg = Ready | Failed | Stalled | DrainRequested | Drained

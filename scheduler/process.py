@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import zmq
 
@@ -18,6 +19,7 @@ from protocol.messages import (
     RequestError,
     SampleStep,
     SchedulerOutput,
+    Stalled,
     StepFailed,
     WorkerFailure,
     WorkerReady,
@@ -25,6 +27,7 @@ from protocol.messages import (
 from protocol.model_info import read_model_info
 from scheduler.scheduler import Scheduler
 from scheduler.step_driver import StepDriver
+from scheduler.step_watch import StepWatch
 
 
 def run_scheduler(cfg_bytes: bytes, ep_bytes: bytes) -> None:
@@ -42,7 +45,7 @@ def run_scheduler(cfg_bytes: bytes, ep_bytes: bytes) -> None:
             raise RuntimeError(f"expected WorkerReady from rank 0, got {type(hello).__name__}")
         sched = Scheduler(cfg, info, hello.num_kv_slots, hello.num_host_slots)
         launcher.send(encode(Ready("scheduler", 0, f"pid={os.getpid()}")))
-    SchedulerLoop(cfg, sched, reqs_in, results, workers, detok).run()
+    SchedulerLoop(cfg, sched, reqs_in, results, workers, detok, launcher).run()
 
 
 class SchedulerLoop:
@@ -56,10 +59,13 @@ class SchedulerLoop:
         results: zmq.Socket,
         workers: list[zmq.Socket],
         detok: zmq.Socket,
+        launcher: zmq.Socket | None = None,
     ) -> None:
         self.sched = sched
         self.driver = StepDriver(sched, depth=2 if cfg.async_scheduling else 1)
         self.reqs_in, self.results, self.workers, self.detok = reqs_in, results, workers, detok
+        self.launcher = launcher  # where a stalled step is reported
+        self.watch = StepWatch(cfg.step_timeout_s, cfg.startup_timeout_s)
         self.poller = zmq.Poller()
         self.poller.register(reqs_in, zmq.POLLIN)
         self.poller.register(results, zmq.POLLIN)
@@ -83,12 +89,24 @@ class SchedulerLoop:
                 self._drain_results()
             self._to_workers(self.driver.pump())
             self._flush()
+            self._check_stall()
+
+    def _check_stall(self) -> None:
+        # The poll wakes at least every 50 ms while a step is in flight (poll_timeout_ms), so this runs.
+        waited = self.watch.overdue(time.monotonic())
+        if waited is not None and self.sched.inflight:
+            step = self.sched.inflight[0].step_id
+            print(f"scheduler: step {step} has not come back after {waited:.1f} s", file=sys.stderr)
+            if self.launcher is not None:
+                self.launcher.send(encode(Stalled(step, waited, self.watch.limit_s)))
 
     def _flush(self) -> None:
         for msg in self.driver.take_outbox():
             self.detok.send(encode(msg))
 
     def _to_workers(self, msgs: list[SchedulerOutput | SampleStep]) -> None:
+        if msgs:
+            self.watch.sent(time.monotonic())
         for msg in msgs:
             data = encode(msg)
             for w in self.workers:
@@ -119,7 +137,9 @@ class SchedulerLoop:
             if isinstance(msg, StepFailed):
                 print(f"scheduler: step {msg.step_id} failed: {msg.message}", file=sys.stderr)
             if isinstance(msg, (ModelRunnerOutput, StepFailed)):
-                self._to_workers(self.driver.on_result(msg))
+                follow = self.driver.on_result(msg)
+                self.watch.result(time.monotonic(), bool(self.sched.inflight))
+                self._to_workers(follow)
 
     def _fail_all(self, why: str) -> None:
         for rid in list(self.sched.reqs):

@@ -22,7 +22,7 @@ from frontend.client.request_encoding import Params, Prompt, build_request, new_
 from frontend.client.router import Item, Router
 from frontend.completion import Completion, CompletionDelta, to_delta
 from protocol.errors import EngineDeadError, TandemError
-from protocol.messages import AbortRequest, EngineStats, RequestOutput, StatsRequest
+from protocol.messages import AbortRequest, DrainRequest, EngineStats, RequestOutput, StatsRequest
 
 log = logging.getLogger("tandem.client")
 
@@ -84,8 +84,17 @@ class AsyncClient:
 
     async def stats(self, timeout_s: float = 30.0) -> EngineStats:
         """The engine's counters; the scheduler runs its integrity check to answer."""
-        rid = new_rid()
-        items = self._open(rid, encode_msg(StatsRequest(rid)), is_request=False)
+        return await self._ask(StatsRequest(new_rid()), timeout_s)
+
+    async def drain(self, reason: str = "a client asked for a drain", timeout_s: float = 30.0) -> EngineStats:
+        """Drain the engine as SIGTERM does: running requests finish (within its --drain-timeout-s), new
+        ones are refused (EngineDeadError, code engine_dead.draining), then it stops. Returns its stats."""
+        return await self._ask(DrainRequest(new_rid(), reason), timeout_s)
+
+    async def _ask(self, msg: StatsRequest | DrainRequest, timeout_s: float) -> EngineStats:
+        """A question the engine answers with its stats."""
+        rid = msg.rid
+        items = self._open(rid, encode_msg(msg), is_request=False)
         try:
             item = await asyncio.wait_for(items.get(), timeout_s)
         except asyncio.TimeoutError:

@@ -3,7 +3,7 @@
 A thin shell over AsyncClient, which lives on this client's own event-loop thread: each method hands the
 async one to that loop and waits, so the two clients share every line of request handling and cannot drift.
 Thread-safe: only the loop touches the socket, and any number of threads may call generate, stream,
-generate_batch, abort and stats on one Client. A call that stops listening (a stream left early, an
+generate_batch, abort, stats and drain on one Client. A call that stops listening (a stream left early, an
 exception, an error in generate_batch) aborts its requests in the engine.
 """
 from __future__ import annotations
@@ -68,6 +68,10 @@ class Client:
     def stats(self, timeout_s: float = 30.0) -> EngineStats:
         """The engine's counters; the scheduler runs its integrity check to answer."""
         return self._run(self._async.stats(timeout_s))
+
+    def drain(self, reason: str = "a client asked for a drain", timeout_s: float = 30.0) -> EngineStats:
+        """Drain the engine as SIGTERM does (running requests finish, new ones are refused, then it stops)."""
+        return self._run(self._async.drain(reason, timeout_s))
 
     def abort(self, request_id: str) -> None:
         """Stop a request this client submitted; its call ends with finish_reason "abort"."""

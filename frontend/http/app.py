@@ -79,12 +79,22 @@ def create_app(st: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        # A round trip through frontend and scheduler: 200 only when the engine answers.
+        # A round trip through frontend and scheduler: 200 only when the engine answers and takes requests.
         try:
-            await asyncio.wait_for(st.client.stats(), HEALTH_TIMEOUT_S)
+            stats = await asyncio.wait_for(st.client.stats(), HEALTH_TIMEOUT_S)
         except (TandemError, asyncio.TimeoutError) as e:
             return JSONResponse(errors.error_body(503, f"engine not serving: {e or 'no answer'}"), status_code=503)
+        if stats.draining:  # what a load balancer or Kubernetes' readiness probe needs to stop sending here
+            return errors.draining(stats).response()
         return Response(status_code=200)
+
+    @app.post("/drain", dependencies=authed)
+    async def drain() -> Response:
+        """As SIGTERM: running requests finish (within --drain-timeout-s), new ones get 503, then the engine
+        stops (for Kubernetes' preStop hook)."""
+        stats = await st.client.drain("POST /drain")
+        return JSONResponse({"status": "draining", "reason": stats.draining, "running": stats.running,
+                             "waiting": stats.waiting}, status_code=202)
 
     @app.get("/version")
     async def version_() -> dict:

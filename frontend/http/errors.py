@@ -6,10 +6,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from protocol.errors import EngineDeadError, InvalidRequestError, OverloadedError, TandemError
+from protocol.errors import EngineDeadError, ErrorCode, InvalidRequestError, OverloadedError, TandemError
+from protocol.messages import EngineStats
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          503: "service_unavailable", 500: "internal_error"}
+          413: "invalid_request_error", 503: "service_unavailable", 500: "internal_error"}
 
 
 class APIError(Exception):
@@ -25,8 +26,15 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     return {"error": {"message": message, "type": _TYPES.get(status, "error"), "param": param, "code": code}}
 
 
+def draining(stats: EngineStats) -> APIError:
+    return APIError(503, f"the engine is draining ({stats.draining}) and takes no new requests", None,
+                    ErrorCode.DRAINING)
+
+
 def from_engine(e: TandemError) -> APIError:
-    """An engine error as the HTTP status a client expects: its fault 400, ours 503 / 500."""
+    """An engine error as the HTTP status a client expects: its fault 400 (413 too large), ours 503 / 500."""
+    if e.code == ErrorCode.TOO_LARGE:
+        return APIError(413, e.message, None, e.code)
     if isinstance(e, InvalidRequestError):
         return APIError(400, e.message, None, e.code)
     if isinstance(e, (EngineDeadError, OverloadedError)):

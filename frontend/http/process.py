@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
 
 from protocol.child import reporting_startup, start_child
@@ -43,7 +44,7 @@ def run_http(cfg_bytes: bytes, ep_bytes: bytes, serve_bytes: bytes) -> None:
     async def main() -> None:
         client = AsyncClient(ep.client)
         st = ServerState(client, tokenizer, info, model, name, Metrics(name), scfg.api_key)
-        server = uvicorn.Server(uvicorn.Config(
+        server = _server_class()(uvicorn.Config(
             create_app(st), log_level="warning", access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         ))
         task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -57,3 +58,16 @@ def run_http(cfg_bytes: bytes, ep_bytes: bytes, serve_bytes: bytes) -> None:
             await client.close()
 
     uvloop.run(main())
+
+
+def _server_class() -> type:
+    import uvicorn  # lazily: the launcher imports this module
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: object) -> None:
+            # Ctrl-C reaches every process of the group: the launcher drains the engine and then stops
+            # this one with SIGTERM, which uvicorn handles (a graceful shutdown of GRACEFUL_SHUTDOWN_S).
+            if sig != signal.SIGINT:
+                super().handle_exit(sig, frame)  # type: ignore[arg-type]
+
+    return Server

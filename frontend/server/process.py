@@ -23,6 +23,10 @@ from protocol.messages import (
     AbortReq,
     AbortRequest,
     ClientMsg,
+    Drain,
+    Drained,
+    DrainRequest,
+    DrainRequested,
     EngineStats,
     EngineStopping,
     FrontendMsg,
@@ -59,7 +63,7 @@ def run_frontend(cfg_bytes: bytes, ep_bytes: bytes) -> None:
         inbox = make_socket(ctx, zmq.PULL, ep.frontend_in, bind=True)
         scheduler = make_socket(ctx, zmq.PUSH, ep.scheduler_in, bind=False)
         launcher.send(encode(Ready("frontend", 0, ep.client)))
-    Frontend(tokenizer, info, clients, inbox, scheduler, ClientFrames(cfg.max_request_bytes)).run()
+    Frontend(tokenizer, info, clients, inbox, scheduler, ClientFrames(cfg.max_request_bytes), launcher).run()
     clients.setsockopt(zmq.LINGER, FAREWELL_LINGER_MS)
     ctx.destroy()  # closes each socket with its own linger: the farewell errors are delivered
 
@@ -67,7 +71,7 @@ def run_frontend(cfg_bytes: bytes, ep_bytes: bytes) -> None:
 class Frontend:
     def __init__(
         self, tokenizer, info, clients: zmq.Socket, inbox: zmq.Socket, scheduler: zmq.Socket,
-        frames: ClientFrames,
+        frames: ClientFrames, launcher: zmq.Socket | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.info = info
@@ -79,6 +83,9 @@ class Frontend:
         self.stats_owner: dict[str, bytes] = {}
         self.decode_inbox = frontend_in_decoder()
         self.stopping = False
+        self.launcher = launcher  # told when a client asks for a drain, and when a drain is done
+        self.draining = ""  # why, while the engine drains: new requests are refused
+        self._drained_told = False
 
     def run(self) -> None:
         """Serve until the launcher says the engine stops."""
@@ -127,9 +134,16 @@ class Frontend:
             if self.owner.get(msg.rid) == ident:  # only the client that submitted a request may abort it
                 self.scheduler.send(encode(AbortReq(msg.rid)))
             return
-        if isinstance(msg, StatsRequest):
+        if isinstance(msg, (StatsRequest, DrainRequest)):
+            if isinstance(msg, DrainRequest):
+                self.start_drain(msg.reason)
+                self.to_launcher(DrainRequested(msg.reason))  # it keeps the drain's clock and ends it
             self.stats_owner[msg.rid] = ident
-            self.scheduler.send(encode(msg))
+            self.scheduler.send(encode(StatsRequest(msg.rid)))  # the answer: the stats, showing the drain
+            return
+        if self.draining:
+            why = f"the engine is draining ({self.draining}) and takes no new requests"
+            self.to_client(ident, RequestError(msg.rid, ErrorCode.DRAINING, why))
             return
         try:
             if msg.rid in self.owner or msg.rid in self.ending:
@@ -144,14 +158,18 @@ class Frontend:
         self.scheduler.send(encode(TokenizedRequest(msg.rid, ids, params)))
 
     # ---- from the engine -------------------------------------------------------------------------
-    def on_engine(self, msg: OutputBatch | RequestError | EngineStats | EngineStopping) -> None:
+    def on_engine(self, msg: OutputBatch | RequestError | EngineStats | EngineStopping | Drain) -> None:
         if isinstance(msg, EngineStopping):
-            self.farewell(msg.reason)
+            self.farewell(msg.reason, msg.code)
+            return
+        if isinstance(msg, Drain):
+            self.start_drain(msg.reason)
             return
         if isinstance(msg, EngineStats):
             ident = self.stats_owner.pop(msg.rid, None)
             if ident is not None:
                 msg.frontend_pending = len(self.owner)
+                msg.draining = self.draining
                 self.to_client(ident, msg)
             return
         if isinstance(msg, RequestError):
@@ -159,6 +177,7 @@ class Frontend:
             ident = self.owner.pop(msg.rid, None)
             if ident is not None:
                 self.to_client(ident, msg)
+            self.check_drained()
             return
         by_client: dict[bytes, list[RequestOutput]] = defaultdict(list)
         for out in msg.outputs:
@@ -172,11 +191,28 @@ class Frontend:
                 del self.owner[out.rid]
         for ident, outs in by_client.items():
             self.to_client(ident, OutputBatch(outs))
+        self.check_drained()
 
-    def farewell(self, reason: str) -> None:
+    def start_drain(self, reason: str) -> None:
+        if not self.draining:
+            self.draining = reason
+            log.warning("draining (%s): new requests are refused", reason)
+        self.check_drained()
+
+    def check_drained(self) -> None:
+        """While draining, the launcher hears once that no request is left (aborts of gone clients included)."""
+        if self.draining and not self._drained_told and not self.owner and not self.ending:
+            self._drained_told = True
+            self.to_launcher(Drained())
+
+    def to_launcher(self, msg: Drained | DrainRequested) -> None:
+        if self.launcher is not None:
+            self.launcher.send(encode(msg))
+
+    def farewell(self, reason: str, code: str = ErrorCode.ENGINE_DEAD) -> None:
         """The engine is stopping: every waiting call gets the reason, then the frontend stops."""
         for rid, ident in [*self.owner.items(), *self.stats_owner.items()]:
-            self.to_client(ident, RequestError(rid, ErrorCode.ENGINE_DEAD, reason))
+            self.to_client(ident, RequestError(rid, code, reason))
         self.owner.clear()
         self.ending.clear()
         self.stats_owner.clear()
