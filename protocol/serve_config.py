@@ -18,10 +18,16 @@ class ServeConfig:
     served_model_name: str | None = field(
         default=None, metadata={"help": "model name clients send; default: the model directory's name"}
     )
+    max_concurrent_requests: int = field(
+        default=512, metadata={"help": "completion requests served at once (streams until written out); past "
+                               "it 503 overloaded"}
+    )
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"invalid serve option port={self.port}: must be in [0, 65535]")
+        if self.max_concurrent_requests < 1:
+            raise ValueError(f"invalid serve option max_concurrent_requests={self.max_concurrent_requests}: must be >= 1")
         if self.api_key == "":
             raise ValueError("invalid serve option api_key='': give a key or leave the option out")
 

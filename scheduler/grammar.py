@@ -1,5 +1,5 @@
-"""Structured output: which constraint a request has, compiling it with xgrammar off the scheduler thread,
-and the per-request matcher that fills the next-token bitmask and accepts sampled tokens.
+"""Structured output: compiling a request's constraint (scheduler/grammar_spec.py) with xgrammar off the
+scheduler thread, and the per-request matcher that fills the next-token bitmask and accepts sampled tokens.
 
 Bitmask layout (xgrammar's): int32 [batch, ceil(vocab/32)], token t allowed iff bit t % 32 of word t // 32
 is set. Masks cover the model vocab (config vocab_size), which may be larger than the tokenizer's: the
@@ -8,114 +8,32 @@ ids past the tokenizer are never allowed.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from scheduler.grammar_spec import GrammarError, GrammarSpec, choice_ebnf
 from scheduler.schema_rewrite import rewrite_schema_text
 from scheduler.utf8_guard import ACCEPT, REJECT, Utf8Guard
 
 if TYPE_CHECKING:
     import xgrammar as xgr
 
-GrammarKind = Literal["json_schema", "json_object", "regex", "grammar", "choice"]
+
+class GrammarBusy(RuntimeError):
+    """Too many distinct grammars are compiling already: the request is refused, to be retried later."""
 
 
-class GrammarError(ValueError):
-    """The request's constraint is invalid (bad schema, regex or grammar): a client error."""
-
-
-@dataclass(frozen=True)
-class GrammarSpec:
-    """One request's constraint. `text` is the schema document / regex / EBNF / JSON list of choices
-    ("" for json_object); (kind, text) is the compile-cache key."""
-
-    kind: GrammarKind
-    text: str
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.kind, self.text)
-
-    @classmethod
-    def from_fields(
-        cls,
-        json_schema: str | dict[str, Any] | None = None,
-        json_object: bool = False,
-        regex: str | None = None,
-        grammar: str | None = None,
-        choice: Sequence[str] | None = None,
-    ) -> GrammarSpec | None:
-        """The spec for SamplingParams-style fields; None when unconstrained. At most one may be set."""
-        given = [
-            json_schema is not None,
-            json_object,
-            regex is not None,
-            grammar is not None,
-            choice is not None,
-        ]
-        if sum(given) > 1:
-            raise GrammarError("give at most one of json_schema, json_object, regex, grammar, choice")
-        if json_schema is not None:
-            # Not re-serialised when already a string: property order drives generation order, and an
-            # unparsable document should fail in the compiler with its own message.
-            text = (
-                json_schema if isinstance(json_schema, str) else json.dumps(json_schema, ensure_ascii=False)
-            )
-            return cls("json_schema", text)
-        if json_object:
-            return cls("json_object", "")
-        if regex is not None:
-            return cls("regex", regex)
-        if grammar is not None:
-            return cls("grammar", grammar)
-        if choice is not None:
-            return cls("choice", json.dumps(list(choice), ensure_ascii=False))
-        return None
-
-    @classmethod
-    def from_params(cls, params: Any) -> GrammarSpec | None:
-        """From any object with the SamplingParams field names (missing ones count as unset)."""
-        return cls.from_fields(
-            json_schema=getattr(params, "json_schema", None),
-            json_object=bool(getattr(params, "json_object", False)),
-            regex=getattr(params, "regex", None),
-            grammar=getattr(params, "grammar", None),
-            choice=getattr(params, "choice", None),
-        )
-
-    def choices(self) -> list[str]:
-        assert self.kind == "choice"
-        return json.loads(self.text)
-
-
-def _ebnf_literal(s: str) -> str:
-    """A GBNF string literal matching exactly `s`."""
-    out = ['"']
-    for ch in s:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif " " <= ch <= "~":
-            out.append(ch)
-        elif 0xD800 <= ord(ch) <= 0xDFFF:
-            raise GrammarError(f"choice {s!r} contains a lone surrogate (not valid Unicode text)")
-        else:
-            out.append(f"\\U{ord(ch):08X}")  # control and non-ASCII characters, unambiguous
-    out.append('"')
-    return "".join(out)
-
-
-def choice_ebnf(choices: Sequence[str]) -> str:
-    if not choices:
-        raise GrammarError("choice must list at least one string")
-    return "root ::= " + " | ".join(_ebnf_literal(c) for c in choices)
+# Bounds on what grammars may hold (docs/limits.md): the compiled ones cached, by count and by their own
+# size (a regex with wide repetitions compiles to MBs), and the distinct ones waiting to compile.
+CACHE_SIZE = 256
+CACHE_BYTES = 256 * 2**20
+MAX_PENDING = 64
 
 
 # xgrammar's C++ errors start with "[12:34:56] /project/cpp/file.cc:94: " and may carry a CHECK prefix.
@@ -179,7 +97,8 @@ def allocate_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
 
 
 class GrammarCompilerService:
-    """Compiles GrammarSpecs in background threads, each distinct spec once (LRU of `cache_size`).
+    """Compiles GrammarSpecs in background threads, each distinct spec once (LRU of `cache_size` grammars and
+    `cache_bytes`; at most `max_pending` distinct ones waiting or compiling, past it GrammarBusy).
 
     xgrammar's compiler releases the GIL while compiling and is safe to call from several threads, so
     `max_workers` > 1 compiles different grammars in parallel. stop_token_ids: the tokens that end a
@@ -197,7 +116,9 @@ class GrammarCompilerService:
         tokenizer: Any = None,
         any_whitespace: bool = True,
         compiler_threads: int = 2,
-        cache_size: int = 256,
+        cache_size: int = CACHE_SIZE,
+        cache_bytes: int = CACHE_BYTES,
+        max_pending: int = MAX_PENDING,
     ) -> None:
         self.model_dir = model_dir
         self.vocab_size = vocab_size
@@ -205,6 +126,8 @@ class GrammarCompilerService:
         self.any_whitespace = any_whitespace
         self.compiler_threads = compiler_threads
         self.cache_size = cache_size
+        self.cache_bytes = cache_bytes
+        self.max_pending = max_pending
         self.num_compiled = 0  # compilations actually run (cache misses)
         self._tokenizer = tokenizer
         self._compiler: xgr.GrammarCompiler | None = None
@@ -274,10 +197,13 @@ class GrammarCompilerService:
             if fut is not None:
                 self._cache.move_to_end(spec.key)
                 return fut
+            pending = sum(not f.done() for f in self._cache.values())
+            if pending >= self.max_pending:
+                raise GrammarBusy(f"{pending} distinct grammars are compiling already; retry later")
             fut = self._pool.submit(self._compile, spec)
             self._cache[spec.key] = fut
             self._evict_locked()
-        fut.add_done_callback(lambda f, key=spec.key: self._forget_if_internal_error(key, f))
+        fut.add_done_callback(lambda f, key=spec.key: self._on_done(key, f))
         return fut
 
     def compile(self, spec: GrammarSpec, timeout: float | None = None) -> xgr.CompiledGrammar:
@@ -295,18 +221,33 @@ class GrammarCompilerService:
         self._pool.shutdown(wait=wait, cancel_futures=True)
 
     def _evict_locked(self) -> None:
-        # Only finished entries go: a pending future may be waited on by requests not yet matched.
-        for key in [k for k, f in self._cache.items() if f.done()]:
-            if len(self._cache) <= self.cache_size:
+        # Only finished entries go, oldest first: a pending future may be waited on by requests not yet matched.
+        done = [(k, _grammar_bytes(f)) for k, f in self._cache.items() if f.done()]
+        held = sum(n for _, n in done)
+        for key, n in done:
+            if len(self._cache) <= self.cache_size and held <= self.cache_bytes:
                 break
+            held -= n
             del self._cache[key]
 
-    def _forget_if_internal_error(self, key: tuple[str, str], fut: Future[Any]) -> None:
-        # A bad constraint fails the same way every time (keep it); anything else may be transient.
-        if fut.cancelled() or (fut.exception() is not None and not isinstance(fut.exception(), GrammarError)):
-            with self._lock:
+    @property
+    def cached_bytes(self) -> int:
+        with self._lock:
+            return sum(_grammar_bytes(f) for f in self._cache.values() if f.done())
+
+    def _on_done(self, key: tuple[str, str], fut: Future[Any]) -> None:
+        with self._lock:
+            # A bad constraint fails the same way every time (keep it); anything else may be transient.
+            if fut.cancelled() or (fut.exception() is not None and not isinstance(fut.exception(), GrammarError)):
                 if self._cache.get(key) is fut:
                     del self._cache[key]
+            self._evict_locked()  # its size is known now
+
+
+def _grammar_bytes(fut: Future[Any]) -> int:
+    if fut.cancelled() or fut.exception() is not None:
+        return 0
+    return int(fut.result().memory_size_bytes)
 
 
 class RequestGrammar:

@@ -68,7 +68,7 @@ class StructuredOutput:
 
     def poll(self) -> tuple[list[Req], list[tuple[Req, ErrorCode, str]]]:
         """Requests whose grammar is ready, and those that failed: (req, error code, message)."""
-        from scheduler.grammar import GrammarError
+        from scheduler.grammar import GrammarBusy, GrammarError
 
         ready: list[Req] = []
         failed: list[tuple[Req, ErrorCode, str]] = []
@@ -86,6 +86,8 @@ class StructuredOutput:
                 ready.append(req)
             except GrammarError as e:  # the constraint itself is bad: the client's error
                 failed.append((req, ErrorCode.INVALID_GRAMMAR, str(e)))
+            except GrammarBusy as e:  # too many distinct grammars compiling (MAX_PENDING): retry later
+                failed.append((req, ErrorCode.OVERLOADED, str(e)))
             except Exception as e:  # ours (e.g. the tokenizer did not load), not the client's
                 failed.append((req, ErrorCode.GRAMMAR_COMPILER, f"grammar compiler failed: {type(e).__name__}: {e}"))
         return ready, failed

@@ -10,7 +10,15 @@ from frontend.server.client_frames import ClientFrames
 from frontend.server.process import Frontend
 from protocol.codec import encode
 from protocol.final_info import FinalInfo
-from protocol.messages import AbortRequest, EngineStopping, OutputBatch, RequestOutput
+from protocol.messages import (
+    AbortRequest,
+    Drain,
+    DrainRequest,
+    EngineStopping,
+    OutputBatch,
+    RequestError,
+    RequestOutput,
+)
 from protocol.model_info import ModelInfo
 
 
@@ -87,3 +95,28 @@ def test_bad_frames_are_answered_only_when_the_request_is_known_and_not_in_fligh
     fe.on_client_frames([b"slow", msgspec.msgpack.encode({"type": "nope", "rid": "new"})])
     assert [(i, m["rid"], m["code"]) for i, m in clients.sent] == [(b"slow", "new", "invalid_request.malformed")]
     assert sched.sent == [] and set(fe.owner) == {"a", "b", "c"}
+
+
+def test_a_drain_refuses_new_requests_and_says_drained_once_nothing_is_left() -> None:
+    clients, launcher = _Sock(), _Sock()
+    fe, sched = _frontend(clients)
+    fe.launcher = launcher  # type: ignore[assignment]
+    fe.on_engine(Drain("the engine was stopped (SIGTERM)"))
+    fe.on_client_frames([b"other", encode(build_request([1, 2], None, "late"))])
+    assert [(i, m["rid"], m["code"]) for i, m in clients.sent] == [(b"other", "late", "engine_dead.draining")]
+    assert "SIGTERM" in clients.sent[0][1]["message"] and sched.sent == [] and "late" not in fe.owner
+    fe.on_engine(OutputBatch([RequestOutput("a", "", [], FinalInfo("length")),
+                              RequestOutput("b", "", [], FinalInfo("length"))]))
+    fe.on_engine(RequestError("c", "request_failed", "x"))
+    assert launcher.sent == [{"type": "drained"}]  # once "c", the last one, ended; and once only
+    fe.on_engine(OutputBatch([]))
+    assert launcher.sent == [{"type": "drained"}]
+
+
+def test_a_clients_drain_request_reaches_the_launcher_and_is_answered_with_stats() -> None:
+    clients, launcher = _Sock(), _Sock()
+    fe, sched = _frontend(clients)
+    fe.launcher = launcher  # type: ignore[assignment]
+    fe.on_client_frames([b"other", encode(DrainRequest("d", "POST /drain"))])
+    assert launcher.sent == [{"type": "drain_requested", "reason": "POST /drain"}]
+    assert sched.sent == [{"type": "stats", "rid": "d"}] and fe.draining == "POST /drain"

@@ -115,3 +115,39 @@ def test_waiting_queue_bound_is_a_typed_overloaded_error(sched: Scheduler) -> No
     assert ends(sched) == {"r3": ("error", "overloaded")}
     assert [r.rid for r in sched.waiting] == ["r0", "r1", "r2"]
     assert isinstance(error_from_code("overloaded", "full"), OverloadedError)
+
+
+def test_distinct_grammars_waiting_to_compile_are_bounded_typed(tiny_model) -> None:
+    model = tiny_model("llama")
+    s = Scheduler(EngineConfig(model=str(model)), read_model_info(model), 1024)
+    gate = busy_pool(s)
+    svc = s.structured.compiler()
+    svc.max_pending = 3  # MAX_PENDING scaled down
+    for i in range(5):  # 5 distinct grammars, 2 more requests for one already queued
+        s.add_request(constrained(f"r{i}", {"type": "object", "properties": {f"k{i}": {"type": "integer"}}}))
+    s.add_request(constrained("again0", {"type": "object", "properties": {"k0": {"type": "integer"}}}))
+    s.admit_compiled()
+    assert ends(s) == {"r3": ("error", "overloaded"), "r4": ("error", "overloaded")}
+    gate.set()
+    for rid in ("r0", "r1", "r2", "again0"):
+        s.structured.compiling[rid][1].result(timeout=60)
+    s.admit_compiled()
+    assert sorted(r.rid for r in s.waiting) == ["again0", "r0", "r1", "r2"]
+    svc.shutdown(wait=True)
+
+
+def test_the_compiled_grammar_cache_is_bounded_by_count_and_bytes(tiny_model) -> None:
+    from scheduler.grammar import GrammarCompilerService, GrammarSpec
+
+    model = tiny_model("llama")
+    svc = GrammarCompilerService(str(model), read_model_info(model).vocab_size, cache_size=1000)
+    one = svc.compile(GrammarSpec("regex", "[a-z]{1,40}x"))
+    svc.cache_bytes = int(2.5 * one.memory_size_bytes)  # CACHE_BYTES scaled down: two fit, three do not
+    for i in range(6):
+        svc.compile(GrammarSpec("regex", f"[a-z]{{1,40}}x{i}"))
+        assert svc.cached_bytes <= svc.cache_bytes
+    assert len(svc._cache) < 4
+    svc.cache_size, svc.cache_bytes = 2, 10**12
+    svc.compile(GrammarSpec("regex", "y+"))
+    assert len(svc._cache) <= 2 and svc.compile(GrammarSpec("regex", "y+")) is not None
+    svc.shutdown()

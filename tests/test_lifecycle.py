@@ -40,11 +40,22 @@ def _wait_gone(procs: list[psutil.Process], timeout: float = 10.0) -> list[psuti
     return alive
 
 
+def assert_left_last(proc: subprocess.Popen, kids: list[psutil.Process]) -> None:
+    """The launcher has exited: not one of its descendants may still exist, not even as a zombie, at once
+    (a supervisor restarting it must not race a child holding the port or the socket directory)."""
+    assert proc.poll() is not None
+    left = [k for k in kids if k.is_running()]
+    assert left == [], [(k.pid, k.info) for k in psutil.process_iter(["status", "cmdline"]) if k in left]
+
+
 def test_sigterm_stops_everything_with_no_orphans(tiny_model) -> None:
-    proc, endpoint, pids = _serve(tiny_model("llama"))
+    # --drain-timeout-s 0: no drain (tests/test_drain.py has those), the running call is ended at once.
+    proc, endpoint, pids = _serve(tiny_model("llama"), "--drain-timeout-s", "0")
     kids = _children(proc.pid)
     assert {"tandem-worker0", "tandem-scheduler", "tandem-detokenizer", "tandem-frontend"} <= set(pids)
     assert len(kids) >= 4  # worker, scheduler, detokenizer, frontend
+    # multiprocessing's resource tracker is one of them, and it must leave before the launcher too.
+    assert any("resource_tracker" in " ".join(k.cmdline()) for k in kids), [k.cmdline() for k in kids]
     with Client(endpoint) as c:
         assert c.generate([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True)).completion_tokens == 4
         stream = c.stream([5, 6, 7], SamplingParams(max_tokens=2000, ignore_eos=True))
@@ -54,7 +65,7 @@ def test_sigterm_stops_everything_with_no_orphans(tiny_model) -> None:
         with pytest.raises(EngineDeadError, match=r"stopped \(SIGTERM\)"):
             list(stream)
     assert proc.wait(15) == 0
-    assert _wait_gone(kids) == []
+    assert_left_last(proc, kids)
 
 
 def assert_killing_stops_engine(model, victim: str, *flags: str) -> None:
@@ -82,8 +93,9 @@ def assert_killing_stops_engine(model, victim: str, *flags: str) -> None:
     assert not t.is_alive(), "client still waiting after a process died"
     assert errors and isinstance(errors[0], EngineDeadError), errors
     assert "lost the connection" not in str(errors[0]), "the typed reason was dropped on the way down"
+    assert f"{victim} (pid {pids[victim]}) exited with code -9 (SIGKILL)" in str(errors[0]), errors[0]
     assert proc.wait(20) != 0
-    assert _wait_gone(kids) == []
+    assert_left_last(proc, kids)
     client.close()
 
 

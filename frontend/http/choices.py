@@ -3,6 +3,9 @@
 Whatever way the consumer stops (finished, error, client gone, cancelled), every engine request that
 has not finished is aborted, so a disconnect frees its KV at once. The pumps keep reading until the
 engine's final (abort) output, so the metrics see every request end.
+
+Outputs wait here until the response writes them; a client that stops reading (its socket buffers full)
+would let them pile up, so past MAX_UNREAD_OUTPUTS the run is aborted, typed (docs/limits.md).
 """
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ from frontend.client.async_client import AsyncClient
 from frontend.client.request_encoding import Prompt
 from frontend.completion import CompletionDelta
 from frontend.http.metrics import Metrics
-from protocol.errors import TandemError
+from protocol.errors import ErrorCode, RequestFailedError, TandemError
+
+MAX_UNREAD_OUTPUTS = 1024  # per HTTP request, all its choices together
 
 
 class ChoiceRun:
@@ -35,12 +40,20 @@ class ChoiceRun:
         last: float | None = None
         if self._closing:
             return  # closed before this choice was submitted: nothing to abort later
+        unread = False  # past MAX_UNREAD_OUTPUTS: aborted, the rest dropped
         try:
             async for d in self.client.stream(prompt, params, self.rids[i]):
                 last = self.metrics.on_delta(d, last)
                 if d.finished:
                     self._unfinished.discard(self.rids[i])
-                await self._queue.put((i, d))
+                elif not unread and self._queue.qsize() >= MAX_UNREAD_OUTPUTS:
+                    unread = True
+                    await self.client.abort(self.rids[i])  # read on: its final (abort) output ends the loop
+                if not unread:
+                    await self._queue.put((i, d))
+            if unread:
+                why = f"the client left {MAX_UNREAD_OUTPUTS} outputs of this request unread: it was aborted"
+                await self._queue.put((i, RequestFailedError(why, ErrorCode.CLIENT_NOT_READING)))
         except TandemError as e:
             self._unfinished.discard(self.rids[i])  # the engine ended it already
             await self._queue.put((i, e))

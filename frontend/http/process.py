@@ -27,6 +27,7 @@ def run_http(cfg_bytes: bytes, ep_bytes: bytes, serve_bytes: bytes) -> None:
 
         from frontend.client.async_client import AsyncClient
         from frontend.http.app import create_app
+        from frontend.http.limits import DoorLimits
         from frontend.http.metrics import Metrics
         from frontend.http.state import ServerState
         from protocol.model_info import read_model_info
@@ -44,8 +45,9 @@ def run_http(cfg_bytes: bytes, ep_bytes: bytes, serve_bytes: bytes) -> None:
     async def main() -> None:
         client = AsyncClient(ep.client)
         st = ServerState(client, tokenizer, info, model, name, Metrics(name), scfg.api_key)
+        app = DoorLimits(create_app(st), cfg.max_request_bytes, scfg.max_concurrent_requests)
         server = _server_class()(uvicorn.Config(
-            create_app(st), log_level="warning", access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            app, log_level="warning", access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         ))
         task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not task.done():
