@@ -8,7 +8,7 @@ import threading
 from collections import deque
 from pathlib import Path
 
-from launch.serve import HTTP_PREFIX, READY_PREFIX
+from launch.serve import HTTP_PREFIX, PROCESS_PREFIX, READY_PREFIX
 
 
 class Served:
@@ -20,12 +20,16 @@ class Served:
         self.err: deque[str] = deque(maxlen=40)
         threading.Thread(target=lambda: [self.err.append(x) for x in self.proc.stderr], daemon=True).start()  # type: ignore[union-attr]
         self.endpoint = self.url = ""
+        self.pids: dict[str, int] = {}  # process name (tandem-http, tandem-worker0, ...) -> pid
 
     def ready(self) -> Served:
         """Wait for the engine and its HTTP server (several can start meanwhile)."""
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            if line.startswith(READY_PREFIX):
+            if line.startswith(PROCESS_PREFIX):
+                name, pid = line[len(PROCESS_PREFIX):].split()
+                self.pids[name] = int(pid)
+            elif line.startswith(READY_PREFIX):
                 self.endpoint = line[len(READY_PREFIX):].strip()
             elif line.startswith(HTTP_PREFIX + "http"):
                 self.url = line[len(HTTP_PREFIX):].strip()
