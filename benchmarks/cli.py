@@ -1,4 +1,4 @@
-"""`tandem bench offline|latency|prefix|async|structured|spec`: workload flags plus every engine flag (from launch.cli_options).
+"""`tandem bench offline|latency|prefix|async|structured|spec|soak`: workload flags plus every engine flag (from launch.cli_options).
 
 `--seed` is the engine's seed flag; the benchmarks also seed their random prompts with it.
 """
@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.soak import ENGINE_DEFAULTS as SOAK_ENGINE_DEFAULTS
 from launch.cli_options import add_engine_flags, config_from_args
 
 
@@ -74,6 +75,20 @@ def _parser() -> argparse.ArgumentParser:
     for s in (o, lat, pre, asy, st, sp):
         s.add_argument("--json", type=Path, help="also write the results here")
         s.add_argument("--skip-baseline", action="store_true", help="do not run transformers")
+
+    so = sub.add_parser("soak", help="minutes of mixed traffic through every door, sampled and checked (JSON + PNG); "
+                        "exits 1 when a check fails", allow_abbrev=False)
+    add_engine_flags(so)
+    so.set_defaults(**SOAK_ENGINE_DEFAULTS)
+    so.add_argument("--minutes", type=float, default=10.0)
+    so.add_argument("--zmq-threads", type=int, default=8, help="Client threads")
+    so.add_argument("--http-clients", type=int, default=8, help="concurrent HTTP clients")
+    so.add_argument("--sample-s", type=float, default=10.0, help="seconds between samples")
+    so.add_argument("--warmup-s", type=float, help="growth is judged after this; default max(30 s, 30%% of the run)")
+    so.add_argument("--tpot-ratio", type=float, default=2.0, help="p99 TPOT of the last 10%% of the run may be "
+                    "at most this times the first 10%%'s")
+    so.add_argument("--result-dir", type=Path, default=Path("benchmarks/results/soak"))
+    so.add_argument("--label", default="soak", help="names the result files")
 
     sv = sub.add_parser("serve", help="load an OpenAI-compatible server at Poisson request rates",
                         allow_abbrev=False)
@@ -153,6 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.bench == "serve":
         return _serve_main(args)
+    if args.bench == "soak":
+        from benchmarks.soak.run import run as run_soak
+
+        if args.minutes <= 0 or args.zmq_threads < 1 or args.http_clients < 1 or args.sample_s <= 0:
+            raise SystemExit("tandem bench soak: --minutes, --zmq-threads, --http-clients and --sample-s must be > 0")
+        return run_soak(config_from_args(args), args.minutes, args.zmq_threads, args.http_clients, args.sample_s,
+                        args.warmup_s, args.tpot_ratio, args.result_dir, args.label, args.seed)
     if args.num_requests < 1 or args.output_len < 1:
         raise SystemExit("--num-requests and --output-len must be >= 1")
     cfg = config_from_args(args)

@@ -137,6 +137,7 @@ class EngineStats(msgspec.Struct, tag="stats"):
     host_kv_pool_size: int = 0
     host_kv_used: int = 0
     draining: str = ""  # filled in by the frontend: why the engine is draining ("" while it serves)
+    grammar_cache_bytes: int = 0  # compiled grammars cached (bounded: scheduler/grammar.py's CACHE_BYTES)
 
 
 ClientMsg = GenerateRequest | AbortRequest | StatsRequest | DrainRequest

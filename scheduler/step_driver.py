@@ -115,4 +115,5 @@ class StepDriver:
             host_kv_used=kv.tree.host_used,
             spec_draft_tokens=self.sched.spec.draft_tokens, spec_accepted_tokens=self.sched.spec.accepted_tokens,
             spec_accepted_per_position=list(self.sched.spec.accepted_at),
+            grammar_cache_bytes=self.sched.structured.cached_bytes,
         )

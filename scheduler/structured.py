@@ -50,6 +50,11 @@ class StructuredOutput:
             )
         return self._service
 
+    @property
+    def cached_bytes(self) -> int:
+        """Compiled grammars held by the cache (0 before the first structured request)."""
+        return self._service.cached_bytes if self._service is not None else 0
+
     def submit(self, req: Req) -> None:
         from scheduler.grammar import GrammarSpec
 

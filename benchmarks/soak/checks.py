@@ -1,0 +1,111 @@
+"""The soak's verdicts, from the ledger, the samples and the engine's final stats (pure functions).
+
+Growth is judged after warm-up by a least-squares line through each process's samples: its rise over the
+measured window must stay within RSS_TOLERANCE_MB plus RSS_TOLERANCE_SHARE of the process's size (for open
+fds, FD_TOLERANCE). Noise on a busy machine moves single samples, not a fitted slope over many. The
+scheduler's compiled-grammar cache is bounded on its own (CACHE_BYTES) and reported in the stats: it is
+checked against that bound, and taken out of the scheduler's RSS before the slope.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from benchmarks.soak.ledger import Record
+from scheduler.grammar import CACHE_BYTES
+
+RSS_TOLERANCE_MB = 16.0
+RSS_TOLERANCE_SHARE = 0.02
+FD_TOLERANCE = 4.0
+MIN_GROWTH_SAMPLES = 4
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def ledger_checks(records: list[Record], engine_ended: int) -> list[Check]:
+    """engine_ended: requests the scheduler ended (finished + failed) during the traffic."""
+    lost = [r for r in records if r.ends == 0]
+    doubled = [r for r in records if r.ends > 1]
+    unexpected = [r for r in records if r.ends and not r.as_expected]
+    by = Counter((r.kind, r.outcome, r.detail[:60]) for r in unexpected)
+    reached = sum(r.reaches_scheduler for r in records)
+    return [
+        Check("every request ended", not lost, f"{len(records)} requests, {len(lost)} never ended"
+              + (f" (first: {lost[0].kind})" if lost else "")),
+        Check("no request ended twice", not doubled, f"{len(doubled)} ended more than once"),
+        Check("every outcome is the one its kind predicts", not unexpected,
+              f"{len(unexpected)} unexpected" + "".join(f"; {n} x {k} -> {o} {d}" for (k, o, d), n in by.most_common(5))),
+        Check("the engine ended each request it was given exactly once", engine_ended == reached,
+              f"scheduler ended {engine_ended}, the soak sent it {reached}"),
+    ]
+
+
+def engine_checks(stats: Any) -> list[Check]:
+    back = stats.kv_free + stats.kv_cached == stats.kv_pool_size and stats.kv_cache_locked == 0
+    idle = stats.running == 0 and stats.waiting == 0 and stats.frontend_pending == 0
+    return [
+        Check("KV free back to the whole pool", back,
+              f"{stats.kv_free} free + {stats.kv_cached} cached of {stats.kv_pool_size}, {stats.kv_cache_locked} locked"),
+        Check("nothing left running or pending", idle,
+              f"running {stats.running}, waiting {stats.waiting}, frontend pending {stats.frontend_pending}"),
+        Check("prefix-cache integrity", stats.integrity == "ok", stats.integrity),
+    ]
+
+
+def _rise(ts: list[float], ys: list[float]) -> float:
+    """The fitted line's rise over the window."""
+    slope = np.polyfit(ts, ys, 1)[0]
+    return float(slope * (ts[-1] - ts[0]))
+
+
+def growth_checks(samples: list[dict[str, Any]], warmup_s: float) -> list[Check]:
+    after = [s for s in samples if s["t"] >= warmup_s]
+    if len(after) < MIN_GROWTH_SAMPLES:
+        return [Check("no RSS or fd growth after warm-up", False,
+                      f"only {len(after)} samples after the {warmup_s:g} s warm-up: run longer")]
+    names = sorted({n for s in after for n in s["procs"]})
+    bad, worst = [], []
+    for name in names:
+        pts = [(s["t"], s["procs"][name]) for s in after if name in s["procs"]]
+        if len(pts) < MIN_GROWTH_SAMPLES:
+            continue
+        ts = [t for t, _ in pts]
+        rss = [p["rss_mb"] for _, p in pts]
+        if name == "tandem-scheduler":
+            cache = [s["engine"].get("grammar_cache_bytes", 0) / 2**20 for s in after if name in s["procs"]]
+            rss = [r - c for r, c in zip(rss, cache)]
+        fds = [p["fds"] for _, p in pts]
+        rss_rise, fd_rise = _rise(ts, rss), _rise(ts, fds)
+        rss_tol = RSS_TOLERANCE_MB + RSS_TOLERANCE_SHARE * float(np.mean(rss))
+        worst.append(f"{name} {rss_rise:+.1f} MB (tol {rss_tol:.0f}), {fd_rise:+.1f} fds")
+        if rss_rise > rss_tol:
+            bad.append(f"{name}: RSS rose {rss_rise:.1f} MB over {ts[-1] - ts[0]:.0f} s (tolerance {rss_tol:.0f})")
+        if fd_rise > FD_TOLERANCE:
+            bad.append(f"{name}: open fds rose {fd_rise:.1f} (tolerance {FD_TOLERANCE:g})")
+    cache = max((s["engine"].get("grammar_cache_bytes", 0) for s in samples), default=0)
+    return [Check("no RSS or fd growth after warm-up", not bad, "; ".join(bad or worst)),
+            Check("grammar cache within its bound", cache <= CACHE_BYTES,
+                  f"at most {cache / 2**20:.1f} MB of {CACHE_BYTES / 2**20:.0f}")]
+
+
+def tpot_check(records: list[Record], t0: float, t1: float, max_ratio: float) -> Check:
+    """p99 TPOT of the streams that started in the first 10% of the run against the last 10%."""
+    span = t1 - t0
+
+    def p99(lo: float, hi: float) -> float | None:
+        xs = [r.tpot for r in records if r.tpot is not None and lo <= r.start - t0 < hi]
+        return float(np.percentile(xs, 99)) * 1000 if len(xs) >= 5 else None
+
+    first, last = p99(0, 0.1 * span), p99(0.9 * span, span)
+    if first is None or last is None:
+        return Check("p99 TPOT stable (first vs last 10%)", False, f"too few streams: {first}, {last}")
+    return Check("p99 TPOT stable (first vs last 10%)", last <= max_ratio * first,
+                 f"{first:.1f} ms -> {last:.1f} ms (at most x{max_ratio:g})")
