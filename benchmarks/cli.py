@@ -14,6 +14,7 @@ from typing import Any
 
 from benchmarks.soak import ENGINE_DEFAULTS as SOAK_ENGINE_DEFAULTS
 from launch.cli_options import add_engine_flags, config_from_args
+from protocol.serve_config import ServeConfig
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,6 +90,18 @@ def _parser() -> argparse.ArgumentParser:
                     "at most this times the first 10%%'s")
     so.add_argument("--result-dir", type=Path, default=Path("benchmarks/results/soak"))
     so.add_argument("--label", default="soak", help="names the result files")
+
+    ab = sub.add_parser("abuse", help="memory bounds under abuse at full size: unread streams, a huge body, "
+                        "many grammars; each process's RSS", allow_abbrev=False)
+    add_engine_flags(ab)
+    ab.add_argument("--max-concurrent-requests", type=int, default=ServeConfig.max_concurrent_requests,
+                    help="the HTTP door's cap (tandem serve's flag)")
+    ab.add_argument("--streams", type=int, default=10_000, help="HTTP streams opened and never read")
+    ab.add_argument("--stream-tokens", type=int, default=64, help="max_tokens of each unread stream")
+    ab.add_argument("--body-mb", type=int, default=100, help="the over-large request body, in MiB")
+    ab.add_argument("--grammars", type=int, default=1000, help="distinct JSON schemas, at once then 32 at a time")
+    ab.add_argument("--result-dir", type=Path, default=Path("benchmarks/results/soak"))
+    ab.add_argument("--label", default="abuse")
 
     sv = sub.add_parser("serve", help="load an OpenAI-compatible server at Poisson request rates",
                         allow_abbrev=False)
@@ -168,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.bench == "serve":
         return _serve_main(args)
+    if args.bench == "abuse":
+        from benchmarks.soak.abuse import run as run_abuse
+
+        return run_abuse(config_from_args(args), args.max_concurrent_requests, args.streams, args.stream_tokens,
+                         args.body_mb, args.grammars, args.result_dir, args.label)
     if args.bench == "soak":
         from benchmarks.soak.run import run as run_soak
 
