@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol.serve_config import REASONING_PARSERS as CHOICES  # the styles, and `auto`
+
 OPEN, CLOSE = "<think>", "</think>"
-STYLES = ("qwen3", "deepseek-r1")
-# What `--reasoning-parser` takes: a style, or `auto` (the style the chat template's markers imply).
-CHOICES = (*STYLES, "auto")
+STYLES = tuple(c for c in CHOICES if c != "auto")
 
 
 def check_style(style: str | None, allow_auto: bool = True) -> None:
@@ -27,9 +27,11 @@ def check_style(style: str | None, allow_auto: bool = True) -> None:
         raise ValueError(f"unknown reasoning parser {style!r}; choose from {', '.join(CHOICES if allow_auto else STYLES)}")
 
 
-def template_style(chat_template: str | None) -> str | None:
+def template_style(chat_template: str | dict[str, str] | None) -> str | None:
     """`auto`: a template that writes both think markers reasons in the qwen3 style (which reads a prompt
     ending inside `<think>` as deepseek-r1's); one without them has no reasoning to split."""
+    if isinstance(chat_template, dict):  # named templates: the default one is the chat's
+        chat_template = chat_template.get("default")
     if chat_template and OPEN in chat_template and CLOSE in chat_template:
         return "qwen3"
     return None
