@@ -82,7 +82,7 @@ def _tools(body: CountTokensRequest) -> ToolSetup:
 
 def _prompt(st: ServerState, body: CountTokensRequest, tools: ToolSetup) -> list[int]:
     kwargs = dict(body.chat_template_kwargs or {})
-    if body.thinking is not None:
+    if body.thinking is not None and body.thinking.type != "adaptive":
         kwargs.setdefault("enable_thinking", body.thinking.type == "enabled")
     return render_chat(st.tokenizer, chat_messages(body), tools.template_tools(), True, kwargs)
 
@@ -95,6 +95,9 @@ def count_message_tokens(st: ServerState, body: CountTokensRequest) -> dict:
 def _params(body: MessagesRequest, tools: ToolSetup) -> dict[str, Any]:
     p: dict[str, Any] = {"max_tokens": body.max_tokens, "temperature": body.temperature, "top_p": body.top_p,
                          "top_k": body.top_k, "stop": body.stop_sequences}
+    fmt = body.output_config.format if body.output_config else None
+    if fmt is not None:
+        p["json_schema"] = fmt.schema_
     return with_tools({k: v for k, v in p.items() if v is not None}, tools)
 
 

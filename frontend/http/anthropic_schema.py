@@ -82,10 +82,22 @@ class ToolChoice(Body):
 
 
 class Thinking(Body):
-    """Whether the model thinks, for templates that have the switch (enable_thinking); the budget is not
-    enforced (max_tokens bounds the whole reply)."""
-    type: Literal["enabled", "disabled"]
+    """Whether the model thinks, for templates that have the switch (enable_thinking; "adaptive" leaves
+    the template's default). The budget is not enforced: max_tokens bounds the whole reply."""
+    type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = None
+    display: Literal["summarized", "omitted"] | None = None
+
+
+class JsonOutputFormat(Body):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(Body):
+    """Structured output (`format`) through the engine's grammar; `effort` is taken and means nothing here."""
+    effort: str | None = None
+    format: JsonOutputFormat | None = None
 
 
 class Metadata(Body):
@@ -99,6 +111,8 @@ class CountTokensRequest(Body):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+    cache_control: CacheControl = None
     chat_template_kwargs: dict[str, Any] | None = None  # tandem's own, as in chat completions
 
 
