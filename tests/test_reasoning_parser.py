@@ -101,3 +101,16 @@ def test_auto_style_and_prompt_opened() -> None:
         check_style("qwen4")
     with pytest.raises(ValueError, match="unknown reasoning parser"):
         ReasoningParser("auto")  # resolved before a parser is made
+
+
+def test_completion_reasoning_text_and_the_client_option() -> None:
+    from frontend import Client
+    from frontend.completion import Completion
+
+    c = Completion("r", text="<think>\nwhy\n</think>\n\nbecause", reasoning_style="qwen3")
+    assert (c.reasoning_text, c.content) == ("why", "because")
+    assert Completion("r", text="it is\n</think> 4", reasoning_style="deepseek-r1").reasoning_text == "it is"
+    plain = Completion("r", text="<think>x</think>y")  # a client without a reasoning parser
+    assert (plain.reasoning_text, plain.content) == (None, "<think>x</think>y")
+    with pytest.raises(ValueError, match="unknown reasoning parser 'auto'"):  # no template on the client side
+        Client("tcp://127.0.0.1:1", reasoning_parser="auto")
