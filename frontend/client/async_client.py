@@ -22,6 +22,7 @@ from frontend.client.engine_process import start_engine_process, stop_engine_pro
 from frontend.client.request_encoding import Params, Prompt, build_request, new_rid, params_per_prompt
 from frontend.client.router import Item, Router
 from frontend.completion import Completion, CompletionDelta, to_delta
+from frontend.reasoning_parser import check_style
 from protocol.errors import EngineDeadError, TandemError
 from protocol.messages import AbortRequest, EngineStats, RequestOutput, StatsRequest
 
@@ -31,8 +32,11 @@ CLOSED = "client is closed"
 
 
 class AsyncClient:
-    def __init__(self, endpoint: str, *, engine: subprocess.Popen | None = None) -> None:
+    def __init__(self, endpoint: str, *, engine: subprocess.Popen | None = None,
+                 reasoning_parser: str | None = None) -> None:
+        check_style(reasoning_parser, allow_auto=False)  # the client has no chat template to read `auto` from
         self.endpoint = endpoint
+        self.reasoning_parser = reasoning_parser
         self._engine = engine
         self._ctx = zmq.Context()
         self._sock, self._monitor = open_dealer(self._ctx, endpoint)
@@ -42,15 +46,16 @@ class AsyncClient:
         self._closed = False
 
     @classmethod
-    def launch(cls, model: str, **engine_options: object) -> AsyncClient:
+    def launch(cls, model: str, *, reasoning_parser: str | None = None, **engine_options: object) -> AsyncClient:
         """Start an engine this client owns; it stops on close(), at the end of a `with` block, or when
         this process dies."""
+        check_style(reasoning_parser, allow_auto=False)
         proc, endpoint = start_engine_process(model, **engine_options)
-        return cls(endpoint, engine=proc)
+        return cls(endpoint, engine=proc, reasoning_parser=reasoning_parser)
 
     async def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None) -> Completion:
         rid, items = self._submit(prompt, params, request_id)
-        comp = Completion(rid)
+        comp = Completion(rid, reasoning_style=self.reasoning_parser)
         async for out in self._outputs(rid, items):
             comp.add(out)
         return comp
