@@ -12,13 +12,14 @@ import torch
 
 from kernels.native import build as native_build
 from kernels.native import moe as cpu_moe
+from kernels.native.cpu_caps import cpu_caps
 from kernels.native.quant_pack import pack
 from kernels.ops import resolve_ops
 from kernels.reference.moe import experts_ref, route_ref, sort_by_expert
 from kernels.triton.moe import experts_triton
 from tests.gguf_files import K_QUANTS, QTYPES, k_quant_blocks
 from tests.kernels.ops_variants import cpu_triton, switches
-from tests.kernels.portable_build import portable_build, x86_only
+from tests.kernels.portable_build import march_build, portable_build, x86_only
 
 needs_cc = pytest.mark.skipif(native_build.find_compiler() is None, reason="no C compiler to build the kernel")
 
@@ -128,6 +129,25 @@ def test_portable_build_matches_the_reference(tmp_path, monkeypatch) -> None:
         y, _, got_ids = cpu_moe.moe(x, p13, cpu_moe.pack_experts(w2), 2, True, router=cpu_moe.pack_router(router))
         assert torch.equal(got_ids, ids)
         torch.testing.assert_close(y, experts_ref(x, p13.dequantize(), w2, weights, ids), atol=1e-4, rtol=1e-4)
+    finally:
+        cpu_moe._library.cache_clear()
+
+
+@needs_cc
+@x86_only
+@pytest.mark.skipif("avx2" not in cpu_caps().flags, reason="the AVX2 build runs on an AVX2 CPU only")
+def test_the_avx2_and_avx512_float32_tiles_give_the_same_bits(tmp_path, monkeypatch) -> None:
+    """-march=haswell builds the AVX2 tiles, this CPU's build the AVX-512 ones where it has them: each output
+    one FMA chain in k order either way, so the same bits at every row count."""
+    x, w13, w2, router = _layer(600, 8, 64, 80, seed=9)
+    p13, p2, r = cpu_moe.pack_experts(w13), cpu_moe.pack_experts(w2), cpu_moe.pack_router(router)
+    native = {t: cpu_moe.moe(x[:t], p13, p2, 2, True, router=r)[0] for t in (1, 3, 8, 20, 130, 600)}
+    lib = march_build(cpu_moe.SOURCE, tmp_path, "haswell")
+    monkeypatch.setattr(native_build, "load", lambda source, what: lib)
+    cpu_moe._library.cache_clear()
+    try:
+        for t, want in native.items():
+            assert torch.equal(cpu_moe.moe(x[:t], p13, p2, 2, True, router=r)[0], want), t
     finally:
         cpu_moe._library.cache_clear()
 
