@@ -54,7 +54,9 @@ class ModelDims:
         c = read_model_config(model)
         dims = cls(
             hidden=c.hidden_size, layers=c.num_hidden_layers, heads=c.num_attention_heads,
-            kv_heads=c.num_key_value_heads, head_dim=c.head_dim, intermediate=c.intermediate_size,
+            # an MoE model's MLP as a token reads it: its top-k experts (a batch may read more of them, so
+            # for MoE the floor is looser, still a floor)
+            kv_heads=c.num_key_value_heads, head_dim=c.head_dim, intermediate=c.active_intermediate_size,
             vocab=c.vocab_size, dtype=dtype,
         )
         kept = quantized_types(resolve_ops(device, dtype)) if is_gguf(model) else frozenset()
