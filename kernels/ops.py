@@ -40,7 +40,7 @@ class Ops:
     """One implementation per op (signatures: the reference of each, kernels/reference/)."""
 
     attention: str  # the attention backend: cpu, torch or triton
-    native: bool  # the C kernels run (norm, SiLU, rotary, CPU attention, quantized GGUF weights)
+    native: bool  # the C kernels run (norm, SiLU, rotary, CPU attention, quantized GGUF weights, MoE layers)
     # GGUF blocks' products take int8 activations (--cpu-int8-activations; kernels/csrc/quant_int8.h)
     int8_activations: bool
     host_drafts: bool  # the n-gram proposer runs on the host and returns each row's matched drafts
