@@ -51,8 +51,8 @@ static ALWAYS_INLINE void tile512(const float *x, int64_t ldx, int64_t k0, int64
 
 /* Rows [r0, r0 + rows) of y = x @ W.T over panels [p0, p0 + np), W float32 in panels: pairs of panels (32 KB
  * of weights a K_CHUNK) held while every row passes in tiles of 8 (16 chains in flight), the scratch path's
- * order. With AVX-512 (measured 2x the AVX2 tiles at 256 rows and more, where oneDNN's dense product runs
- * 512-bit too); same bits. */
+ * order. 512-bit where the CPU has it, as oneDNN's dense product is there (benchmarks/results/moe); the same
+ * bits as the AVX2 tiles. */
 static void run_f32(const float *x, int64_t ldx, int64_t K, const float *w, int64_t N, float *y, int64_t ldy,
                     int64_t r0, int64_t rows, int64_t p0, int64_t np) {
     const int64_t full = N / PANEL;
