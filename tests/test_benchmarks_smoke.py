@@ -177,6 +177,15 @@ def test_cpu_ops_benchmark_times_each_kernel_against_torch(capsys) -> None:
     assert capsys.readouterr().out.startswith("CPU: ")
 
 
+@needs_cc
+def test_moe_layer_benchmark_times_the_layer_against_the_dense_mlp(capsys) -> None:
+    from benchmarks import moe_layer
+
+    moe_layer.main(["--hidden", "64", "--moe-intermediate", "32", "--experts", "4", "--rows", "1,20", "--reps", "2"])
+    out = capsys.readouterr().out
+    assert "dense MLP 64" in out and out.count("MoE / dense") == 2, out
+
+
 def test_serve_client_reads_only_sse_data_lines() -> None:
     from benchmarks.serve_client import _data
 
