@@ -6,6 +6,8 @@ slots the tree owns (`load_host`) before the request's first step.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from protocol.messages import KVCopies
 from scheduler.host_tier import POLICIES
 from scheduler.kv_allocator import KVAllocator
@@ -14,6 +16,7 @@ from scheduler.prefix_cache import PrefixHandle
 from scheduler.radix_cache import RadixCache
 from scheduler.req import Req
 from scheduler.req_table import ReqToTokenPool
+from scheduler.tree_node import TreeNode
 
 
 class KVCacheManager:
@@ -49,13 +52,19 @@ class KVCacheManager:
         req.req_pool_idx = row
         return True
 
-    def match_prefix(self, req: Req, limit: int | None = None) -> PrefixHandle:
+    def match_prefix(self, req: Req, limit: int | None = None, held: TreeNode | None = None) -> PrefixHandle:
         """Attach the longest cached prefix of req's first `limit` tokens (always leaving one token to
         compute), both tiers, and lock it. The host part (host_hit_length tokens) counts as computed but
-        has no device slots until `load_host`."""
+        has no device slots until `load_host`. held: a session turn's node (see `hold`), whose prefix is
+        taken as it is, unmatched, when it fits the limit."""
         fill = req.fill_ids
         n = len(fill) - 1 if limit is None else min(limit, len(fill) - 1)
-        m = self.tree.match_prefix(fill[:n])
+        m = self.tree.prefix_at(held) if held is not None else None
+        if m is None or m.length > n:
+            m = self.tree.match_prefix(fill[:n])
+            req.prefix_source = "host" if m.host_hit_length else "device" if m.length else "none"
+        else:
+            req.prefix_source = "session"
         self._hold(req, m)
         req.kv_committed_len = req.kv_allocated_len = req.num_computed_tokens = m.length
         assert req.req_pool_idx is not None
@@ -92,6 +101,19 @@ class KVCacheManager:
         if req.prefix is not None:
             self.tree.dec_lock_ref(req.prefix.last_host_node)
         req.prefix = prefix
+
+    # ---- holds: a session turn's KV, locked until the session lets it go ------------------------------
+    def hold(self, key: list[int]) -> TreeNode | None:
+        """Lock the cached prefix of key (a finished request's, just cached by `release`) for a session
+        turn; returns the node to pass to `match_prefix` and `unhold` (None: nothing of it is cached)."""
+        m = self.tree.match_prefix(key)
+        if not m.indices:
+            return None
+        self.tree.inc_lock_ref(m.last_node)
+        return m.last_node
+
+    def unhold(self, node: TreeNode) -> None:
+        self.tree.dec_lock_ref(node)
 
     # ---- growth -------------------------------------------------------------------------------
     def pages_needed(self, req: Req, n: int) -> int:
@@ -185,22 +207,34 @@ class KVCacheManager:
     def take_copies(self) -> KVCopies | None:
         return self.tree.take_copies()
 
-    def check_idle(self) -> None:
+    def check_idle(self, holds: Sequence[TreeNode] = ()) -> None:
         """Cheap enough for every time the engine goes idle (the full check walks every page in Python):
-        the tree's own check over both tiers, and nothing owned outside the tree and the free lists."""
+        the tree's own check over both tiers, nothing owned outside the tree and the free lists, and
+        nothing locked but what the sessions hold (`holds`)."""
         self.tree.check_integrity()
         free, tree = self.allocator.num_free, self.tree.evictable_size + self.tree.protected_size
-        if self.tree.protected_size or free + tree != self.allocator.size:
+        if self.tree.protected_size != self.locked_size(holds) or free + tree != self.allocator.size:
             raise AssertionError(f"idle KV: {free} free + {tree} cached "
                                  f"({self.tree.protected_size} locked) of {self.allocator.size}")
         if self.req_table.num_free != self.req_table.max_reqs:
             raise AssertionError(f"idle: {self.req_table.max_reqs - self.req_table.num_free} request rows held")
 
     # ---- invariants ------------------------------------------------------------------------------
-    def check_integrity(self, live: list[Req]) -> None:
-        """free + tree-owned + request-owned == pool (in pages), with no page in two places."""
+    def locked_size(self, holds: Sequence[TreeNode]) -> int:
+        """Device tokens the nodes in holds and their ancestors keep (each node once)."""
+        return sum(n.device_len for n in _paths(holds, self.tree.root))
+
+    def check_integrity(self, live: list[Req], holds: Sequence[TreeNode] = ()) -> None:
+        """free + tree-owned + request-owned == pool (in pages), with no page in two places; every lock in
+        the tree is a live request's prefix or a session's hold (`holds`), and the other way round."""
         self.allocator.check_integrity()
         self.tree.check_integrity()
+        locks = [r.prefix.last_host_node for r in live if r.prefix is not None] + list(holds)
+        want = _paths(locks, self.tree.root)
+        wrong = [n for n in self.tree.nodes() if n.lock_ref != want.get(n, 0)]
+        if wrong:
+            raise AssertionError(f"locks: {wrong[0]} has lock_ref {wrong[0].lock_ref}, its holders "
+                                 f"{want.get(wrong[0], 0)} (requests and sessions)")
         p = self.page_size
         owners: dict[int, str] = {}
 
@@ -226,3 +260,16 @@ class KVCacheManager:
         if len(owners) != self.allocator.num_pages:
             raise AssertionError(f"KV pages leaked: {len(owners)} accounted of {self.allocator.num_pages}")
         self.req_table.check_integrity(rows)
+
+
+def _paths(nodes: Sequence[TreeNode], root: TreeNode) -> dict[TreeNode, int]:
+    """How many of nodes each node is, or is an ancestor of (the root aside): the lock_ref they make."""
+    count: dict[TreeNode, int] = {}
+    for node in nodes:
+        n: TreeNode | None = node
+        while n is not root:
+            if n is None:
+                raise AssertionError(f"locks: {node} is locked but no longer in the tree")
+            count[n] = count.get(n, 0) + 1
+            n = n.parent
+    return count

@@ -132,6 +132,28 @@ class RadixCache:
             host_last = node
         return PrefixHandle(indices, last, host_last, host_len)
 
+    def prefix_at(self, node: TreeNode) -> PrefixHandle:
+        """The cached prefix that ends at node, found by walking up from it rather than by matching its
+        tokens (node is one a holder keeps locked, so it is still in the tree); marked accessed."""
+        path: list[TreeNode] = []
+        while node is not self.root:
+            if node.parent is None:
+                raise ValueError(f"{node} is not in the tree (evicted or reset)")
+            path.append(node)
+            node = node.parent
+        tick = self._tick()
+        indices: list[int] = []
+        last = self.root
+        host_len = 0
+        for n in reversed(path):
+            n.last_access = tick
+            if n.value is not None:
+                indices += n.value
+                last = n
+            else:
+                host_len += len(n.key)
+        return PrefixHandle(indices, last, path[0] if path else self.root, host_len)
+
     def load_back(self, match: PrefixHandle, slots: list[int]) -> list[int]:
         """Put the host-only part of a match (locked by the caller) on the device slots given."""
         if len(slots) != match.host_hit_length:

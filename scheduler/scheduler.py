@@ -16,13 +16,16 @@ from protocol.engine_config import EngineConfig
 from protocol.errors import ErrorCode
 from protocol.final_info import FinalInfo
 from protocol.messages import (
+    CloseSession,
     DetokRegister,
     EngineLoad,
     Logprobs,
     ModelRunnerOutput,
+    OpenSession,
     RequestError,
     SampleStep,
     SchedulerOutput,
+    SessionReply,
     StepFailed,
     TokenBatch,
     TokenDelta,
@@ -33,7 +36,9 @@ from scheduler.decode import schedule_running
 from scheduler.finish import FinishReason
 from scheduler.kv_cache import KVCacheManager
 from scheduler.prefill import admit_waiting
+from scheduler.priority_policy import make_policy
 from scheduler.req import Req
+from scheduler.sessions import SessionError, SessionStore
 from scheduler.spec_decode import SpecStats, Speculation
 from scheduler.step_plan import InflightStep, StepPlan, to_output
 from scheduler.stop_checker import StopChecker, StopMatch
@@ -64,7 +69,7 @@ class Scheduler:
             cfg.host_kv_tokens if num_host_slots is None else num_host_slots, cfg.host_kv_policy,
         )
         self.eos = frozenset(info.eos_token_ids)
-        self.waiting: deque[Req] = deque()
+        self.waiting = make_policy(cfg.scheduling_policy)  # the waiting queue, in the policy's order
         self.running: list[Req] = []
         self.reqs: dict[str, Req] = {}
         self.inflight: deque[InflightStep] = deque()
@@ -77,17 +82,34 @@ class Scheduler:
         self.speculation = Speculation(cfg.spec_tokens, self.kv, self.spec) if cfg.spec_tokens else None
         self.stop_checker = StopChecker(cfg.model)
         self.structured = StructuredOutput(cfg.model, info.vocab_size, cfg.grammar_compile_timeout_s)
+        self.sessions = SessionStore(self.kv, *self._session_cap(cfg, num_kv_slots))
         self._next_step = 0
         self._arrivals = 0
 
+    @staticmethod
+    def _session_cap(cfg: EngineConfig, pool: int) -> tuple[int, str | None]:
+        """What all sessions may hold together, and why none may be opened (None: they may)."""
+        cap = pool // 2 if cfg.session_kv_tokens is None else cfg.session_kv_tokens
+        if cap >= pool:
+            raise ValueError(f"invalid engine option session_kv_tokens={cap}: must be below the KV pool of {pool}")
+        if not cfg.prefix_cache:
+            return 0, "sessions hold their KV in the prefix cache: the engine runs with --no-prefix-cache"
+        return cap, None if cap else "sessions are off (--session-kv-tokens 0)"
+
     # ---- requests in ------------------------------------------------------------------------
     def add_request(self, msg: TokenizedRequest) -> None:
-        n_prompt = len(msg.input_ids)
+        session, turn, ids = None, None, msg.input_ids
+        if msg.session is not None:
+            try:
+                session, turn, ids = self.sessions.resolve(msg.session, msg.input_ids)
+            except SessionError as e:
+                self.outbox.append(RequestError(msg.rid, e.code, e.message))
+                return
+        n_prompt = len(ids)
         room = self.info.max_model_len - n_prompt
-        if n_prompt == 0 or room <= 0:
-            self.outbox.append(
-                RequestError(msg.rid, ErrorCode.PROMPT_TOO_LONG, f"prompt has {n_prompt} tokens")
-            )
+        if n_prompt == 0 or room <= 0 or (session is not None and (msg.params.max_tokens or 1) > room):
+            why = f"prompt has {n_prompt} tokens" + (" with the session turn it continues" if session else "")
+            self.outbox.append(RequestError(msg.rid, ErrorCode.PROMPT_TOO_LONG, why))
             return
         if n_prompt + 1 > self.kv.allocator.size:
             self.outbox.append(
@@ -104,15 +126,31 @@ class Scheduler:
             self.outbox.append(RequestError(msg.rid, ErrorCode.OVERLOADED, why))
             return
         max_new = min(msg.params.max_tokens or room, room)
-        req = Req(msg.rid, msg.input_ids, msg.params, self.eos, max_new, arrival=self._arrivals)
+        req = Req(msg.rid, ids, msg.params, self.eos, max_new, self._arrivals, msg.priority)
         self._arrivals += 1
+        if session is not None:
+            req.session_id, req.session_turn = session.id, turn
+            self.sessions.begin(session)
         self.reqs[req.rid] = req
         if self.structured.wants_grammar(msg.params):
             self.structured.submit(req)  # waits compiling, off the queue: others go on meanwhile
         else:
-            self.waiting.append(req)
+            self.waiting.add(req)
         p = msg.params
-        self.outbox.append(DetokRegister(req.rid, msg.input_ids[-8:], p.skip_special_tokens, p.stop))
+        self.outbox.append(DetokRegister(req.rid, ids[-8:], p.skip_special_tokens, p.stop))
+
+    def open_session(self, msg: OpenSession) -> SessionReply | RequestError:
+        try:
+            return SessionReply(msg.rid, self.sessions.open(msg.capacity_tokens, msg.timeout_s), True)
+        except SessionError as e:
+            return RequestError(msg.rid, e.code, e.message)
+
+    def close_session(self, msg: CloseSession) -> SessionReply | RequestError:
+        try:
+            self.sessions.close(msg.session_id)
+        except SessionError as e:
+            return RequestError(msg.rid, e.code, e.message)
+        return SessionReply(msg.rid, msg.session_id, False)
 
     def abort(self, rid: str, message: str = "aborted by client") -> None:
         req = self.reqs.get(rid)
@@ -131,7 +169,7 @@ class Scheduler:
         ready, failed = self.structured.poll()
         for req in ready:
             if not req.finished():
-                self.waiting.append(req)
+                self.waiting.add(req)
         for req, code, message in failed:
             self._fail(req, code, message)
 
@@ -148,7 +186,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput | None:
         budget = self.cfg.max_num_batched_tokens
         plan = StepPlan(budget=budget, prefill_cap=self.cfg.chunked_prefill_tokens or budget)
-        schedule_running(self.running, self.kv, plan, self._retract, self.speculation)
+        schedule_running(self.running, self.waiting, self.kv, plan, self._retract, self.speculation)
         admit_waiting(self.waiting, self.running, self.kv, plan, self.cfg.max_running_requests)
         self._note_first_scheduled(plan.reqs)
         if not plan.items:
@@ -214,7 +252,7 @@ class Scheduler:
         if self.cfg.debug_integrity:
             self.check_integrity()
         elif not (self.inflight or self.has_work):
-            self.kv.check_idle()  # the engine goes idle: both tiers' accounting must add up
+            self.kv.check_idle(self.sessions.holds())  # the engine goes idle: both tiers' accounting must add up
 
     def fail_step(self, msg: StepFailed) -> None:
         """A step raised on the worker and produced nothing. The requests to blame fail (all of the step
@@ -302,7 +340,11 @@ class Scheduler:
         reason = req.finished_reason
         assert reason is not None
         worker_knows = not req.needs_new_data
+        computed = req.kv_committed_len
         row = self.kv.release(req)
+        if req.session_id is not None:  # a turn of it when it ended well: the session locks its KV
+            turn = req.fill_ids if reason.kind in ("stop", "length") else None
+            self.sessions.end(req.session_id, req.rid, turn, computed)
         if row is not None and worker_knows:
             self.freed_rows.append(row)
         if req in self.running:
@@ -323,7 +365,7 @@ class Scheduler:
         d = self._delta(req)
         d.final = FinalInfo(  # how it ended: made here once, carried unchanged to the client
             reason.kind, reason.matched, len(req.origin_input_ids), len(req.output_ids), req.cached_tokens,
-            req.spec_accepted_tokens, req.time_stats,
+            req.spec_accepted_tokens, req.time_stats, req.prefix_source,
         )
         d.stop_cut = reason.cut
 
@@ -360,14 +402,15 @@ class Scheduler:
             self.freed_rows.append(row)
         req.reset_for_retract()
         self.running.remove(req)
-        self.waiting.appendleft(req)
+        self.waiting.requeue(req)
         self.stats.retractions += 1
 
     def _fail_unschedulable(self) -> None:
         """Nothing could be scheduled and nothing is in flight: a request that cannot fit even alone."""
         if self.inflight or not (self.running or self.waiting):
             return
-        victim = self.running[0] if self.running else self.waiting[0]
+        victim = self.running[0] if self.running else self.waiting.peek()
+        assert victim is not None
         if len(self.running) > 1:
             return  # retraction will make room on the next call
         why = f"request needs more KV than the pool of {self.kv.allocator.size} slots holds"
@@ -383,7 +426,7 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         live = list(self.running) + list(self.waiting)
-        self.kv.check_integrity(live)
+        self.kv.check_integrity(live, self.sessions.holds())
         for r in self.waiting:
             if r.req_pool_idx is not None:
                 raise AssertionError(f"waiting {r.rid} holds a row")
