@@ -16,16 +16,13 @@ from protocol.engine_config import EngineConfig
 from protocol.errors import ErrorCode
 from protocol.final_info import FinalInfo
 from protocol.messages import (
-    CloseSession,
     DetokRegister,
     EngineLoad,
     Logprobs,
     ModelRunnerOutput,
-    OpenSession,
     RequestError,
     SampleStep,
     SchedulerOutput,
-    SessionReply,
     StepFailed,
     TokenBatch,
     TokenDelta,
@@ -37,6 +34,7 @@ from scheduler.finish import FinishReason
 from scheduler.kv_cache import KVCacheManager
 from scheduler.prefill import admit_waiting
 from scheduler.priority_policy import make_policy
+from scheduler.prompt_logprobs import new_prompt_logprobs
 from scheduler.req import Req
 from scheduler.sessions import SessionError, SessionStore
 from scheduler.spec_decode import SpecStats, Speculation
@@ -82,34 +80,25 @@ class Scheduler:
         self.speculation = Speculation(cfg.spec_tokens, self.kv, self.spec) if cfg.spec_tokens else None
         self.stop_checker = StopChecker(cfg.model)
         self.structured = StructuredOutput(cfg.model, info.vocab_size, cfg.grammar_compile_timeout_s)
-        self.sessions = SessionStore(self.kv, *self._session_cap(cfg, num_kv_slots))
+        self.sessions = SessionStore.for_engine(self.kv, cfg.session_kv_tokens, cfg.prefix_cache)
         self._next_step = 0
         self._arrivals = 0
 
-    @staticmethod
-    def _session_cap(cfg: EngineConfig, pool: int) -> tuple[int, str | None]:
-        """What all sessions may hold together, and why none may be opened (None: they may)."""
-        cap = pool // 2 if cfg.session_kv_tokens is None else cfg.session_kv_tokens
-        if cap >= pool:
-            raise ValueError(f"invalid engine option session_kv_tokens={cap}: must be below the KV pool of {pool}")
-        if not cfg.prefix_cache:
-            return 0, "sessions hold their KV in the prefix cache: the engine runs with --no-prefix-cache"
-        return cap, None if cap else "sessions are off (--session-kv-tokens 0)"
-
     # ---- requests in ------------------------------------------------------------------------
     def add_request(self, msg: TokenizedRequest) -> None:
-        session, turn, ids = None, None, msg.input_ids
-        if msg.session is not None:
+        link, ids = None, msg.input_ids
+        if msg.session is not None:  # its prompt continues a session's turn
             try:
-                session, turn, ids = self.sessions.resolve(msg.session, msg.input_ids)
+                link, ids = self.sessions.resolve(msg.session, ids, msg.params.max_tokens, self.info.max_model_len)
             except SessionError as e:
                 self.outbox.append(RequestError(msg.rid, e.code, e.message))
                 return
         n_prompt = len(ids)
         room = self.info.max_model_len - n_prompt
-        if n_prompt == 0 or room <= 0 or (session is not None and (msg.params.max_tokens or 1) > room):
-            why = f"prompt has {n_prompt} tokens" + (" with the session turn it continues" if session else "")
-            self.outbox.append(RequestError(msg.rid, ErrorCode.PROMPT_TOO_LONG, why))
+        if n_prompt == 0 or room <= 0:
+            self.outbox.append(
+                RequestError(msg.rid, ErrorCode.PROMPT_TOO_LONG, f"prompt has {n_prompt} tokens")
+            )
             return
         if n_prompt + 1 > self.kv.allocator.size:
             self.outbox.append(
@@ -128,9 +117,8 @@ class Scheduler:
         max_new = min(msg.params.max_tokens or room, room)
         req = Req(msg.rid, ids, msg.params, self.eos, max_new, self._arrivals, msg.priority)
         self._arrivals += 1
-        if session is not None:
-            req.session_id, req.session_turn = session.id, turn
-            self.sessions.begin(session)
+        if link is not None:
+            self.sessions.begin(req, link)
         self.reqs[req.rid] = req
         if self.structured.wants_grammar(msg.params):
             self.structured.submit(req)  # waits compiling, off the queue: others go on meanwhile
@@ -138,19 +126,6 @@ class Scheduler:
             self.waiting.add(req)
         p = msg.params
         self.outbox.append(DetokRegister(req.rid, ids[-8:], p.skip_special_tokens, p.stop))
-
-    def open_session(self, msg: OpenSession) -> SessionReply | RequestError:
-        try:
-            return SessionReply(msg.rid, self.sessions.open(msg.capacity_tokens, msg.timeout_s), True)
-        except SessionError as e:
-            return RequestError(msg.rid, e.code, e.message)
-
-    def close_session(self, msg: CloseSession) -> SessionReply | RequestError:
-        try:
-            self.sessions.close(msg.session_id)
-        except SessionError as e:
-            return RequestError(msg.rid, e.code, e.message)
-        return SessionReply(msg.rid, msg.session_id, False)
 
     def abort(self, rid: str, message: str = "aborted by client") -> None:
         req = self.reqs.get(rid)
@@ -212,7 +187,8 @@ class Scheduler:
                 req.num_inflight_steps -= 1
                 req.kv_committed_len += n
         if result.prompt_logprobs:
-            self._add_prompt_logprobs(step, result.prompt_logprobs)
+            for req, lp in new_prompt_logprobs(step, result.prompt_logprobs):
+                self._delta(req).prompt_logprobs = lp
         counts = result.num_sampled or [1] * len(step.samplers)
         logprobs = result.logprobs or [None] * len(step.samplers)
         verified = result.num_drafts or [step.num_drafts[i] for i in step.samplers]
@@ -319,22 +295,6 @@ class Scheduler:
             self._deltas.append(d)
         return d
 
-    def _add_prompt_logprobs(self, step: InflightStep, by_row: dict[int, Logprobs]) -> None:
-        for req, epoch in zip(step.reqs, step.epochs):
-            lp = by_row.get(req.req_pool_idx) if epoch == req.epoch and not req.finished() else None
-            if lp is None or not lp.token_ids:
-                continue
-            # A retracted request recomputes its prompt: deliver each position to the client once.
-            seen_before = req.prompt_lp_seen_this_epoch
-            req.prompt_lp_seen_this_epoch += len(lp.token_ids)
-            skip = max(0, req.prompt_lp_delivered - seen_before)
-            if skip >= len(lp.token_ids):
-                continue
-            if skip:
-                lp = Logprobs(lp.token_ids[skip:], lp.logprobs[skip:], lp.top_ids[skip:], lp.top_logprobs[skip:])
-            req.prompt_lp_delivered += len(lp.token_ids)
-            self._delta(req).prompt_logprobs = lp
-
     def _finalize(self, req: Req) -> None:
         """The one end of every request: release its memory, tell the worker and the client."""
         reason = req.finished_reason
@@ -342,9 +302,8 @@ class Scheduler:
         worker_knows = not req.needs_new_data
         computed = req.kv_committed_len
         row = self.kv.release(req)
-        if req.session_id is not None:  # a turn of it when it ended well: the session locks its KV
-            turn = req.fill_ids if reason.kind in ("stop", "length") else None
-            self.sessions.end(req.session_id, req.rid, turn, computed)
+        if req.session_id is not None:  # a turn of it when it ended well: its session locks the KV just cached
+            self.sessions.end(req, reason.kind in ("stop", "length"), computed)
         if row is not None and worker_knows:
             self.freed_rows.append(row)
         if req in self.running:
@@ -409,8 +368,7 @@ class Scheduler:
         """Nothing could be scheduled and nothing is in flight: a request that cannot fit even alone."""
         if self.inflight or not (self.running or self.waiting):
             return
-        victim = self.running[0] if self.running else self.waiting.peek()
-        assert victim is not None
+        victim = self.running[0] if self.running else next(iter(self.waiting))
         if len(self.running) > 1:
             return  # retraction will make room on the next call
         why = f"request needs more KV than the pool of {self.kv.allocator.size} slots holds"

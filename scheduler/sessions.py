@@ -25,8 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from protocol.errors import ErrorCode
-from protocol.messages import SessionParams
+from protocol.messages import CloseSession, OpenSession, RequestError, SessionParams, SessionReply
 from scheduler.kv_cache import KVCacheManager
+from scheduler.req import Req
 from scheduler.tree_node import TreeNode
 
 MAX_TURNS = 64  # turns a session remembers (to branch from); the oldest go first
@@ -69,6 +70,31 @@ class SessionStore:
         self.kv, self.cap, self.unavailable, self.clock = kv, cap_tokens, unavailable, clock
         self.sessions: dict[str, Session] = {}
         self._closed: deque[str] = deque(maxlen=REMEMBER_CLOSED)
+
+    @classmethod
+    def for_engine(cls, kv: KVCacheManager, cap: int | None, prefix_cache: bool) -> SessionStore:
+        """cap: --session-kv-tokens (None: half the pool)."""
+        pool = kv.allocator.size
+        cap = pool // 2 if cap is None else cap
+        if cap >= pool:
+            raise ValueError(f"invalid engine option session_kv_tokens={cap}: must be below the KV pool of {pool}")
+        if not prefix_cache:
+            return cls(kv, 0, "sessions hold their KV in the prefix cache: the engine runs with --no-prefix-cache")
+        return cls(kv, cap, None if cap else "sessions are off (--session-kv-tokens 0)")
+
+    # ---- the calls of the protocol --------------------------------------------------------------------
+    def on_open(self, msg: OpenSession) -> SessionReply | RequestError:
+        try:
+            return SessionReply(msg.rid, self.open(msg.capacity_tokens, msg.timeout_s), True)
+        except SessionError as e:
+            return RequestError(msg.rid, e.code, e.message)
+
+    def on_close(self, msg: CloseSession) -> SessionReply | RequestError:
+        try:
+            self.close(msg.session_id)
+        except SessionError as e:
+            return RequestError(msg.rid, e.code, e.message)
+        return SessionReply(msg.rid, msg.session_id, False)
 
     @property
     def reserved(self) -> int:
@@ -126,7 +152,8 @@ class SessionStore:
             raise SessionError(ErrorCode.SESSION_UNKNOWN, f"no session {sid!r}")
         return s
 
-    def resolve(self, sp: SessionParams, prompt: list[int]) -> tuple[Session, Turn | None, list[int]]:
+    def resolve(self, sp: SessionParams, prompt: list[int], max_tokens: int | None,
+                context_len: int) -> tuple[tuple[Session, Turn | None], list[int]]:
         """The session and turn a request continues, and its whole prompt (the turn's context + prompt).
         Changes nothing: the caller starts the request with `begin` once every other check passed."""
         s = self.get(sp.id)
@@ -140,21 +167,27 @@ class SessionStore:
         if len(whole) > s.capacity:
             raise SessionError(ErrorCode.SESSION_CAPACITY, f"the prompt has {len(whole)} tokens with the turn it "
                                f"continues; the session holds at most {s.capacity}")
-        return s, turn, whole
+        if len(whole) + (max_tokens or 1) > context_len:  # the frontend checked the new part alone
+            raise SessionError(ErrorCode.PROMPT_TOO_LONG, f"the prompt has {len(whole)} tokens with the turn it "
+                               f"continues; with max_tokens={max_tokens} it is over the context of {context_len}")
+        return (s, turn), whole
 
-    def begin(self, s: Session) -> None:
+    def begin(self, req: Req, link: tuple[Session, Turn | None]) -> None:
+        """req (from `resolve`) runs in its session: the session does not time out meanwhile."""
+        s, req.session_turn = link
+        req.session_id = s.id
         s.active += 1
 
-    def end(self, sid: str, rid: str, tokens: list[int] | None, computed: int) -> None:
-        """A request of session sid ended. tokens: its full context when it finished well (a turn), None
-        when it failed or was aborted; its first `computed` tokens' KV was just cached by the KV manager
-        (`release`), and the session takes a lock on it."""
-        s = self.sessions.get(sid)
+    def end(self, req: Req, ok: bool, computed: int) -> None:
+        """A request of a session ended; ok: it finished (stop or length) and becomes a turn. The KV
+        manager's `release` has just cached its first `computed` tokens' KV: the session locks it."""
+        assert req.session_id is not None
+        s, rid, tokens = self.sessions.get(req.session_id), req.rid, req.fill_ids
         if s is None:
             return  # closed while the request ran: nothing to hold
         s.active -= 1
         s.deadline = self.clock() + s.timeout_s
-        if tokens is None:
+        if not ok:
             return
         old = s.turns.pop(rid, None)  # a request id used again in the session: the newer turn wins
         if old is not None:

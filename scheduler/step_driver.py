@@ -51,9 +51,9 @@ class StepDriver:
         elif isinstance(msg, StatsRequest):
             return self.engine_stats(msg.rid)
         elif isinstance(msg, OpenSession):
-            return self.sched.open_session(msg)
+            return self.sched.sessions.on_open(msg)
         elif isinstance(msg, CloseSession):
-            return self.sched.close_session(msg)
+            return self.sched.sessions.on_close(msg)
         return None
 
     def on_result(self, msg: ModelRunnerOutput | StepFailed) -> list[SampleStep]:

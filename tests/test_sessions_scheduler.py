@@ -125,7 +125,7 @@ def test_six_turns_through_a_session_equal_the_whole_turns_with_no_earlier_turn_
         assert sched.kv.tree.protected_size == sched.sessions.held_tokens() > 0
         other_traffic(sched, worker, driver, rng, 700)  # more than the pool: all unlocked cache goes
     sched.check_integrity()
-    assert sched.close_session(CloseSession("c", sid)) == SessionReply("c", sid, False)
+    assert sched.sessions.on_close(CloseSession("c", sid)) == SessionReply("c", sid, False)
     assert kv_full(sched) and sched.sessions.held_tokens() == 0
 
 
@@ -153,7 +153,7 @@ def test_a_branch_from_turn_three_equals_resending_turns_one_to_three() -> None:
     sched.add_request(turn("after", [4], sid))
     outputs2, _ = drive(sched, worker, driver)
     assert outputs2["after"] == expected_output(contexts[2] + new + outputs["branch"] + [4], 6)
-    sched.close_session(CloseSession("c", sid))
+    sched.sessions.on_close(CloseSession("c", sid))
     assert kv_full(sched)
 
 
@@ -180,7 +180,7 @@ def test_capacity_lets_go_of_the_oldest_turns_and_a_continuation_of_one_still_ma
     sched.add_request(turn("long", [3], sid, branch="from-a", n=30))  # 30 tokens of prompt, 59 of context
     drive(sched, worker, driver)
     assert sched.sessions.held_tokens() == 40 and s.turns["long"].node is not None
-    sched.close_session(CloseSession("c", sid))
+    sched.sessions.on_close(CloseSession("c", sid))
     assert kv_full(sched)
 
 
@@ -266,7 +266,7 @@ def test_integrity_accounts_for_every_lock() -> None:
     sched.kv.check_idle(sched.sessions.holds())
     with pytest.raises(AssertionError, match="idle KV"):
         sched.kv.check_idle([])  # locked, but not by a session
-    sched.close_session(CloseSession("c", sid))
+    sched.sessions.on_close(CloseSession("c", sid))
     sched.check_integrity()
     sched.kv.check_idle([])
     assert kv_full(sched)

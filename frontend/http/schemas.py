@@ -47,6 +47,13 @@ class ResponseFormat(_Body):
     json_schema: JsonSchemaFormat | None = None
 
 
+class SessionParamsBody(_Body):
+    """Continue a session (POST /open_session): from its turn `rid` (a response id), default the latest."""
+
+    id: str
+    rid: str | None = None
+
+
 class SamplingBody(_Body):
     """Fields both completions and chat completions take."""
 
@@ -73,6 +80,8 @@ class SamplingBody(_Body):
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = 0  # lower first (--scheduling-policy priority)
+    session_params: SessionParamsBody | None = None
 
 
 class CompletionRequest(SamplingBody):
@@ -134,6 +143,15 @@ class ChatCompletionRequest(SamplingBody):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+
+
+class OpenSessionRequest(_Body):
+    capacity_tokens: Annotated[int, Field(ge=1)]
+    timeout: Annotated[float, Field(gt=0)] | None = None  # idle seconds; default: the client's
+
+
+class CloseSessionRequest(_Body):
+    session_id: str
 
 
 class TokenizeRequest(_Body):
