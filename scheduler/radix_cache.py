@@ -87,7 +87,7 @@ class RadixCache:
         front = TreeNode(
             parent, child.key[:m], None if v is None else v[:m], child.last_access, None if hv is None else hv[:m]
         )
-        front.lock_ref = child.lock_ref
+        front.lock_ref, front.host_lock_ref = child.lock_ref, child.host_lock_ref
         parent.children[self._child_key(front.key, 0)] = front  # same first page: replaces child
         child.key, child.parent = child.key[m:], front
         child.value, child.host_value = None if v is None else v[m:], None if hv is None else hv[m:]
@@ -242,6 +242,31 @@ class RadixCache:
                 self._protected -= node.device_len
             node = node.parent
 
+    def back_up(self, node: TreeNode) -> bool:
+        """Give node and its ancestors (all on the device) a host copy, queued device -> host; False when the
+        host tier cannot (there is none, or it is full of what it must keep)."""
+        path = []
+        while node is not self.root:
+            path.append(node)
+            node = node.parent  # type: ignore[assignment]
+        return all(n.host_value is not None or self.host.back_up(n) for n in reversed(path))
+
+    def inc_host_lock(self, node: TreeNode) -> None:
+        """Keep node's and its ancestors' host copies (which they have: `back_up`) until dec_host_lock; their
+        device copies may still be evicted, and a match loads them back."""
+        while node is not self.root:
+            if node.parent is None or node.host_value is None:
+                raise ValueError(f"{node} is not in the tree or has no host copy")
+            node.host_lock_ref += 1
+            node = node.parent
+
+    def dec_host_lock(self, node: TreeNode) -> None:
+        while node is not self.root:
+            if node.parent is None or node.host_lock_ref <= 0:
+                raise AssertionError(f"radix cache: unbalanced dec_host_lock on {node}")
+            node.host_lock_ref -= 1
+            node = node.parent
+
     def evict(self, num_tokens: int) -> int:
         """Free at least num_tokens device slots if the unlocked part of the tree holds that many, LRU, leaf
         of the device part first. Returns the number freed. The host tier keeps each node's KV (the node
@@ -278,7 +303,7 @@ class RadixCache:
         stack = list(node.children.values())
         while stack:
             d = stack.pop()
-            assert d.value is None and d.host_value is not None and d.lock_ref == 0
+            assert d.value is None and d.host_value is not None and d.lock_ref == d.host_lock_ref == 0
             self.host.free(d.host_value)
             d.host_value, d.parent = None, None
             stack.extend(d.children.values())
@@ -336,6 +361,9 @@ class RadixCache:
                 _check(self._child_key(child.key, 0) == ck, f"{child}: key doesn't start with its edge's page")
                 _check(child.lock_ref >= 0, f"{child}: negative lock_ref")
                 _check(node is root or child.lock_ref <= node.lock_ref, f"{child}: locked more than its parent")
+                _check(node is root or child.host_lock_ref <= node.host_lock_ref, f"{child}: host-locked more than "
+                       "its parent")
+                _check(not child.host_lock_ref or child.host_value is not None, f"{child}: host-locked, no host copy")
                 _check(node is root or child.last_access <= node.last_access, f"{child}: newer than its parent")
                 if child.lock_ref:
                     protected += child.device_len

@@ -95,8 +95,8 @@ class Req:
 
     @property
     def held_prefix(self) -> Any:
-        """The prefix-cache node of the session turn it continues, while the session holds it."""
-        return None if self.session_turn is None else self.session_turn.node
+        """The KV of the session turn it continues (a kv_cache.Hold), while the session holds it."""
+        return None if self.session_turn is None else self.session_turn.hold
 
     @property
     def cache_protected_len(self) -> int:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from protocol.errors import ErrorCode
 from protocol.messages import CloseSession, OpenSession, RequestError, SessionParams, SessionReply
-from scheduler.kv_cache import KVCacheManager
+from scheduler.kv_cache import Hold, KVCacheManager
 from scheduler.req import Req
 from scheduler.tree_node import TreeNode
 
@@ -45,7 +45,7 @@ class SessionError(Exception):
 class Turn:
     rid: str
     tokens: list[int]  # its full context: what a continuation of it starts from
-    node: TreeNode | None  # the KV of it the session holds (locked); None: let go
+    hold: Hold | None  # the KV of it the session holds (locked); None: let go
 
 
 @dataclass
@@ -58,8 +58,8 @@ class Session:
     active: int = 0  # requests of it in the engine: it does not time out under them
 
     @property
-    def holds(self) -> list[TreeNode]:
-        return [t.node for t in self.turns.values() if t.node is not None]
+    def holds(self) -> list[Hold]:
+        return [t.hold for t in self.turns.values() if t.hold is not None]
 
 
 class SessionStore:
@@ -100,12 +100,13 @@ class SessionStore:
     def reserved(self) -> int:
         return sum(s.capacity for s in self.sessions.values())
 
-    def holds(self) -> list[TreeNode]:
-        """Every node a session keeps locked (a node held twice is listed twice, as it is locked twice)."""
-        return [n for s in self.sessions.values() for n in s.holds]
+    def holds(self) -> list[Hold]:
+        """Every lock the sessions have (a node held twice is listed twice, as it is locked twice)."""
+        return [h for s in self.sessions.values() for h in s.holds]
 
     def held_tokens(self) -> int:
-        return sum(len(n.key) for n in _union(self.holds()))
+        """Tokens whose KV the sessions hold, in either tier."""
+        return _tokens(self.holds())
 
     # ---- open and close -----------------------------------------------------------------------------
     def open(self, capacity: int, timeout_s: float) -> str:
@@ -201,21 +202,17 @@ class SessionStore:
             self._let_go(t)
 
     def _let_go(self, t: Turn) -> None:
-        if t.node is not None:
-            self.kv.unhold(t.node)
-            t.node = None
+        if t.hold is not None:
+            self.kv.unhold(t.hold)
+            t.hold = None
 
 
-def _union(nodes: list[TreeNode]) -> set[TreeNode]:
-    """The nodes and all their ancestors (the root has no key: it adds nothing)."""
-    out: set[TreeNode] = set()
-    for n in nodes:
-        cur: TreeNode | None = n
-        while cur is not None and cur not in out:
-            out.add(cur)
+def _tokens(holds: list[Hold]) -> int:
+    """Tokens of the held nodes and their ancestors, each node once (the root has no key)."""
+    seen: set[TreeNode] = set()
+    for h in holds:
+        cur: TreeNode | None = h.node
+        while cur is not None and cur not in seen:
+            seen.add(cur)
             cur = cur.parent
-    return out
-
-
-def _tokens(nodes: list[TreeNode]) -> int:
-    return sum(len(n.key) for n in _union(nodes))
+    return sum(len(n.key) for n in seen)

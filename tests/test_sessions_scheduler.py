@@ -35,9 +35,10 @@ class Clock:
         return self.t
 
 
-def make(slots: int = 4096, depth: int = 1, page: int = 1, cache: bool = True, cap: int | None = None):
+def make(slots: int = 4096, depth: int = 1, page: int = 1, cache: bool = True, cap: int | None = None,
+         host: int = 0):
     cfg = EngineConfig(model="x", max_num_batched_tokens=256, max_running_requests=16, async_scheduling=depth == 2,
-                       page_size=page, prefix_cache=cache, session_kv_tokens=cap)
+                       page_size=page, prefix_cache=cache, session_kv_tokens=cap, host_kv_tokens=host)
     info = ModelInfo(vocab_size=VOCAB, max_model_len=1024, eos_token_ids=[0], architecture="fake")
     sched = Scheduler(cfg, info, slots)
     sched.sessions.clock = Clock()
@@ -129,6 +130,40 @@ def test_six_turns_through_a_session_equal_the_whole_turns_with_no_earlier_turn_
     assert kv_full(sched) and sched.sessions.held_tokens() == 0
 
 
+@pytest.mark.parametrize("depth", [1, 2])
+def test_with_a_host_tier_the_turns_are_held_there_and_loaded_back(depth: int) -> None:
+    """The session pins nothing on the device: other traffic evicts its turns' device copies, and each
+    continuation loads its history back from the host tier (the fake worker checks the copies' contents)."""
+    rng = random.Random(3)
+    sched, worker, driver = make(slots=320, depth=depth, cap=150, host=2048)
+    sid = open_session(driver, capacity=150)
+    context: list[int] = []
+    for k in range(5):
+        new = [rng.randrange(1, VOCAB) for _ in range(10)]
+        sched.add_request(turn(f"t{k}", new, sid))
+        req = sched.reqs[f"t{k}"]
+        before, loaded = sched.stats.prefill_tokens, sched.kv.host_hit_tokens
+        outputs, _ = drive(sched, worker, driver)
+        assert outputs[f"t{k}"] == expected_output(context + new, 6), f"turn {k}"
+        if k:
+            assert req.prefix_source == "session" and sched.stats.prefill_tokens - before == 1 + len(new)
+            assert sched.kv.host_hit_tokens - loaded == len(context) - 1  # all of it evicted, all loaded back
+        context = context + new + outputs[f"t{k}"]
+        assert all(h.host for h in sched.sessions.holds()) and sched.kv.tree.protected_size == 0
+        other_traffic(sched, worker, driver, rng, 700)
+    assert worker.copied_to_device > 0
+    sched.sessions.on_close(CloseSession("c", sid))
+    assert kv_full(sched) and not any(n.host_lock_ref for n in sched.kv.tree.nodes())
+    # A host pool too small for a turn: it is pinned on the device instead.
+    sched, worker, driver = make(slots=320, cap=150, host=16)
+    sid = open_session(driver, capacity=150)
+    sched.add_request(turn("a", list(range(1, 40)), sid))
+    drive(sched, worker, driver)
+    assert [h.host for h in sched.sessions.holds()] == [False] and sched.kv.tree.protected_size == 44
+    sched.sessions.on_close(CloseSession("c", sid))
+    assert kv_full(sched)
+
+
 def test_a_branch_from_turn_three_equals_resending_turns_one_to_three() -> None:
     rng = random.Random(5)
     sched, worker, driver = make(slots=600)
@@ -168,7 +203,7 @@ def test_capacity_lets_go_of_the_oldest_turns_and_a_continuation_of_one_still_ma
     drive(sched, worker, driver)
     s = sched.sessions.sessions[sid]
     assert sched.sessions.held_tokens() == 39  # c alone: the oldest went first, a (which c covers) and b
-    assert s.turns["c"].node is not None and s.turns["a"].node is None and s.turns["b"].node is None
+    assert s.turns["c"].hold is not None and s.turns["a"].hold is None and s.turns["b"].hold is None
     ctx_a = list(range(1, 21)) + expected_output(list(range(1, 21)), 5)
     sched.add_request(turn("from-a", [9], sid, branch="a", n=3))  # let go: a plain radix match serves it
     out2, _ = drive(sched, worker, driver)
@@ -179,7 +214,7 @@ def test_capacity_lets_go_of_the_oldest_turns_and_a_continuation_of_one_still_ma
     assert ends["big"] == ErrorCode.SESSION_CAPACITY
     sched.add_request(turn("long", [3], sid, branch="from-a", n=30))  # 30 tokens of prompt, 59 of context
     drive(sched, worker, driver)
-    assert sched.sessions.held_tokens() == 40 and s.turns["long"].node is not None
+    assert sched.sessions.held_tokens() == 40 and s.turns["long"].hold is not None
     sched.sessions.on_close(CloseSession("c", sid))
     assert kv_full(sched)
 
@@ -258,7 +293,7 @@ def test_integrity_accounts_for_every_lock() -> None:
     sched.check_integrity()
     with pytest.raises(AssertionError, match="lock_ref"):
         sched.kv.check_integrity([], [])  # the session's lock, unaccounted
-    node = sched.sessions.sessions[sid].turns["a"].node
+    node = sched.sessions.sessions[sid].turns["a"].hold.node
     sched.kv.tree.inc_lock_ref(node)  # a leaked lock
     with pytest.raises(AssertionError, match="lock_ref"):
         sched.check_integrity()
