@@ -167,3 +167,11 @@ def test_fcfs_and_priority_give_the_same_tokens_under_kv_pressure() -> None:
         outputs, _ = run(sched, worker, 1)
         assert outputs == want, policy
         assert sched.stats.retractions > 0, policy
+
+
+def test_bad_policy_and_session_cap_options_are_errors_naming_them() -> None:
+    for opts, name in (({"scheduling_policy": "lifo"}, "scheduling_policy"), ({"session_kv_tokens": -1},
+                       "session_kv_tokens"), ({"scheduling_policy": 1}, "scheduling_policy")):
+        with pytest.raises(ValueError, match=f"invalid engine option.*{name}"):
+            EngineConfig.from_options("m", **opts)
+    assert EngineConfig.from_options("m", scheduling_policy="priority").scheduling_policy == "priority"
