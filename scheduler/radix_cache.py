@@ -135,24 +135,28 @@ class RadixCache:
     def prefix_at(self, node: TreeNode) -> PrefixHandle:
         """The cached prefix that ends at node, found by walking up from it rather than by matching its
         tokens (node is one a holder keeps locked, so it is still in the tree); marked accessed."""
-        path: list[TreeNode] = []
-        while node is not self.root:
-            if node.parent is None:
-                raise ValueError(f"{node} is not in the tree (evicted or reset)")
-            path.append(node)
-            node = node.parent
         tick = self._tick()
         indices: list[int] = []
         last = self.root
         host_len = 0
-        for n in reversed(path):
+        for n in self._path(node):
             n.last_access = tick
             if n.value is not None:
                 indices += n.value
                 last = n
             else:
                 host_len += len(n.key)
-        return PrefixHandle(indices, last, path[0] if path else self.root, host_len)
+        return PrefixHandle(indices, last, node, host_len)
+
+    def _path(self, node: TreeNode) -> list[TreeNode]:
+        """node's ancestors (the root aside) and node, top down; node must be in the tree."""
+        path: list[TreeNode] = []
+        while node is not self.root:
+            if node.parent is None:
+                raise ValueError(f"{node} is not in the tree (evicted or reset)")
+            path.append(node)
+            node = node.parent
+        return path[::-1]
 
     def load_back(self, match: PrefixHandle, slots: list[int]) -> list[int]:
         """Put the host-only part of a match (locked by the caller) on the device slots given."""
@@ -245,15 +249,10 @@ class RadixCache:
     def back_up(self, node: TreeNode) -> bool:
         """Give node and its ancestors (all on the device) a host copy, queued device -> host; False when the
         host tier cannot (there is none, or it is full of what it must keep)."""
-        path = []
-        while node is not self.root:
-            path.append(node)
-            node = node.parent  # type: ignore[assignment]
-        return all(n.host_value is not None or self.host.back_up(n) for n in reversed(path))
+        return all(n.host_value is not None or self.host.back_up(n) for n in self._path(node))
 
     def inc_host_lock(self, node: TreeNode) -> None:
-        """Keep node's and its ancestors' host copies (which they have: `back_up`) until dec_host_lock; their
-        device copies may still be evicted, and a match loads them back."""
+        """Keep node's and its ancestors' host copies (`back_up` made them); the device copies may go."""
         while node is not self.root:
             if node.parent is None or node.host_value is None:
                 raise ValueError(f"{node} is not in the tree or has no host copy")
