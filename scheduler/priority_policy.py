@@ -76,7 +76,7 @@ def _key(r: Req) -> tuple[int, int]:
     return (r.priority, r.arrival)
 
 
-class PriorityPolicy(FcfsPolicy):
+class PriorityPolicy:
     """Lower priority number first, then arrival. The waiting queue is a list kept sorted by that key:
     a retracted request keeps its arrival, so it goes back ahead of every later one of its priority."""
 
@@ -119,7 +119,7 @@ class PriorityPolicy(FcfsPolicy):
         return max(candidates, key=_key, default=None)
 
 
-SchedulingPolicy = FcfsPolicy  # PriorityPolicy is one
+SchedulingPolicy = FcfsPolicy | PriorityPolicy  # one interface: the waiting queue, running order, victims
 
 
 def make_policy(name: str) -> SchedulingPolicy:

@@ -5,7 +5,8 @@ A session is opened with a capacity in tokens and an idle timeout. Each request 
 or length) becomes a turn: its full context (prompt + output) and, locked in the prefix cache, the KV
 of it. A later request of the session names a turn (by default the latest) and its prompt is appended
 to that turn's context; its prefix is the turn's locked node, taken as it is (`KVCacheManager.
-match_prefix(held=...)`), never re-matched, so no other traffic can have evicted it. A branch from an
+match_prefix(held=...)`), never re-matched, and no other traffic can take it from the session (with a host
+tier the session keeps it there: its device copy may be evicted and is loaded back). A branch from an
 earlier turn works the same way, from that turn.
 
 Bounds: each session reserves its capacity when it opens, and the reservations of all open sessions

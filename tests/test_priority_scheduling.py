@@ -41,7 +41,7 @@ def test_priority_queue_orders_by_priority_then_arrival_and_requeues_in_place() 
 
 def test_fcfs_queue_ignores_priority_and_requeues_at_the_head() -> None:
     q = make_policy("fcfs")
-    assert isinstance(q, FcfsPolicy) and not isinstance(q, PriorityPolicy)
+    assert isinstance(q, FcfsPolicy)
     reqs = [_req("a", 5, 0), _req("b", -5, 1), _req("c", 0, 2)]
     for r in reqs:
         q.add(r)
