@@ -26,9 +26,10 @@ MAX_FILE_LINES = 400
 # A ratchet, raised only by a feature that lands with its lines counted here: 12,535 at ceb361a, before the
 # rooms were built (the move itself had to fit under it); +400 for issue 23's CPU step graph, K-quant
 # packing and KV-cache dtype; +69 for --cpu-int8-activations (its option, Ops field, wiring and reference);
-# +791 for issue 25's priorities and sessions (the policy object, the session store, host locks in the tree,
-# the protocol messages, the client's and the HTTP door's calls).
-MAX_ENGINE_LINES = 13_795
+# +1223 for issue 25's reasoning parser, Responses API and Anthropic Messages API (frontend/http/); +791 for
+# issue 25's priorities and sessions (the policy object, the session store, host locks in the tree, the
+# protocol messages, the client's and the HTTP door's calls).
+MAX_ENGINE_LINES = 15_018
 
 
 def _engine_files() -> list[Path]:
