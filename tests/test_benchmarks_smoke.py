@@ -78,6 +78,21 @@ def test_multiturn_host_tier_benchmark_reports(tiny_model, tmp_path: Path) -> No
     _positive(r, "ttft_ratio", "throughput_ratio")
 
 
+def test_priority_benchmark_reports(tiny_model, tmp_path: Path) -> None:
+    from benchmarks import priority_bench
+
+    out = tmp_path / "priority.json"
+    rc = priority_bench.main(["--model", str(tiny_model("llama")), "--dtype", "float32", "--num-requests", "8",
+                              "--input-len", "16:32", "--output-len", "4", "--json", str(out)])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["kv_pool"] == r["kv_demand"] // 4 and r["outputs_equal"] == 8  # float32: batch shapes change nothing
+    for run in r["runs"].values():
+        _positive(run["ttft_p50_ms"], "0", "1")
+        assert run["integrity"] == "ok"
+    _positive(r, "high_over_low_ttft_p50")
+
+
 def test_spec_benchmark_reports(tiny_model, tmp_path: Path) -> None:
     out = tmp_path / "spec.json"
     rc = main(["spec", "--model", str(tiny_model("llama")), "--batches", "1,2", "--output-len", "6",
