@@ -1,6 +1,6 @@
 """Bounds at the HTTP door, so that no client can grow the server's memory without limit (docs/limits.md).
 
-- A request body over `max_body_bytes` gets 413 in OpenAI's error shape: at once when Content-Length says
+- A request body over `max_body_bytes` gets 413 in the route's error shape (OpenAI's, Anthropic's): at once when Content-Length says
   so (nothing is read), else as soon as the bytes received pass the limit. The body is read here, up to the
   limit, and handed to the app as one message (the app would read it whole anyway).
 - At most `max_concurrent` generation requests are served at once; past it they get 503 `overloaded`
@@ -11,11 +11,10 @@ A pure ASGI middleware: Starlette's BaseHTTPMiddleware would buffer streamed res
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from frontend.http.errors import error_body
+from frontend.http.errors import APIError
 from protocol.errors import ErrorCode
 
 Scope = MutableMapping[str, Any]
@@ -24,7 +23,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"})
 _OVER = b"<over the limit>"  # a sentinel, compared by identity
 
 
@@ -40,19 +39,20 @@ class DoorLimits:
             await self.app(scope, receive, send)
             return
         length = _content_length(scope)
+        path = scope.get("path", "")
         if length is not None and length > self.max_body_bytes:
-            await _reject(send, 413, self._too_large(f"{length} bytes"), ErrorCode.TOO_LARGE)
+            await _reject(send, path, 413, self._too_large(f"{length} bytes"), ErrorCode.TOO_LARGE)
             return
         body = await self._read_body(receive)
         if body is None:  # the client left while sending
             return
         if body is _OVER:
-            await _reject(send, 413, self._too_large(f"more than {self.max_body_bytes} bytes"), ErrorCode.TOO_LARGE)
+            await _reject(send, path, 413, self._too_large(f"more than {self.max_body_bytes} bytes"), ErrorCode.TOO_LARGE)
             return
-        gated = scope.get("path") in GENERATION_PATHS
+        gated = path in GENERATION_PATHS
         if gated and self.active >= self.max_concurrent:
             why = f"{self.max_concurrent} requests are being served already (--max-concurrent-requests)"
-            await _reject(send, 503, why, ErrorCode.OVERLOADED)
+            await _reject(send, path, 503, why, ErrorCode.OVERLOADED)
             return
         replayed = False
 
@@ -99,8 +99,8 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-async def _reject(send: Send, status: int, message: str, code: str) -> None:
-    payload = json.dumps(error_body(status, message, None, code)).encode()
+async def _reject(send: Send, path: str, status: int, message: str, code: str) -> None:
+    payload = APIError(status, message, None, code).response(path).body  # the route's own error shape
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
                             (b"connection", b"close")]})

@@ -23,6 +23,7 @@ from protocol.messages import (
     AbortReq,
     AbortRequest,
     ClientMsg,
+    CloseSession,
     Drain,
     Drained,
     DrainRequest,
@@ -31,10 +32,12 @@ from protocol.messages import (
     EngineStopping,
     FrontendMsg,
     GenerateRequest,
+    OpenSession,
     OutputBatch,
     Ready,
     RequestError,
     RequestOutput,
+    SessionReply,
     StatsRequest,
     TokenizedRequest,
 )
@@ -80,7 +83,7 @@ class Frontend:
         self.owner: dict[str, bytes] = {}  # rid -> client identity
         # Ids are owned here (the scheduler trusts them unique): a gone client's stay in use until they end.
         self.ending: set[str] = set()
-        self.stats_owner: dict[str, bytes] = {}
+        self.query_owner: dict[str, bytes] = {}  # stats and session calls: rid -> client identity
         self.decode_inbox = frontend_in_decoder()
         self.stopping = False
         self.launcher = launcher  # told when a client asks for a drain, and when a drain is done
@@ -134,12 +137,13 @@ class Frontend:
             if self.owner.get(msg.rid) == ident:  # only the client that submitted a request may abort it
                 self.scheduler.send(encode(AbortReq(msg.rid)))
             return
-        if isinstance(msg, (StatsRequest, DrainRequest)):
-            if isinstance(msg, DrainRequest):
-                self.start_drain(msg.reason)
-                self.to_launcher(DrainRequested(msg.reason))  # it keeps the drain's clock and ends it
-            self.stats_owner[msg.rid] = ident
-            self.scheduler.send(encode(StatsRequest(msg.rid)))  # the answer: the stats, showing the drain
+        if isinstance(msg, DrainRequest):
+            self.start_drain(msg.reason)
+            self.to_launcher(DrainRequested(msg.reason))  # it keeps the drain's clock and ends it
+            msg = StatsRequest(msg.rid)  # the answer: the stats, showing the drain
+        if isinstance(msg, (StatsRequest, OpenSession, CloseSession)):  # answered by the scheduler
+            self.query_owner[msg.rid] = ident
+            self.scheduler.send(encode(msg))
             return
         if self.draining:
             why = f"the engine is draining ({self.draining}) and takes no new requests"
@@ -155,26 +159,28 @@ class Frontend:
             self.to_client(ident, RequestError(msg.rid, e.code, e.message))
             return
         self.owner[msg.rid] = ident
-        self.scheduler.send(encode(TokenizedRequest(msg.rid, ids, params)))
+        self.scheduler.send(encode(TokenizedRequest(msg.rid, ids, params, msg.priority, msg.session_params)))
 
     # ---- from the engine -------------------------------------------------------------------------
-    def on_engine(self, msg: OutputBatch | RequestError | EngineStats | EngineStopping | Drain) -> None:
+    def on_engine(self, msg: OutputBatch | RequestError | EngineStats | EngineStopping | SessionReply | Drain,
+                  ) -> None:
         if isinstance(msg, EngineStopping):
             self.farewell(msg.reason, msg.code)
             return
         if isinstance(msg, Drain):
             self.start_drain(msg.reason)
             return
-        if isinstance(msg, EngineStats):
-            ident = self.stats_owner.pop(msg.rid, None)
+        if isinstance(msg, (EngineStats, SessionReply)):
+            ident = self.query_owner.pop(msg.rid, None)
             if ident is not None:
-                msg.frontend_pending = len(self.owner)
-                msg.draining = self.draining
+                if isinstance(msg, EngineStats):
+                    msg.frontend_pending = len(self.owner)
+                    msg.draining = self.draining
                 self.to_client(ident, msg)
             return
         if isinstance(msg, RequestError):
             self.ending.discard(msg.rid)
-            ident = self.owner.pop(msg.rid, None)
+            ident = self.owner.pop(msg.rid, None) or self.query_owner.pop(msg.rid, None)
             if ident is not None:
                 self.to_client(ident, msg)
             self.check_drained()
@@ -211,11 +217,11 @@ class Frontend:
 
     def farewell(self, reason: str, code: str = ErrorCode.ENGINE_DEAD) -> None:
         """The engine is stopping: every waiting call gets the reason, then the frontend stops."""
-        for rid, ident in [*self.owner.items(), *self.stats_owner.items()]:
+        for rid, ident in [*self.owner.items(), *self.query_owner.items()]:
             self.to_client(ident, RequestError(rid, code, reason))
         self.owner.clear()
         self.ending.clear()
-        self.stats_owner.clear()
+        self.query_owner.clear()
         self.stopping = True
 
     # ---- to clients ------------------------------------------------------------------------------
@@ -238,7 +244,7 @@ class Frontend:
             del self.owner[rid]
             self.ending.add(rid)
             self.scheduler.send(encode(AbortReq(rid)))
-        for rid in [rid for rid, who in self.stats_owner.items() if who == ident]:
-            del self.stats_owner[rid]
+        for rid in [rid for rid, who in self.query_owner.items() if who == ident]:
+            del self.query_owner[rid]
 
 
