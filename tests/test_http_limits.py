@@ -82,7 +82,7 @@ class _EndlessClient:
     def __init__(self) -> None:
         self.aborted: list[str] = []
 
-    async def stream(self, prompt, params, rid):
+    async def stream(self, prompt, params, rid, **_: object):
         while rid not in self.aborted:
             yield CompletionDelta(rid, "x", [1])
             await asyncio.sleep(0)
