@@ -44,7 +44,7 @@ class Served:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(20)
+                self.proc.wait(45)  # SIGTERM drains: running requests get up to --drain-timeout-s (30 s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()

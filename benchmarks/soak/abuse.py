@@ -5,14 +5,13 @@ Afterwards the engine must still answer. Writes LABEL.json; exits 1 when the eng
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import socket
 import threading
 import time
 from pathlib import Path
 from typing import Any
-
-import httpx2 as httpx
 
 from benchmarks.soak.engine import ServedEngine
 from frontend import AsyncClient, Client
@@ -92,17 +91,19 @@ def unread_streams(engine: ServedEngine, n: int, max_tokens: int) -> dict[str, A
 
 
 def huge_body(engine: ServedEngine, mb: int) -> dict[str, Any]:
-    out = {}
-    data = b" " * (mb * 2**20)
-    r = httpx.post(engine.url + "/v1/completions", content=data, headers={"Content-Type": "application/json"},
-                   timeout=120)
-    out["with_content_length"] = r.status_code
+    host, port = engine.url.removeprefix("http://").rsplit(":", 1)
+    out: dict[str, Any] = {}
     chunk = b" " * 2**20
-    try:
-        r = httpx.post(engine.url + "/v1/completions", content=iter([chunk] * mb), timeout=120)
-        out["chunked"] = r.status_code
-    except httpx.HTTPError as e:  # the server may close before the client has sent it all
-        out["chunked"] = f"{type(e).__name__} (the server closed the connection)"
+    for how, body, chunked in (("with_content_length", chunk * mb, False), ("chunked", iter([chunk] * mb), True)):
+        conn = http.client.HTTPConnection(host, int(port), timeout=120)
+        try:
+            conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"},
+                         encode_chunked=chunked)
+            out[how] = conn.getresponse().status
+        except OSError as e:  # the server answered and closed before the client had sent it all
+            out[how] = f"{type(e).__name__} (the server closed the connection)"
+        finally:
+            conn.close()
     return out
 
 
