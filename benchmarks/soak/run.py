@@ -79,7 +79,6 @@ def _soak(cfg: EngineConfig, engine: ServedEngine, duration: float, zmq_threads:
     for t in threads:
         t.join(max(1.0, deadline - time.monotonic()) + 300)
     hung = [t.name for t in threads if t.is_alive()]
-    t1 = time.monotonic()
     idle_by = time.monotonic() + 120
     while time.monotonic() < idle_by:  # the last aborts and overruns settle
         st = probe.stats()
@@ -94,7 +93,7 @@ def _soak(cfg: EngineConfig, engine: ServedEngine, duration: float, zmq_threads:
     checks = [Check("traffic threads all returned", not hung, ", ".join(hung) or "all")]
     checks += ledger_checks(records, ended) + engine_checks(after)
     checks += growth_checks(sampler.samples, warmup)
-    checks.append(tpot_check(records, t0, t1, tpot_ratio))
+    checks.append(tpot_check(records, t0, deadline, tpot_ratio))  # the traffic's span, not the settling after
     checks.append(_still_answering(probe, engine.url))
     probe.close()
     zmq.close()
@@ -103,7 +102,7 @@ def _soak(cfg: EngineConfig, engine: ServedEngine, duration: float, zmq_threads:
     left = [n for n, p in kids.items() if p.is_running() and p.pid != engine.proc.pid]
     checks.append(Check("engine stops cleanly (exit 0, no process left)", code == 0 and not left,
                         f"exit {code}, left: {left}"))
-    return _report(cfg, records, sampler.samples, checks, before, after, result_dir, label, warmup, duration)
+    return _report(cfg, records, sampler.samples, checks, before, after, result_dir, label, warmup, duration, t0)
 
 
 def _compile_grammars(client: Client) -> None:
@@ -139,7 +138,7 @@ def _still_answering(client: Client, url: str) -> Check:
 
 
 def _report(cfg: EngineConfig, records: list, samples: list[dict[str, Any]], checks: list[Check], before: Any,
-            after: Any, result_dir: Path, label: str, warmup: float, duration: float) -> int:
+            after: Any, result_dir: Path, label: str, warmup: float, duration: float, t0: float) -> int:
     from collections import Counter
 
     kinds = Counter((r.kind, r.outcome) for r in records)
@@ -153,6 +152,9 @@ def _report(cfg: EngineConfig, records: list, samples: list[dict[str, Any]], che
         "by_kind_and_outcome": {f"{k} -> {o}": n for (k, o), n in sorted(kinds.items(), key=str)},
         "engine_counters": counters, "checks": [asdict(c) for c in checks], "samples": samples,
         "unexpected_records": unexpected,
+        # Every request, compact: kind, outcome, start and end (s from the start of the traffic), TTFT, TPOT.
+        "records": [[r.kind, r.outcome, round(r.start - t0, 3), None if r.end_t is None else round(r.end_t - t0, 3),
+                     r.ttft and round(r.ttft, 4), r.tpot and round(r.tpot, 4)] for r in records],
     }
     result_dir.mkdir(parents=True, exist_ok=True)
     path = result_dir / f"{label}.json"
