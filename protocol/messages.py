@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import msgspec
 
+from protocol.embed_params import EmbedParams
 from protocol.final_info import FinalInfo, HasFinal
 from protocol.sampling_params import SamplingParams
 
@@ -30,6 +31,15 @@ class GenerateRequest(msgspec.Struct, tag="generate"):
     messages: list[ChatMessage] | None = None
     # Raw so that a bad parameter is reported against this rid rather than dropping the message.
     params: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+class EmbedRequest(msgspec.Struct, tag="embed"):
+    """Pool the model's final hidden states over one input (no decode): exactly one of text / token_ids."""
+
+    rid: str
+    text: str | None = None
+    token_ids: list[int] | None = None
+    params: msgspec.Raw = msgspec.Raw(b"{}")  # EmbedParams, raw for the same reason as GenerateRequest's
 
 
 class AbortRequest(msgspec.Struct, tag="abort"):
@@ -86,6 +96,21 @@ class OutputBatch(msgspec.Struct, tag="outputs"):
     outputs: list[RequestOutput]
 
 
+class EmbeddingOutput(msgspec.Struct, HasFinal, array_like=True):
+    """An embedding request's one answer: the pooled vector (float32, little-endian), empty if aborted."""
+
+    rid: str
+    embedding: bytes
+    final: FinalInfo | None = None
+    load: EngineLoad | None = None
+
+
+class EmbeddingBatch(msgspec.Struct, tag="embeddings"):
+    """From the scheduler through the detokenizer (unchanged) and the frontend to the client."""
+
+    outputs: list[EmbeddingOutput]
+
+
 class RequestError(msgspec.Struct, tag="error"):
     """A request ended with an error (by the frontend, or by the engine: passed through unchanged)."""
 
@@ -130,8 +155,8 @@ class EngineStats(msgspec.Struct, tag="stats"):
     host_kv_used: int = 0
 
 
-ClientMsg = GenerateRequest | AbortRequest | StatsRequest
-FrontendMsg = OutputBatch | RequestError | EngineStats
+ClientMsg = GenerateRequest | EmbedRequest | AbortRequest | StatsRequest
+FrontendMsg = OutputBatch | EmbeddingBatch | RequestError | EngineStats
 
 
 # ---- frontend -> scheduler ------------------------------------------------------------------
@@ -139,6 +164,7 @@ class TokenizedRequest(msgspec.Struct, tag="req"):
     rid: str
     input_ids: list[int]
     params: SamplingParams
+    embed: EmbedParams | None = None  # an embedding request: pooled, never sampled
 
 
 class AbortReq(msgspec.Struct, tag="abort"):
@@ -173,6 +199,7 @@ class NewReqData(msgspec.Struct, array_like=True):
     num_prompt: int
     num_cached: int  # leading tokens whose KV comes from the prefix cache: computed already
     sampling: WorkerSampling
+    pool: EmbedParams | None = None  # an embedding request: its prompt's hidden states are pooled
 
 
 class ScheduledReq(msgspec.Struct, array_like=True):
@@ -245,6 +272,8 @@ class ModelRunnerOutput(msgspec.Struct, tag="result"):
     prompt_logprobs: dict[int, Logprobs] | None = None
     busy_s: float = 0.0  # worker time spent on this step (input prep + forward + sample)
     idle_s: float = 0.0  # worker idle gap before this step (the bubble)
+    # Per request row: the pooled vector of an embedding request whose prompt this step completed.
+    embeddings: dict[int, bytes] | None = None
 
 
 class WorkerFailure(msgspec.Struct, tag="failure"):
@@ -301,8 +330,8 @@ class EngineStopping(msgspec.Struct, tag="stopping"):
     reason: str
 
 
-DetokInMsg = DetokRegister | TokenBatch | RequestError | EngineStats
-FrontendInMsg = OutputBatch | RequestError | EngineStats | EngineStopping
+DetokInMsg = DetokRegister | TokenBatch | EmbeddingBatch | RequestError | EngineStats
+FrontendInMsg = OutputBatch | EmbeddingBatch | RequestError | EngineStats | EngineStopping
 
 
 # ---- child -> launcher -------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ from protocol.errors import ErrorCode
 from protocol.final_info import FinalInfo
 from protocol.messages import (
     DetokRegister,
+    EmbeddingBatch,
+    EmbeddingOutput,
     EngineLoad,
     Logprobs,
     ModelRunnerOutput,
@@ -30,9 +32,11 @@ from protocol.messages import (
 )
 from protocol.model_info import ModelInfo
 from scheduler.decode import schedule_running
+from scheduler.embedding import embedding_output, take_embeddings
 from scheduler.finish import FinishReason
 from scheduler.kv_cache import KVCacheManager
 from scheduler.prefill import admit_waiting
+from scheduler.prompt_logprobs import take_prompt_logprobs
 from scheduler.req import Req
 from scheduler.spec_decode import SpecStats, Speculation
 from scheduler.step_plan import InflightStep, StepPlan, to_output
@@ -72,6 +76,7 @@ class Scheduler:
         self.outbox: list[msgspec.Struct] = []  # for the detokenizer, in order
         self._deltas: list[TokenDelta] = []
         self._delta_of: dict[str, TokenDelta] = {}
+        self._embedded: list[EmbeddingOutput] = []
         self.stats = SchedulerStats()
         self.spec = SpecStats()  # reported in the load either way; moves only with speculation on
         self.speculation = Speculation(cfg.spec_tokens, self.kv, self.spec) if cfg.spec_tokens else None
@@ -84,7 +89,8 @@ class Scheduler:
     def add_request(self, msg: TokenizedRequest) -> None:
         n_prompt = len(msg.input_ids)
         room = self.info.max_model_len - n_prompt
-        if n_prompt == 0 or room <= 0:
+        embed = msg.embed is not None
+        if n_prompt == 0 or room < (0 if embed else 1):  # an embedding needs no room for an output
             self.outbox.append(
                 RequestError(msg.rid, ErrorCode.PROMPT_TOO_LONG, f"prompt has {n_prompt} tokens")
             )
@@ -103,10 +109,14 @@ class Scheduler:
             why = f"{limit} requests are waiting already"
             self.outbox.append(RequestError(msg.rid, ErrorCode.OVERLOADED, why))
             return
-        max_new = min(msg.params.max_tokens or room, room)
-        req = Req(msg.rid, msg.input_ids, msg.params, self.eos, max_new, arrival=self._arrivals)
+        max_new = 0 if embed else min(msg.params.max_tokens or room, room)
+        req = Req(msg.rid, msg.input_ids, msg.params, self.eos, max_new, arrival=self._arrivals, embed=msg.embed)
+        req.pools_whole_prompt = embed and self.cfg.pooling != "last"
         self._arrivals += 1
         self.reqs[req.rid] = req
+        if embed:
+            self.waiting.append(req)  # no text to decode: the detokenizer never hears of it
+            return
         if self.structured.wants_grammar(msg.params):
             self.structured.submit(req)  # waits compiling, off the queue: others go on meanwhile
         else:
@@ -174,7 +184,9 @@ class Scheduler:
                 req.num_inflight_steps -= 1
                 req.kv_committed_len += n
         if result.prompt_logprobs:
-            self._add_prompt_logprobs(step, result.prompt_logprobs)
+            take_prompt_logprobs(step, result.prompt_logprobs, self._delta)
+        if result.embeddings:
+            take_embeddings(step, result.embeddings)
         counts = result.num_sampled or [1] * len(step.samplers)
         logprobs = result.logprobs or [None] * len(step.samplers)
         verified = result.num_drafts or [step.num_drafts[i] for i in step.samplers]
@@ -281,22 +293,6 @@ class Scheduler:
             self._deltas.append(d)
         return d
 
-    def _add_prompt_logprobs(self, step: InflightStep, by_row: dict[int, Logprobs]) -> None:
-        for req, epoch in zip(step.reqs, step.epochs):
-            lp = by_row.get(req.req_pool_idx) if epoch == req.epoch and not req.finished() else None
-            if lp is None or not lp.token_ids:
-                continue
-            # A retracted request recomputes its prompt: deliver each position to the client once.
-            seen_before = req.prompt_lp_seen_this_epoch
-            req.prompt_lp_seen_this_epoch += len(lp.token_ids)
-            skip = max(0, req.prompt_lp_delivered - seen_before)
-            if skip >= len(lp.token_ids):
-                continue
-            if skip:
-                lp = Logprobs(lp.token_ids[skip:], lp.logprobs[skip:], lp.top_ids[skip:], lp.top_logprobs[skip:])
-            req.prompt_lp_delivered += len(lp.token_ids)
-            self._delta(req).prompt_logprobs = lp
-
     def _finalize(self, req: Req) -> None:
         """The one end of every request: release its memory, tell the worker and the client."""
         reason = req.finished_reason
@@ -320,6 +316,9 @@ class Scheduler:
             return
         self.stats.finished += 1
         self.stats.aborted += reason.kind == "abort"
+        if req.embed is not None:
+            self._embedded.append(embedding_output(req))
+            return
         d = self._delta(req)
         d.final = FinalInfo(  # how it ended: made here once, carried unchanged to the client
             reason.kind, reason.matched, len(req.origin_input_ids), len(req.output_ids), req.cached_tokens,
@@ -353,6 +352,10 @@ class Scheduler:
             self.outbox.append(TokenBatch(self._deltas))
             self._deltas = []
             self._delta_of = {}
+        if self._embedded:
+            self._embedded[-1].load = self.load
+            self.outbox.append(EmbeddingBatch(self._embedded))
+            self._embedded = []
 
     def _retract(self, req: Req) -> None:
         row = self.kv.release(req)

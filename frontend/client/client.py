@@ -20,6 +20,7 @@ from frontend.client.async_client import CLOSED, AsyncClient
 from frontend.client.engine_process import start_engine_process
 from frontend.client.request_encoding import Params, Prompt
 from frontend.completion import Completion, CompletionDelta
+from frontend.embedding import Embedding
 from protocol.errors import EngineDeadError
 from protocol.messages import EngineStats
 
@@ -64,6 +65,20 @@ class Client:
     ) -> list[Completion]:
         """All at once; the first error raises, and aborts the rest of the batch."""
         return self._run(self._async.generate_batch(prompts, params, progress))
+
+    def embed(
+        self, input: str | Sequence[int], *, dimensions: int | None = None, normalize: bool = True,
+        request_id: str | None = None,
+    ) -> Embedding:
+        """The model's final hidden states over `input` (text or token ids), pooled as the engine's --pooling
+        says and L2-normalized unless told not to; `dimensions` keeps a Matryoshka model's first values."""
+        return self._run(self._async.embed(input, dimensions=dimensions, normalize=normalize, request_id=request_id))
+
+    def embed_batch(
+        self, inputs: Sequence[str | Sequence[int]], *, dimensions: int | None = None, normalize: bool = True,
+    ) -> list[Embedding]:
+        """All at once, batched by the engine; the first error raises, and aborts the rest."""
+        return self._run(self._async.embed_batch(inputs, dimensions=dimensions, normalize=normalize))
 
     def stats(self, timeout_s: float = 30.0) -> EngineStats:
         """The engine's counters; the scheduler runs its integrity check to answer."""

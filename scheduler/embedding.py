@@ -1,0 +1,30 @@
+"""Embedding requests on the scheduler's side: a Req that prefills its prompt and samples nothing; the
+worker pools the hidden states and sends the vector with the step that computed the last prompt token,
+and the commit of that step ends the request (its KV released with it)."""
+from __future__ import annotations
+
+import time
+
+from protocol.final_info import FinalInfo
+from protocol.messages import EmbeddingOutput
+from scheduler.finish import FinishReason
+from scheduler.req import Req
+from scheduler.step_plan import InflightStep
+
+
+def take_embeddings(step: InflightStep, by_row: dict[int, bytes]) -> None:
+    """The requests of `step` whose vector came back are done: each ends with this commit."""
+    for req, epoch in zip(step.reqs, step.epochs):
+        vec = by_row.get(req.req_pool_idx) if epoch == req.epoch and not req.finished() else None  # type: ignore[arg-type]
+        if vec is not None and req.to_finish is None:  # an abort that raced it wins
+            req.embedding = vec
+            req.time_stats.first_token = time.time()  # its one output
+            req.to_finish = FinishReason.stop()
+
+
+def embedding_output(req: Req) -> EmbeddingOutput:
+    """The request's one answer (an aborted one's vector is empty)."""
+    reason = req.finished_reason
+    assert reason is not None
+    final = FinalInfo(reason.kind, None, len(req.origin_input_ids), 0, req.cached_tokens, 0, req.time_stats)
+    return EmbeddingOutput(req.rid, req.embedding, final)
