@@ -7,7 +7,7 @@ from array import array
 from dataclasses import dataclass
 
 from protocol.final_info import FinalInfo, HasFinal
-from protocol.messages import EmbeddingOutput
+from protocol.messages import EmbeddingOutput, EngineLoad
 
 
 @dataclass
@@ -15,10 +15,11 @@ class Embedding(HasFinal):
     request_id: str
     data: bytes  # float32, little-endian: the wire form (and OpenAI's base64 one, decoded)
     final: FinalInfo | None = None
+    load: EngineLoad | None = None  # the engine's gauges when it left the scheduler
 
     @classmethod
     def of(cls, out: EmbeddingOutput) -> Embedding:
-        return cls(out.rid, out.embedding, out.final)
+        return cls(out.rid, out.embedding, out.final, out.load)
 
     @property
     def embedding(self) -> list[float]:

@@ -3,8 +3,6 @@ worker pools the hidden states and sends the vector with the step that computed 
 and the commit of that step ends the request (its KV released with it)."""
 from __future__ import annotations
 
-import time
-
 from protocol.final_info import FinalInfo
 from protocol.messages import EmbeddingOutput
 from scheduler.finish import FinishReason
@@ -18,7 +16,6 @@ def take_embeddings(step: InflightStep, by_row: dict[int, bytes]) -> None:
         vec = by_row.get(req.req_pool_idx) if epoch == req.epoch and not req.finished() else None  # type: ignore[arg-type]
         if vec is not None and req.to_finish is None:  # an abort that raced it wins
             req.embedding = vec
-            req.time_stats.first_token = time.time()  # its one output
             req.to_finish = FinishReason.stop()
 
 

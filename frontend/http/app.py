@@ -13,6 +13,7 @@ from frontend.http import errors
 from frontend.http.chat import render_chat
 from frontend.http.chat_completions import create_chat_completion
 from frontend.http.completions import create_completion
+from frontend.http.embeddings import EmbeddingRequest, create_embedding
 from frontend.http.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -49,6 +50,10 @@ def create_app(st: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions", dependencies=authed)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await create_chat_completion(st, body, request)
+
+    @app.post("/v1/embeddings", dependencies=authed)
+    async def embeddings(body: EmbeddingRequest, request: Request) -> dict:
+        return await create_embedding(st, body, request)
 
     @app.get("/v1/models", dependencies=authed)
     async def models() -> dict:
