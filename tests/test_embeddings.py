@@ -107,6 +107,19 @@ def test_pooled_hidden_states_equal_transformers(arch: str, pooling: str, tiny_m
     torch.testing.assert_close(vector(again), reference(model, longest, pooling), atol=ATOL, rtol=0)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_pooled_hidden_states_on_cuda(pooling: str, tiny_model) -> None:
+    """The CPU test's twin on the GPU (triton attention; its float32 dots may round through TF32)."""
+    model = tiny_model("qwen3")
+    eng = Engine(model, pooling, device="cuda")
+    prompts = {f"e{n}": _prompt(n, n) for n in LENGTHS}
+    out = eng.run([embed_req(rid, ids) for rid, ids in prompts.items()])
+    for rid, ids in prompts.items():
+        torch.testing.assert_close(vector(out[rid]), reference(model, ids, pooling), atol=2e-3, rtol=0)  # type: ignore[arg-type]
+
+
 def test_raw_and_matryoshka_vectors(tiny_model) -> None:
     model = tiny_model("llama")
     ids = _prompt(21, 3)
