@@ -1,0 +1,72 @@
+"""The first structured-output request after `engine ready` against the same request once warm.
+
+Each run launches a fresh engine, sends a JSON-schema request the moment the engine is ready ("first"), the
+same again ("warm"), the same messages unconstrained ("free"), then a schema it has not seen ("new schema":
+its grammar compiles, the compiler is loaded). With --cold-cache the on-disk TokenizerInfo cache is emptied
+before each launch (what a first start on a machine sees).
+
+    python -m benchmarks.structured_start --model models/smollm2-135m-instruct/model.gguf --runs 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                         "country": {"type": "string", "maxLength": 40}},
+        "required": ["city", "country"], "additionalProperties": False}
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+MESSAGES = [{"role": "user", "content": "Name one city in Japan and its country, as JSON."}]
+
+
+def _timed(client: Any, params: dict[str, Any]) -> tuple[float, int]:
+    t = time.perf_counter()
+    out = client.generate(MESSAGES, params)
+    return time.perf_counter() - t, len(out.token_ids)
+
+
+def run_once(model: str, cold_cache: bool, **engine: object) -> dict[str, float]:
+    from frontend import Client
+    from protocol.gguf_metadata import cache_root
+
+    if cold_cache:
+        shutil.rmtree(cache_root() / "xgrammar", ignore_errors=True)
+    base = {"max_tokens": 48, "temperature": 0.0}
+    t0 = time.perf_counter()
+    with Client.launch(model, **engine) as client:
+        row = {"ready_s": time.perf_counter() - t0}
+        row["first_s"], row["first_tokens"] = _timed(client, {**base, "json_schema": CITY})
+        row["warm_s"], row["warm_tokens"] = _timed(client, {**base, "json_schema": CITY})
+        row["free_s"], row["free_tokens"] = _timed(client, base)
+        row["new_schema_s"], _ = _timed(client, {**base, "json_schema": PERSON})
+    row["first_over_warm"] = row["first_s"] / row["warm_s"]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--cold-cache", action="store_true", help="empty the TokenizerInfo disk cache before each run")
+    ap.add_argument("--json", type=Path, help="write the rows here")
+    args = ap.parse_args(argv)
+    rows = [run_once(args.model, args.cold_cache) for _ in range(args.runs)]
+    keys = ["ready_s", "first_s", "warm_s", "free_s", "new_schema_s", "first_over_warm"]
+    print(" ".join(f"{k:>15}" for k in ["run", *keys]))
+    for i, r in enumerate(rows):
+        print(" ".join([f"{i:>15}", *(f"{r[k]:>15.2f}" for k in keys)]))
+    print(" ".join([f"{'median':>15}", *(f"{statistics.median(r[k] for r in rows):>15.2f}" for k in keys)]))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
