@@ -20,7 +20,14 @@ import torch
 from safetensors.torch import save
 from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
 
-from launch.tokenizer_maker import EOS_TOKEN, IM_END, special_token_ids, write_tokenizer_files
+from launch.tokenizer_maker import (
+    CHAT_TEMPLATE,
+    EOS_TOKEN,
+    IM_END,
+    QWEN3_CHAT_TEMPLATE,
+    special_token_ids,
+    write_tokenizer_files,
+)
 
 
 @dataclass(frozen=True)
@@ -194,7 +201,8 @@ def make_model(arch: str, size: str, out: str | Path, seed: int = 0, num_kv_head
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     sz = SIZES[size]
-    tok = write_tokenizer_files(out, sz.vocab, sz.max_positions)
+    tok = write_tokenizer_files(out, sz.vocab, sz.max_positions,
+                                QWEN3_CHAT_TEMPLATE if arch == "qwen3" else CHAT_TEMPLATE)
     eos_id = special_token_ids(tok)[EOS_TOKEN]
     # Real checkpoints pad the embedding past the tokenizer too; never let it be smaller.
     vocab_size = max(sz.vocab, tok.get_vocab_size())

@@ -150,6 +150,9 @@ def test_special_tokens_and_chat_template(models: dict[str, Path]) -> None:
         text
         == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n你好 👋<|im_end|>\n<|im_start|>assistant\n"
     )
+    # Qwen3's thinking switch: off, the prompt holds an empty think block (the reply is the answer).
+    off = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, enable_thinking=False)
+    assert off == text + "<think>\n\n</think>\n\n"
     ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     ids = ids["input_ids"] if not isinstance(ids, list) else ids
     assert ids[0] == specials[1] and ids.count(specials[2]) == 2

@@ -1,8 +1,10 @@
 """The asyncio client, and the one implementation of the client API (Client is its sync shell).
 
-The socket lives in the event loop: one task receives and routes through the Router, one sends what the
-calls queue. A call that stops listening (a stream left early, a cancelled task, an error in
-generate_batch) aborts its requests in the engine.
+The socket lives in the event loop: plain (non-asyncio) ZMQ sockets whose file descriptors the loop watches
+with add_reader, so a step's output costs one callback that drains the socket, not a poller's futures per
+wake-up (what the HTTP door pays per token). Sends happen inline: the DEALER has no send limit. A call that
+stops listening (a stream left early, a cancelled task, an error in generate_batch) aborts its requests in
+the engine.
 """
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ from collections.abc import AsyncIterator, Sequence
 
 import msgspec
 import zmq
-import zmq.asyncio
 from tqdm import tqdm
 
 from frontend.client.connection import decode_msg, encode_msg, engine_exit_reason, is_dead_event, open_dealer
@@ -29,6 +30,7 @@ from frontend.client.request_encoding import (
 from frontend.client.router import Item, Router
 from frontend.completion import Completion, CompletionDelta, to_delta
 from frontend.embedding import Embedding
+from frontend.reasoning_parser import check_style
 from protocol.embed_params import EmbedParams
 from protocol.errors import EngineDeadError, InvalidRequestError, TandemError
 from protocol.messages import AbortRequest, EmbeddingOutput, EngineStats, RequestOutput, StatsRequest
@@ -39,26 +41,30 @@ CLOSED = "client is closed"
 
 
 class AsyncClient:
-    def __init__(self, endpoint: str, *, engine: subprocess.Popen | None = None) -> None:
+    def __init__(self, endpoint: str, *, engine: subprocess.Popen | None = None,
+                 reasoning_parser: str | None = None) -> None:
+        check_style(reasoning_parser, allow_auto=False)  # the client has no chat template to read `auto` from
         self.endpoint = endpoint
+        self.reasoning_parser = reasoning_parser
         self._engine = engine
-        self._ctx = zmq.asyncio.Context()
+        self._ctx = zmq.Context()
         self._sock, self._monitor = open_dealer(self._ctx, endpoint)
         self._router = Router()
-        self._outbox: asyncio.Queue[bytes] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # set when the first call starts the I/O
         self._tasks: list[asyncio.Task] = []
         self._closed = False
 
     @classmethod
-    def launch(cls, model: str, **engine_options: object) -> AsyncClient:
+    def launch(cls, model: str, *, reasoning_parser: str | None = None, **engine_options: object) -> AsyncClient:
         """Start an engine this client owns; it stops on close(), at the end of a `with` block, or when
         this process dies."""
+        check_style(reasoning_parser, allow_auto=False)
         proc, endpoint = start_engine_process(model, **engine_options)
-        return cls(endpoint, engine=proc)
+        return cls(endpoint, engine=proc, reasoning_parser=reasoning_parser)
 
     async def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None) -> Completion:
         rid, items = self._submit(prompt, params, request_id)
-        comp = Completion(rid)
+        comp = Completion(rid, reasoning_style=self.reasoning_parser)
         async for out in self._outputs(rid, items):
             comp.add(out)
         return comp
@@ -142,6 +148,9 @@ class AsyncClient:
             for t in self._tasks:
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self._loop is not None:
+                self._loop.remove_reader(self._sock.FD)
+                self._loop.remove_reader(self._monitor.FD)
             self._router.fail_all(CLOSED)
             self._monitor.close(0)
             self._sock.close(0)
@@ -169,11 +178,20 @@ class AsyncClient:
         return items
 
     def _send(self, frame: bytes) -> None:
-        if self._outbox is None:  # the loop's tasks start with the first call, inside the loop
-            self._outbox = asyncio.Queue()
-            loop = asyncio.get_running_loop()
-            self._tasks = [loop.create_task(self._send_loop()), loop.create_task(self._receive_loop())]
-        self._outbox.put_nowait(frame)
+        if self._loop is None:  # the I/O starts with the first call, inside the loop
+            self._start_io()
+        if self._router.dead is None:
+            self._sock.send(frame, zmq.NOBLOCK)  # SNDHWM 0: queued, never refused
+            # ZMQ's descriptor is edge-triggered and a send can take the edge of a message that arrived
+            # meanwhile: look once more, after this callback.
+            assert self._loop is not None
+            self._loop.call_soon(self._on_readable)
+
+    def _start_io(self) -> None:
+        self._loop = loop = asyncio.get_running_loop()
+        loop.add_reader(self._sock.FD, self._on_readable)
+        loop.add_reader(self._monitor.FD, self._on_readable)
+        self._tasks = [loop.create_task(self._watch())]
 
     async def _outputs(self, rid: str, items: asyncio.Queue[Item]) -> AsyncIterator[RequestOutput | EmbeddingOutput]:
         done = False
@@ -199,24 +217,25 @@ class AsyncClient:
             self._router.fail_all(why)
             raise EngineDeadError(why)
 
-    async def _send_loop(self) -> None:
-        assert self._outbox is not None
-        while True:
-            frame = await self._outbox.get()
-            if self._router.dead is None:
-                await self._sock.send(frame)
-
-    async def _receive_loop(self) -> None:
-        poller = zmq.asyncio.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
-        while self._router.dead is None:
-            events = dict(await poller.poll(500))
-            if self._sock in events:
-                self._receive()
-            # After draining the socket, so a typed reason the frontend sent on its way down wins.
-            if self._monitor in events and is_dead_event(await self._monitor.recv_multipart()):
+    def _on_readable(self) -> None:
+        if self._router.dead is not None or self._closed:
+            # Unread frames would keep the descriptor readable and this callback spinning.
+            if self._loop is not None and not self._closed:
+                self._loop.remove_reader(self._sock.FD)
+                self._loop.remove_reader(self._monitor.FD)
+            return
+        self._receive()
+        # After draining the socket, so a typed reason the frontend sent on its way down wins.
+        while self._monitor.get(zmq.EVENTS) & zmq.POLLIN:
+            if is_dead_event(self._monitor.recv_multipart(zmq.NOBLOCK)):
                 self._router.fail_all("lost the connection to the engine")
+                return
+
+    async def _watch(self) -> None:
+        """Twice a second: the owned engine process still alive (and, belt and braces, nothing left unread)."""
+        while self._router.dead is None:
+            await asyncio.sleep(0.5)
+            self._on_readable()
             why = engine_exit_reason(self._engine)
             if why is not None:
                 self._receive()
@@ -224,8 +243,8 @@ class AsyncClient:
 
     def _receive(self) -> None:
         while True:
-            try:  # a non-blocking recv's future is already done: data, or Again
-                data = self._sock.recv(zmq.NOBLOCK).result()
+            try:
+                data = self._sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
             try:

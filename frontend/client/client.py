@@ -21,6 +21,7 @@ from frontend.client.engine_process import start_engine_process
 from frontend.client.request_encoding import Params, Prompt
 from frontend.completion import Completion, CompletionDelta
 from frontend.embedding import Embedding
+from frontend.reasoning_parser import check_style
 from protocol.errors import EngineDeadError
 from protocol.messages import EngineStats
 
@@ -28,21 +29,26 @@ T = TypeVar("T")
 
 
 class Client:
-    def __init__(self, endpoint: str, *, engine: subprocess.Popen | None = None) -> None:
+    def __init__(self, endpoint: str, *, engine: subprocess.Popen | None = None,
+                 reasoning_parser: str | None = None) -> None:
+        check_style(reasoning_parser, allow_auto=False)
         self.endpoint = endpoint
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tandem-client-io", daemon=True)
         self._thread.start()
         self._lock = threading.Lock()  # orders "hand the loop a call" against "close": no call is stranded
         self._closed = False
-        self._async: AsyncClient = self._run(_on_loop(endpoint, engine))  # its sockets belong to the loop
+        # Its sockets belong to the loop.
+        self._async: AsyncClient = self._run(_on_loop(endpoint, engine, reasoning_parser))
 
     @classmethod
-    def launch(cls, model: str, **engine_options: object) -> Client:
+    def launch(cls, model: str, *, reasoning_parser: str | None = None, **engine_options: object) -> Client:
         """Start an engine this client owns; it stops on close(), at the end of a `with` block, or when
-        this process dies."""
+        this process dies. `reasoning_parser` (qwen3 or deepseek-r1) splits each Completion's
+        `reasoning_text` from its `content`."""
+        check_style(reasoning_parser, allow_auto=False)
         proc, endpoint = start_engine_process(model, **engine_options)
-        return cls(endpoint, engine=proc)
+        return cls(endpoint, engine=proc, reasoning_parser=reasoning_parser)
 
     def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None) -> Completion:
         return self._run(self._async.generate(prompt, params, request_id))
@@ -119,8 +125,8 @@ class Client:
             fut.cancel()  # a no-op once done; interrupted (Ctrl-C): the call stops, and aborts, on the loop
 
 
-async def _on_loop(endpoint: str, engine: subprocess.Popen | None) -> AsyncClient:
-    return AsyncClient(endpoint, engine=engine)
+async def _on_loop(endpoint: str, engine: subprocess.Popen | None, reasoning_parser: str | None) -> AsyncClient:
+    return AsyncClient(endpoint, engine=engine, reasoning_parser=reasoning_parser)
 
 
 async def _shut_down(client: AsyncClient) -> None:

@@ -8,7 +8,7 @@ from fastapi import Request
 from pydantic import Field
 
 from frontend.http.errors import APIError
-from frontend.http.schemas import _Body
+from frontend.http.schemas import Body
 from frontend.http.state import ServerState
 from frontend.http.streaming import until_disconnect
 from protocol.errors import ErrorCode, InvalidRequestError
@@ -16,7 +16,7 @@ from protocol.errors import ErrorCode, InvalidRequestError
 MAX_INPUTS = 2048  # OpenAI's limit per request
 
 
-class EmbeddingRequest(_Body):
+class EmbeddingRequest(Body):
     model: str
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
