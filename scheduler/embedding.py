@@ -13,7 +13,7 @@ from scheduler.step_plan import InflightStep
 def take_embeddings(step: InflightStep, by_row: dict[int, bytes]) -> None:
     """The requests of `step` whose vector came back are done: each ends with this commit."""
     for req, epoch in zip(step.reqs, step.epochs):
-        vec = by_row.get(req.req_pool_idx) if epoch == req.epoch and not req.finished() else None  # type: ignore[arg-type]
+        vec = by_row.get(req.req_pool_idx) if epoch == req.epoch and not req.finished() else None
         if vec is not None and req.to_finish is None:  # an abort that raced it wins
             req.embedding = vec
             req.to_finish = FinishReason.stop()

@@ -12,7 +12,7 @@ from scheduler.step_plan import InflightStep
 def take_prompt_logprobs(step: InflightStep, by_row: dict[int, Logprobs], delta: Callable[[Req], TokenDelta]) -> None:
     """by_row: the step's prompt logprobs per request row; delta(req): this commit's delta of req."""
     for req, epoch in zip(step.reqs, step.epochs):
-        lp = by_row.get(req.req_pool_idx) if epoch == req.epoch and not req.finished() else None  # type: ignore[arg-type]
+        lp = by_row.get(req.req_pool_idx) if epoch == req.epoch and not req.finished() else None
         if lp is None or not lp.token_ids:
             continue
         seen_before = req.prompt_lp_seen_this_epoch

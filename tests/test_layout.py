@@ -26,8 +26,10 @@ MAX_FILE_LINES = 400
 # A ratchet, raised only by a feature that lands with its lines counted here: 12,535 at ceb361a, before the
 # rooms were built (the move itself had to fit under it); +400 for issue 23's CPU step graph, K-quant
 # packing and KV-cache dtype; +69 for --cpu-int8-activations (its option, Ops field, wiring and reference);
-# +1223 for issue 25's reasoning parser, Responses API and Anthropic Messages API (frontend/http/).
-MAX_ENGINE_LINES = 14_227
+# +1223 for issue 25's reasoning parser, Responses API and Anthropic Messages API (frontend/http/); +647 for
+# issue 25's embeddings (protocol, worker pooling, scheduler, client, /v1/embeddings), the grammar compiler's
+# background start with its on-disk TokenizerInfo, and make demo's live streams.
+MAX_ENGINE_LINES = 14_874
 
 
 def _engine_files() -> list[Path]:
