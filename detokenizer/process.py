@@ -19,6 +19,7 @@ from protocol.messages import (
     Ready,
     RequestError,
     RequestOutput,
+    SessionReply,
     TokenBatch,
 )
 from protocol.tokenizer_loader import load_fast_tokenizer
@@ -85,5 +86,5 @@ def run_detokenizer(cfg_bytes: bytes, ep_bytes: bytes) -> None:
         elif isinstance(msg, RequestError):
             detok.drop(msg.rid)
             frontend.send(encode(msg))
-        elif isinstance(msg, (EngineStats, EmbeddingBatch)):  # nothing to decode: passed on as they are
+        elif isinstance(msg, (EngineStats, SessionReply, EmbeddingBatch)):  # nothing to decode: passed on
             frontend.send(encode(msg))

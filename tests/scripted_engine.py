@@ -41,13 +41,18 @@ class ScriptedEngine:
     prompts: list[list[int]] = field(default_factory=list)  # every request's prompt ids, in order
     params: list[dict[str, Any]] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
+    priorities: list[int] = field(default_factory=list)
+    sessions: list[tuple[str, Any]] = field(default_factory=list)  # (rid, SessionParams or None) per call
 
     def script(self, *replies: Reply | list[str]) -> None:
         self.replies.extend(r if isinstance(r, Reply) else Reply(r) for r in replies)
 
-    async def stream(self, prompt: Any, params: dict[str, Any], rid: str) -> AsyncIterator[CompletionDelta]:
+    async def stream(self, prompt: Any, params: dict[str, Any], rid: str, priority: int = 0,
+                     session: Any = None) -> AsyncIterator[CompletionDelta]:
         self.prompts.append(list(prompt))
         self.params.append(dict(params))
+        self.priorities.append(priority)
+        self.sessions.append((rid, session))
         r = self.replies.popleft() if self.replies else Reply(["ok"])
         if r.error is not None:
             raise r.error

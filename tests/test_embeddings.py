@@ -80,7 +80,7 @@ class Engine:
 
 
 def embed_req(rid: str, ids: list[int], **kw: object) -> TokenizedRequest:
-    return TokenizedRequest(rid, ids, SamplingParams(), EmbedParams(**kw))  # type: ignore[arg-type]
+    return TokenizedRequest(rid, ids, SamplingParams(), embed=EmbedParams(**kw))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import subprocess
 from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
 import zmq
@@ -33,11 +34,25 @@ from frontend.embedding import Embedding
 from frontend.reasoning_parser import check_style
 from protocol.embed_params import EmbedParams
 from protocol.errors import EngineDeadError, InvalidRequestError, TandemError
-from protocol.messages import AbortRequest, EmbeddingOutput, EngineStats, RequestOutput, StatsRequest
+from protocol.messages import (
+    AbortRequest,
+    CloseSession,
+    EmbeddingOutput,
+    EngineStats,
+    OpenSession,
+    RequestOutput,
+    SessionParams,
+    SessionReply,
+    StatsRequest,
+)
+
+if TYPE_CHECKING:
+    from frontend.client.session import AsyncSession
 
 log = logging.getLogger("tandem.client")
 
 CLOSED = "client is closed"
+SESSION_TIMEOUT_S = 600.0  # an open session's default idle timeout
 
 
 class AsyncClient:
@@ -62,29 +77,34 @@ class AsyncClient:
         proc, endpoint = start_engine_process(model, **engine_options)
         return cls(endpoint, engine=proc, reasoning_parser=reasoning_parser)
 
-    async def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None) -> Completion:
-        rid, items = self._submit(prompt, params, request_id)
+    async def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None, *,
+                       priority: int = 0, session: SessionParams | None = None) -> Completion:
+        """priority: lower is served first (under --scheduling-policy priority). session: continue a
+        session's turn (see open_session)."""
+        rid, items = self._submit(prompt, params, request_id, priority, session)
         comp = Completion(rid, reasoning_style=self.reasoning_parser)
         async for out in self._outputs(rid, items):
             comp.add(out)
         return comp
 
     async def stream(
-        self, prompt: Prompt, params: Params = None, request_id: str | None = None
+        self, prompt: Prompt, params: Params = None, request_id: str | None = None, *, priority: int = 0,
+        session: SessionParams | None = None,
     ) -> AsyncIterator[CompletionDelta]:
-        rid, items = self._submit(prompt, params, request_id)
+        rid, items = self._submit(prompt, params, request_id, priority, session)
         async for out in self._outputs(rid, items):
             yield to_delta(out)
 
     async def generate_batch(
-        self, prompts: Sequence[Prompt], params: Params | Sequence[Params] = None, progress: bool = True
+        self, prompts: Sequence[Prompt], params: Params | Sequence[Params] = None, progress: bool = True,
+        priority: int = 0,
     ) -> list[Completion]:
         """All at once; the first error raises, and aborts the rest of the batch."""
         plist = params_per_prompt(prompts, params)
         bar = tqdm(total=len(prompts), disable=not progress, desc="generate")
 
         async def one(p: Prompt, sp: Params) -> Completion:
-            c = await self.generate(p, sp)
+            c = await self.generate(p, sp, priority=priority)
             bar.update(1)
             return c
 
@@ -125,17 +145,25 @@ class AsyncClient:
     async def stats(self, timeout_s: float = 30.0) -> EngineStats:
         """The engine's counters; the scheduler runs its integrity check to answer."""
         rid = new_rid()
-        items = self._open(rid, encode_msg(StatsRequest(rid)), is_request=False)
-        try:
-            item = await asyncio.wait_for(items.get(), timeout_s)
-        except asyncio.TimeoutError:
-            raise TimeoutError("no stats reply") from None
-        finally:
-            self._router.close(rid)
-        if isinstance(item, TandemError):
-            raise item
+        item = await self._query(rid, StatsRequest(rid), timeout_s)
         assert isinstance(item, EngineStats)
         return item
+
+    async def open_session(self, capacity_tokens: int, timeout_s: float = SESSION_TIMEOUT_S) -> AsyncSession:
+        """A session: requests through it continue a turn's full context from the KV the engine holds
+        for it (up to capacity_tokens), until it is closed or idle for timeout_s. Use it as a context
+        manager to close it."""
+        from frontend.client.session import AsyncSession
+
+        rid = new_rid()
+        reply = await self._query(rid, OpenSession(rid, capacity_tokens, timeout_s))
+        assert isinstance(reply, SessionReply)
+        return AsyncSession(self, reply.session_id)
+
+    async def close_session(self, session_id: str) -> None:
+        """Close a session: the KV it holds goes back to the pool. A closed or unknown id is an error."""
+        rid = new_rid()
+        await self._query(rid, CloseSession(rid, session_id))
 
     async def abort(self, request_id: str) -> None:
         """Stop a request this client submitted; its call ends with finish_reason "abort"."""
@@ -166,9 +194,25 @@ class AsyncClient:
         await self.close()
 
     # ---- internals (all on the event loop's thread) ------------------------------------------------
-    def _submit(self, prompt: Prompt, params: Params, rid: str | None) -> tuple[str, asyncio.Queue[Item]]:
-        req = build_request(prompt, params, rid)
+    def _submit(self, prompt: Prompt, params: Params, rid: str | None, priority: int = 0,
+                session: SessionParams | None = None) -> tuple[str, asyncio.Queue[Item]]:
+        req = build_request(prompt, params, rid, priority, session)
         return req.rid, self._open(req.rid, encode_msg(req), is_request=True)
+
+    async def _query(self, rid: str, msg: StatsRequest | OpenSession | CloseSession,
+                     timeout_s: float = 30.0) -> EngineStats | SessionReply:
+        """A call the scheduler answers at once: its reply, or its typed error raised."""
+        items = self._open(rid, encode_msg(msg), is_request=False)
+        try:
+            item = await asyncio.wait_for(items.get(), timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"no reply to {type(msg).__name__}") from None
+        finally:
+            self._router.close(rid)
+        if isinstance(item, TandemError):
+            raise item
+        assert isinstance(item, (EngineStats, SessionReply))
+        return item
 
     def _open(self, rid: str, frame: bytes, is_request: bool) -> asyncio.Queue[Item]:
         self._check_alive()

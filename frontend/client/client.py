@@ -16,14 +16,15 @@ import threading
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
-from frontend.client.async_client import CLOSED, AsyncClient
+from frontend.client.async_client import CLOSED, SESSION_TIMEOUT_S, AsyncClient
 from frontend.client.engine_process import start_engine_process
 from frontend.client.request_encoding import Params, Prompt
+from frontend.client.session import Session
 from frontend.completion import Completion, CompletionDelta
 from frontend.embedding import Embedding
 from frontend.reasoning_parser import check_style
 from protocol.errors import EngineDeadError
-from protocol.messages import EngineStats
+from protocol.messages import EngineStats, SessionParams
 
 T = TypeVar("T")
 
@@ -50,11 +51,15 @@ class Client:
         proc, endpoint = start_engine_process(model, **engine_options)
         return cls(endpoint, engine=proc, reasoning_parser=reasoning_parser)
 
-    def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None) -> Completion:
-        return self._run(self._async.generate(prompt, params, request_id))
+    def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None, *,
+                 priority: int = 0, session: SessionParams | None = None) -> Completion:
+        """priority: lower is served first (under --scheduling-policy priority). session: continue a
+        session's turn (simpler through open_session())."""
+        return self._run(self._async.generate(prompt, params, request_id, priority=priority, session=session))
 
-    def stream(self, prompt: Prompt, params: Params = None, request_id: str | None = None) -> Iterator[CompletionDelta]:
-        deltas = self._async.stream(prompt, params, request_id)
+    def stream(self, prompt: Prompt, params: Params = None, request_id: str | None = None, *, priority: int = 0,
+               session: SessionParams | None = None) -> Iterator[CompletionDelta]:
+        deltas = self._async.stream(prompt, params, request_id, priority=priority, session=session)
         try:
             while True:
                 try:
@@ -67,10 +72,11 @@ class Client:
                 self._submit(deltas.aclose())  # not waited for: this may run on any thread, the loop's too
 
     def generate_batch(
-        self, prompts: Sequence[Prompt], params: Params | Sequence[Params] = None, progress: bool = True
+        self, prompts: Sequence[Prompt], params: Params | Sequence[Params] = None, progress: bool = True,
+        priority: int = 0,
     ) -> list[Completion]:
         """All at once; the first error raises, and aborts the rest of the batch."""
-        return self._run(self._async.generate_batch(prompts, params, progress))
+        return self._run(self._async.generate_batch(prompts, params, progress, priority))
 
     def embed(
         self, input: str | Sequence[int], *, dimensions: int | None = None, normalize: bool = True,
@@ -89,6 +95,15 @@ class Client:
     def stats(self, timeout_s: float = 30.0) -> EngineStats:
         """The engine's counters; the scheduler runs its integrity check to answer."""
         return self._run(self._async.stats(timeout_s))
+
+    def open_session(self, capacity_tokens: int, timeout_s: float = SESSION_TIMEOUT_S) -> Session:
+        """A session: requests through it continue a turn's full context from the KV the engine holds
+        for it (up to capacity_tokens), until it is closed or idle for timeout_s. A context manager."""
+        opened = self._run(self._async.open_session(capacity_tokens, timeout_s))
+        return Session(self, opened.id)
+
+    def close_session(self, session_id: str) -> None:
+        self._run(self._async.close_session(session_id))
 
     def abort(self, request_id: str) -> None:
         """Stop a request this client submitted; its call ends with finish_reason "abort"."""

@@ -9,7 +9,7 @@ import msgspec
 
 from protocol.embed_params import EmbedParams
 from protocol.errors import ErrorCode, InvalidRequestError
-from protocol.messages import ChatMessage, EmbedRequest, GenerateRequest
+from protocol.messages import ChatMessage, EmbedRequest, GenerateRequest, SessionParams
 from protocol.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]] | Sequence[ChatMessage]
@@ -20,8 +20,14 @@ def new_rid() -> str:
     return uuid.uuid4().hex
 
 
-def build_request(prompt: Prompt, params: Params, rid: str | None = None) -> GenerateRequest:
-    rid = rid or new_rid()
+def build_request(prompt: Prompt, params: Params, rid: str | None = None, priority: int = 0,
+                  session: SessionParams | None = None) -> GenerateRequest:
+    req = _build(prompt, params, rid or new_rid())
+    req.priority, req.session_params = priority, session
+    return req
+
+
+def _build(prompt: Prompt, params: Params, rid: str) -> GenerateRequest:
     # Parameters travel raw: the frontend decodes and validates them, so bad ones are one typed error.
     raw = msgspec.Raw(msgspec.msgpack.encode(params if params is not None else {}))
     if isinstance(prompt, str):

@@ -18,18 +18,19 @@ from protocol.messages import (
     OutputBatch,
     RequestError,
     RequestOutput,
+    SessionReply,
 )
 
 log = logging.getLogger("tandem.client")
 
-Item = RequestOutput | EmbeddingOutput | EngineStats | TandemError
+Item = RequestOutput | EmbeddingOutput | EngineStats | SessionReply | TandemError
 Sink = Callable[[Item], None]
 
 
 @dataclass
 class _Entry:
     sink: Sink
-    is_request: bool  # a generate request (abortable), not a stats query
+    is_request: bool  # a generate request (abortable), not a query (stats, session calls)
 
 
 class Router:
@@ -62,7 +63,7 @@ class Router:
                 entry = self._open.pop(out.rid, None) if out.finished else self._open.get(out.rid)
                 if entry is not None:
                     entry.sink(out)
-        elif isinstance(msg, EngineStats):
+        elif isinstance(msg, (EngineStats, SessionReply)):
             entry = self._open.pop(msg.rid, None)
             if entry is not None:
                 entry.sink(msg)

@@ -24,6 +24,7 @@ from frontend.http.schemas import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from frontend.http.sessions import add_session_routes
 from frontend.http.state import ServerState
 from frontend.prompt_tokens import encode_text
 from protocol.errors import TandemError
@@ -54,6 +55,8 @@ def create_app(st: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions", dependencies=authed)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await create_chat_completion(st, body, request)
+
+    add_session_routes(app, st, authed)
 
     @app.post("/v1/responses", dependencies=authed)
     async def responses(body: ResponsesRequest, request: Request) -> Response:

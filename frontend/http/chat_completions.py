@@ -19,6 +19,7 @@ from frontend.http.logprobs import chat_logprobs
 from frontend.http.reply import ReplyDelta, ReplyParser
 from frontend.http.sampling import chat_params, per_choice
 from frontend.http.schemas import ChatCompletionRequest
+from frontend.http.sessions import session_of
 from frontend.http.state import ServerState
 from frontend.http.streaming import sse, stream_response, until_disconnect
 from frontend.http.usage import Usage
@@ -43,9 +44,11 @@ async def create_chat_completion(st: ServerState, body: ChatCompletionRequest, r
     tools = chat_tools(body)
     ids = render_chat(st.tokenizer, body.messages, tools.template_tools(), True, body.chat_template_kwargs)
     params = chat_params(body)
-    run = ChoiceRun(st.client, st.metrics, [ids] * body.n, per_choice(params, body.n))
-    choices = [_Choice(i, ReplyParser(st.reasoning_parser(ids), tools.parser())) for i in range(body.n)]
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    session = session_of(body, body.n)  # its turn's request id is the response's id
+    run = ChoiceRun(st.client, st.metrics, [ids] * body.n, per_choice(params, body.n), body.priority, session,
+                    [cid] if session else None)
+    choices = [_Choice(i, ReplyParser(st.reasoning_parser(ids), tools.parser())) for i in range(body.n)]
     usage = Usage()
 
     def on(d: CompletionDelta, c: _Choice) -> tuple[ReplyDelta, list[dict] | None]:

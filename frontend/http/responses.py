@@ -116,7 +116,7 @@ async def create_response(st: ServerState, body: ResponsesRequest, request: Requ
     system = [ChatMessage(role="system", content=body.instructions)] if body.instructions is not None else []
     tools = _tools(body)
     ids = render_chat(st.tokenizer, system + turn, tools.template_tools(), True, body.chat_template_kwargs)
-    run = ChoiceRun(st.client, st.metrics, [ids], [_params(body, tools)])
+    run = ChoiceRun(st.client, st.metrics, [ids], [_params(body, tools)], body.priority)
     reply = ReplyParser(st.reasoning_parser(ids), tools.parser())
     out = ResponseBuilder(_head(st, body))
     usage = Usage()

@@ -124,3 +124,4 @@ class ResponsesRequest(Body):
     repetition_penalty: float = 1.0
     stop: str | list[str] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = 0  # lower first (--scheduling-policy priority)

@@ -47,6 +47,13 @@ class ResponseFormat(Body):
     json_schema: JsonSchemaFormat | None = None
 
 
+class SessionParamsBody(Body):
+    """Continue a session (POST /open_session): from its turn `rid` (a response id), default the latest."""
+
+    id: str
+    rid: str | None = None
+
+
 class SamplingBody(Body):
     """Fields both completions and chat completions take."""
 
@@ -73,6 +80,8 @@ class SamplingBody(Body):
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = 0  # lower first (--scheduling-policy priority)
+    session_params: SessionParamsBody | None = None
 
 
 class CompletionRequest(SamplingBody):
@@ -136,6 +145,15 @@ class ChatCompletionRequest(SamplingBody):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None  # variables for the template, e.g. enable_thinking
+
+
+class OpenSessionRequest(Body):
+    capacity_tokens: Annotated[int, Field(ge=1)]
+    timeout: Annotated[float, Field(gt=0)] | None = None  # idle seconds; default: the client's
+
+
+class CloseSessionRequest(Body):
+    session_id: str
 
 
 class TokenizeRequest(Body):

@@ -1,15 +1,19 @@
 """Model implementations, looked up by HF architecture name."""
 
 from worker.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+from worker.models.moe import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 from worker.models.registry import MODEL_REGISTRY, get_model_class
 
-CausalLM = LlamaForCausalLM  # the one model family so far; the type load_model returns
+CausalLM = LlamaForCausalLM  # the one model family (MoE models subclass it); the type load_model returns
 
 __all__ = [
     "MODEL_REGISTRY",
     "CausalLM",
     "LlamaForCausalLM",
+    "MixtralForCausalLM",
     "Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
     "get_model_class",
 ]
