@@ -4,7 +4,7 @@ and the commit of that step ends the request (its KV released with it)."""
 from __future__ import annotations
 
 from protocol.final_info import FinalInfo
-from protocol.messages import EmbeddingOutput
+from protocol.messages import EmbeddingBatch, EmbeddingOutput, EngineLoad
 from scheduler.finish import FinishReason
 from scheduler.req import Req
 from scheduler.step_plan import InflightStep
@@ -25,3 +25,19 @@ def embedding_output(req: Req) -> EmbeddingOutput:
     assert reason is not None
     final = FinalInfo(reason.kind, None, len(req.origin_input_ids), 0, req.cached_tokens, 0, req.time_stats)
     return EmbeddingOutput(req.rid, req.embedding, final)
+
+
+class EmbeddingOutbox:
+    """Finished embedding requests' answers, sent together once the commit (or abort) is done."""
+
+    def __init__(self) -> None:
+        self.pending: list[EmbeddingOutput] = []
+
+    def add(self, req: Req) -> None:
+        self.pending.append(embedding_output(req))
+
+    def take(self, load: EngineLoad) -> EmbeddingBatch:
+        """The batch, the engine's gauges on its last answer (as the HTTP door's metrics read them)."""
+        out, self.pending = self.pending, []
+        out[-1].load = load
+        return EmbeddingBatch(out)

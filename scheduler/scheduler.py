@@ -17,8 +17,6 @@ from protocol.errors import ErrorCode
 from protocol.final_info import FinalInfo
 from protocol.messages import (
     DetokRegister,
-    EmbeddingBatch,
-    EmbeddingOutput,
     EngineLoad,
     Logprobs,
     ModelRunnerOutput,
@@ -32,7 +30,7 @@ from protocol.messages import (
 )
 from protocol.model_info import ModelInfo
 from scheduler.decode import schedule_running
-from scheduler.embedding import embedding_output, take_embeddings
+from scheduler.embedding import EmbeddingOutbox, take_embeddings
 from scheduler.finish import FinishReason
 from scheduler.kv_cache import KVCacheManager
 from scheduler.prefill import admit_waiting
@@ -78,7 +76,7 @@ class Scheduler:
         self.outbox: list[msgspec.Struct] = []  # for the detokenizer, in order
         self._deltas: list[TokenDelta] = []
         self._delta_of: dict[str, TokenDelta] = {}
-        self._embedded: list[EmbeddingOutput] = []
+        self._embedded = EmbeddingOutbox()
         self.stats = SchedulerStats()
         self.spec = SpecStats()  # reported in the load either way; moves only with speculation on
         self.speculation = Speculation(cfg.spec_tokens, self.kv, self.spec) if cfg.spec_tokens else None
@@ -99,8 +97,7 @@ class Scheduler:
                 return
         n_prompt = len(ids)
         room = self.info.max_model_len - n_prompt
-        embed = msg.embed is not None
-        if n_prompt == 0 or room < (0 if embed else 1):  # an embedding needs no room for an output
+        if n_prompt == 0 or room < (0 if msg.embed else 1):  # an embedding needs no room for an output
             self.outbox.append(
                 RequestError(msg.rid, ErrorCode.PROMPT_TOO_LONG, f"prompt has {n_prompt} tokens")
             )
@@ -119,22 +116,20 @@ class Scheduler:
             why = f"{limit} requests are waiting already"
             self.outbox.append(RequestError(msg.rid, ErrorCode.OVERLOADED, why))
             return
-        max_new = 0 if embed else min(msg.params.max_tokens or room, room)
+        max_new = 0 if msg.embed else min(msg.params.max_tokens or room, room)
         req = Req(msg.rid, ids, msg.params, self.eos, max_new, self._arrivals, msg.priority, embed=msg.embed)
-        req.pools_whole_prompt = embed and self.cfg.pooling != "last"
+        req.pools_whole_prompt = msg.embed is not None and self.cfg.pooling != "last"
         self._arrivals += 1
         if link is not None:
             self.sessions.begin(req, link)
         self.reqs[req.rid] = req
-        if embed:
-            self.waiting.add(req)  # no text to decode: the detokenizer never hears of it
-            return
-        if self.structured.wants_grammar(msg.params):
+        if not msg.embed and self.structured.wants_grammar(msg.params):
             self.structured.submit(req)  # waits compiling, off the queue: others go on meanwhile
         else:
             self.waiting.add(req)
-        p = msg.params
-        self.outbox.append(DetokRegister(req.rid, ids[-8:], p.skip_special_tokens, p.stop))
+        if not msg.embed:  # an embedding has no text: the detokenizer never hears of it
+            p = msg.params
+            self.outbox.append(DetokRegister(req.rid, ids[-8:], p.skip_special_tokens, p.stop))
 
     def abort(self, rid: str, message: str = "aborted by client") -> None:
         req = self.reqs.get(rid)
@@ -333,8 +328,7 @@ class Scheduler:
         self.stats.finished += 1
         self.stats.aborted += reason.kind == "abort"
         if req.embed is not None:
-            self._embedded.append(embedding_output(req))
-            return
+            return self._embedded.add(req)  # its one answer, sent with the commit's other embeddings
         d = self._delta(req)
         d.final = FinalInfo(  # how it ended: made here once, carried unchanged to the client
             reason.kind, reason.matched, len(req.origin_input_ids), len(req.output_ids), req.cached_tokens,
@@ -368,10 +362,8 @@ class Scheduler:
             self.outbox.append(TokenBatch(self._deltas))
             self._deltas = []
             self._delta_of = {}
-        if self._embedded:
-            self._embedded[-1].load = self.load
-            self.outbox.append(EmbeddingBatch(self._embedded))
-            self._embedded = []
+        if self._embedded.pending:
+            self.outbox.append(self._embedded.take(self.load))
 
     def _retract(self, req: Req) -> None:
         row = self.kv.release(req)
