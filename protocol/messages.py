@@ -55,6 +55,7 @@ class EmbedRequest(msgspec.Struct, tag="embed"):
     text: str | None = None
     token_ids: list[int] | None = None
     params: msgspec.Raw = msgspec.Raw(b"{}")  # EmbedParams, raw for the same reason as GenerateRequest's
+    priority: Priority = 0
 
 
 class AbortRequest(msgspec.Struct, tag="abort"):

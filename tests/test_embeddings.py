@@ -153,6 +153,17 @@ def test_retracted_embedding_pools_its_prompt_again(tiny_model) -> None:
     assert eng.sched.stats.retractions == 1
 
 
+def test_embeddings_wait_in_the_priority_order(tiny_model) -> None:
+    eng = Engine(tiny_model("llama"), "last", scheduling_policy="priority", max_running_requests=1)
+    done: list[str] = []
+    for rid, prio in (("low", 2), ("high", -1), ("mid", 0)):
+        eng.sched.add_request(TokenizedRequest(rid, _prompt(12, 1), SamplingParams(), prio, embed=EmbedParams()))
+    while eng.sched.has_work:
+        eng.sched.commit(eng.runner.execute(eng.sched.schedule()))  # type: ignore[arg-type]
+        done += [e.rid for m in eng.sched.take_outbox() if isinstance(m, EmbeddingBatch) for e in m.outputs]
+    assert done == ["high", "mid", "low"]
+
+
 def test_pooling_option() -> None:
     import argparse
 

@@ -67,6 +67,8 @@ def test_token_id_inputs_and_extras(oai, engine) -> None:
     assert raw.data[0].embedding == engine.embed("abc", normalize=False).embedding
     full = oai.embeddings.create(model=NAME, input="abc", encoding_format="float", dimensions=64)  # the full size
     assert len(full.data[0].embedding) == 64
+    urgent = oai.embeddings.create(model=NAME, input="abc", encoding_format="float", extra_body={"priority": -3})
+    assert urgent.data[0].embedding == full.data[0].embedding
 
 
 @pytest.mark.parametrize(("body", "param"), [

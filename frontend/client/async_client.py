@@ -119,22 +119,25 @@ class AsyncClient:
 
     async def embed(
         self, input: str | Sequence[int], *, dimensions: int | None = None, normalize: bool = True,
-        request_id: str | None = None,
+        request_id: str | None = None, priority: int = 0,
     ) -> Embedding:
         """The model's final hidden states over `input` (text or token ids), pooled as the engine's --pooling
         says and L2-normalized unless told not to; `dimensions` keeps a Matryoshka model's first values."""
-        req = build_embed_request(input, EmbedParams(dimensions=dimensions, normalize=normalize), request_id)
+        req = build_embed_request(input, EmbedParams(dimensions=dimensions, normalize=normalize), request_id,
+                                  priority)
         outs = [o async for o in self._outputs(req.rid, self._open(req.rid, encode_msg(req), is_request=True))]
         assert len(outs) == 1 and isinstance(outs[0], EmbeddingOutput)  # one output, the final one
         return Embedding.of(outs[0])
 
     async def embed_batch(
         self, inputs: Sequence[str | Sequence[int]], *, dimensions: int | None = None, normalize: bool = True,
+        priority: int = 0,
     ) -> list[Embedding]:
         """All at once, batched by the engine; the first error raises, and aborts the rest."""
         if isinstance(inputs, str):
             raise InvalidRequestError("embed_batch takes a list of inputs; embed takes one string")
-        tasks = [asyncio.ensure_future(self.embed(x, dimensions=dimensions, normalize=normalize)) for x in inputs]
+        kw = {"dimensions": dimensions, "normalize": normalize, "priority": priority}
+        tasks = [asyncio.ensure_future(self.embed(x, **kw)) for x in inputs]  # type: ignore[arg-type]
         try:
             return list(await asyncio.gather(*tasks))
         finally:

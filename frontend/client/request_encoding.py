@@ -48,13 +48,14 @@ def _build(prompt: Prompt, params: Params, rid: str) -> GenerateRequest:
     raise InvalidRequestError("prompt list must hold only token ids or only chat messages", ErrorCode.PROMPT)
 
 
-def build_embed_request(input: str | Sequence[int], params: EmbedParams, rid: str | None = None) -> EmbedRequest:
+def build_embed_request(input: str | Sequence[int], params: EmbedParams, rid: str | None = None,
+                        priority: int = 0) -> EmbedRequest:
     rid = rid or new_rid()
     raw = msgspec.Raw(msgspec.msgpack.encode(params))
     if isinstance(input, str):
-        return EmbedRequest(rid, text=input, params=raw)
+        return EmbedRequest(rid, text=input, params=raw, priority=priority)
     if isinstance(input, Sequence) and all(isinstance(t, int) and not isinstance(t, bool) for t in input):
-        return EmbedRequest(rid, token_ids=list(input), params=raw)
+        return EmbedRequest(rid, token_ids=list(input), params=raw, priority=priority)
     raise InvalidRequestError("an embedding's input must be a string or token ids", ErrorCode.PROMPT)
 
 

@@ -23,6 +23,7 @@ class EmbeddingRequest(Body):
     dimensions: Annotated[int, Field(ge=1)] | None = None
     user: str | None = None
     normalize: bool = True  # tandem's (vLLM's name), sent by the openai client as extra_body
+    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = 0  # lower first (--scheduling-policy priority)
 
 
 def _inputs(given: str | list[str] | list[int] | list[list[int]]) -> list[str] | list[list[int]]:
@@ -43,7 +44,7 @@ async def create_embedding(st: ServerState, body: EmbeddingRequest, request: Req
     inputs = _inputs(body.input)
     try:  # a client that leaves aborts what is left
         outs = await until_disconnect(request, st.client.embed_batch(
-            inputs, dimensions=body.dimensions, normalize=body.normalize))
+            inputs, dimensions=body.dimensions, normalize=body.normalize, priority=body.priority))
     except InvalidRequestError as e:
         param = "dimensions" if e.code == ErrorCode.DIMENSIONS else "input"
         raise APIError(400, e.message, param, e.code) from None

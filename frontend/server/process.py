@@ -149,7 +149,7 @@ class Frontend:
                 embed = decode_embed_params(msg.params)
                 ids = tokenize_prompt(msg, self.tokenizer)
                 check_embed(ids, embed, self.info)
-                req = TokenizedRequest(msg.rid, ids, SamplingParams(), embed=embed)
+                req = TokenizedRequest(msg.rid, ids, SamplingParams(), msg.priority, embed=embed)
             else:
                 params = decode_params(msg.params)
                 ids = tokenize_prompt(msg, self.tokenizer)
