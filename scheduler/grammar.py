@@ -1,5 +1,5 @@
-"""Structured output: compiling a request's constraint (scheduler/grammar_spec.py) with xgrammar off the
-scheduler thread, and the per-request matcher that fills the next-token bitmask and accepts sampled tokens.
+"""Structured output: compiling a request's constraint (scheduler/grammar_spec.py) with xgrammar off the scheduler thread,
+and the per-request matcher that fills the next-token bitmask and accepts sampled tokens.
 
 Bitmask layout (xgrammar's): int32 [batch, ceil(vocab/32)], token t allowed iff bit t % 32 of word t // 32
 is set. Masks cover the model vocab (config vocab_size), which may be larger than the tokenizer's: the
@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from scheduler.grammar_spec import GrammarError, GrammarSpec, choice_ebnf
+from scheduler.grammar_spec import GrammarBusy, GrammarError, GrammarSpec, choice_ebnf
 from scheduler.schema_rewrite import rewrite_schema_text
+from scheduler.tokenizer_info_cache import load_or_build
 from scheduler.utf8_guard import ACCEPT, REJECT, Utf8Guard
 
 if TYPE_CHECKING:
     import xgrammar as xgr
 
-
-class GrammarBusy(RuntimeError):
-    """Too many distinct grammars are compiling already: the request is refused, to be retried later."""
+__all__ = ["GrammarBusy", "GrammarCompilerService", "GrammarError", "GrammarSpec", "RequestGrammar",
+           "allocate_bitmask", "build_tokenizer_info", "choice_ebnf"]
 
 
 # Bounds on what grammars may hold (docs/limits.md): the compiled ones cached, by count and by their own
@@ -129,6 +129,7 @@ class GrammarCompilerService:
         self.cache_bytes = cache_bytes
         self.max_pending = max_pending
         self.num_compiled = 0  # compilations actually run (cache misses)
+        self.info_from_cache = False  # the TokenizerInfo was read from disk (scheduler/tokenizer_info_cache.py)
         self._tokenizer = tokenizer
         self._compiler: xgr.GrammarCompiler | None = None
         self._info: xgr.TokenizerInfo | None = None
@@ -147,17 +148,24 @@ class GrammarCompilerService:
             if self._compiler is None:
                 import xgrammar as xgr
 
-                if self._tokenizer is None:
-                    from protocol.tokenizer_loader import load_tokenizer
-
-                    self._tokenizer = load_tokenizer(self.model_dir)
-                self._info = build_tokenizer_info(self._tokenizer, self.vocab_size, self.stop_token_ids)
+                if self._tokenizer is None:  # the model's own: its TokenizerInfo may be on disk already
+                    self._info, self.info_from_cache = load_or_build(
+                        self.model_dir, self.vocab_size, self.stop_token_ids, self._build_info)
+                else:
+                    self._info = self._build_info()
                 self._guard = Utf8Guard(self._info.decoded_vocab, self.vocab_size)
                 # Our own cache replaces xgrammar's, which is unbounded by default.
                 self._compiler = xgr.GrammarCompiler(
                     self._info, max_threads=self.compiler_threads, cache_enabled=False
                 )
             return self._compiler
+
+    def _build_info(self) -> xgr.TokenizerInfo:
+        if self._tokenizer is None:
+            from protocol.tokenizer_loader import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.model_dir)
+        return build_tokenizer_info(self._tokenizer, self.vocab_size, self.stop_token_ids)
 
     @property
     def tokenizer_info(self) -> xgr.TokenizerInfo:

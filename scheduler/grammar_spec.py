@@ -1,6 +1,6 @@
-"""A request's structured-output constraint (which kind, its text: the compile-cache key), and the EBNF of a
-choice among fixed strings."""
-
+"""Which constraint a structured-output request has (its compile-cache key), and the client's error for a bad
+one. Free of torch and xgrammar, so the scheduler thread can read a request's constraint while the grammar
+machinery is still loading in the background."""
 from __future__ import annotations
 
 import json
@@ -13,6 +13,11 @@ GrammarKind = Literal["json_schema", "json_object", "regex", "grammar", "choice"
 
 class GrammarError(ValueError):
     """The request's constraint is invalid (bad schema, regex or grammar): a client error."""
+
+
+class GrammarBusy(RuntimeError):
+    """Too many distinct grammars are compiling already (scheduler/grammar.py's MAX_PENDING): the request is
+    refused, to be retried later."""
 
 
 @dataclass(frozen=True)

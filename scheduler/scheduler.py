@@ -30,6 +30,7 @@ from protocol.messages import (
 )
 from protocol.model_info import ModelInfo
 from scheduler.decode import schedule_running
+from scheduler.embedding import EmbeddingOutbox, take_embeddings
 from scheduler.finish import FinishReason
 from scheduler.kv_cache import KVCacheManager
 from scheduler.prefill import admit_waiting
@@ -75,6 +76,7 @@ class Scheduler:
         self.outbox: list[msgspec.Struct] = []  # for the detokenizer, in order
         self._deltas: list[TokenDelta] = []
         self._delta_of: dict[str, TokenDelta] = {}
+        self._embedded = EmbeddingOutbox()
         self.stats = SchedulerStats()
         self.spec = SpecStats()  # reported in the load either way; moves only with speculation on
         self.speculation = Speculation(cfg.spec_tokens, self.kv, self.spec) if cfg.spec_tokens else None
@@ -95,7 +97,7 @@ class Scheduler:
                 return
         n_prompt = len(ids)
         room = self.info.max_model_len - n_prompt
-        if n_prompt == 0 or room <= 0:
+        if n_prompt == 0 or room < (0 if msg.embed else 1):  # an embedding needs no room for an output
             self.outbox.append(
                 RequestError(msg.rid, ErrorCode.PROMPT_TOO_LONG, f"prompt has {n_prompt} tokens")
             )
@@ -114,18 +116,20 @@ class Scheduler:
             why = f"{limit} requests are waiting already"
             self.outbox.append(RequestError(msg.rid, ErrorCode.OVERLOADED, why))
             return
-        max_new = min(msg.params.max_tokens or room, room)
-        req = Req(msg.rid, ids, msg.params, self.eos, max_new, self._arrivals, msg.priority)
+        max_new = 0 if msg.embed else min(msg.params.max_tokens or room, room)
+        req = Req(msg.rid, ids, msg.params, self.eos, max_new, self._arrivals, msg.priority, embed=msg.embed)
+        req.pools_whole_prompt = msg.embed is not None and self.cfg.pooling != "last"
         self._arrivals += 1
         if link is not None:
             self.sessions.begin(req, link)
         self.reqs[req.rid] = req
-        if self.structured.wants_grammar(msg.params):
+        if not msg.embed and self.structured.wants_grammar(msg.params):
             self.structured.submit(req)  # waits compiling, off the queue: others go on meanwhile
         else:
             self.waiting.add(req)
-        p = msg.params
-        self.outbox.append(DetokRegister(req.rid, ids[-8:], p.skip_special_tokens, p.stop))
+        if not msg.embed:  # an embedding has no text: the detokenizer never hears of it
+            p = msg.params
+            self.outbox.append(DetokRegister(req.rid, ids[-8:], p.skip_special_tokens, p.stop))
 
     def abort(self, rid: str, message: str = "aborted by client") -> None:
         req = self.reqs.get(rid)
@@ -189,6 +193,8 @@ class Scheduler:
         if result.prompt_logprobs:
             for req, lp in new_prompt_logprobs(step, result.prompt_logprobs):
                 self._delta(req).prompt_logprobs = lp
+        if result.embeddings:
+            take_embeddings(step, result.embeddings)
         counts = result.num_sampled or [1] * len(step.samplers)
         logprobs = result.logprobs or [None] * len(step.samplers)
         verified = result.num_drafts or [step.num_drafts[i] for i in step.samplers]
@@ -321,6 +327,8 @@ class Scheduler:
             return
         self.stats.finished += 1
         self.stats.aborted += reason.kind == "abort"
+        if req.embed is not None:
+            return self._embedded.add(req)  # its one answer, sent with the commit's other embeddings
         d = self._delta(req)
         d.final = FinalInfo(  # how it ended: made here once, carried unchanged to the client
             reason.kind, reason.matched, len(req.origin_input_ids), len(req.output_ids), req.cached_tokens,
@@ -354,6 +362,8 @@ class Scheduler:
             self.outbox.append(TokenBatch(self._deltas))
             self._deltas = []
             self._delta_of = {}
+        if self._embedded.pending:
+            self.outbox.append(self._embedded.take(self.load))
 
     def _retract(self, req: Req) -> None:
         row = self.kv.release(req)

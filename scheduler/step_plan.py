@@ -38,7 +38,7 @@ class StepPlan:
         if n - drafts > 1 or start < len(req.origin_input_ids):
             self.prefill_used += n
         req.num_computed_tokens += n
-        sample = req.num_computed_tokens - drafts == req.seq_len
+        sample = req.num_computed_tokens - drafts == req.seq_len and req.embed is None  # embeddings pool
         if sample:
             req.num_output_placeholders += 1 + drafts
         req.num_inflight_steps += 1
