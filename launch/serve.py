@@ -19,7 +19,8 @@ from launch.stop_plan import StopPlan
 from protocol.codec import encode
 from protocol.engine_config import EngineConfig
 from protocol.errors import ErrorCode
-from protocol.messages import Drained, DrainRequested, Ready, Stalled
+from protocol.launcher_messages import Drained, DrainRequested, Stalled
+from protocol.messages import Ready
 from protocol.serve_config import ServeConfig
 
 READY_PREFIX = "tandem: ready at "

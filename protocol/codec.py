@@ -5,6 +5,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from protocol import launcher_messages as lm
 from protocol import messages as m
 
 T = TypeVar("T")
@@ -59,5 +60,5 @@ def frontend_in_decoder() -> Decoder[m.FrontendInMsg]:
     return Decoder(m.FrontendInMsg)
 
 
-def launcher_decoder() -> Decoder[m.LauncherMsg]:
-    return Decoder(m.LauncherMsg)
+def launcher_decoder() -> Decoder[lm.LauncherMsg]:
+    return Decoder(lm.LauncherMsg)

@@ -4,8 +4,8 @@ Socket map (docs/architecture.md §1):
   client  -> frontend     ClientMsg      frontend -> client     FrontendMsg
   frontend-> scheduler    SchedulerInMsg worker   -> scheduler  WorkerMsg
   scheduler-> worker      WorkerInMsg    scheduler-> detok      DetokInMsg
-  detok   -> frontend     FrontendInMsg  any child -> launcher  Ready
-  launcher-> frontend     EngineStopping (in FrontendInMsg)
+  detok   -> frontend     FrontendInMsg  any child -> launcher  LauncherMsg (launcher_messages.py)
+  launcher-> frontend     EngineStopping, Drain (in FrontendInMsg)
 Messages carry diffs: a new request once, then per step only what changed.
 """
 from __future__ import annotations
@@ -161,10 +161,7 @@ class StatsRequest(msgspec.Struct, tag="stats"):
     rid: str
 
 
-class DrainRequest(msgspec.Struct, tag="drain"):
-    """Drain the engine as SIGTERM does (running requests finish, new ones are refused, then it stops);
-    answered with the engine's stats."""
-
+class DrainRequest(msgspec.Struct, tag="drain"):  # drain as SIGTERM does; answered with the engine's stats
     rid: str
     reason: str = "a client asked for a drain"
 
@@ -381,9 +378,7 @@ class EngineStopping(msgspec.Struct, tag="stopping"):
     code: str = "engine_dead"  # an ErrorCode of the engine_dead class
 
 
-class Drain(msgspec.Struct, tag="drain"):
-    """From the launcher: refuse new requests, and say `Drained` once none is left."""
-
+class Drain(msgspec.Struct, tag="drain"):  # from the launcher: refuse new requests, say Drained once none is left
     reason: str
 
 
@@ -401,24 +396,3 @@ class Ready(msgspec.Struct, tag="ready"):
 class Failed(msgspec.Struct, tag="failed"):
     role: str
     message: str
-
-
-class Stalled(msgspec.Struct, tag="stalled"):
-    """From the scheduler: the oldest step in flight has not come back within the step timeout."""
-
-    step_id: int
-    waited_s: float
-    limit_s: float
-
-
-class DrainRequested(msgspec.Struct, tag="drain_requested"):
-    """From the frontend: a client asked for a drain (POST /drain); the launcher runs it as on SIGTERM."""
-
-    reason: str
-
-
-class Drained(msgspec.Struct, tag="drained"):
-    """From the frontend, while draining: no request is left."""
-
-
-LauncherMsg = Ready | Failed | Stalled | DrainRequested | Drained

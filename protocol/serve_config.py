@@ -22,8 +22,8 @@ class ServeConfig:
         default=None, metadata={"help": "model name clients send; default: the model directory's name"}
     )
     max_concurrent_requests: int = field(
-        default=512, metadata={"help": "completion requests served at once (streams until written out); past "
-                               "it 503 overloaded"}
+        default=512, metadata={"help": "generation and embedding requests served at once (a stream until it is "
+                               "written out); past it 503 overloaded"}
     )
     reasoning_parser: str | None = field(default=None, metadata={
         "help": "split the model's thinking into reasoning_content: qwen3, deepseek-r1, or auto (from the "

@@ -13,13 +13,13 @@ from protocol.codec import encode, scheduler_in_decoder, worker_out_decoder
 from protocol.engine_config import EngineConfig
 from protocol.errors import ErrorCode
 from protocol.ipc import make_socket
+from protocol.launcher_messages import Stalled
 from protocol.messages import (
     ModelRunnerOutput,
     Ready,
     RequestError,
     SampleStep,
     SchedulerOutput,
-    Stalled,
     StepFailed,
     WorkerFailure,
     WorkerReady,

@@ -3,7 +3,7 @@
 - A request body over `max_body_bytes` gets 413 in the route's error shape (OpenAI's, Anthropic's): at once when Content-Length says
   so (nothing is read), else as soon as the bytes received pass the limit. The body is read here, up to the
   limit, and handed to the app as one message (the app would read it whole anyway).
-- At most `max_concurrent` generation requests are served at once; past it they get 503 `overloaded`
+- At most `max_concurrent` generation (and embedding) requests are served at once; past it they get 503 `overloaded`
   before anything is tokenized or sent to the engine. A streamed request counts until its response is
   written, so clients that stop reading hold their places and cannot make the server take more.
 
@@ -23,7 +23,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"})
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
+                              "/v1/embeddings"})
 _OVER = b"<over the limit>"  # a sentinel, compared by identity
 
 

@@ -25,15 +25,14 @@ from protocol.child import reporting_startup, start_child
 from protocol.codec import encode, frontend_in_decoder
 from protocol.errors import ErrorCode, InvalidRequestError
 from protocol.ipc import make_socket
+from protocol.launcher_messages import Drained, DrainRequested
 from protocol.messages import (
     AbortReq,
     AbortRequest,
     ClientMsg,
     CloseSession,
     Drain,
-    Drained,
     DrainRequest,
-    DrainRequested,
     EmbeddingBatch,
     EmbedRequest,
     EngineStats,
