@@ -21,6 +21,9 @@ def plot(samples: list[dict[str, Any]], path: Path, title: str, warmup_s: float)
         pts = [(s["t"] / 60, s["procs"][name]) for s in samples if name in s["procs"]]
         rss.plot([t for t, _ in pts], [p["rss_mb"] for _, p in pts], label=name)
         fds.plot([t for t, _ in pts], [p["fds"] for _, p in pts], label=name)
+    sched = [(s["t"] / 60, s["procs"]["tandem-scheduler"]["rss_mb"] - s["engine"].get("grammar_cache_bytes", 0) / 2**20)
+             for s in samples if "tandem-scheduler" in s["procs"]]
+    rss.plot([t for t, _ in sched], [m for _, m in sched], "k--", lw=0.8, label="scheduler less grammar cache")
     rss.set_title("RSS per process (MB)")
     fds.set_title("open fds per process")
 

@@ -87,6 +87,7 @@ def _soak(cfg: EngineConfig, engine: ServedEngine, duration: float, zmq_threads:
         time.sleep(0.5)
     sampler.stop()
     sampler.sample()
+    sampler.close()
     after = probe.stats()
     records = ledger.snapshot()
     ended = (after.requests_finished + after.requests_failed) - (before.requests_finished + before.requests_failed)

@@ -34,8 +34,11 @@ class Sampler:
         self._thread.start()
 
     def stop(self) -> None:
+        """No more periodic samples (sample() still works until close())."""
         self._stop.set()
         self._thread.join()
+
+    def close(self) -> None:
         self.client.close()
 
     def _loop(self) -> None:
