@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from gguf import GGUFReader
 
 # GGUF general.architecture -> the HF architecture the worker runs it as.
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                      "gemma3": "Gemma3ForCausalLM"}
 METADATA_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 CACHE_ENV = "TANDEM_CACHE_DIR"
 
@@ -103,6 +104,8 @@ def hf_config(reader: GGUFReader, path: str | Path) -> dict[str, Any]:
     if arch == "llama":
         cfg["attention_bias"] = "blk.0.attn_q.bias" in tensors
         cfg["mlp_bias"] = "blk.0.ffn_gate.bias" in tensors
+    if arch == "gemma3":
+        cfg.update(_gemma3_config(meta, cfg, path))
     if "rope_freqs.weight" in tensors:
         # Llama 3.1-style frequency factors are stored as a tensor, not as parameters we can rebuild.
         raise ModelLoadError(f"{path}: per-frequency RoPE factors (rope_freqs.weight) are not supported")
@@ -112,6 +115,43 @@ def hf_config(reader: GGUFReader, path: str | Path) -> dict[str, Any]:
     elif scaling != "none":
         raise ModelLoadError(f"{path}: RoPE scaling {scaling!r} is not supported (only linear)")
     return cfg
+
+
+def _gemma3_config(meta: Any, cfg: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """What a gemma3 file adds to the config, as llama.cpp reads the same file: sliding-window layers
+    (every sixth layer global unless the file gives a pattern), local RoPE base 10,000 unless given, the
+    attention scale of head_dim (hidden / heads for the 27B model, whose 62 layers llama.cpp keys it on)."""
+    import gguf
+
+    K = gguf.Keys
+    n = cfg["num_hidden_layers"]
+    pattern = meta(K.Attention.SLIDING_WINDOW_PATTERN, 6)
+    if isinstance(pattern, list):  # one flag per layer, true = sliding
+        if len(pattern) != n:
+            raise ModelLoadError(f"{path}: {len(pattern)} sliding_window_pattern flags for {n} layers")
+        types = ["sliding_attention" if f else "full_attention" for f in pattern]
+    elif isinstance(pattern, int) and pattern >= 1:
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    else:
+        raise ModelLoadError(f"{path}: metadata sliding_window_pattern {pattern!r} is not a layer count >= 1")
+    window = meta(K.Attention.SLIDING_WINDOW)
+    if window is None:
+        raise ModelLoadError(f"{path}: metadata key 'gemma3.attention.sliding_window' is missing")
+    del cfg["hidden_act"]  # Gemma 3 names it hidden_activation
+    extra: dict[str, Any] = {
+        "model_type": "gemma3_text",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "sliding_window": int(window),
+        "layer_types": types,
+        "rope_local_base_freq": float(meta(K.Rope.FREQ_BASE_SWA, 10000.0)),
+        "query_pre_attn_scalar": cfg["hidden_size"] // cfg["num_attention_heads"] if n == 62 else cfg["head_dim"],
+        "attention_bias": False,
+    }
+    for key, name in ((K.LLM.FINAL_LOGIT_SOFTCAPPING, "final_logit_softcapping"),
+                      (K.LLM.ATTN_LOGIT_SOFTCAPPING, "attn_logit_softcapping")):
+        if meta(key) is not None:
+            extra[name] = float(meta(key))
+    return extra
 
 
 def generation_config(reader: GGUFReader) -> dict[str, Any]:

@@ -14,6 +14,9 @@ class ModelInfo(msgspec.Struct, frozen=True):
     max_model_len: int
     eos_token_ids: list[int]
     architecture: str
+    # Keys a sliding-window layer attends (0: the model has none): the scheduler frees, per request, the
+    # sliding layers' KV of positions every such layer has left behind.
+    sliding_window: int = 0
 
 
 def _as_list(x: object) -> list[int]:
@@ -38,4 +41,5 @@ def read_model_info(model: str | Path, max_model_len: int | None = None) -> Mode
         max_model_len=max_model_len or model_max,
         eos_token_ids=eos,
         architecture=cfg.architecture or "?",
+        sliding_window=cfg.sliding_window,
     )
