@@ -49,6 +49,7 @@ class Ops:
     apply_bitmask: Callable[..., None]
     add_rms_norm: Callable[..., torch.Tensor]
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
+    gelu_mul: Callable[[torch.Tensor], torch.Tensor]
     rotary: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
     def describe(self) -> str:
@@ -100,6 +101,7 @@ def resolve_ops(
         apply_bitmask=tri_bitmask.apply_bitmask_triton if triton else ref_bitmask.apply_bitmask_ref,
         add_rms_norm=_native_add_rms_norm if native else ref_norm_act.add_rms_norm,
         silu_mul=norm_act.silu_mul if native else ref_norm_act.silu_mul_ref,
+        gelu_mul=norm_act.gelu_mul if native else ref_norm_act.gelu_mul_ref,
         rotary=rotary.rotary if native else ref_rotary.apply_rotary_ref,
     )
     log.info("%s (device %s, %s)", ops.describe(), device, dtype)

@@ -18,7 +18,14 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save
-from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    PretrainedConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 from launch.tokenizer_maker import EOS_TOKEN, IM_END, special_token_ids, write_tokenizer_files
 
@@ -89,12 +96,38 @@ class ArchSpec:
     tie_embeddings: bool
 
 
-# One tied and two untied archs, so the engine's weight loader sees both layouts. Qwen2's q/k/v bias
-# and Qwen3's q_norm/k_norm come from the architectures themselves.
+# Tied and untied archs, so the engine's weight loader sees both layouts. Qwen2's q/k/v bias, Qwen3's
+# q_norm/k_norm and Gemma 3's layout come from the architectures themselves.
 ARCHS: dict[str, ArchSpec] = {
     "llama": ArchSpec(LlamaConfig, "LlamaForCausalLM", rope_theta=10_000.0, tie_embeddings=False),
     "qwen2": ArchSpec(Qwen2Config, "Qwen2ForCausalLM", rope_theta=1_000_000.0, tie_embeddings=False),
     "qwen3": ArchSpec(Qwen3Config, "Qwen3ForCausalLM", rope_theta=1_000_000.0, tie_embeddings=True),
+    "gemma3": ArchSpec(Gemma3TextConfig, "Gemma3ForCausalLM", rope_theta=1_000_000.0, tie_embeddings=True),
+}
+
+
+@dataclass(frozen=True)
+class Gemma3Spec:
+    """What a Gemma 3 model of a size has beside SizeSpec: sliding-window layers (every `pattern`-th layer
+    global), one KV head, a head wider than hidden / heads, and in `tiny` every option set to a value a
+    loader that ignored it would get wrong: an attention scale apart from head_dim, soft-capped logits,
+    linear RoPE scaling on the global layers. Windows are small, so test prompts run far past them."""
+
+    layers: int
+    window: int
+    pattern: int
+    head_dim: int
+    query_pre_attn_scalar: int
+    final_logit_softcapping: float | None = None
+    rope_factor: float | None = None
+
+
+GEMMA3_SIZES = {
+    "tiny": Gemma3Spec(layers=3, window=16, pattern=3, head_dim=32, query_pre_attn_scalar=24,
+                       final_logit_softcapping=10.0, rope_factor=2.0),
+    "small": Gemma3Spec(layers=6, window=32, pattern=6, head_dim=64, query_pre_attn_scalar=64),
+    "bench": Gemma3Spec(layers=12, window=128, pattern=6, head_dim=128, query_pre_attn_scalar=128),
+    "0.6b": Gemma3Spec(layers=28, window=512, pattern=6, head_dim=256, query_pre_attn_scalar=256),
 }
 
 RMS_NORM_EPS = 1e-6
@@ -112,10 +145,11 @@ BIAS_STD = 0.1  # Qwen2 q/k/v bias: nonzero for the same reason
 
 
 def build_config(
-    arch: str, size: str, vocab_size: int, eos_id: int, num_kv_heads: int | None = None
+    arch: str, size: str, vocab_size: int, eos_id: int, num_kv_heads: int | None = None,
+    tie_word_embeddings: bool | None = None,
 ) -> PretrainedConfig:
     spec, sz = ARCHS[arch], SIZES[size]
-    kv_heads = sz.kv_heads if num_kv_heads is None else num_kv_heads
+    kv_heads = (1 if arch == "gemma3" else sz.kv_heads) if num_kv_heads is None else num_kv_heads
     if kv_heads < 1 or sz.heads % kv_heads:
         raise ValueError(f"num_kv_heads={kv_heads} must divide num_attention_heads={sz.heads}")
     kwargs: dict[str, object] = {
@@ -130,7 +164,7 @@ def build_config(
         "max_position_embeddings": sz.max_positions,
         "rms_norm_eps": RMS_NORM_EPS,
         "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
-        "tie_word_embeddings": spec.tie_embeddings,
+        "tie_word_embeddings": spec.tie_embeddings if tie_word_embeddings is None else tie_word_embeddings,
         "bos_token_id": None,
         "eos_token_id": eos_id,
         "pad_token_id": eos_id,
@@ -139,7 +173,26 @@ def build_config(
     if arch == "qwen2":
         kwargs.pop("head_dim")  # Qwen2 derives it as hidden // heads
         kwargs["attention_bias"] = True  # informational: Qwen2 always has q/k/v bias
+    if arch == "gemma3":
+        kwargs.update(_gemma3_kwargs(GEMMA3_SIZES[size], spec.rope_theta))
     return spec.config_cls(**kwargs)
+
+
+def _gemma3_kwargs(g: Gemma3Spec, rope_theta: float) -> dict[str, object]:
+    full: dict[str, object] = {"rope_type": "default", "rope_theta": rope_theta}
+    if g.rope_factor is not None:
+        full = {"rope_type": "linear", "factor": g.rope_factor, "rope_theta": rope_theta}
+    return {
+        "num_hidden_layers": g.layers,
+        "head_dim": g.head_dim,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "sliding_window": g.window,
+        "layer_types": ["sliding_attention" if (i + 1) % g.pattern else "full_attention" for i in range(g.layers)],
+        "query_pre_attn_scalar": g.query_pre_attn_scalar,
+        "final_logit_softcapping": g.final_logit_softcapping,
+        "rope_parameters": {"full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+        "bos_token_id": None,
+    }
 
 
 def _embed_std(config: PretrainedConfig) -> float:
@@ -150,10 +203,15 @@ def _embed_std(config: PretrainedConfig) -> float:
     return EMBED_SCALE / config.hidden_size**0.5
 
 
+def _norm_offset(config: PretrainedConfig) -> float:
+    """What an RMSNorm adds to its weight: Gemma scales by (1 + w), the others by w."""
+    return 1.0 if config.model_type == "gemma3_text" else 0.0
+
+
 def _std_for(name: str, shape: torch.Size, config: PretrainedConfig) -> tuple[float, float]:
     """(mean, std) for one parameter, chosen by its role."""
-    if name.endswith("norm.weight"):  # RMSNorm, incl. Qwen3's per-head q_norm/k_norm
-        return 1.0, NORM_JITTER
+    if name.endswith("norm.weight"):  # RMSNorm, incl. Qwen3's per-head q_norm/k_norm: a scale ~ 1
+        return 1.0 - _norm_offset(config), NORM_JITTER
     if name.endswith(".bias"):
         return 0.0, BIAS_STD
     if name == "model.embed_tokens.weight":
@@ -178,15 +236,18 @@ def init_weights(config: PretrainedConfig, seed: int) -> dict[str, torch.Tensor]
         weights[name] = torch.randn(shapes[name], generator=gen, dtype=torch.float32) * std + mean
     if config.tie_word_embeddings:
         # Tied logits are embed . norm(h): scale the final norm (not the embedding) to reach LOGIT_STD.
-        final_norm = weights["model.norm.weight"]
+        off = _norm_offset(config)
+        final_norm = weights["model.norm.weight"] + off
         weights["model.norm.weight"] = final_norm * (
             LOGIT_STD / (_embed_std(config) * config.hidden_size**0.5)
-        )
+        ) - off
     return weights
 
 
-def make_model(arch: str, size: str, out: str | Path, seed: int = 0, num_kv_heads: int | None = None) -> Path:
-    """Write config, weights, tokenizer and generation config for one model into `out`."""
+def make_model(arch: str, size: str, out: str | Path, seed: int = 0, num_kv_heads: int | None = None,
+               tie_word_embeddings: bool | None = None) -> Path:
+    """Write config, weights, tokenizer and generation config for one model into `out`; tie_word_embeddings:
+    the arch's default unless given."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose from {sorted(ARCHS)}")
     if size not in SIZES:
@@ -198,7 +259,7 @@ def make_model(arch: str, size: str, out: str | Path, seed: int = 0, num_kv_head
     eos_id = special_token_ids(tok)[EOS_TOKEN]
     # Real checkpoints pad the embedding past the tokenizer too; never let it be smaller.
     vocab_size = max(sz.vocab, tok.get_vocab_size())
-    config = build_config(arch, size, vocab_size, eos_id, num_kv_heads)
+    config = build_config(arch, size, vocab_size, eos_id, num_kv_heads, tie_word_embeddings)
     config.save_pretrained(out)
     _add_legacy_config_keys(out / "config.json", ARCHS[arch].rope_theta)
     # save() + write_bytes rather than save_file: same bytes, but the file honours the umask (save_file
@@ -226,6 +287,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="output model directory")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-kv-heads", type=int, default=None, help="override the size's KV head count")
+    parser.add_argument("--tie-word-embeddings", action=argparse.BooleanOptionalAction, default=None,
+                        help="override the arch's choice of a tied LM head")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -235,7 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = make_model(args.arch, args.size, args.out, seed=args.seed, num_kv_heads=args.num_kv_heads)
+    out = make_model(args.arch, args.size, args.out, seed=args.seed, num_kv_heads=args.num_kv_heads,
+                     tie_word_embeddings=args.tie_word_embeddings)
     print(f"wrote {args.arch}/{args.size} (seed {args.seed}) to {out}")
     return 0
 

@@ -55,13 +55,15 @@ class SchedulerStats:
 
 class Scheduler:
     def __init__(self, cfg: EngineConfig, info: ModelInfo, num_kv_slots: int, num_host_slots: int | None = None,
-                 ) -> None:
-        """num_host_slots: the worker's host tier (from --host-kv-memory-gb); default cfg.host_kv_tokens."""
+                 num_swa_slots: int = 0) -> None:
+        """num_host_slots: the worker's host tier (from --host-kv-memory-gb); default cfg.host_kv_tokens.
+        num_swa_slots: the pool of the model's sliding-window layers, when they have one of their own."""
         self.cfg = cfg
         self.info = info
         self.kv = KVCacheManager(
             num_kv_slots, cfg.max_running_requests, info.max_model_len, cfg.page_size, cfg.prefix_cache,
             cfg.host_kv_tokens if num_host_slots is None else num_host_slots, cfg.host_kv_policy,
+            info.sliding_window if num_swa_slots else 0, num_swa_slots,
         )
         self.eos = frozenset(info.eos_token_ids)
         self.waiting: deque[Req] = deque()
@@ -147,7 +149,8 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput | None:
         budget = self.cfg.max_num_batched_tokens
-        plan = StepPlan(budget=budget, prefill_cap=self.cfg.chunked_prefill_tokens or budget)
+        plan = StepPlan(budget=budget, prefill_cap=self.cfg.chunked_prefill_tokens or budget,
+                        swa_of=self.kv.swa_slots if self.kv.hybrid is not None else None)
         schedule_running(self.running, self.kv, plan, self._retract, self.speculation)
         admit_waiting(self.waiting, self.running, self.kv, plan, self.cfg.max_running_requests)
         self._note_first_scheduled(plan.reqs)
@@ -173,6 +176,7 @@ class Scheduler:
             if epoch == req.epoch and not req.finished():
                 req.num_inflight_steps -= 1
                 req.kv_committed_len += n
+                self.kv.release_window(req)
         if result.prompt_logprobs:
             self._add_prompt_logprobs(step, result.prompt_logprobs)
         counts = result.num_sampled or [1] * len(step.samplers)

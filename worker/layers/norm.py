@@ -29,3 +29,12 @@ class RMSNorm(nn.Module):
     def add_forward(self, h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """h += delta in place (the residual stream takes a layer's output), then this norm of h."""
         return self.ops.add_rms_norm(h, delta, self.weight, self.eps)
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm scales by (1 + w) where checkpoints hold w: the 1 is added once, at load, in float32
+    (transformers computes 1.0 + w.float()), and the norm then runs as any RMSNorm (in float32 the very
+    products transformers computes)."""
+
+    def load_weight(self, tensor: Any, shard: int = 0, param: str = "weight") -> None:
+        self.weight.data.copy_(full_tensor(tensor).float() + 1.0)

@@ -1,13 +1,15 @@
 """Model implementations, looked up by HF architecture name."""
 
+from worker.models.gemma3 import Gemma3ForCausalLM
 from worker.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 from worker.models.registry import MODEL_REGISTRY, get_model_class
 
-CausalLM = LlamaForCausalLM  # the one model family so far; the type load_model returns
+CausalLM = LlamaForCausalLM  # the base every model class extends (Gemma 3's too); the type load_model returns
 
 __all__ = [
     "MODEL_REGISTRY",
     "CausalLM",
+    "Gemma3ForCausalLM",
     "LlamaForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
