@@ -109,9 +109,10 @@ ARCHS: dict[str, ArchSpec] = {
 @dataclass(frozen=True)
 class Gemma3Spec:
     """What a Gemma 3 model of a size has beside SizeSpec: sliding-window layers (every `pattern`-th layer
-    global), one KV head, a head wider than hidden / heads, and in `tiny` every option set to a value a
-    loader that ignored it would get wrong: an attention scale apart from head_dim, soft-capped logits,
-    linear RoPE scaling on the global layers. Windows are small, so test prompts run far past them."""
+    global), one KV head, a head wider than hidden / heads, and in `tiny` options a loader that ignored them
+    would get wrong: soft-capped logits, linear RoPE scaling on the global layers, a pattern other than 6.
+    (The attention scale stays head_dim's, query_pre_attn_scalar = head_dim, which a GGUF file cannot say
+    otherwise: tests/test_model_parity.py tries another.) Windows are small, so test prompts run far past."""
 
     layers: int
     window: int
@@ -123,7 +124,7 @@ class Gemma3Spec:
 
 
 GEMMA3_SIZES = {
-    "tiny": Gemma3Spec(layers=3, window=16, pattern=3, head_dim=32, query_pre_attn_scalar=24,
+    "tiny": Gemma3Spec(layers=3, window=16, pattern=3, head_dim=32, query_pre_attn_scalar=32,
                        final_logit_softcapping=10.0, rope_factor=2.0),
     "small": Gemma3Spec(layers=6, window=32, pattern=6, head_dim=64, query_pre_attn_scalar=64),
     "bench": Gemma3Spec(layers=12, window=128, pattern=6, head_dim=128, query_pre_attn_scalar=128),

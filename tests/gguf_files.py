@@ -98,11 +98,12 @@ def write_gguf(
     """Write `model_dir` as a GGUF file. qtype: one of QTYPES or MIXES; arch: the GGUF architecture name to
     claim (default: the model's); override: GGUF tensor name -> array written instead (any dtype the writer accepts)."""
     cfg = AutoConfig.from_pretrained(model_dir)
-    real_arch = cfg.model_type
+    real_arch = {"gemma3_text": "gemma3"}.get(cfg.model_type, cfg.model_type)
     arch = arch or real_arch
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     rope = getattr(cfg, "rope_parameters", None) or {}
+    rope = rope.get("full_attention", rope)  # Gemma 3: per layer type
     theta = rope.get("rope_theta") or getattr(cfg, "rope_theta", 10000.0)
 
     w = gguf.GGUFWriter(str(out), arch)
@@ -116,6 +117,15 @@ def write_gguf(
     w.add_value_length(head_dim)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(theta)
+    if real_arch == "gemma3":  # what llama.cpp's converter writes for Gemma 3
+        w.add_sliding_window(cfg.sliding_window)
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
+        w.add_rope_freq_base_swa(cfg.rope_parameters["sliding_attention"]["rope_theta"])
+        if cfg.final_logit_softcapping is not None:
+            w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+        if rope.get("rope_type") == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(rope["factor"])
     _tokenizer_metadata(w, model_dir)
 
     arch_id = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == real_arch)
@@ -124,6 +134,8 @@ def write_gguf(
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert name is not None, hf_name
         t = t.astype(np.float32)
+        if real_arch == "gemma3" and hf_name.endswith("norm.weight"):
+            t = t + np.float32(1)  # llama.cpp stores Gemma's RMSNorm scale 1 + w
         if real_arch == "llama" and ".q_proj." in hf_name:
             t = llamacpp_permute(t, heads)
         elif real_arch == "llama" and ".k_proj." in hf_name:
