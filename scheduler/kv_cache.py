@@ -50,8 +50,9 @@ class KVCacheManager:
 
     @property
     def available_slots(self) -> int:
-        """Free now, or freeable by evicting unlocked cache."""
-        return self.allocator.room + self.tree.evictable_size
+        """Free now, or freeable by evicting unlocked cache (full slots: a sliding pool short of them shows in
+        ensure_free)."""
+        return self.allocator.num_free + self.tree.evictable_size
 
     # ---- admission ----------------------------------------------------------------------------
     def assign_row(self, req: Req) -> bool:
