@@ -158,12 +158,13 @@ class KVCacheManager:
     def release_window(self, req: Req) -> None:
         """Give back the sliding KV of req's own positions that no query of it will read again: its next
         query sits at kv_committed_len or later (steps in flight compute positions after the committed ones)
-        and reads keys from kv_committed_len - window + 1 on. Whole pages only; positions the tree owns stay
-        (another request may start after them)."""
+        and reads keys from kv_committed_len - window + 1 on. Whole pages only, and counted from the last
+        whole page, where the cache would take the request (so a request continuing it finds the window
+        before it held); positions the tree owns stay (another request may start after them)."""
         if self.hybrid is None or req.req_pool_idx is None:
             return
         p = self.page_size
-        end = (req.kv_committed_len - self.window + 1) // p * p
+        end = (req.kv_committed_len // p * p - self.window + 1) // p * p
         start = max(req.swa_released_len, req.cache_protected_len)
         if end > start:
             self.hybrid.free_window(self.req_table.slots(req.req_pool_idx, start, end))
