@@ -132,10 +132,11 @@ class CpuStepGraph:
         self._node(sg.HEAD_NORM, sg.entry_points()["add_rms_norm"], x_ptr, ld, heads, norm.weight.data_ptr(), d,
                    sg.float_bits(norm.eps), out.data_ptr(), out.stride(0))
 
-    def _attention(self, i: int, q: torch.Tensor, k: torch.Tensor, v_ptr: int, ld_v: int, out: torch.Tensor,
-                   scale: float, window: int) -> None:
-        """Layer i's K/V written (to its own pool's slots when it has one) and its queries attended."""
-        kv, (_, H, D) = self.kv, q.shape
+    def _attention(self, i: int, q: torch.Tensor, H: int, k: torch.Tensor, v_ptr: int, ld_v: int,
+                   out: torch.Tensor, scale: float, window: int) -> None:
+        """Layer i's K/V written (to its own pool's slots when it has one) and its H query heads (the first
+        of q's rows) attended."""
+        kv, D = self.kv, q.shape[-1]
         kp, vp = kv.k[i], kv.v[i]
         mapped = window and kv.swa_map is not None
         Hkv = k.shape[1]
@@ -193,7 +194,7 @@ class CpuStepGraph:
             else:
                 self._rotary(qkv, H + Hkv, rot)
             v_ptr = qkv.data_ptr() + (a.q_size + a.kv_size) * 4
-            self._attention(i, q, k, v_ptr, qkv.stride(0), attn_out, a.scale, window)
+            self._attention(i, q, H, k, v_ptr, qkv.stride(0), attn_out, a.scale, window)
             self._linear(a.o_proj, attn_out.view(mb, -1), o, a.o_proj.bias)
             mlp = layer.mlp
             if gemma:  # h += norm(attention); x = norm(h); ...; delta = norm(mlp)

@@ -115,8 +115,8 @@ def prepare_inputs(
     )
     # The table first: this step's tokens read their slots back from it below.
     ops.update_table(kv.req_to_token, srow_t, scol_t, sval_t)
-    if kv.swa_map is not None and swa_vals:
-        if len(swa_vals) != len(slot_vals):
+    if kv.swa_map is not None and slot_vals:
+        if len(swa_vals) != len(slot_vals):  # a scheduler that does not know the worker's sliding pool
             raise RuntimeError(f"{len(swa_vals)} sliding-window slots for {len(slot_vals)} slots")
         kv.map_swa(sval_t, to_device([swa_vals], device)[0])
     input_ids, positions, out_cache_loc = ops.prepare_inputs(

@@ -180,7 +180,7 @@ def _runner_and_scheduler(model, **opts):
     cfg = EngineConfig(model=str(model), device="cuda", kv_cache_tokens=8192, max_running_requests=32, **opts)
     info = read_model_info(cfg.model)
     runner = ModelRunner(cfg, info)
-    return runner, Scheduler(cfg, info, runner.num_kv_slots)
+    return runner, Scheduler(cfg, info, runner.num_kv_slots, num_swa_slots=runner.num_swa_slots)
 
 
 def test_step_launch_never_waits_for_the_device(tiny_model) -> None:
