@@ -195,15 +195,21 @@ def cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "tandem")
 
 
-def metadata_dir(path: str | Path) -> Path:
-    """The cached METADATA_FILES of a GGUF file, written on first use. The key is the file's path, size and
+def metadata_cache_path(path: str | Path) -> Path:
+    """Where metadata_dir keeps a GGUF file's METADATA_FILES. The key is the file's path, size and
     modification time, so a replaced file gets fresh metadata."""
     p = Path(path).resolve()
     if not p.is_file():
         raise ModelLoadError(f"{path}: no such GGUF file")
     st = p.stat()
     key = hashlib.sha256(f"{p}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:20]
-    d = cache_root() / "gguf" / f"{p.stem}-{key}"
+    return cache_root() / "gguf" / f"{p.stem}-{key}"
+
+
+def metadata_dir(path: str | Path) -> Path:
+    """The cached METADATA_FILES of a GGUF file, written on first use."""
+    p = Path(path).resolve()
+    d = metadata_cache_path(p)
     if all((d / f).is_file() for f in METADATA_FILES):
         return d
     d.parent.mkdir(parents=True, exist_ok=True)
