@@ -148,8 +148,22 @@ def _serve_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _join_passthrough(argv: list[str]) -> list[str]:
+    """`--llama-cpp-args --no-repack` as one option: argparse would read a value starting with '-' as the
+    next flag, so a value that looks like flags is glued on with '='."""
+    out: list[str] = []
+    it = iter(argv)
+    for a in it:
+        if a == "--llama-cpp-args":
+            v = next(it, None)
+            out.append(a if v is None else f"{a}={v}")
+        else:
+            out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(_join_passthrough(sys.argv[1:] if argv is None else argv))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.bench == "serve":
         return _serve_main(args)

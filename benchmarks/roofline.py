@@ -54,7 +54,9 @@ class ModelDims:
         c = read_model_config(model)
         dims = cls(
             hidden=c.hidden_size, layers=c.num_hidden_layers, heads=c.num_attention_heads,
-            kv_heads=c.num_key_value_heads, head_dim=c.head_dim, intermediate=c.intermediate_size,
+            # an MoE model's MLP as a token reads it: its top-k experts (a batch may read more of them, so
+            # for MoE the floor is looser, still a floor)
+            kv_heads=c.num_key_value_heads, head_dim=c.head_dim, intermediate=c.active_intermediate_size,
             vocab=c.vocab_size, dtype=dtype,
         )
         kept = quantized_types(resolve_ops(device, dtype)) if is_gguf(model) else frozenset()
@@ -62,8 +64,11 @@ class ModelDims:
             return dims
         stored = 0
         for t in open_gguf(model).tensors:
+            held = int(t.n_bytes) if t.tensor_type.name in kept else int(t.n_elements) * dims.elem_bytes
             if len(t.shape) == 2:
-                stored += int(t.n_bytes) if t.tensor_type.name in kept else int(t.n_elements) * dims.elem_bytes
+                stored += held
+            elif len(t.shape) == 3:  # an MoE layer's [E, ...] experts: a token reads its top k
+                stored += held * c.num_experts_per_tok // c.num_experts
         if not c.tie_word_embeddings:  # the embedding is looked up, not streamed; the head is
             stored -= c.hidden_size * c.vocab_size * dims.elem_bytes
         return replace(dims, stored_weight_bytes=stored)

@@ -18,6 +18,7 @@ from protocol.messages import (
     Ready,
     RequestError,
     RequestOutput,
+    SessionReply,
     TokenBatch,
 )
 from protocol.tokenizer_loader import load_fast_tokenizer
@@ -84,5 +85,5 @@ def run_detokenizer(cfg_bytes: bytes, ep_bytes: bytes) -> None:
         elif isinstance(msg, RequestError):
             detok.drop(msg.rid)
             frontend.send(encode(msg))
-        elif isinstance(msg, EngineStats):
+        elif isinstance(msg, (EngineStats, SessionReply)):
             frontend.send(encode(msg))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from frontend.reasoning_parser import split_reasoning
 from protocol.final_info import FinalInfo, HasFinal
 from protocol.messages import EngineLoad, Logprobs, RequestOutput
 
@@ -29,6 +30,18 @@ class Completion(HasFinal):
     logprobs: Logprobs | None = None
     prompt_logprobs: Logprobs | None = None
     final: FinalInfo | None = None
+    # The reasoning style of the client that made it (Client(..., reasoning_parser=...)), or None.
+    reasoning_style: str | None = field(default=None, repr=False)
+
+    @property
+    def reasoning_text(self) -> str | None:
+        """The text between the model's think markers (None without a reasoning parser or reasoning)."""
+        return split_reasoning(self.text, self.reasoning_style)[0] if self.reasoning_style else None
+
+    @property
+    def content(self) -> str:
+        """The reply without its reasoning and markers (the whole text without a reasoning parser)."""
+        return split_reasoning(self.text, self.reasoning_style)[1] if self.reasoning_style else self.text
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text

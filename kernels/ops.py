@@ -16,15 +16,17 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.native import norm_act, paged_attention, quant_linear, rotary
+from kernels.native import moe, norm_act, paged_attention, quant_linear, rotary
 from kernels.reference import bitmask as ref_bitmask
 from kernels.reference import input_prep as ref_input_prep
+from kernels.reference import moe as ref_moe
 from kernels.reference import ngram_propose as ref_ngram
 from kernels.reference import norm_act as ref_norm_act
 from kernels.reference import rotary as ref_rotary
 from kernels.reference import sample_writeback as ref_writeback
 from kernels.triton import bitmask as tri_bitmask
 from kernels.triton import input_prep as tri_input_prep
+from kernels.triton import moe as tri_moe
 from kernels.triton import ngram_propose as tri_ngram
 from kernels.triton import sample_writeback as tri_writeback
 
@@ -38,7 +40,7 @@ class Ops:
     """One implementation per op (signatures: the reference of each, kernels/reference/)."""
 
     attention: str  # the attention backend: cpu, torch or triton
-    native: bool  # the C kernels run (norm, SiLU, rotary, CPU attention, quantized GGUF weights)
+    native: bool  # the C kernels run (norm, SiLU, rotary, CPU attention, quantized GGUF weights, MoE layers)
     # GGUF blocks' products take int8 activations (--cpu-int8-activations; kernels/csrc/quant_int8.h)
     int8_activations: bool
     host_drafts: bool  # the n-gram proposer runs on the host and returns each row's matched drafts
@@ -51,6 +53,8 @@ class Ops:
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
     gelu_mul: Callable[[torch.Tensor], torch.Tensor]
     rotary: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    # an MoE layer's experts from torch weights (where `native`, the layer runs kernels/native/moe.py instead)
+    moe_experts: Callable[..., torch.Tensor]
 
     def describe(self) -> str:
         device_ops = "host" if self.host_drafts else "triton"
@@ -83,7 +87,7 @@ def resolve_ops(
     triton = forced == "1" if forced in ("0", "1") else device.type == "cuda"
     native = (
         device.type == "cpu" and dtype == torch.float32 and os.environ.get("TANDEM_NO_NATIVE") != "1"
-        and all(k.available() for k in (norm_act, rotary, paged_attention, quant_linear))
+        and all(k.available() for k in (norm_act, rotary, paged_attention, quant_linear, moe))
     )  # fmt: skip
     if int8_activations and not native:
         log.warning("--cpu-int8-activations ignored: it needs the C kernels (CPU, float32, a C compiler)")
@@ -103,6 +107,7 @@ def resolve_ops(
         silu_mul=norm_act.silu_mul if native else ref_norm_act.silu_mul_ref,
         gelu_mul=norm_act.gelu_mul if native else ref_norm_act.gelu_mul_ref,
         rotary=rotary.rotary if native else ref_rotary.apply_rotary_ref,
+        moe_experts=tri_moe.experts_triton if triton else ref_moe.experts_ref,
     )
     log.info("%s (device %s, %s)", ops.describe(), device, dtype)
     return ops

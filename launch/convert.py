@@ -24,9 +24,19 @@ def convert(gguf_path: str | Path, out: str | Path) -> Path:
     for name in METADATA_FILES:
         shutil.copyfile(meta / name, out / name)
     # float32 holds every dequantized value exactly, so the directory and the GGUF run the same model.
-    weights = dict(iter_gguf_weights(gguf_path, read_model_config(gguf_path), torch.float32, progress=True))
+    cfg = read_model_config(gguf_path)
+    weights = dict(iter_gguf_weights(gguf_path, cfg, torch.float32, progress=True))
+    if cfg.architecture == "MixtralForCausalLM":  # Mixtral checkpoints' own names, which transformers reads
+        weights = {_mixtral_name(k): v for k, v in weights.items()}
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
+
+
+def _mixtral_name(name: str) -> str:
+    for ours, theirs in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
+        if ".mlp.experts." in name and name.endswith(f".{ours}.weight"):
+            name = name.removesuffix(f"{ours}.weight") + f"{theirs}.weight"
+    return name.replace(".mlp.experts.", ".block_sparse_moe.experts.").replace(".mlp.gate.", ".block_sparse_moe.gate.")
 
 
 def main(argv: list[str] | None = None) -> int:

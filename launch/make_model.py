@@ -22,12 +22,22 @@ from transformers import (
     AutoModelForCausalLM,
     Gemma3TextConfig,
     LlamaConfig,
+    MixtralConfig,
     PretrainedConfig,
     Qwen2Config,
+    Qwen2MoeConfig,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
-from launch.tokenizer_maker import EOS_TOKEN, IM_END, special_token_ids, write_tokenizer_files
+from launch.tokenizer_maker import (
+    CHAT_TEMPLATE,
+    EOS_TOKEN,
+    IM_END,
+    QWEN3_CHAT_TEMPLATE,
+    special_token_ids,
+    write_tokenizer_files,
+)
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,9 @@ class SizeSpec:
     intermediate: int
     vocab: int
     max_positions: int
+    # The MoE archs: each expert's width; 8 experts, top 2 (the defaults of make_model), so a token's active
+    # MLP (2 x moe_intermediate) is the dense `intermediate` of the same size.
+    moe_intermediate: int = 0
 
 
 SIZES: dict[str, SizeSpec] = {
@@ -52,6 +65,7 @@ SIZES: dict[str, SizeSpec] = {
         intermediate=128,
         vocab=1024,
         max_positions=2048,
+        moe_intermediate=64,
     ),
     "small": SizeSpec(
         hidden=256,
@@ -62,6 +76,7 @@ SIZES: dict[str, SizeSpec] = {
         intermediate=768,
         vocab=4096,
         max_positions=4096,
+        moe_intermediate=256,
     ),
     # ~29-34M parameters depending on tying: big enough to be GPU-bound in benchmarks, quick to write.
     "bench": SizeSpec(
@@ -73,6 +88,7 @@ SIZES: dict[str, SizeSpec] = {
         intermediate=1536,
         vocab=8192,
         max_positions=4096,
+        moe_intermediate=768,
     ),
     # Qwen3-0.6B's shapes (random weights): the GPU throughput benchmark's model.
     "0.6b": SizeSpec(
@@ -84,6 +100,7 @@ SIZES: dict[str, SizeSpec] = {
         intermediate=3072,
         vocab=151936,
         max_positions=40960,
+        moe_intermediate=1536,
     ),
 }
 
@@ -94,6 +111,7 @@ class ArchSpec:
     architecture: str
     rope_theta: float
     tie_embeddings: bool
+    moe: bool = False
 
 
 # Tied and untied archs, so the engine's weight loader sees both layouts. Qwen2's q/k/v bias, Qwen3's
@@ -102,6 +120,14 @@ ARCHS: dict[str, ArchSpec] = {
     "llama": ArchSpec(LlamaConfig, "LlamaForCausalLM", rope_theta=10_000.0, tie_embeddings=False),
     "qwen2": ArchSpec(Qwen2Config, "Qwen2ForCausalLM", rope_theta=1_000_000.0, tie_embeddings=False),
     "qwen3": ArchSpec(Qwen3Config, "Qwen3ForCausalLM", rope_theta=1_000_000.0, tie_embeddings=True),
+    # Mixture of experts: Qwen3-MoE (renormalised top-k, as Qwen3-30B-A3B), Qwen2-MoE (a shared expert, top-k
+    # not renormalised), Mixtral. Untied like their published checkpoints (make_model's tie_embeddings).
+    "qwen3_moe": ArchSpec(Qwen3MoeConfig, "Qwen3MoeForCausalLM", rope_theta=1_000_000.0, tie_embeddings=False,
+                          moe=True),
+    "qwen2_moe": ArchSpec(Qwen2MoeConfig, "Qwen2MoeForCausalLM", rope_theta=1_000_000.0, tie_embeddings=False,
+                          moe=True),
+    "mixtral": ArchSpec(MixtralConfig, "MixtralForCausalLM", rope_theta=1_000_000.0, tie_embeddings=False,
+                        moe=True),
     "gemma3": ArchSpec(Gemma3TextConfig, "Gemma3ForCausalLM", rope_theta=1_000_000.0, tie_embeddings=True),
 }
 
@@ -130,6 +156,7 @@ GEMMA3_SIZES = {
     "bench": Gemma3Spec(layers=12, window=128, pattern=6, head_dim=128, query_pre_attn_scalar=128),
     "0.6b": Gemma3Spec(layers=28, window=512, pattern=6, head_dim=256, query_pre_attn_scalar=256),
 }
+NUM_EXPERTS, EXPERTS_PER_TOK = 8, 2
 
 RMS_NORM_EPS = 1e-6
 
@@ -143,11 +170,14 @@ LINEAR_GAIN = 1.0
 EMBED_SCALE = 0.1  # embed std = scale / sqrt(hidden): see _embed_std
 NORM_JITTER = 0.1  # RMSNorm weights ~ 1 + N(0, jitter), so a loader that ignores them is caught
 BIAS_STD = 0.1  # Qwen2 q/k/v bias: nonzero for the same reason
+# Router logits' std: gaps between a token's k-th and (k+1)-th expert far above float rounding, so the engine
+# and transformers pick the same experts (a flip changes the output by a whole expert's share).
+ROUTER_STD = 3.0
 
 
 def build_config(
     arch: str, size: str, vocab_size: int, eos_id: int, num_kv_heads: int | None = None,
-    tie_word_embeddings: bool | None = None,
+    num_experts: int = NUM_EXPERTS, experts_per_tok: int = EXPERTS_PER_TOK, tie_embeddings: bool | None = None,
 ) -> PretrainedConfig:
     spec, sz = ARCHS[arch], SIZES[size]
     kv_heads = (1 if arch == "gemma3" else sz.kv_heads) if num_kv_heads is None else num_kv_heads
@@ -165,17 +195,28 @@ def build_config(
         "max_position_embeddings": sz.max_positions,
         "rms_norm_eps": RMS_NORM_EPS,
         "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
-        "tie_word_embeddings": spec.tie_embeddings if tie_word_embeddings is None else tie_word_embeddings,
+        "tie_word_embeddings": spec.tie_embeddings if tie_embeddings is None else tie_embeddings,
         "bos_token_id": None,
         "eos_token_id": eos_id,
         "pad_token_id": eos_id,
         "dtype": "float32",
     }
-    if arch == "qwen2":
+    if arch in ("qwen2", "qwen2_moe"):
         kwargs.pop("head_dim")  # Qwen2 derives it as hidden // heads
         kwargs["attention_bias"] = True  # informational: Qwen2 always has q/k/v bias
     if arch == "gemma3":
         kwargs.update(_gemma3_kwargs(GEMMA3_SIZES[size], spec.rope_theta))
+    if spec.moe:
+        if not 0 < experts_per_tok <= num_experts:
+            raise ValueError(f"experts_per_tok={experts_per_tok} must be between 1 and num_experts={num_experts}")
+        kwargs["num_experts_per_tok"] = experts_per_tok
+        if arch == "mixtral":  # its experts are intermediate_size wide; it always renormalises the top k
+            kwargs.update(num_local_experts=num_experts, intermediate_size=sz.moe_intermediate)
+        else:
+            kwargs.update(num_experts=num_experts, moe_intermediate_size=sz.moe_intermediate,
+                          norm_topk_prob=arch == "qwen3_moe")
+        if arch == "qwen2_moe":
+            kwargs["shared_expert_intermediate_size"] = sz.moe_intermediate
     return spec.config_cls(**kwargs)
 
 
@@ -217,6 +258,8 @@ def _std_for(name: str, shape: torch.Size, config: PretrainedConfig) -> tuple[fl
         return 0.0, BIAS_STD
     if name == "model.embed_tokens.weight":
         return 0.0, _embed_std(config)
+    if name.endswith("mlp.gate.weight"):  # the router
+        return 0.0, ROUTER_STD / shape[-1] ** 0.5
     if name == "lm_head.weight":
         # The final norm makes hidden RMS ~1, so logits have std ~ sqrt(hidden) * std.
         return 0.0, LOGIT_STD / config.hidden_size**0.5
@@ -245,10 +288,34 @@ def init_weights(config: PretrainedConfig, seed: int) -> dict[str, torch.Tensor]
     return weights
 
 
+def checkpoint_layout(weights: dict[str, torch.Tensor], arch: str) -> dict[str, torch.Tensor]:
+    """transformers' in-memory names -> a published checkpoint's (what save_pretrained writes): an MoE
+    layer's fused [E, ...] experts split per expert (Mixtral's as block_sparse_moe.experts.N.w1/w3/w2)."""
+    mixtral = arch == "mixtral"
+    gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    out: dict[str, torch.Tensor] = {}
+    for name, w in weights.items():
+        layer, found, which = name.partition("mlp.experts.")
+        if not found:
+            out[name] = w
+            continue
+        for e, we in enumerate(w):
+            base = f"{layer}{'block_sparse_moe' if mixtral else 'mlp'}.experts.{e}."
+            if which == "gate_up_proj":
+                half = we.shape[0] // 2
+                out[f"{base}{gate}.weight"], out[f"{base}{up}.weight"] = we[:half].clone(), we[half:].clone()
+            else:
+                out[f"{base}{down}.weight"] = we.clone()
+    if mixtral:  # the router too: block_sparse_moe.gate
+        out = {k.replace(".mlp.gate.", ".block_sparse_moe.gate."): v for k, v in out.items()}
+    return out
+
+
 def make_model(arch: str, size: str, out: str | Path, seed: int = 0, num_kv_heads: int | None = None,
-               tie_word_embeddings: bool | None = None) -> Path:
-    """Write config, weights, tokenizer and generation config for one model into `out`; tie_word_embeddings:
-    the arch's default unless given."""
+               num_experts: int = NUM_EXPERTS, experts_per_tok: int = EXPERTS_PER_TOK,
+               tie_embeddings: bool | None = None) -> Path:
+    """Write config, weights, tokenizer and generation config for one model into `out`. num_experts and
+    experts_per_tok: the MoE archs' (ignored by the dense ones); tie_embeddings: None, the arch's default."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose from {sorted(ARCHS)}")
     if size not in SIZES:
@@ -256,16 +323,18 @@ def make_model(arch: str, size: str, out: str | Path, seed: int = 0, num_kv_head
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     sz = SIZES[size]
-    tok = write_tokenizer_files(out, sz.vocab, sz.max_positions)
+    tok = write_tokenizer_files(out, sz.vocab, sz.max_positions,
+                                QWEN3_CHAT_TEMPLATE if arch == "qwen3" else CHAT_TEMPLATE)
     eos_id = special_token_ids(tok)[EOS_TOKEN]
     # Real checkpoints pad the embedding past the tokenizer too; never let it be smaller.
     vocab_size = max(sz.vocab, tok.get_vocab_size())
-    config = build_config(arch, size, vocab_size, eos_id, num_kv_heads, tie_word_embeddings)
+    config = build_config(arch, size, vocab_size, eos_id, num_kv_heads, num_experts, experts_per_tok, tie_embeddings)
     config.save_pretrained(out)
     _add_legacy_config_keys(out / "config.json", ARCHS[arch].rope_theta)
     # save() + write_bytes rather than save_file: same bytes, but the file honours the umask (save_file
     # creates it 0600, which trips up a server running as another user).
-    (out / "model.safetensors").write_bytes(save(init_weights(config, seed), metadata={"format": "pt"}))
+    weights = checkpoint_layout(init_weights(config, seed), arch)
+    (out / "model.safetensors").write_bytes(save(weights, metadata={"format": "pt"}))
     # Like real chat models: generation also stops at the end of an assistant turn.
     im_end = special_token_ids(tok)[IM_END]
     gen_config = {"eos_token_id": [eos_id, im_end], "pad_token_id": eos_id, "do_sample": False}
@@ -288,8 +357,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="output model directory")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-kv-heads", type=int, default=None, help="override the size's KV head count")
-    parser.add_argument("--tie-word-embeddings", action=argparse.BooleanOptionalAction, default=None,
-                        help="override the arch's choice of a tied LM head")
+    parser.add_argument("--num-experts", type=int, default=NUM_EXPERTS, help="experts per MoE layer (MoE archs)")
+    parser.add_argument("--experts-per-tok", type=int, default=EXPERTS_PER_TOK,
+                        help="experts each token is routed to (MoE archs)")
+    parser.add_argument("--tie-embeddings", choices=("true", "false"), default=None,
+                        help="tie the LM head to the embedding (default: the arch's)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -299,8 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    tie = None if args.tie_embeddings is None else args.tie_embeddings == "true"
     out = make_model(args.arch, args.size, args.out, seed=args.seed, num_kv_heads=args.num_kv_heads,
-                     tie_word_embeddings=args.tie_word_embeddings)
+                     num_experts=args.num_experts, experts_per_tok=args.experts_per_tok, tie_embeddings=tie)
     print(f"wrote {args.arch}/{args.size} (seed {args.seed}) to {out}")
     return 0
 

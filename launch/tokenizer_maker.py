@@ -25,6 +25,13 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# Qwen3's thinking switch: with enable_thinking=false the prompt holds an empty think block, so the reply
+# is the answer; otherwise the model may open one itself. The markers are plain text to this tokenizer.
+QWEN3_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
+    "assistant\n{% endif %}",
+    "assistant\n{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}",
+)
 
 
 def _corpus_chunks(text: str, lines_per_chunk: int = 64) -> list[str]:
@@ -56,7 +63,8 @@ def train_tokenizer(vocab_size: int, corpus_path: str | Path = CORPUS_PATH) -> T
     return Tokenizer.from_str(_trained_json(vocab_size, str(corpus_path)))
 
 
-def write_tokenizer_files(out: Path, vocab_size: int, model_max_length: int) -> Tokenizer:
+def write_tokenizer_files(out: Path, vocab_size: int, model_max_length: int,
+                          chat_template: str = CHAT_TEMPLATE) -> Tokenizer:
     """Write tokenizer.json + tokenizer_config.json into `out`; returns the tokenizer."""
     tok = train_tokenizer(vocab_size)
     (out / "tokenizer.json").write_text(_trained_json(vocab_size, str(CORPUS_PATH)), encoding="utf-8")
@@ -72,7 +80,7 @@ def write_tokenizer_files(out: Path, vocab_size: int, model_max_length: int) -> 
         # The default cleanup rewrites " ." to "." and would break exact round trips.
         "clean_up_tokenization_spaces": False,
         "model_max_length": model_max_length,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n", encoding="utf-8")
     return tok

@@ -21,6 +21,10 @@ class EngineConfig:
         default=None, metadata={"help": "requests queued beyond the running ones; past it: overloaded; default: no limit"}
     )
     max_num_batched_tokens: int = field(default=2048, metadata={"help": "per-step token budget"})
+    scheduling_policy: str = field(
+        default="fcfs", metadata={"help": "fcfs (arrival order) or priority (a request's priority, lower first, "
+                                  "then arrival; the lowest is retracted first)"}
+    )
     chunked_prefill_tokens: int | None = field(
         default=None, metadata={"help": "prefill tokens per step, chunking long prompts; default: the step budget"}
     )
@@ -37,6 +41,11 @@ class EngineConfig:
     )
     host_kv_policy: str = field(
         default="write_back", metadata={"help": "write_back (copy to host on eviction) or write_through"}
+    )
+    session_kv_tokens: int | None = field(
+        default=None,
+        metadata={"help": "KV tokens all open sessions may hold together (each reserves its capacity when it "
+                  "opens); 0: no sessions; default: half of the KV pool"},
     )
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks (worker processes)"})
     nnodes: int = field(default=1, metadata={"help": "nodes the tp ranks span"})
@@ -109,8 +118,12 @@ class EngineConfig:
                 raise bad("host_kv_memory_gb", "needs the prefix cache (the host tier lives under it)")
         if self.host_kv_tokens % self.page_size:
             raise bad("host_kv_tokens", f"must be a multiple of page_size={self.page_size}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise bad("scheduling_policy", "must be fcfs or priority")
         if self.host_kv_policy not in ("write_back", "write_through"):
             raise bad("host_kv_policy", "must be write_back or write_through")
+        if self.session_kv_tokens is not None and self.session_kv_tokens < 0:
+            raise bad("session_kv_tokens", "must be >= 0 (0: no sessions)")
         if self.chunked_prefill_tokens is not None and self.chunked_prefill_tokens < 1:
             raise bad("chunked_prefill_tokens", "must be >= 1")
         if self.max_waiting_requests is not None and self.max_waiting_requests < 0:

@@ -22,6 +22,11 @@ class ErrorCode(str, Enum):
     TOKEN_ID = "invalid_request.token_id"
     PROMPT_TOO_LONG = "invalid_request.prompt_too_long"
     INVALID_GRAMMAR = "invalid_request.grammar"
+    SESSION = "invalid_request.session"  # a bad open_session (capacity, timeout) or sessions unavailable
+    SESSION_UNKNOWN = "invalid_request.session_unknown"
+    SESSION_CLOSED = "invalid_request.session_closed"  # closed, or timed out
+    SESSION_TURN = "invalid_request.session_turn"  # no such finished turn in the session
+    SESSION_CAPACITY = "invalid_request.session_capacity"  # past the session's or the engine's token cap
     REQUEST_FAILED = "request_failed"
     FRONTEND_FAILED = "request_failed.frontend"
     FAILED_INTERNAL = "request_failed.internal"

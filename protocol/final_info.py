@@ -15,6 +15,7 @@ class FinalInfo(msgspec.Struct, array_like=True):
     cached_tokens: int = 0  # prompt tokens served by the prefix cache
     spec_accepted_tokens: int = 0  # draft tokens accepted (speculative decoding)
     time_stats: TimeStats | None = None
+    prefix_source: str = "none"  # where its cached prefix came from: none, device, host or session
 
 
 class HasFinal:
@@ -50,6 +51,10 @@ class HasFinal:
     @property
     def spec_accepted_tokens(self) -> int:
         return self.final.spec_accepted_tokens if self.final else 0
+
+    @property
+    def prefix_source(self) -> str:
+        return self.final.prefix_source if self.final else "none"
 
     @property
     def metrics(self) -> TimeStats | None:

@@ -20,9 +20,19 @@ from protocol.errors import ModelLoadError
 if TYPE_CHECKING:
     from gguf import GGUFReader
 
-# GGUF general.architecture -> the HF architecture the worker runs it as.
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                      "gemma3": "Gemma3ForCausalLM"}
+# GGUF general.architecture -> the HF architecture the worker runs it as (a "llama" file with experts is
+# Mixtral's: llama.cpp writes it so).
+GGUF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+}
+# Whether the top-k routing weights are renormalised when the file does not say (expert_weights_norm): as
+# llama.cpp runs each architecture.
+_NORM_TOPK = {"llama": True, "qwen2moe": False, "qwen3moe": True}
 METADATA_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 CACHE_ENV = "TANDEM_CACHE_DIR"
 
@@ -79,14 +89,16 @@ def hf_config(reader: GGUFReader, path: str | Path) -> dict[str, Any]:
     if "token_embd.weight" not in tensors:
         raise ModelLoadError(f"{path}: no token_embd.weight tensor")
     hidden, heads = need(K.LLM.EMBEDDING_LENGTH), need(K.Attention.HEAD_COUNT)
+    experts = _experts(reader, path, arch, tensors)
     cfg: dict[str, Any] = {
         "architectures": [GGUF_ARCHITECTURES[arch]],
-        "model_type": arch,
+        "model_type": {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}.get(arch, arch),  # transformers' name
         # The embedding's rows, not the token list: a padded vocabulary has more rows than tokens.
         "vocab_size": int(tensors["token_embd.weight"].shape[1]),
         "hidden_size": hidden,
         "num_hidden_layers": need(K.LLM.BLOCK_COUNT),
-        "intermediate_size": need(K.LLM.FEED_FORWARD_LENGTH),
+        "intermediate_size": need(K.LLM.FEED_FORWARD_LENGTH) if not experts or meta(K.LLM.FEED_FORWARD_LENGTH)
+        else experts["moe_intermediate_size"],
         "num_attention_heads": heads,
         "num_key_value_heads": int(meta(K.Attention.HEAD_COUNT_KV, heads)),
         "head_dim": int(meta(K.Attention.KEY_LENGTH, hidden // heads)),
@@ -104,6 +116,14 @@ def hf_config(reader: GGUFReader, path: str | Path) -> dict[str, Any]:
     if arch == "llama":
         cfg["attention_bias"] = "blk.0.attn_q.bias" in tensors
         cfg["mlp_bias"] = "blk.0.ffn_gate.bias" in tensors
+    if arch == "qwen2moe":
+        cfg["qkv_bias"] = "blk.0.attn_q.bias" in tensors
+    if experts:
+        if arch == "llama":  # Mixtral: every layer's experts are intermediate_size wide
+            cfg["architectures"], cfg["model_type"] = ["MixtralForCausalLM"], "mixtral"
+            cfg["intermediate_size"] = experts["moe_intermediate_size"]
+            experts["num_local_experts"] = experts.pop("num_experts")
+        cfg.update(experts)
     if arch == "gemma3":
         cfg.update(_gemma3_config(meta, cfg, path))
     if "rope_freqs.weight" in tensors:
@@ -152,6 +172,49 @@ def _gemma3_config(meta: Any, cfg: dict[str, Any], path: str | Path) -> dict[str
         if meta(key) is not None:
             extra[name] = float(meta(key))
     return extra
+
+
+def _experts(reader: GGUFReader, path: str | Path, arch: str, tensors: dict[str, Any]) -> dict[str, Any]:
+    """The MoE fields of config.json ({} for a dense file), checked against the expert tensors: each layer's
+    ffn_*_exps must hold expert_count experts (a layer without them is a dense one)."""
+    import gguf
+
+    def key(k: str) -> str:
+        return k.format(arch=arch)
+
+    count = _field(reader, key(gguf.Keys.LLM.EXPERT_COUNT))
+    if not count:
+        if any(n.endswith("_exps.weight") for n in tensors):
+            raise ModelLoadError(f"{path}: expert tensors but no {key(gguf.Keys.LLM.EXPERT_COUNT)!r} in the metadata")
+        return {}
+    count, used = int(count), int(_field(reader, key(gguf.Keys.LLM.EXPERT_USED_COUNT), 0))
+    if not 0 < used <= count:
+        raise ModelLoadError(f"{path}: {key(gguf.Keys.LLM.EXPERT_USED_COUNT)} = {used} must be between 1 and "
+                             f"{key(gguf.Keys.LLM.EXPERT_COUNT)} = {count}")
+    layers = int(_field(reader, key(gguf.Keys.LLM.BLOCK_COUNT), 0))
+    dense, width = [], None
+    for i in range(layers):
+        exps = [tensors.get(f"blk.{i}.ffn_{w}_exps.weight") for w in ("gate", "up", "down")]
+        if all(t is None for t in exps):
+            dense.append(i)
+            continue
+        for t, w in zip(exps, ("gate", "up", "down")):
+            if t is None or len(t.shape) != 3 or int(t.shape[2]) != count:
+                got = "none" if t is None else f"shape {[int(d) for d in t.shape]}"
+                raise ModelLoadError(f"{path}: {key(gguf.Keys.LLM.EXPERT_COUNT)} = {count} does not match tensor "
+                                     f"blk.{i}.ffn_{w}_exps.weight ({got})")
+        width = int(exps[0].shape[1])
+    ffn = _field(reader, key(gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH))
+    shared = _field(reader, key(gguf.Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH))
+    norm = _field(reader, key(gguf.Keys.LLM.EXPERT_WEIGHTS_NORM))
+    return {
+        "num_experts": count,
+        "num_experts_per_tok": used,
+        "moe_intermediate_size": int(ffn) if ffn else width,
+        "norm_topk_prob": bool(_NORM_TOPK.get(arch, False) if norm is None else norm),
+        "shared_expert_intermediate_size": int(shared or 0),
+        "mlp_only_layers": dense,
+    }
 
 
 def generation_config(reader: GGUFReader) -> dict[str, Any]:

@@ -10,15 +10,28 @@ Messages carry diffs: a new request once, then per step only what changed.
 """
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 from protocol.final_info import FinalInfo, HasFinal
 from protocol.sampling_params import SamplingParams
 
+# A request's priority (--scheduling-policy priority): lower is served first, as in vLLM; 0 by default.
+Priority = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
+
 
 class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
     role: str
     content: str
+
+
+class SessionParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """A request that continues a session (OpenSession): its prompt is appended to the full context (prompt
+    and output) of the session's turn `rid`, by default the latest, whose KV the session holds."""
+
+    id: str
+    rid: str | None = None
 
 
 # ---- client <-> frontend -------------------------------------------------------------------
@@ -30,10 +43,32 @@ class GenerateRequest(msgspec.Struct, tag="generate"):
     messages: list[ChatMessage] | None = None
     # Raw so that a bad parameter is reported against this rid rather than dropping the message.
     params: msgspec.Raw = msgspec.Raw(b"{}")
+    priority: Priority = 0
+    session_params: SessionParams | None = None
 
 
 class AbortRequest(msgspec.Struct, tag="abort"):
     rid: str
+
+
+class OpenSession(msgspec.Struct, tag="open_session"):
+    """Open a session that holds the KV of its turns, up to capacity_tokens, until closed or idle for
+    timeout_s; answered with SessionReply (its id) or RequestError. rid names this call only."""
+
+    rid: str
+    capacity_tokens: int
+    timeout_s: float
+
+
+class CloseSession(msgspec.Struct, tag="close_session"):
+    rid: str
+    session_id: str
+
+
+class SessionReply(msgspec.Struct, tag="session"):
+    rid: str  # of the OpenSession / CloseSession call
+    session_id: str
+    opened: bool  # True: opened; False: closed
 
 
 class Logprobs(msgspec.Struct, array_like=True):
@@ -128,13 +163,15 @@ class EngineStats(msgspec.Struct, tag="stats"):
     host_hit_tokens: int = 0
     host_kv_pool_size: int = 0
     host_kv_used: int = 0
+    sessions_open: int = 0
+    session_held_tokens: int = 0  # KV tokens the open sessions hold locked for their turns
     # The sliding-window layers' own KV pool (0: none): its slots, and those free.
     swa_kv_pool_size: int = 0
     swa_kv_free: int = 0
 
 
-ClientMsg = GenerateRequest | AbortRequest | StatsRequest
-FrontendMsg = OutputBatch | RequestError | EngineStats
+ClientMsg = GenerateRequest | AbortRequest | StatsRequest | OpenSession | CloseSession
+FrontendMsg = OutputBatch | RequestError | EngineStats | SessionReply
 
 
 # ---- frontend -> scheduler ------------------------------------------------------------------
@@ -142,13 +179,15 @@ class TokenizedRequest(msgspec.Struct, tag="req"):
     rid: str
     input_ids: list[int]
     params: SamplingParams
+    priority: int = 0
+    session: SessionParams | None = None
 
 
 class AbortReq(msgspec.Struct, tag="abort"):
     rid: str
 
 
-SchedulerInMsg = TokenizedRequest | AbortReq | StatsRequest
+SchedulerInMsg = TokenizedRequest | AbortReq | StatsRequest | OpenSession | CloseSession
 
 
 # ---- scheduler -> worker ---------------------------------------------------------------------
@@ -307,8 +346,8 @@ class EngineStopping(msgspec.Struct, tag="stopping"):
     reason: str
 
 
-DetokInMsg = DetokRegister | TokenBatch | RequestError | EngineStats
-FrontendInMsg = OutputBatch | RequestError | EngineStats | EngineStopping
+DetokInMsg = DetokRegister | TokenBatch | RequestError | EngineStats | SessionReply
+FrontendInMsg = OutputBatch | RequestError | EngineStats | EngineStopping | SessionReply
 
 
 # ---- child -> launcher -------------------------------------------------------------------------------

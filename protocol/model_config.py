@@ -62,6 +62,15 @@ class ModelConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
+    # Mixture of experts (0 experts: a dense model). A layer is MoE unless listed in mlp_only_layers or off
+    # the decoder_sparse_step grid, as transformers' Qwen2/3-MoE decide; Mixtral's are all MoE.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's sigmoid-gated shared expert (0: none)
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     # Per layer, FULL or SLIDING (empty: every layer full); a SLIDING layer attends its last
@@ -108,7 +117,7 @@ class ModelConfig:
             local_rope_scaling=local_scaling,
             query_pre_attn_scalar=hf.get("query_pre_attn_scalar"),
             final_logit_softcapping=hf.get("final_logit_softcapping"),
-            **arch_flags,
+            **{**_moe_params(hf), **arch_flags},
         )
 
     def is_sliding(self, layer: int) -> bool:
@@ -117,6 +126,18 @@ class ModelConfig:
     @property
     def has_sliding_layers(self) -> bool:
         return SLIDING in self.layer_types
+
+    def is_moe_layer(self, layer_id: int) -> bool:
+        return (self.num_experts > 0 and layer_id not in self.mlp_only_layers
+                and (layer_id + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def active_intermediate_size(self) -> int:
+        """The MLP width a token's product reads in an MoE layer (its top-k experts and the shared one), or
+        the dense MLP's."""
+        if not self.num_experts:
+            return self.intermediate_size
+        return self.num_experts_per_tok * self.moe_intermediate_size + self.shared_expert_intermediate_size
 
     def local_kv_heads(self, tp_size: int) -> int:
         """KV heads one tensor-parallel rank holds (and caches): a share, or 1 replicated head when fewer
@@ -180,3 +201,20 @@ def _sliding_layers(hf: dict[str, Any], arch: str) -> tuple[str, ...]:
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ModelLoadError(f"config field sliding_window: {window!r} is not a key count >= 1")
     return tuple(types)
+
+
+def _moe_params(hf: dict[str, Any]) -> dict[str, Any]:
+    """The MoE fields of a Qwen2/3-MoE or Mixtral config (Mixtral spells the expert count
+    num_local_experts and sizes its experts with intermediate_size: its arch_flags say so)."""
+    experts = hf.get("num_experts") or hf.get("num_local_experts") or 0
+    if not experts:
+        return {}
+    return {
+        "num_experts": int(experts),
+        "num_experts_per_tok": int(hf["num_experts_per_tok"]),
+        "moe_intermediate_size": int(hf.get("moe_intermediate_size") or hf["intermediate_size"]),
+        "norm_topk_prob": bool(hf.get("norm_topk_prob", False)),
+        "shared_expert_intermediate_size": int(hf.get("shared_expert_intermediate_size") or 0),
+        "decoder_sparse_step": int(hf.get("decoder_sparse_step") or 1),
+        "mlp_only_layers": tuple(int(i) for i in hf.get("mlp_only_layers") or ()),
+    }

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+# frontend/reasoning_parser.py implements them (protocol imports nothing of the frontend).
+REASONING_PARSERS = ("qwen3", "deepseek-r1", "auto")
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -18,12 +21,22 @@ class ServeConfig:
     served_model_name: str | None = field(
         default=None, metadata={"help": "model name clients send; default: the model directory's name"}
     )
+    reasoning_parser: str | None = field(default=None, metadata={
+        "help": "split the model's thinking into reasoning_content: qwen3, deepseek-r1, or auto (from the "
+                "chat template's think markers; none when it has none)"})
+    response_store: int = field(default=256, metadata={
+        "help": "Responses API: how many responses are kept for previous_response_id (oldest dropped first)"})
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"invalid serve option port={self.port}: must be in [0, 65535]")
         if self.api_key == "":
             raise ValueError("invalid serve option api_key='': give a key or leave the option out")
+        if self.reasoning_parser not in (None, *REASONING_PARSERS):
+            raise ValueError(f"invalid serve option reasoning_parser={self.reasoning_parser!r}: "
+                             f"choose from {', '.join(REASONING_PARSERS)}")
+        if self.response_store < 0:
+            raise ValueError(f"invalid serve option response_store={self.response_store}: must be >= 0")
 
     def encode(self) -> bytes:
         return msgspec.json.encode(self)

@@ -5,17 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from scheduler.kv_cache import KVCacheManager
+from scheduler.priority_policy import SchedulingPolicy
 from scheduler.req import Req
 from scheduler.spec_decode import Speculation
 from scheduler.step_plan import StepPlan
 
 
 def schedule_running(
-    running: list[Req], kv: KVCacheManager, plan: StepPlan, retract: Callable[[Req], None],
-    spec: Speculation | None = None,
+    running: list[Req], policy: SchedulingPolicy, kv: KVCacheManager, plan: StepPlan,
+    retract: Callable[[Req], None], spec: Speculation | None = None,
 ) -> None:
-    """spec: speculative decoding, when configured (None: off)."""
-    for req in list(running):
+    """In the policy's order; it also picks whom to retract. spec: speculative decoding (None: off)."""
+    for req in policy.running_order(running):
         if plan.budget <= 0:
             break
         if req.finished() or req.to_finish is not None or req.req_pool_idx is None:
@@ -36,19 +37,10 @@ def schedule_running(
             slots = kv.grow(req, n)
         n += drafts
         while slots is None:
-            victim = pick_victim(running, exclude=req)
+            victim = policy.victim(running, exclude=req)
             if victim is None:
                 return  # nothing left to retract: req waits for in-flight steps to free memory
             retract(victim)
             slots = kv.grow(req, n)
         plan.add(req, n, slots, drafts=drafts)
 
-
-def pick_victim(running: list[Req], exclude: Req) -> Req | None:
-    """Fewest outputs first: it has the least work to redo. Only requests with nothing in flight."""
-    candidates = [
-        r for r in running if r is not exclude and r.num_inflight_steps == 0 and r.req_pool_idx is not None
-    ]
-    if not candidates:
-        return None
-    return min(candidates, key=lambda r: (len(r.output_ids), -r.arrival))

@@ -28,8 +28,9 @@ class NoHostTier:
 
     The calls every policy answers: bind (once, by the tree it serves), on_insert (a node just took device
     slots from insert), on_evict (a node leaves the device: True if its KV stays in the host tier, the
-    node host-only), free (host slots of nodes that left the tree), size and used (host slots), and
-    check_integrity (given every host slot the tree's nodes hold)."""
+    node host-only), back_up (give a device node a host copy now: False if it cannot), free (host slots of
+    nodes that left the tree), size and used (host slots), and check_integrity (given every host slot the
+    tree's nodes hold)."""
 
     size = used = 0
 
@@ -41,6 +42,9 @@ class NoHostTier:
 
     def on_evict(self, node: TreeNode) -> bool:
         return False
+
+    def back_up(self, node: TreeNode) -> bool:
+        return False  # nowhere to copy to
 
     def free(self, slots: list[int]) -> None:
         self.check_integrity(slots)
@@ -68,9 +72,9 @@ class WriteBack:
         return None  # write-back: nothing is copied until the node leaves the device
 
     def on_evict(self, node: TreeNode) -> bool:
-        return node.host_value is not None or self._backup(node)
+        return node.host_value is not None or self.back_up(node)
 
-    def _backup(self, node: TreeNode) -> bool:
+    def back_up(self, node: TreeNode) -> bool:
         """Give a device node a host copy (queued device -> host); False if the host pool can't fit it."""
         assert node.value is not None and node.host_value is None
         n = len(node.value)
@@ -91,7 +95,7 @@ class WriteBack:
 
     def _host_evictable(self, node: TreeNode) -> bool:
         return (
-            node is not self.tree.root and node.host_value is not None and node.lock_ref == 0
+            node is not self.tree.root and node.host_value is not None and node.lock_ref == node.host_lock_ref == 0
             and (node.value is not None or not node.children)
         )
 
@@ -138,7 +142,7 @@ class WriteThrough(WriteBack):
     """A node's KV is copied to the host pool as soon as it is cached, so its eviction copies nothing."""
 
     def on_insert(self, node: TreeNode) -> None:
-        self._backup(node)  # a full host pool only means this node is not backed up yet (write-back later)
+        self.back_up(node)  # a full host pool only means this node is not backed up yet (write-back later)
 
 
 HostTier = NoHostTier | WriteBack  # WriteThrough is a WriteBack

@@ -11,6 +11,9 @@ still have sliding KV.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from protocol.messages import KVCopies
 from scheduler.host_tier import POLICIES
 from scheduler.hybrid_allocator import HybridAllocator
@@ -20,6 +23,17 @@ from scheduler.prefix_cache import PrefixHandle
 from scheduler.radix_cache import RadixCache
 from scheduler.req import Req
 from scheduler.req_table import ReqToTokenPool
+from scheduler.tree_node import TreeNode
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A session turn's KV, locked in the prefix cache (`KVCacheManager.hold`). With a host tier it is kept
+    there (host=True): its device copy may be evicted like any cache and is loaded back when the session
+    continues; without one (or with the host pool full) it is pinned on the device."""
+
+    node: TreeNode
+    host: bool
 
 
 class KVCacheManager:
@@ -62,17 +76,24 @@ class KVCacheManager:
         req.req_pool_idx = row
         return True
 
-    def match_prefix(self, req: Req, limit: int | None = None) -> PrefixHandle:
+    def match_prefix(self, req: Req, limit: int | None = None, held: Hold | None = None) -> PrefixHandle:
         """Attach the longest cached prefix of req's first `limit` tokens (always leaving one token to
         compute), both tiers, and lock it. The host part (host_hit_length tokens) counts as computed but
-        has no device slots until `load_host`."""
+        has no device slots until `load_host`. held: a session turn's KV (see `hold`), taken as it is,
+        unmatched, when it fits the limit."""
         fill = req.fill_ids
         n = len(fill) - 1 if limit is None else min(limit, len(fill) - 1)
-        m = self.tree.match_prefix(fill[:n])
-        if self.hybrid is not None and m.indices:
+        m = self.tree.prefix_at(held.node) if held is not None else None
+        if m is None or m.length > n:
+            m = self.tree.match_prefix(fill[:n])
+            req.prefix_source = "host" if m.host_hit_length else "device" if m.length else "none"
+        else:
+            req.prefix_source = "session"
+        if self.hybrid is not None and m.indices:  # start where the window before the start is held
             ready = self.hybrid.window_ready(m.indices, self.window)
             if ready < len(m.indices):
                 m = self.tree.match_prefix(fill[:ready])
+                req.prefix_source = "device" if m.length else "none"
         self._hold(req, m)
         req.kv_committed_len = req.kv_allocated_len = req.num_computed_tokens = m.length
         assert req.req_pool_idx is not None
@@ -109,6 +130,23 @@ class KVCacheManager:
         if req.prefix is not None:
             self.tree.dec_lock_ref(req.prefix.last_host_node)
         req.prefix = prefix
+
+    # ---- holds: a session turn's KV, locked until the session lets it go ------------------------------
+    def hold(self, key: list[int]) -> Hold | None:
+        """Lock the cached prefix of key (a finished request's, just cached by `release`) for a session
+        turn, in the host tier if it can take it, else on the device; None when nothing of it is cached."""
+        m = self.tree.match_prefix(key)
+        if not m.indices:
+            return None
+        self.tree.inc_lock_ref(m.last_node)  # while it is copied: the host tier must not drop the copies made
+        if isinstance(self.tree, RadixCache) and self.tree.back_up(m.last_node):
+            self.tree.inc_host_lock(m.last_node)
+            self.tree.dec_lock_ref(m.last_node)
+            return Hold(m.last_node, True)
+        return Hold(m.last_node, False)
+
+    def unhold(self, h: Hold) -> None:
+        (self.tree.dec_host_lock if h.host else self.tree.dec_lock_ref)(h.node)  # type: ignore[union-attr]
 
     # ---- growth -------------------------------------------------------------------------------
     def pages_needed(self, req: Req, n: int) -> int:
@@ -224,22 +262,34 @@ class KVCacheManager:
     def take_copies(self) -> KVCopies | None:
         return self.tree.take_copies()
 
-    def check_idle(self) -> None:
+    def check_idle(self, holds: Sequence[Hold] = ()) -> None:
         """Cheap enough for every time the engine goes idle (the full check walks every page in Python):
-        the tree's own check over both tiers, and nothing owned outside the tree and the free lists."""
+        the tree's own check over both tiers, nothing owned outside the tree and the free lists, and
+        nothing locked but what the sessions hold (`holds`)."""
         self.tree.check_integrity()
         free, tree = self.allocator.num_free, self.tree.evictable_size + self.tree.protected_size
-        if self.tree.protected_size or free + tree != self.allocator.size:
+        if self.tree.protected_size != self.locked_size(holds) or free + tree != self.allocator.size:
             raise AssertionError(f"idle KV: {free} free + {tree} cached "
                                  f"({self.tree.protected_size} locked) of {self.allocator.size}")
         if self.req_table.num_free != self.req_table.max_reqs:
             raise AssertionError(f"idle: {self.req_table.max_reqs - self.req_table.num_free} request rows held")
 
     # ---- invariants ------------------------------------------------------------------------------
-    def check_integrity(self, live: list[Req]) -> None:
-        """free + tree-owned + request-owned == pool (in pages), with no page in two places."""
+    def locked_size(self, holds: Sequence[Hold]) -> int:
+        """Device tokens the holds pin there (each node once)."""
+        return sum(n.device_len for n in _paths([h.node for h in holds if not h.host], self.tree.root))
+
+    def check_integrity(self, live: list[Req], holds: Sequence[Hold] = ()) -> None:
+        """free + tree-owned + request-owned == pool (in pages), with no page in two places; every lock in
+        the tree is a live request's prefix or a session's hold (`holds`), and the other way round."""
         self.allocator.check_integrity()
         self.tree.check_integrity()
+        locks = [r.prefix.last_host_node for r in live if r.prefix is not None] + [h.node for h in holds if not h.host]
+        want, want_host = _paths(locks, self.tree.root), _paths([h.node for h in holds if h.host], self.tree.root)
+        for n in self.tree.nodes():
+            if (n.lock_ref, n.host_lock_ref) != (want.get(n, 0), want_host.get(n, 0)):
+                raise AssertionError(f"locks: {n} has lock_ref {n.lock_ref} and host_lock_ref {n.host_lock_ref}, "
+                                     f"its holders {want.get(n, 0)} and {want_host.get(n, 0)} (requests, sessions)")
         p = self.page_size
         owners: dict[int, str] = {}
 
@@ -270,3 +320,16 @@ class KVCacheManager:
         if len(owners) != self.allocator.num_pages:
             raise AssertionError(f"KV pages leaked: {len(owners)} accounted of {self.allocator.num_pages}")
         self.req_table.check_integrity(rows)
+
+
+def _paths(nodes: Sequence[TreeNode], root: TreeNode) -> dict[TreeNode, int]:
+    """How many of nodes each node is, or is an ancestor of (the root aside): the lock_ref they make."""
+    count: dict[TreeNode, int] = {}
+    for node in nodes:
+        n: TreeNode | None = node
+        while n is not root:
+            if n is None:
+                raise AssertionError(f"locks: {node} is locked but no longer in the tree")
+            count[n] = count.get(n, 0) + 1
+            n = n.parent
+    return count

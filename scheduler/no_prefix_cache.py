@@ -2,7 +2,7 @@
 handed back, so every request computes its whole prompt and frees all of its KV."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from protocol.messages import KVCopies
 from scheduler.prefix_cache import PrefixHandle
@@ -16,6 +16,12 @@ class NoPrefixCache:
 
     def match_prefix(self, key: Sequence[int]) -> PrefixHandle:
         return PrefixHandle([], self.root, self.root, 0)
+
+    def prefix_at(self, node: TreeNode) -> PrefixHandle:
+        return self.match_prefix([])
+
+    def nodes(self) -> Iterator[TreeNode]:
+        return iter(())
 
     def load_back(self, match: PrefixHandle, slots: list[int]) -> list[int]:
         if match.host_hit_length or slots:

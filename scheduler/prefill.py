@@ -1,4 +1,4 @@
-"""Admitting waiting requests into the step, first come first served, under the prefill budget.
+"""Admitting waiting requests into the step, in the scheduling policy's order, under the prefill budget.
 
 A request is matched against the prefix cache first, so only its uncached suffix is computed (the part
 found in the host tier is copied back, not computed); a long prompt is split over steps (chunked prefill)
@@ -14,10 +14,9 @@ whole step still runs.
 """
 from __future__ import annotations
 
-from collections import deque
-
 from protocol.messages import NewReqData, WorkerSampling
 from scheduler.kv_cache import KVCacheManager
+from scheduler.priority_policy import SchedulingPolicy
 from scheduler.req import Req
 from scheduler.step_plan import StepPlan
 
@@ -25,13 +24,15 @@ HOST_LOAD_DIVISOR = 16  # host-tier tokens loaded per step-budget token (see the
 
 
 def admit_waiting(
-    waiting: deque[Req], running: list[Req], kv: KVCacheManager, plan: StepPlan, max_running: int
+    waiting: SchedulingPolicy, running: list[Req], kv: KVCacheManager, plan: StepPlan, max_running: int
 ) -> None:
+    """In the policy's order, stopping at the first request that does not fit (none overtakes it)."""
     while waiting and plan.prefill_budget > 0 and len(running) < max_running:
-        req = waiting[0]
+        req = waiting.peek()
+        assert req is not None
         if not kv.assign_row(req):
             break
-        prefix = kv.match_prefix(req, prefix_limit(req))
+        prefix = kv.match_prefix(req, prefix_limit(req), req.held_prefix)
         load = -(-prefix.host_hit_length // HOST_LOAD_DIVISOR)
         room = plan.prefill_budget - load
         first = not plan.prefill_used and not plan.load_used
@@ -51,7 +52,7 @@ def admit_waiting(
         slots = kv.grow(req, n)
         if slots is None:
             raise RuntimeError(f"{req.rid}: KV slots vanished during admission")
-        waiting.popleft()
+        waiting.pop()
         running.append(req)
         plan.new_reqs.append(new_req_data(req))
         req.needs_new_data = False

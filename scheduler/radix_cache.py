@@ -87,7 +87,7 @@ class RadixCache:
         front = TreeNode(
             parent, child.key[:m], None if v is None else v[:m], child.last_access, None if hv is None else hv[:m]
         )
-        front.lock_ref = child.lock_ref
+        front.lock_ref, front.host_lock_ref = child.lock_ref, child.host_lock_ref
         parent.children[self._child_key(front.key, 0)] = front  # same first page: replaces child
         child.key, child.parent = child.key[m:], front
         child.value, child.host_value = None if v is None else v[m:], None if hv is None else hv[m:]
@@ -131,6 +131,32 @@ class RadixCache:
                 host_len += len(node.key)
             host_last = node
         return PrefixHandle(indices, last, host_last, host_len)
+
+    def prefix_at(self, node: TreeNode) -> PrefixHandle:
+        """The cached prefix that ends at node, found by walking up from it rather than by matching its
+        tokens (node is one a holder keeps locked, so it is still in the tree); marked accessed."""
+        tick = self._tick()
+        indices: list[int] = []
+        last = self.root
+        host_len = 0
+        for n in self._path(node):
+            n.last_access = tick
+            if n.value is not None:
+                indices += n.value
+                last = n
+            else:
+                host_len += len(n.key)
+        return PrefixHandle(indices, last, node, host_len)
+
+    def _path(self, node: TreeNode) -> list[TreeNode]:
+        """node's ancestors (the root aside) and node, top down; node must be in the tree."""
+        path: list[TreeNode] = []
+        while node is not self.root:
+            if node.parent is None:
+                raise ValueError(f"{node} is not in the tree (evicted or reset)")
+            path.append(node)
+            node = node.parent
+        return path[::-1]
 
     def load_back(self, match: PrefixHandle, slots: list[int]) -> list[int]:
         """Put the host-only part of a match (locked by the caller) on the device slots given."""
@@ -220,6 +246,26 @@ class RadixCache:
                 self._protected -= node.device_len
             node = node.parent
 
+    def back_up(self, node: TreeNode) -> bool:
+        """Give node and its ancestors (all on the device) a host copy, queued device -> host; False when the
+        host tier cannot (there is none, or it is full of what it must keep)."""
+        return all(n.host_value is not None or self.host.back_up(n) for n in self._path(node))
+
+    def inc_host_lock(self, node: TreeNode) -> None:
+        """Keep node's and its ancestors' host copies (`back_up` made them); the device copies may go."""
+        while node is not self.root:
+            if node.parent is None or node.host_value is None:
+                raise ValueError(f"{node} is not in the tree or has no host copy")
+            node.host_lock_ref += 1
+            node = node.parent
+
+    def dec_host_lock(self, node: TreeNode) -> None:
+        while node is not self.root:
+            if node.parent is None or node.host_lock_ref <= 0:
+                raise AssertionError(f"radix cache: unbalanced dec_host_lock on {node}")
+            node.host_lock_ref -= 1
+            node = node.parent
+
     def evict(self, num_tokens: int) -> int:
         """Free at least num_tokens device slots if the unlocked part of the tree holds that many, LRU, leaf
         of the device part first. Returns the number freed. The host tier keeps each node's KV (the node
@@ -256,7 +302,7 @@ class RadixCache:
         stack = list(node.children.values())
         while stack:
             d = stack.pop()
-            assert d.value is None and d.host_value is not None and d.lock_ref == 0
+            assert d.value is None and d.host_value is not None and d.lock_ref == d.host_lock_ref == 0
             self.host.free(d.host_value)
             d.host_value, d.parent = None, None
             stack.extend(d.children.values())
@@ -314,6 +360,9 @@ class RadixCache:
                 _check(self._child_key(child.key, 0) == ck, f"{child}: key doesn't start with its edge's page")
                 _check(child.lock_ref >= 0, f"{child}: negative lock_ref")
                 _check(node is root or child.lock_ref <= node.lock_ref, f"{child}: locked more than its parent")
+                _check(node is root or child.host_lock_ref <= node.host_lock_ref, f"{child}: host-locked more than "
+                       "its parent")
+                _check(not child.host_lock_ref or child.host_value is not None, f"{child}: host-locked, no host copy")
                 _check(node is root or child.last_access <= node.last_access, f"{child}: newer than its parent")
                 if child.lock_ref:
                     protected += child.device_len

@@ -27,6 +27,7 @@ class Req:
         eos_token_ids: frozenset[int],
         max_new_tokens: int,
         arrival: int = 0,
+        priority: int = 0,
     ) -> None:
         self.rid = rid
         self.origin_input_ids = input_ids
@@ -36,8 +37,14 @@ class Req:
         self.stop_token_ids = frozenset(params.stop_token_ids)
         self.max_new_tokens = max_new_tokens
         self.arrival = arrival
+        self.priority = priority  # lower is served first (--scheduling-policy priority)
         self.time_stats = TimeStats(arrival=time.time())
         self.cached_tokens = 0  # prompt tokens the prefix cache held at its first admission
+        # Where its prefix came from at its latest admission: "none", "device" (a radix match on the
+        # device), "host" (the match reached the host tier, loaded back) or "session" (a session turn's KV).
+        self.prefix_source = "none"
+        self.session_id: str | None = None  # the session it belongs to (scheduler/sessions.py)
+        self.session_turn: Any = None  # the session's Turn it continues (None: none)
 
         # Memory: the request's row in the ReqToTokenPool and the KV it owns there.
         self.req_pool_idx: int | None = None
@@ -88,6 +95,11 @@ class Req:
 
     def finished(self) -> bool:
         return self.finished_reason is not None
+
+    @property
+    def held_prefix(self) -> Any:
+        """The KV of the session turn it continues (a kv_cache.Hold), while the session holds it."""
+        return None if self.session_turn is None else self.session_turn.hold
 
     @property
     def cache_protected_len(self) -> int:

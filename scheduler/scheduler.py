@@ -33,7 +33,10 @@ from scheduler.decode import schedule_running
 from scheduler.finish import FinishReason
 from scheduler.kv_cache import KVCacheManager
 from scheduler.prefill import admit_waiting
+from scheduler.priority_policy import make_policy
+from scheduler.prompt_logprobs import new_prompt_logprobs
 from scheduler.req import Req
+from scheduler.sessions import SessionError, SessionStore
 from scheduler.spec_decode import SpecStats, Speculation
 from scheduler.step_plan import InflightStep, StepPlan, to_output
 from scheduler.stop_checker import StopChecker, StopMatch
@@ -66,7 +69,7 @@ class Scheduler:
             info.sliding_window if num_swa_slots else 0, num_swa_slots,
         )
         self.eos = frozenset(info.eos_token_ids)
-        self.waiting: deque[Req] = deque()
+        self.waiting = make_policy(cfg.scheduling_policy)  # the waiting queue, in the policy's order
         self.running: list[Req] = []
         self.reqs: dict[str, Req] = {}
         self.inflight: deque[InflightStep] = deque()
@@ -79,12 +82,20 @@ class Scheduler:
         self.speculation = Speculation(cfg.spec_tokens, self.kv, self.spec) if cfg.spec_tokens else None
         self.stop_checker = StopChecker(cfg.model)
         self.structured = StructuredOutput(cfg.model, info.vocab_size, cfg.grammar_compile_timeout_s)
+        self.sessions = SessionStore.for_engine(self.kv, cfg.session_kv_tokens, cfg.prefix_cache)
         self._next_step = 0
         self._arrivals = 0
 
     # ---- requests in ------------------------------------------------------------------------
     def add_request(self, msg: TokenizedRequest) -> None:
-        n_prompt = len(msg.input_ids)
+        link, ids = None, msg.input_ids
+        if msg.session is not None:  # its prompt continues a session's turn
+            try:
+                link, ids = self.sessions.resolve(msg.session, ids, msg.params.max_tokens, self.info.max_model_len)
+            except SessionError as e:
+                self.outbox.append(RequestError(msg.rid, e.code, e.message))
+                return
+        n_prompt = len(ids)
         room = self.info.max_model_len - n_prompt
         if n_prompt == 0 or room <= 0:
             self.outbox.append(
@@ -106,15 +117,17 @@ class Scheduler:
             self.outbox.append(RequestError(msg.rid, ErrorCode.OVERLOADED, why))
             return
         max_new = min(msg.params.max_tokens or room, room)
-        req = Req(msg.rid, msg.input_ids, msg.params, self.eos, max_new, arrival=self._arrivals)
+        req = Req(msg.rid, ids, msg.params, self.eos, max_new, self._arrivals, msg.priority)
         self._arrivals += 1
+        if link is not None:
+            self.sessions.begin(req, link)
         self.reqs[req.rid] = req
         if self.structured.wants_grammar(msg.params):
             self.structured.submit(req)  # waits compiling, off the queue: others go on meanwhile
         else:
-            self.waiting.append(req)
+            self.waiting.add(req)
         p = msg.params
-        self.outbox.append(DetokRegister(req.rid, msg.input_ids[-8:], p.skip_special_tokens, p.stop))
+        self.outbox.append(DetokRegister(req.rid, ids[-8:], p.skip_special_tokens, p.stop))
 
     def abort(self, rid: str, message: str = "aborted by client") -> None:
         req = self.reqs.get(rid)
@@ -133,7 +146,7 @@ class Scheduler:
         ready, failed = self.structured.poll()
         for req in ready:
             if not req.finished():
-                self.waiting.append(req)
+                self.waiting.add(req)
         for req, code, message in failed:
             self._fail(req, code, message)
 
@@ -151,7 +164,7 @@ class Scheduler:
         budget = self.cfg.max_num_batched_tokens
         plan = StepPlan(budget=budget, prefill_cap=self.cfg.chunked_prefill_tokens or budget,
                         swa_of=self.kv.swa_slots if self.kv.hybrid is not None else None)
-        schedule_running(self.running, self.kv, plan, self._retract, self.speculation)
+        schedule_running(self.running, self.waiting, self.kv, plan, self._retract, self.speculation)
         admit_waiting(self.waiting, self.running, self.kv, plan, self.cfg.max_running_requests)
         self._note_first_scheduled(plan.reqs)
         if not plan.items:
@@ -178,7 +191,8 @@ class Scheduler:
                 req.kv_committed_len += n
                 self.kv.release_window(req)
         if result.prompt_logprobs:
-            self._add_prompt_logprobs(step, result.prompt_logprobs)
+            for req, lp in new_prompt_logprobs(step, result.prompt_logprobs):
+                self._delta(req).prompt_logprobs = lp
         counts = result.num_sampled or [1] * len(step.samplers)
         logprobs = result.logprobs or [None] * len(step.samplers)
         verified = result.num_drafts or [step.num_drafts[i] for i in step.samplers]
@@ -218,7 +232,7 @@ class Scheduler:
         if self.cfg.debug_integrity:
             self.check_integrity()
         elif not (self.inflight or self.has_work):
-            self.kv.check_idle()  # the engine goes idle: both tiers' accounting must add up
+            self.kv.check_idle(self.sessions.holds())  # the engine goes idle: both tiers' accounting must add up
 
     def fail_step(self, msg: StepFailed) -> None:
         """A step raised on the worker and produced nothing. The requests to blame fail (all of the step
@@ -285,28 +299,15 @@ class Scheduler:
             self._deltas.append(d)
         return d
 
-    def _add_prompt_logprobs(self, step: InflightStep, by_row: dict[int, Logprobs]) -> None:
-        for req, epoch in zip(step.reqs, step.epochs):
-            lp = by_row.get(req.req_pool_idx) if epoch == req.epoch and not req.finished() else None
-            if lp is None or not lp.token_ids:
-                continue
-            # A retracted request recomputes its prompt: deliver each position to the client once.
-            seen_before = req.prompt_lp_seen_this_epoch
-            req.prompt_lp_seen_this_epoch += len(lp.token_ids)
-            skip = max(0, req.prompt_lp_delivered - seen_before)
-            if skip >= len(lp.token_ids):
-                continue
-            if skip:
-                lp = Logprobs(lp.token_ids[skip:], lp.logprobs[skip:], lp.top_ids[skip:], lp.top_logprobs[skip:])
-            req.prompt_lp_delivered += len(lp.token_ids)
-            self._delta(req).prompt_logprobs = lp
-
     def _finalize(self, req: Req) -> None:
         """The one end of every request: release its memory, tell the worker and the client."""
         reason = req.finished_reason
         assert reason is not None
         worker_knows = not req.needs_new_data
+        computed = req.kv_committed_len
         row = self.kv.release(req)
+        if req.session_id is not None:  # a turn of it when it ended well: its session locks the KV just cached
+            self.sessions.end(req, reason.kind in ("stop", "length"), computed)
         if row is not None and worker_knows:
             self.freed_rows.append(row)
         if req in self.running:
@@ -327,7 +328,7 @@ class Scheduler:
         d = self._delta(req)
         d.final = FinalInfo(  # how it ended: made here once, carried unchanged to the client
             reason.kind, reason.matched, len(req.origin_input_ids), len(req.output_ids), req.cached_tokens,
-            req.spec_accepted_tokens, req.time_stats,
+            req.spec_accepted_tokens, req.time_stats, req.prefix_source,
         )
         d.stop_cut = reason.cut
 
@@ -364,14 +365,14 @@ class Scheduler:
             self.freed_rows.append(row)
         req.reset_for_retract()
         self.running.remove(req)
-        self.waiting.appendleft(req)
+        self.waiting.requeue(req)
         self.stats.retractions += 1
 
     def _fail_unschedulable(self) -> None:
         """Nothing could be scheduled and nothing is in flight: a request that cannot fit even alone."""
         if self.inflight or not (self.running or self.waiting):
             return
-        victim = self.running[0] if self.running else self.waiting[0]
+        victim = self.running[0] if self.running else next(iter(self.waiting))
         if len(self.running) > 1:
             return  # retraction will make room on the next call
         why = f"request needs more KV than the pool of {self.kv.allocator.size} slots holds"
@@ -387,7 +388,7 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         live = list(self.running) + list(self.waiting)
-        self.kv.check_integrity(live)
+        self.kv.check_integrity(live, self.sessions.holds())
         for r in self.waiting:
             if r.req_pool_idx is not None:
                 raise AssertionError(f"waiting {r.rid} holds a row")

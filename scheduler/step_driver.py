@@ -7,16 +7,21 @@ previous result comes back; depth 1 is synchronous scheduling with the same code
 """
 from __future__ import annotations
 
+import math
 import time
 
 import msgspec
 
 from protocol.messages import (
     AbortReq,
+    CloseSession,
     EngineStats,
     ModelRunnerOutput,
+    OpenSession,
+    RequestError,
     SampleStep,
     SchedulerOutput,
+    SessionReply,
     StatsRequest,
     StepFailed,
     TokenizedRequest,
@@ -34,14 +39,21 @@ class StepDriver:
         self._idle = True  # nothing to do since the last step: the next one starts a burst
 
     # ---- in ------------------------------------------------------------------------------------
-    def on_request(self, msg: TokenizedRequest | AbortReq | StatsRequest) -> EngineStats | None:
-        """A frontend message; a StatsRequest is answered at once (the reply goes to the detokenizer)."""
+    def on_request(
+        self, msg: TokenizedRequest | AbortReq | StatsRequest | OpenSession | CloseSession
+    ) -> EngineStats | SessionReply | RequestError | None:
+        """A frontend message; stats and session calls are answered at once (the reply goes to the
+        detokenizer)."""
         if isinstance(msg, TokenizedRequest):
             self.sched.add_request(msg)
         elif isinstance(msg, AbortReq):
             self.sched.abort(msg.rid)
         elif isinstance(msg, StatsRequest):
             return self.engine_stats(msg.rid)
+        elif isinstance(msg, OpenSession):
+            return self.sched.sessions.on_open(msg)
+        elif isinstance(msg, CloseSession):
+            return self.sched.sessions.on_close(msg)
         return None
 
     def on_result(self, msg: ModelRunnerOutput | StepFailed) -> list[SampleStep]:
@@ -63,6 +75,10 @@ class StepDriver:
         timeout = None if not busy else (0 if self._can_schedule() and not self._stalled else 50)
         if self.sched.structured.compiling:
             timeout = 2 if timeout is None else min(timeout, 2)  # wake up for finished compilations
+        deadline = self.sched.sessions.next_deadline()
+        if deadline is not None:  # wake up to time the session out
+            wait = max(0, math.ceil((deadline - self.sched.sessions.clock()) * 1000))
+            timeout = wait if timeout is None else min(timeout, wait)
         return timeout
 
     def pump(self) -> list[SchedulerOutput | SampleStep]:
@@ -70,6 +86,7 @@ class StepDriver:
         workers, in order."""
         if self.sched.structured.compiling:
             self.sched.admit_compiled()
+        self.sched.sessions.expire()
         out: list[SchedulerOutput | SampleStep] = list(self._due_samples())
         while self._can_schedule():
             t0 = time.perf_counter()
@@ -112,7 +129,8 @@ class StepDriver:
             len(self.sched.running), len(self.sched.waiting), len(self.sched.inflight), s.finished, s.aborted,
             s.failed, s.retractions, s.steps, s.prefill_tokens, s.decode_tokens, st.schedule_s, st.worker_busy_s,
             st.worker_idle_s, integrity, host_hit_tokens=kv.host_hit_tokens, host_kv_pool_size=kv.tree.host_size,
-            host_kv_used=kv.tree.host_used,
+            host_kv_used=kv.tree.host_used, sessions_open=len(self.sched.sessions.sessions),
+            session_held_tokens=self.sched.sessions.held_tokens(),
             swa_kv_pool_size=0 if kv.hybrid is None else kv.hybrid.swa.size,
             swa_kv_free=0 if kv.hybrid is None else kv.hybrid.swa.num_free,
             spec_draft_tokens=self.sched.spec.draft_tokens, spec_accepted_tokens=self.sched.spec.accepted_tokens,

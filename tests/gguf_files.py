@@ -3,6 +3,7 @@ them out (llama's Q/K rows permuted, norms and biases kept in F32, 2-D weights i
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import gguf
@@ -88,17 +89,41 @@ def _tokenizer_metadata(w: gguf.GGUFWriter, model_dir: Path) -> None:
     w.add_chat_template(tc["chat_template"])
 
 
+# HF model_type -> llama.cpp's architecture name (Mixtral is a "llama" file with expert tensors).
+GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama", "gemma3_text": "gemma3"}
+_EXPERT = re.compile(r"^(.*)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight$")
+_EXPERT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+
+
+def _stack_experts(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A checkpoint's per-expert tensors as llama.cpp's [E, rows, inputs] stacks, under the HF module name
+    gguf's map knows (model.layers.N.mlp.experts.gate_proj.weight)."""
+    out, stacks = {}, {}
+    for name, t in weights.items():
+        m = _EXPERT.match(name)
+        if m is None:
+            out[name] = t
+        else:
+            stacks.setdefault(f"{m[1]}.mlp.experts.{_EXPERT_NAMES.get(m[3], m[3])}.weight", {})[int(m[2])] = t
+    for name, per in stacks.items():
+        out[name] = np.stack([per[e] for e in range(len(per))])
+    return out
+
+
 def write_gguf(
     model_dir: Path,
     out: Path,
     qtype: str = "F32",
     arch: str | None = None,
     override: dict[str, np.ndarray] | None = None,
+    expert_count: int | None = None,
 ) -> Path:
     """Write `model_dir` as a GGUF file. qtype: one of QTYPES or MIXES; arch: the GGUF architecture name to
-    claim (default: the model's); override: GGUF tensor name -> array written instead (any dtype the writer accepts)."""
+    claim (default: the model's); override: GGUF tensor name -> array written instead (any dtype the writer
+    accepts); expert_count: the metadata's expert count instead of the model's (an MoE model's experts are
+    written as llama.cpp's 3-D ffn_*_exps tensors, its router in F32 as llama.cpp keeps it)."""
     cfg = AutoConfig.from_pretrained(model_dir)
-    real_arch = {"gemma3_text": "gemma3"}.get(cfg.model_type, cfg.model_type)
+    real_arch = GGUF_ARCH.get(cfg.model_type, cfg.model_type)
     arch = arch or real_arch
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -126,29 +151,39 @@ def write_gguf(
         if rope.get("rope_type") == "linear":
             w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(rope["factor"])
+    experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+    if experts:
+        w.add_expert_count(experts if expert_count is None else expert_count)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_feed_forward_length(getattr(cfg, "moe_intermediate_size", cfg.intermediate_size))
+        w.add_expert_weights_norm(cfg.model_type == "mixtral" or cfg.norm_topk_prob)
+        if getattr(cfg, "shared_expert_intermediate_size", 0):
+            w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     _tokenizer_metadata(w, model_dir)
 
     arch_id = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == real_arch)
     names = gguf.get_tensor_name_map(arch_id, cfg.num_hidden_layers)
-    for hf_name, t in load_file(str(model_dir / "model.safetensors")).items():
+    for hf_name, t in _stack_experts(load_file(str(model_dir / "model.safetensors"))).items():
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert name is not None, hf_name
         t = t.astype(np.float32)
         if real_arch == "gemma3" and hf_name.endswith("norm.weight"):
             t = t + np.float32(1)  # llama.cpp stores Gemma's RMSNorm scale 1 + w
-        if real_arch == "llama" and ".q_proj." in hf_name:
+        if real_arch == "llama" and ".q_proj." in hf_name:  # Mixtral's too: a "llama" file
             t = llamacpp_permute(t, heads)
         elif real_arch == "llama" and ".k_proj." in hf_name:
             t = llamacpp_permute(t, kv_heads)
         qt = mixed_type(qtype, name) if qtype in MIXES else qtype
         if override and name in override:
             w.add_tensor(name, override[name])
-        elif t.ndim == 1 or qt == "F32":
+        elif t.ndim == 1 or qt == "F32" or "ffn_gate_inp" in name:
             w.add_tensor(name, t)
         elif qt == "F16":
             w.add_tensor(name, t.astype(np.float16))
         elif qt in K_QUANTS:
-            w.add_tensor(name, k_quant_blocks(qt, *t.shape, seed=len(name) + t.size), raw_dtype=QTYPES[qt])
+            blocks = [k_quant_blocks(qt, *m.shape, seed=len(name) + t.size + e) for e, m in enumerate(t.reshape(
+                -1, *t.shape[-2:]))]
+            w.add_tensor(name, np.stack(blocks).reshape(*t.shape[:-1], -1), raw_dtype=QTYPES[qt])
         else:
             w.add_tensor(name, gguf.quants.quantize(t, QTYPES[qt]), raw_dtype=QTYPES[qt])
     w.write_header_to_file()

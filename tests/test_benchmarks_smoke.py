@@ -78,6 +78,21 @@ def test_multiturn_host_tier_benchmark_reports(tiny_model, tmp_path: Path) -> No
     _positive(r, "ttft_ratio", "throughput_ratio")
 
 
+def test_priority_benchmark_reports(tiny_model, tmp_path: Path) -> None:
+    from benchmarks import priority_bench
+
+    out = tmp_path / "priority.json"
+    rc = priority_bench.main(["--model", str(tiny_model("llama")), "--dtype", "float32", "--num-requests", "8",
+                              "--input-len", "16:32", "--output-len", "4", "--json", str(out)])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["kv_pool"] == r["kv_demand"] // 4 and r["outputs_equal"] == 8  # float32: batch shapes change nothing
+    for run in r["runs"].values():
+        _positive(run["ttft_p50_ms"], "0", "1")
+        assert run["integrity"] == "ok"
+    _positive(r, "high_over_low_ttft_p50")
+
+
 def test_spec_benchmark_reports(tiny_model, tmp_path: Path) -> None:
     out = tmp_path / "spec.json"
     rc = main(["spec", "--model", str(tiny_model("llama")), "--batches", "1,2", "--output-len", "6",
@@ -175,6 +190,15 @@ def test_cpu_ops_benchmark_times_each_kernel_against_torch(capsys) -> None:
                         "--head-dim", "16", "--rows", "1,3", "--reps", "1", "--calls", "2"])
     assert len(res) == 6 and all(t["c"] > 0 and t["torch"] > 0 for t in res.values())
     assert capsys.readouterr().out.startswith("CPU: ")
+
+
+@needs_cc
+def test_moe_layer_benchmark_times_the_layer_against_the_dense_mlp(capsys) -> None:
+    from benchmarks import moe_layer
+
+    moe_layer.main(["--hidden", "64", "--moe-intermediate", "32", "--experts", "4", "--rows", "1,20", "--reps", "2"])
+    out = capsys.readouterr().out
+    assert "dense MLP 64" in out and out.count("MoE / dense") == 2, out
 
 
 def test_serve_client_reads_only_sse_data_lines() -> None:

@@ -71,9 +71,9 @@ def test_a_gone_clients_request_id_stays_in_use_until_the_engine_ends_it() -> No
 def test_farewell_tells_every_waiting_call_why_and_stops() -> None:
     clients = _Sock()
     fe, _ = _frontend(clients)
-    fe.stats_owner["s"] = b"other"
+    fe.query_owner["s"] = b"other"
     fe.on_engine(EngineStopping("the engine stopped: tandem-worker0 exited with code -9"))
-    assert fe.stopping and fe.owner == {} and fe.stats_owner == {}
+    assert fe.stopping and fe.owner == {} and fe.query_owner == {}
     got = {(ident, m["rid"]): (m["code"], m["message"]) for ident, m in clients.sent}
     assert set(got) == {(b"slow", "a"), (b"slow", "b"), (b"other", "c"), (b"other", "s")}
     assert all(code == "engine_dead" and "tandem-worker0" in msg for code, msg in got.values())

@@ -51,7 +51,7 @@ GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     (False, {"async_scheduling": False, "page_size": 4, "chunked_prefill_tokens": 40, "sliding_window_kv": False}),
 ], ids=["tied-async-chunked-own-pool", "untied-sync-pages4-shared-pool"])
 def test_greedy_parity_with_transformers_and_prefix_hits(tied: bool, opts: dict, tiny_model, launch_client) -> None:
-    model = tiny_model("gemma3", tie_word_embeddings=tied)
+    model = tiny_model("gemma3", tie_embeddings=tied)
     client = launch_client(model, debug_integrity=True, **opts)
     ps = prompts()
     outs = client.generate_batch(ps, GREEDY, progress=False)

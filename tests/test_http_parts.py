@@ -51,3 +51,9 @@ def test_serve_options() -> None:
         _parser().parse_args(["serve", "--model", "m", "--htttp-port", "1"])
     with pytest.raises(ValueError, match="port"):
         ServeConfig(port=70000)
+    args = _parser().parse_args(["serve", "--model", "m", "--reasoning-parser", "auto", "--response-store", "4"])
+    assert config_from_args(args, ServeConfig) == ServeConfig(reasoning_parser="auto", response_store=4)
+    with pytest.raises(ValueError, match="reasoning_parser='qwen4'"):
+        ServeConfig(reasoning_parser="qwen4")
+    with pytest.raises(ValueError, match="response_store"):
+        ServeConfig(response_store=-1)

@@ -28,6 +28,7 @@ rows = []
 if p: rows.append({{"build_commit": "fake", "n_prompt": p, "n_gen": 0, "avg_ts": 500.0, "stddev_ts": 5.0}})
 if n: rows.append({{"build_commit": "fake", "n_prompt": 0, "n_gen": n, "avg_ts": {FAKE_TG}, "stddev_ts": 1.5}})
 print(json.dumps(rows))
+open({str(root / "argv.json")!r}, "w").write(json.dumps(a[1:]))
 """)
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     return root
@@ -49,8 +50,11 @@ def test_latency_prints_llama_cpp_beside_tandem(tiny_model, tmp_path: Path, caps
     out = tmp_path / "latency.json"
     rc = main(["latency", "--model", str(gguf), "--prompt-len", "16", "--output-len", "16", "--num-requests", "1",
                "--kv-cache-tokens", "1024", "--skip-baseline", "--llama-cpp", str(_fake_build(tmp_path / "lc")),
-               "--json", str(out)])
+               "--llama-cpp-args", "--repack 0", "--json", str(out)])
     assert rc == 0
+    # a value that starts with '-' is the flags to pass, not the next option of ours
+    argv = json.loads((tmp_path / "lc" / "argv.json").read_text())
+    assert argv[argv.index("--repack") + 1] == "0"
     r = json.loads(out.read_text())
     assert r["llama_cpp"]["tg_tok_s"] == FAKE_TG
     assert r["ratio_vs_llama_cpp"] == pytest.approx(r["engine_decode_tok_s"] / FAKE_TG)

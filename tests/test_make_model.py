@@ -150,6 +150,9 @@ def test_special_tokens_and_chat_template(models: dict[str, Path]) -> None:
         text
         == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n你好 👋<|im_end|>\n<|im_start|>assistant\n"
     )
+    # Qwen3's thinking switch: off, the prompt holds an empty think block (the reply is the answer).
+    off = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, enable_thinking=False)
+    assert off == text + "<think>\n\n</think>\n\n"
     ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     ids = ids["input_ids"] if not isinstance(ids, list) else ids
     assert ids[0] == specials[1] and ids.count(specials[2]) == 2
@@ -201,3 +204,70 @@ def test_cli_main(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--arch", "qwen3", "--size", "tiny", "--out", str(tmp_path / "m"), "--seed", "3"]) == 0
     assert "qwen3" in capsys.readouterr().out
     assert json.loads((tmp_path / "m" / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
+
+
+MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral")
+
+
+@pytest.fixture(scope="module")
+def moe_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("made-moe")
+    return {arch: make_model(arch, "tiny", root / arch, seed=0) for arch in MOE_ARCHS}
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_moe_model_loads_in_transformers_with_every_weight(moe_models: dict[str, Path], arch: str) -> None:
+    """Written in a published checkpoint's layout (experts one by one), which transformers converts: nothing
+    missing, nothing left over; the router and experts as configured."""
+    model, info = AutoModelForCausalLM.from_pretrained(moe_models[arch], output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    cfg = model.config
+    experts = cfg.num_local_experts if arch == "mixtral" else cfg.num_experts
+    assert (experts, cfg.num_experts_per_tok) == (8, 2)
+    with safe_open(moe_models[arch] / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+    expert = "block_sparse_moe.experts.7.w2" if arch == "mixtral" else "mlp.experts.7.down_proj"
+    assert f"model.layers.1.{expert}.weight" in keys
+    assert ("model.layers.0.mlp.shared_expert_gate.weight" in keys) is (arch == "qwen2_moe")
+    assert (arch == "mixtral" or cfg.norm_topk_prob) is (arch != "qwen2_moe")
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.tensor([[5, 6, 7]])).logits).all()
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_moe_model_is_decisive_in_its_routing_and_logits(moe_models: dict[str, Path], arch: str) -> None:
+    """The router's k-th and (k+1)-th logits stand well apart (an engine that rounds differently picks the same
+    experts), and the output logits are as decisive as the dense models'."""
+    model = AutoModelForCausalLM.from_pretrained(moe_models[arch]).eval()
+    tok = AutoTokenizer.from_pretrained(moe_models[arch])
+    corpus = tokenizer_maker.CORPUS_PATH.read_text(encoding="utf-8")
+    ids = torch.tensor([tok.encode(corpus[i * 9000 : i * 9000 + 1500])[:128] for i in range(4)])
+    gaps = []
+    hooks = [layer.mlp.gate.register_forward_hook(
+        lambda mod, inp, out: gaps.append((lambda t: t[:, 1] - t[:, 2])(out[0].topk(3, -1).values)))
+        for layer in model.model.layers]
+    with torch.no_grad():
+        logits = model(ids).logits
+    for h in hooks:
+        h.remove()
+    router_gaps = torch.cat(gaps)
+    assert router_gaps.median() > 0.2 and (router_gaps < 1e-4).float().mean() < 1e-3, router_gaps.median()
+    top2 = logits.topk(2, dim=-1).values
+    assert (top2[..., 0] - top2[..., 1]).flatten().median() > 0.2
+
+
+def test_moe_overrides_and_bench_size(tmp_path: Path) -> None:
+    path = make_model("qwen3_moe", "tiny", tmp_path / "k8", num_experts=4, experts_per_tok=4, tie_embeddings=True)
+    cfg = AutoConfig.from_pretrained(path)
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.tie_word_embeddings) == (4, 4, True)
+    with safe_open(path / "model.safetensors", "pt") as f:
+        assert "lm_head.weight" not in set(f.keys())
+    with pytest.raises(ValueError, match="experts_per_tok=5"):
+        make_model("mixtral", "tiny", tmp_path / "bad", num_experts=4, experts_per_tok=5)
+    # --size bench: 8 experts, top 2, a token's two experts as wide as the dense bench model's MLP
+    bench = build_config("qwen3_moe", "bench", SIZES["bench"].vocab, eos_id=0)
+    assert (bench.num_experts, bench.num_experts_per_tok) == (8, 2)
+    assert bench.num_experts_per_tok * bench.moe_intermediate_size == SIZES["bench"].intermediate
+    assert main(["--arch", "mixtral", "--size", "tiny", "--out", str(tmp_path / "cli"), "--experts-per-tok", "1",
+                 "--tie-embeddings", "true"]) == 0
+    assert AutoConfig.from_pretrained(tmp_path / "cli").num_experts_per_tok == 1

@@ -69,10 +69,11 @@ def test_every_module_imports_from_the_wheel(installed: tuple[Path, Path], tmp_p
         f"for m in {modules!r}:\n"
         "    mod = importlib.import_module(m)\n"
         "    assert 'site-packages' in mod.__file__, (m, mod.__file__)\n"
-        # The C kernels ship as source (with the header they share) and build from the installed copy.
-        "from kernels.native import build as native_build, norm_act, paged_attention, quant_linear, rotary\n"
+        # The C kernels ship as source (with the headers they share; moe.c includes quant_linear.c) and build from
+        # the installed copy.
+        "from kernels.native import build as native_build, moe, norm_act, paged_attention, quant_linear, rotary\n"
         "has_cc = native_build.find_compiler() is not None\n"
-        "for k in (norm_act, paged_attention, quant_linear, rotary):\n"
+        "for k in (norm_act, paged_attention, quant_linear, rotary, moe):\n"
         "    assert 'site-packages' in str(k.SOURCE) and k.available() == has_cc, k\n"
     )
     r = subprocess.run([str(venv / "bin" / "python"), "-c", script], cwd=tmp_path, env=_clean_env(),

@@ -16,10 +16,13 @@ from worker.kv_cache import KVCache
 from worker.loader import load_model
 
 TP = 2
-# (name, arch, num_kv_heads): untied llama, qwen2 with q/k/v bias, tied qwen3 with q/k norm, and qwen3
-# with a single KV head (fewer KV heads than ranks: replicated).
+# (name, arch, num_kv_heads): untied llama, qwen2 with q/k/v bias, tied qwen3 with q/k norm, qwen3 with a
+# single KV head (fewer KV heads than ranks: replicated), and the MoE archs.
 VARIANTS = [
-    ("llama", "llama", None), ("qwen2", "qwen2", None), ("qwen3", "qwen3", None), ("qwen3-kv1", "qwen3", 1)
+    ("llama", "llama", None), ("qwen2", "qwen2", None), ("qwen3", "qwen3", None), ("qwen3-kv1", "qwen3", 1),
+    # MoE: each rank a slice of every expert (worker/layers/moe.py); Qwen2-MoE's shared expert; Mixtral's one
+    # KV head replicated
+    ("qwen3_moe", "qwen3_moe", None), ("qwen2_moe", "qwen2_moe", None), ("mixtral-kv1", "mixtral", 1),
 ]
 SEQ_LENS = (5, 9, 17, 30)
 # Step 1: prefill the first three prompts, one of them in part; step 2: decodes, a prefill chunk and a
@@ -119,3 +122,23 @@ def test_tp_shapes_and_kv_replication(model_dirs: list[str]) -> None:
     assert m.model.embed_tokens.weight.shape[0] == -(-v // TP)
     with pytest.raises(ValueError, match="not divisible"):
         load_model(by_name["llama"], torch.float32, "cpu", tp_rank=0, tp_size=3)
+
+
+def test_moe_rank_holds_a_slice_of_every_expert(model_dirs: list[str]) -> None:
+    """Rank r keeps rows r of each expert's gate and up and the matching columns of its down, and the whole
+    router: every rank routes alike and does the same share of each expert's work."""
+    path = {Path(p).name: p for p in model_dirs}["qwen3_moe"]
+    part = load_model(path, torch.float32, "cpu", tp_rank=1, tp_size=TP).model.layers[1].mlp
+    full = load_model(path, torch.float32, "cpu").model.layers[1].mlp
+
+    def weight(ex, name: str) -> torch.Tensor:
+        packed = getattr(ex, "packed" + name[1:])  # natively the C layer's panels, else the float tensor
+        return packed.dequantize() if packed is not None else getattr(ex, name)
+
+    w13, f13 = weight(part.experts, "w13"), weight(full.experts, "w13")
+    inter = f13.shape[1] // 2
+    half = inter // TP
+    assert w13.shape == (f13.shape[0], 2 * half, f13.shape[2])
+    assert torch.equal(w13[:, :half], f13[:, half:inter]) and torch.equal(w13[:, half:], f13[:, inter + half :])
+    assert torch.equal(weight(part.experts, "w2"), weight(full.experts, "w2")[:, :, half:])
+    assert torch.equal(part.gate.weight, full.gate.weight)

@@ -13,7 +13,8 @@ eager forward's bits (tests hold them equal; K/V written to a float16 or bfloat1
 rounds them). It applies where every op of a step has a C kernel: CPU, a float32 model, the C kernels built,
 the `cpu` attention backend, one rank, every linear layer running from GGUF blocks (the float32 products run
 through oneDNN, which has no C entry), a Llama/Qwen2/Qwen3 or Gemma 3 decoder (its sliding layers: their
-window, RoPE table and, with a pool of their own, slots mapped into it). --enforce-eager turns it off.
+window, RoPE table and, with a pool of their own, slots mapped into it), or an MoE one whose MoE layers are
+one C call each (kernels/native/moe.py; no shared expert). --enforce-eager turns it off.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from worker.attention_backend import CpuBackend
 from worker.forward_batch import ForwardBatch
 from worker.kv_cache import KVCache
 from worker.layers.linear import PackableLinear
+from worker.layers.moe import FusedMoE
 from worker.models.gemma3 import Gemma3ForCausalLM
 
 log = logging.getLogger(__name__)
@@ -44,10 +46,18 @@ def cpu_graph_applies(cfg: EngineConfig, model: torch.nn.Module, kv: KVCache) ->
     if not isinstance(backend, CpuBackend) or not backend.native or not sg.available():
         return False
     layers = getattr(getattr(model, "model", None), "layers", None)
-    if not layers or not hasattr(layers[0], "self_attn") or not hasattr(layers[0], "mlp"):
+    if not layers or not all(hasattr(x, "self_attn") and _mlp_records(getattr(x, "mlp", None)) for x in layers):
         return False
     linears = [m for m in model.modules() if isinstance(m, PackableLinear)]
     return bool(linears) and all(m.quant is not None for m in linears)
+
+
+def _mlp_records(mlp: torch.nn.Module | None) -> bool:
+    """A dense SwiGLU, or an MoE layer run by its C kernel in one call (one node) without a shared expert
+    (Qwen2-MoE's would take nodes of its own: those models run eagerly)."""
+    if isinstance(mlp, FusedMoE):
+        return mlp.native and mlp.shared_expert is None
+    return hasattr(mlp, "gate_up_proj") and hasattr(mlp, "down_proj")
 
 
 class CpuStepGraph:
@@ -120,6 +130,15 @@ class CpuStepGraph:
                        0 if bias is None else bias.data_ptr() + 4 * col, quant_linear.PARALLEL_MIN_MACS)
             col += part.out_features
 
+    def _moe(self, mlp: FusedMoE, x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, y: torch.Tensor) -> None:
+        """The C call the eager MoE layer makes (kernels/native/moe.py), routing into ids / wts."""
+        w13, w2 = mlp.experts.packed13, mlp.experts.packed2
+        assert w13 is not None and w2 is not None and mlp._router is not None  # _mlp_records checked
+        self._node(sg.MOE, sg.entry_points()["moe"], x.data_ptr(), x.shape[1], x.stride(0), mlp._router.data_ptr(),
+                   w13.num_experts, mlp.top_k, int(mlp.renormalize), ids.data_ptr(), wts.data_ptr(),
+                   w13.pointers.data_ptr(), w13.kind, w13.out_features, w2.pointers.data_ptr(), w2.kind,
+                   w2.in_features, y.data_ptr(), y.stride(0))
+
     def _rotary(self, x: torch.Tensor, heads: int, out: torch.Tensor, rot: object = None) -> None:
         """x: a [B, width] buffer whose first heads * D floats of each row are the heads to rotate; rot: the
         RoPE table (default: the model's)."""
@@ -157,11 +176,14 @@ class CpuStepGraph:
         H, Hkv, D = attn0.num_heads, attn0.num_kv_heads, attn0.head_dim
         hidden = m.model.embed_tokens.weight.shape[1]
         qkv_w = attn0.qkv_proj.quant.out_features
-        inter2 = layers[0].mlp.gate_up_proj.quant.out_features
+        dense = [x.mlp for x in layers if not isinstance(x.mlp, FusedMoE)]
+        inter2 = max((mlp.gate_up_proj.quant.out_features for mlp in dense), default=2)
+        top_k = max((x.mlp.top_k for x in layers if isinstance(x.mlp, FusedMoE)), default=1)
         h, x, o, down = (self._buf(mb, hidden) for _ in range(4))
         self.final = self._buf(mb, hidden)
         qkv, attn_out = self._buf(mb, qkv_w), self._buf(mb, H, D)
         gate_up, act = self._buf(mb, inter2), self._buf(mb, inter2 // 2)
+        ids, wts = self._buf(mb, top_k, dtype=torch.int64), self._buf(mb, top_k)  # each MoE layer's routing
         qk_norm = attn0.q_norm is not None
         if qk_norm:
             qn, kn, q, k = self._buf(mb, H, D), self._buf(mb, Hkv, D), self._buf(mb, H, D), self._buf(mb, Hkv, D)
@@ -202,6 +224,10 @@ class CpuStepGraph:
                 self._norm(h, normed, layer.pre_feedforward_layernorm, x)
             else:
                 self._norm(h, o, layer.post_attention_layernorm, x)
+            if isinstance(mlp, FusedMoE):
+                self._moe(mlp, x, ids, wts, down)
+                delta = down
+                continue
             self._linear(mlp.gate_up_proj, x, gate_up, mlp.gate_up_proj.bias)
             kind, fn = (sg.GELU_MUL, "gelu_mul") if gemma else (sg.SILU_MUL, "silu_mul")
             self._node(kind, sg.entry_points()[fn], gate_up.data_ptr(), gate_up.stride(0), inter2 // 2,

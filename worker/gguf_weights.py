@@ -35,6 +35,15 @@ _PER_LAYER = (
     "mlp.gate_proj",
     "mlp.up_proj",
     "mlp.down_proj",
+    # mixture of experts: the router, the [E, rows, inputs] expert stacks, Qwen2-MoE's shared expert
+    "mlp.gate",
+    "mlp.experts.gate_proj",
+    "mlp.experts.up_proj",
+    "mlp.experts.down_proj",
+    "mlp.shared_expert.gate_proj",
+    "mlp.shared_expert.up_proj",
+    "mlp.shared_expert.down_proj",
+    "mlp.shared_expert_gate",
 )
 
 
@@ -124,6 +133,9 @@ def iter_gguf_weights(
         if name is None:
             raise ModelLoadError(f"{path}: unexpected tensor {t.name!r} for architecture {arch!r}")
         module = name.rsplit(".", 1)[0].split(".", 3)[-1]
+        if module.startswith("mlp.experts."):  # one tensor per expert, as a checkpoint names them
+            yield from _per_expert(name, _expert_stack(path, t, keep_blocks))
+            continue
         if t.tensor_type.name in keep_blocks and len(t.shape) == 2 and t.data.ndim == 2:
             blocks = GGUFBlocks(np.asarray(t.data), t.tensor_type.name, int(t.shape[0]))
             if arch == "llama" and module in heads:  # a permutation of whole rows: the blocks move as they are
@@ -144,3 +156,24 @@ def iter_gguf_weights(
         if arch == "llama" and module in heads:
             tensor = unpermute_qk(tensor, heads[module]).contiguous()
         yield name, tensor
+
+
+def _expert_stack(path: str | Path, t: Any, keep_blocks: frozenset[str]) -> list[torch.Tensor | GGUFBlocks]:
+    """A 3-D ffn_*_exps tensor as its experts' [rows, inputs] weights: views of the file's blocks, or float32."""
+    import gguf
+
+    if t.tensor_type.name in keep_blocks and t.data.ndim == 3:
+        return [GGUFBlocks(np.asarray(t.data[e]), t.tensor_type.name, int(t.shape[0])) for e in range(t.data.shape[0])]
+    try:
+        w = gguf.quants.dequantize(t.data, t.tensor_type)
+    except NotImplementedError:
+        raise ModelLoadError(f"{path}: tensor {t.name!r} has type {t.tensor_type.name}, which cannot be dequantized") from None
+    w = torch.from_numpy(np.array(w, dtype=np.float32).reshape(tuple(int(d) for d in reversed(t.shape))))
+    return list(w)
+
+
+def _per_expert(name: str, experts: list[torch.Tensor | GGUFBlocks]) -> Iterator[tuple[str, Any]]:
+    """model.layers.N.mlp.experts.gate_proj.weight -> model.layers.N.mlp.experts.E.gate_proj.weight, each E."""
+    head, _, which = name.rpartition(".experts.")
+    for e, w in enumerate(experts):
+        yield f"{head}.experts.{e}.{which}", w

@@ -1,8 +1,10 @@
 """The asyncio client, and the one implementation of the client API (Client is its sync shell).
 
-The socket lives in the event loop: one task receives and routes through the Router, one sends what the
-calls queue. A call that stops listening (a stream left early, a cancelled task, an error in
-generate_batch) aborts its requests in the engine.
+The socket lives in the event loop: plain (non-asyncio) ZMQ sockets whose file descriptors the loop watches
+with add_reader, so a step's output costs one callback that drains the socket, not a poller's futures per
+wake-up (what the HTTP door pays per token). Sends happen inline: the DEALER has no send limit. A call that
+stops listening (a stream left early, a cancelled task, an error in generate_batch) aborts its requests in
+the engine.
 """
 from __future__ import annotations
 
@@ -10,10 +12,10 @@ import asyncio
 import logging
 import subprocess
 from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
 import zmq
-import zmq.asyncio
 from tqdm import tqdm
 
 from frontend.client.connection import decode_msg, encode_msg, engine_exit_reason, is_dead_event, open_dealer
@@ -21,55 +23,78 @@ from frontend.client.engine_process import start_engine_process, stop_engine_pro
 from frontend.client.request_encoding import Params, Prompt, build_request, new_rid, params_per_prompt
 from frontend.client.router import Item, Router
 from frontend.completion import Completion, CompletionDelta, to_delta
+from frontend.reasoning_parser import check_style
 from protocol.errors import EngineDeadError, TandemError
-from protocol.messages import AbortRequest, EngineStats, RequestOutput, StatsRequest
+from protocol.messages import (
+    AbortRequest,
+    CloseSession,
+    EngineStats,
+    OpenSession,
+    RequestOutput,
+    SessionParams,
+    SessionReply,
+    StatsRequest,
+)
+
+if TYPE_CHECKING:
+    from frontend.client.session import AsyncSession
 
 log = logging.getLogger("tandem.client")
 
 CLOSED = "client is closed"
+SESSION_TIMEOUT_S = 600.0  # an open session's default idle timeout
 
 
 class AsyncClient:
-    def __init__(self, endpoint: str, *, engine: subprocess.Popen | None = None) -> None:
+    def __init__(self, endpoint: str, *, engine: subprocess.Popen | None = None,
+                 reasoning_parser: str | None = None) -> None:
+        check_style(reasoning_parser, allow_auto=False)  # the client has no chat template to read `auto` from
         self.endpoint = endpoint
+        self.reasoning_parser = reasoning_parser
         self._engine = engine
-        self._ctx = zmq.asyncio.Context()
+        self._ctx = zmq.Context()
         self._sock, self._monitor = open_dealer(self._ctx, endpoint)
         self._router = Router()
-        self._outbox: asyncio.Queue[bytes] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # set when the first call starts the I/O
         self._tasks: list[asyncio.Task] = []
         self._closed = False
 
     @classmethod
-    def launch(cls, model: str, **engine_options: object) -> AsyncClient:
+    def launch(cls, model: str, *, reasoning_parser: str | None = None, **engine_options: object) -> AsyncClient:
         """Start an engine this client owns; it stops on close(), at the end of a `with` block, or when
         this process dies."""
+        check_style(reasoning_parser, allow_auto=False)
         proc, endpoint = start_engine_process(model, **engine_options)
-        return cls(endpoint, engine=proc)
+        return cls(endpoint, engine=proc, reasoning_parser=reasoning_parser)
 
-    async def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None) -> Completion:
-        rid, items = self._submit(prompt, params, request_id)
-        comp = Completion(rid)
+    async def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None, *,
+                       priority: int = 0, session: SessionParams | None = None) -> Completion:
+        """priority: lower is served first (under --scheduling-policy priority). session: continue a
+        session's turn (see open_session)."""
+        rid, items = self._submit(prompt, params, request_id, priority, session)
+        comp = Completion(rid, reasoning_style=self.reasoning_parser)
         async for out in self._outputs(rid, items):
             comp.add(out)
         return comp
 
     async def stream(
-        self, prompt: Prompt, params: Params = None, request_id: str | None = None
+        self, prompt: Prompt, params: Params = None, request_id: str | None = None, *, priority: int = 0,
+        session: SessionParams | None = None,
     ) -> AsyncIterator[CompletionDelta]:
-        rid, items = self._submit(prompt, params, request_id)
+        rid, items = self._submit(prompt, params, request_id, priority, session)
         async for out in self._outputs(rid, items):
             yield to_delta(out)
 
     async def generate_batch(
-        self, prompts: Sequence[Prompt], params: Params | Sequence[Params] = None, progress: bool = True
+        self, prompts: Sequence[Prompt], params: Params | Sequence[Params] = None, progress: bool = True,
+        priority: int = 0,
     ) -> list[Completion]:
         """All at once; the first error raises, and aborts the rest of the batch."""
         plist = params_per_prompt(prompts, params)
         bar = tqdm(total=len(prompts), disable=not progress, desc="generate")
 
         async def one(p: Prompt, sp: Params) -> Completion:
-            c = await self.generate(p, sp)
+            c = await self.generate(p, sp, priority=priority)
             bar.update(1)
             return c
 
@@ -85,17 +110,25 @@ class AsyncClient:
     async def stats(self, timeout_s: float = 30.0) -> EngineStats:
         """The engine's counters; the scheduler runs its integrity check to answer."""
         rid = new_rid()
-        items = self._open(rid, encode_msg(StatsRequest(rid)), is_request=False)
-        try:
-            item = await asyncio.wait_for(items.get(), timeout_s)
-        except asyncio.TimeoutError:
-            raise TimeoutError("no stats reply") from None
-        finally:
-            self._router.close(rid)
-        if isinstance(item, TandemError):
-            raise item
+        item = await self._query(rid, StatsRequest(rid), timeout_s)
         assert isinstance(item, EngineStats)
         return item
+
+    async def open_session(self, capacity_tokens: int, timeout_s: float = SESSION_TIMEOUT_S) -> AsyncSession:
+        """A session: requests through it continue a turn's full context from the KV the engine holds
+        for it (up to capacity_tokens), until it is closed or idle for timeout_s. Use it as a context
+        manager to close it."""
+        from frontend.client.session import AsyncSession
+
+        rid = new_rid()
+        reply = await self._query(rid, OpenSession(rid, capacity_tokens, timeout_s))
+        assert isinstance(reply, SessionReply)
+        return AsyncSession(self, reply.session_id)
+
+    async def close_session(self, session_id: str) -> None:
+        """Close a session: the KV it holds goes back to the pool. A closed or unknown id is an error."""
+        rid = new_rid()
+        await self._query(rid, CloseSession(rid, session_id))
 
     async def abort(self, request_id: str) -> None:
         """Stop a request this client submitted; its call ends with finish_reason "abort"."""
@@ -108,6 +141,9 @@ class AsyncClient:
             for t in self._tasks:
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self._loop is not None:
+                self._loop.remove_reader(self._sock.FD)
+                self._loop.remove_reader(self._monitor.FD)
             self._router.fail_all(CLOSED)
             self._monitor.close(0)
             self._sock.close(0)
@@ -123,9 +159,25 @@ class AsyncClient:
         await self.close()
 
     # ---- internals (all on the event loop's thread) ------------------------------------------------
-    def _submit(self, prompt: Prompt, params: Params, rid: str | None) -> tuple[str, asyncio.Queue[Item]]:
-        req = build_request(prompt, params, rid)
+    def _submit(self, prompt: Prompt, params: Params, rid: str | None, priority: int = 0,
+                session: SessionParams | None = None) -> tuple[str, asyncio.Queue[Item]]:
+        req = build_request(prompt, params, rid, priority, session)
         return req.rid, self._open(req.rid, encode_msg(req), is_request=True)
+
+    async def _query(self, rid: str, msg: StatsRequest | OpenSession | CloseSession,
+                     timeout_s: float = 30.0) -> EngineStats | SessionReply:
+        """A call the scheduler answers at once: its reply, or its typed error raised."""
+        items = self._open(rid, encode_msg(msg), is_request=False)
+        try:
+            item = await asyncio.wait_for(items.get(), timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"no reply to {type(msg).__name__}") from None
+        finally:
+            self._router.close(rid)
+        if isinstance(item, TandemError):
+            raise item
+        assert isinstance(item, (EngineStats, SessionReply))
+        return item
 
     def _open(self, rid: str, frame: bytes, is_request: bool) -> asyncio.Queue[Item]:
         self._check_alive()
@@ -135,11 +187,20 @@ class AsyncClient:
         return items
 
     def _send(self, frame: bytes) -> None:
-        if self._outbox is None:  # the loop's tasks start with the first call, inside the loop
-            self._outbox = asyncio.Queue()
-            loop = asyncio.get_running_loop()
-            self._tasks = [loop.create_task(self._send_loop()), loop.create_task(self._receive_loop())]
-        self._outbox.put_nowait(frame)
+        if self._loop is None:  # the I/O starts with the first call, inside the loop
+            self._start_io()
+        if self._router.dead is None:
+            self._sock.send(frame, zmq.NOBLOCK)  # SNDHWM 0: queued, never refused
+            # ZMQ's descriptor is edge-triggered and a send can take the edge of a message that arrived
+            # meanwhile: look once more, after this callback.
+            assert self._loop is not None
+            self._loop.call_soon(self._on_readable)
+
+    def _start_io(self) -> None:
+        self._loop = loop = asyncio.get_running_loop()
+        loop.add_reader(self._sock.FD, self._on_readable)
+        loop.add_reader(self._monitor.FD, self._on_readable)
+        self._tasks = [loop.create_task(self._watch())]
 
     async def _outputs(self, rid: str, items: asyncio.Queue[Item]) -> AsyncIterator[RequestOutput]:
         done = False
@@ -165,24 +226,25 @@ class AsyncClient:
             self._router.fail_all(why)
             raise EngineDeadError(why)
 
-    async def _send_loop(self) -> None:
-        assert self._outbox is not None
-        while True:
-            frame = await self._outbox.get()
-            if self._router.dead is None:
-                await self._sock.send(frame)
-
-    async def _receive_loop(self) -> None:
-        poller = zmq.asyncio.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
-        while self._router.dead is None:
-            events = dict(await poller.poll(500))
-            if self._sock in events:
-                self._receive()
-            # After draining the socket, so a typed reason the frontend sent on its way down wins.
-            if self._monitor in events and is_dead_event(await self._monitor.recv_multipart()):
+    def _on_readable(self) -> None:
+        if self._router.dead is not None or self._closed:
+            # Unread frames would keep the descriptor readable and this callback spinning.
+            if self._loop is not None and not self._closed:
+                self._loop.remove_reader(self._sock.FD)
+                self._loop.remove_reader(self._monitor.FD)
+            return
+        self._receive()
+        # After draining the socket, so a typed reason the frontend sent on its way down wins.
+        while self._monitor.get(zmq.EVENTS) & zmq.POLLIN:
+            if is_dead_event(self._monitor.recv_multipart(zmq.NOBLOCK)):
                 self._router.fail_all("lost the connection to the engine")
+                return
+
+    async def _watch(self) -> None:
+        """Twice a second: the owned engine process still alive (and, belt and braces, nothing left unread)."""
+        while self._router.dead is None:
+            await asyncio.sleep(0.5)
+            self._on_readable()
             why = engine_exit_reason(self._engine)
             if why is not None:
                 self._receive()
@@ -190,8 +252,8 @@ class AsyncClient:
 
     def _receive(self) -> None:
         while True:
-            try:  # a non-blocking recv's future is already done: data, or Again
-                data = self._sock.recv(zmq.NOBLOCK).result()
+            try:
+                data = self._sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
             try:

@@ -16,38 +16,49 @@ import threading
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
-from frontend.client.async_client import CLOSED, AsyncClient
+from frontend.client.async_client import CLOSED, SESSION_TIMEOUT_S, AsyncClient
 from frontend.client.engine_process import start_engine_process
 from frontend.client.request_encoding import Params, Prompt
+from frontend.client.session import Session
 from frontend.completion import Completion, CompletionDelta
+from frontend.reasoning_parser import check_style
 from protocol.errors import EngineDeadError
-from protocol.messages import EngineStats
+from protocol.messages import EngineStats, SessionParams
 
 T = TypeVar("T")
 
 
 class Client:
-    def __init__(self, endpoint: str, *, engine: subprocess.Popen | None = None) -> None:
+    def __init__(self, endpoint: str, *, engine: subprocess.Popen | None = None,
+                 reasoning_parser: str | None = None) -> None:
+        check_style(reasoning_parser, allow_auto=False)
         self.endpoint = endpoint
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tandem-client-io", daemon=True)
         self._thread.start()
         self._lock = threading.Lock()  # orders "hand the loop a call" against "close": no call is stranded
         self._closed = False
-        self._async: AsyncClient = self._run(_on_loop(endpoint, engine))  # its sockets belong to the loop
+        # Its sockets belong to the loop.
+        self._async: AsyncClient = self._run(_on_loop(endpoint, engine, reasoning_parser))
 
     @classmethod
-    def launch(cls, model: str, **engine_options: object) -> Client:
+    def launch(cls, model: str, *, reasoning_parser: str | None = None, **engine_options: object) -> Client:
         """Start an engine this client owns; it stops on close(), at the end of a `with` block, or when
-        this process dies."""
+        this process dies. `reasoning_parser` (qwen3 or deepseek-r1) splits each Completion's
+        `reasoning_text` from its `content`."""
+        check_style(reasoning_parser, allow_auto=False)
         proc, endpoint = start_engine_process(model, **engine_options)
-        return cls(endpoint, engine=proc)
+        return cls(endpoint, engine=proc, reasoning_parser=reasoning_parser)
 
-    def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None) -> Completion:
-        return self._run(self._async.generate(prompt, params, request_id))
+    def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None, *,
+                 priority: int = 0, session: SessionParams | None = None) -> Completion:
+        """priority: lower is served first (under --scheduling-policy priority). session: continue a
+        session's turn (simpler through open_session())."""
+        return self._run(self._async.generate(prompt, params, request_id, priority=priority, session=session))
 
-    def stream(self, prompt: Prompt, params: Params = None, request_id: str | None = None) -> Iterator[CompletionDelta]:
-        deltas = self._async.stream(prompt, params, request_id)
+    def stream(self, prompt: Prompt, params: Params = None, request_id: str | None = None, *, priority: int = 0,
+               session: SessionParams | None = None) -> Iterator[CompletionDelta]:
+        deltas = self._async.stream(prompt, params, request_id, priority=priority, session=session)
         try:
             while True:
                 try:
@@ -60,14 +71,24 @@ class Client:
                 self._submit(deltas.aclose())  # not waited for: this may run on any thread, the loop's too
 
     def generate_batch(
-        self, prompts: Sequence[Prompt], params: Params | Sequence[Params] = None, progress: bool = True
+        self, prompts: Sequence[Prompt], params: Params | Sequence[Params] = None, progress: bool = True,
+        priority: int = 0,
     ) -> list[Completion]:
         """All at once; the first error raises, and aborts the rest of the batch."""
-        return self._run(self._async.generate_batch(prompts, params, progress))
+        return self._run(self._async.generate_batch(prompts, params, progress, priority))
 
     def stats(self, timeout_s: float = 30.0) -> EngineStats:
         """The engine's counters; the scheduler runs its integrity check to answer."""
         return self._run(self._async.stats(timeout_s))
+
+    def open_session(self, capacity_tokens: int, timeout_s: float = SESSION_TIMEOUT_S) -> Session:
+        """A session: requests through it continue a turn's full context from the KV the engine holds
+        for it (up to capacity_tokens), until it is closed or idle for timeout_s. A context manager."""
+        opened = self._run(self._async.open_session(capacity_tokens, timeout_s))
+        return Session(self, opened.id)
+
+    def close_session(self, session_id: str) -> None:
+        self._run(self._async.close_session(session_id))
 
     def abort(self, request_id: str) -> None:
         """Stop a request this client submitted; its call ends with finish_reason "abort"."""
@@ -104,8 +125,8 @@ class Client:
             fut.cancel()  # a no-op once done; interrupted (Ctrl-C): the call stops, and aborts, on the loop
 
 
-async def _on_loop(endpoint: str, engine: subprocess.Popen | None) -> AsyncClient:
-    return AsyncClient(endpoint, engine=engine)
+async def _on_loop(endpoint: str, engine: subprocess.Popen | None, reasoning_parser: str | None) -> AsyncClient:
+    return AsyncClient(endpoint, engine=engine, reasoning_parser=reasoning_parser)
 
 
 async def _shut_down(client: AsyncClient) -> None:

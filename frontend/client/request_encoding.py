@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 
 from protocol.errors import ErrorCode, InvalidRequestError
-from protocol.messages import ChatMessage, GenerateRequest
+from protocol.messages import ChatMessage, GenerateRequest, SessionParams
 from protocol.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]] | Sequence[ChatMessage]
@@ -19,8 +19,14 @@ def new_rid() -> str:
     return uuid.uuid4().hex
 
 
-def build_request(prompt: Prompt, params: Params, rid: str | None = None) -> GenerateRequest:
-    rid = rid or new_rid()
+def build_request(prompt: Prompt, params: Params, rid: str | None = None, priority: int = 0,
+                  session: SessionParams | None = None) -> GenerateRequest:
+    req = _build(prompt, params, rid or new_rid())
+    req.priority, req.session_params = priority, session
+    return req
+
+
+def _build(prompt: Prompt, params: Params, rid: str) -> GenerateRequest:
     # Parameters travel raw: the frontend decodes and validates them, so bad ones are one typed error.
     raw = msgspec.Raw(msgspec.msgpack.encode(params if params is not None else {}))
     if isinstance(prompt, str):

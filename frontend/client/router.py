@@ -10,18 +10,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from protocol.errors import EngineDeadError, ErrorCode, InvalidRequestError, TandemError, error_from_code
-from protocol.messages import EngineStats, FrontendMsg, OutputBatch, RequestError, RequestOutput
+from protocol.messages import EngineStats, FrontendMsg, OutputBatch, RequestError, RequestOutput, SessionReply
 
 log = logging.getLogger("tandem.client")
 
-Item = RequestOutput | EngineStats | TandemError
+Item = RequestOutput | EngineStats | SessionReply | TandemError
 Sink = Callable[[Item], None]
 
 
 @dataclass
 class _Entry:
     sink: Sink
-    is_request: bool  # a generate request (abortable), not a stats query
+    is_request: bool  # a generate request (abortable), not a query (stats, session calls)
 
 
 class Router:
@@ -54,7 +54,7 @@ class Router:
                 entry = self._open.pop(out.rid, None) if out.finished else self._open.get(out.rid)
                 if entry is not None:
                     entry.sink(out)
-        elif isinstance(msg, EngineStats):
+        elif isinstance(msg, (EngineStats, SessionReply)):
             entry = self._open.pop(msg.rid, None)
             if entry is not None:
                 entry.sink(msg)

@@ -1,5 +1,5 @@
-"""The FastAPI app: OpenAI routes, tokenizer routes, health, version, metrics, and the info routes a
-router (sglang-router) reads from its workers."""
+"""The FastAPI app: OpenAI routes (completions, chat, Responses), Anthropic's Messages API, tokenizer
+routes, health, version, metrics, and the info routes a router (sglang-router) reads from its workers."""
 from __future__ import annotations
 
 import asyncio
@@ -10,15 +10,20 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from frontend.http import errors
+from frontend.http.anthropic_messages import count_message_tokens, create_message
+from frontend.http.anthropic_schema import CountTokensRequest, MessagesRequest
 from frontend.http.chat import render_chat
 from frontend.http.chat_completions import create_chat_completion
 from frontend.http.completions import create_completion
+from frontend.http.responses import create_response, stored_response
+from frontend.http.responses_schema import ResponsesRequest
 from frontend.http.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
+from frontend.http.sessions import add_session_routes
 from frontend.http.state import ServerState
 from frontend.prompt_tokens import encode_text
 from protocol.errors import TandemError
@@ -50,6 +55,24 @@ def create_app(st: ServerState) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await create_chat_completion(st, body, request)
 
+    add_session_routes(app, st, authed)
+
+    @app.post("/v1/responses", dependencies=authed)
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        return await create_response(st, body, request)
+
+    @app.get("/v1/responses/{response_id}", dependencies=authed)
+    async def get_response(response_id: str) -> dict:
+        return stored_response(st, response_id)
+
+    @app.post("/v1/messages", dependencies=authed)
+    async def messages(body: MessagesRequest, request: Request) -> Response:
+        return await create_message(st, body, request)
+
+    @app.post("/v1/messages/count_tokens", dependencies=authed)
+    async def count_tokens(body: CountTokensRequest) -> dict:
+        return count_message_tokens(st, body)
+
     @app.get("/v1/models", dependencies=authed)
     async def models() -> dict:
         return {"object": "list", "data": [{
@@ -63,7 +86,8 @@ def create_app(st: ServerState) -> FastAPI:
         if (body.prompt is None) == (body.messages is None):
             raise errors.APIError(400, "give exactly one of prompt or messages", "prompt")
         if body.messages is not None:
-            ids = render_chat(st.tokenizer, body.messages, None, body.add_generation_prompt)
+            ids = render_chat(st.tokenizer, body.messages, None, body.add_generation_prompt,
+                              body.chat_template_kwargs)
         else:
             ids = encode_text(st.tokenizer, body.prompt, body.add_special_tokens)
         return {"tokens": ids, "count": len(ids), "max_model_len": st.info.max_model_len}

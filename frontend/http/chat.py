@@ -2,16 +2,18 @@
 
 With `tool_choice` "auto" the model writes calls in its own (Hermes/Qwen) format; "required" or a named
 function constrains the output with a JSON schema instead (the grammar path), and the whole output is
-then the call(s). `tool_calls.py` reads them out of the text either way.
+then the call(s). `tool_calls.py` reads them out of the text either way. The three APIs (chat completions,
+Responses, Anthropic's Messages) each say this in their own words: `ToolSetup` is what they mean.
 """
 from __future__ import annotations
 
 import json
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from frontend import prompt_tokens
 from frontend.http.errors import APIError
-from frontend.http.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
+from frontend.http.schemas import ChatCompletionRequest, ChatMessage, FunctionDef, NamedToolChoice
 from frontend.http.tool_calls import ToolCallParser
 from protocol.errors import InvalidRequestError
 
@@ -26,10 +28,9 @@ def _text(m: ChatMessage) -> str:
 
 def _template_message(m: ChatMessage) -> dict[str, Any]:
     d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": _text(m)}
-    if m.name is not None:
-        d["name"] = m.name
-    if m.tool_call_id is not None:
-        d["tool_call_id"] = m.tool_call_id
+    for key in ("name", "tool_call_id", "reasoning_content"):
+        if getattr(m, key) is not None:
+            d[key] = getattr(m, key)
     if m.tool_calls:
         d["tool_calls"] = [
             {"id": c.id, "type": "function",
@@ -47,45 +48,58 @@ def _loads_or_str(s: str) -> Any:
 
 
 def render_chat(tokenizer: Any, messages: list[ChatMessage], tools: list[dict] | None = None,
-                add_generation_prompt: bool = True) -> list[int]:
+                add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None) -> list[int]:
     """Token ids of the conversation, through the frontend process's own chat rendering."""
     try:
         return prompt_tokens.render_chat(tokenizer, [_template_message(m) for m in messages], tools,
-                                         add_generation_prompt)
+                                         add_generation_prompt, template_kwargs)
     except InvalidRequestError as e:
         raise APIError(400, e.message, "messages", "invalid_messages") from e
 
 
-def active_tools(req: ChatCompletionRequest) -> list[dict] | None:
-    """The tools the model may call (None when none are given or tool_choice is "none")."""
-    if not req.tools or req.tool_choice == "none":
-        if isinstance(req.tool_choice, NamedToolChoice) or req.tool_choice == "required":
-            raise APIError(400, f"tool_choice {req.tool_choice!r} needs tools", "tool_choice")
-        return None
-    return [t.function.model_dump(exclude_none=True) for t in req.tools]
+@dataclass(frozen=True)
+class ToolSetup:
+    """The functions a request offers and how the model may use them: `choice` "named" forces `named`."""
+    functions: list[FunctionDef]
+    choice: Literal["none", "auto", "required", "named"] = "auto"
+    named: str | None = None
+    parallel: bool = True
+    param: str = "tool_choice"  # the field errors name
+
+    def template_tools(self) -> list[dict] | None:
+        """The tools the model may call, for the chat template (None when none, or choice "none")."""
+        if not self.functions or self.choice == "none":
+            if self.choice in ("required", "named"):
+                raise APIError(400, f"{self.param} {self.choice!r} needs tools", self.param)
+            return None
+        return [f.model_dump(exclude_none=True) for f in self.functions]
+
+    def forced_schema(self) -> dict | None:
+        """The JSON schema that forces a tool call (choice "required" or a named function), else None."""
+        if not self.functions or self.choice in ("auto", "none"):
+            return None
+        if self.choice == "named":
+            fn = next((f for f in self.functions if f.name == self.named), None)
+            if fn is None:
+                raise APIError(400, f"{self.param} names {self.named!r}, which is not in tools", self.param)
+            return fn.parameters
+        calls = [{"type": "object",
+                  "properties": {"name": {"type": "string", "enum": [f.name]}, "arguments": f.parameters},
+                  "required": ["name", "arguments"], "additionalProperties": False} for f in self.functions]
+        return {"type": "array", "items": {"anyOf": calls}, "minItems": 1,
+                **({} if self.parallel else {"maxItems": 1})}
+
+    def parser(self) -> ToolCallParser | None:
+        """The parser for a reply's tool calls (None when no tools are active)."""
+        if self.template_tools() is None:
+            return None
+        if self.choice == "named":
+            return ToolCallParser("named", self.named)
+        return ToolCallParser("required" if self.choice == "required" else "auto")
 
 
-def forced_schema(req: ChatCompletionRequest) -> dict | None:
-    """The JSON schema that forces a tool call (tool_choice "required" or a named function), else None."""
-    if not req.tools or req.tool_choice in (None, "auto", "none"):
-        return None
-    if isinstance(req.tool_choice, NamedToolChoice):
-        fn = next((t.function for t in req.tools if t.function.name == req.tool_choice.function.name), None)
-        if fn is None:
-            raise APIError(400, f"tool_choice names {req.tool_choice.function.name!r}, which is not in tools",
-                           "tool_choice")
-        return fn.parameters
-    calls = [{"type": "object",
-              "properties": {"name": {"type": "string", "enum": [t.function.name]}, "arguments": t.function.parameters},
-              "required": ["name", "arguments"], "additionalProperties": False} for t in req.tools]
-    return {"type": "array", "items": {"anyOf": calls}, "minItems": 1,
-            **({} if req.parallel_tool_calls else {"maxItems": 1})}
-
-
-def tool_call_parser(req: ChatCompletionRequest) -> ToolCallParser | None:
-    """The parser for a choice's tool calls (None when no tools are active)."""
-    if active_tools(req) is None:
-        return None
-    if isinstance(req.tool_choice, NamedToolChoice):
-        return ToolCallParser("named", req.tool_choice.function.name)
-    return ToolCallParser("required" if req.tool_choice == "required" else "auto")
+def chat_tools(req: ChatCompletionRequest) -> ToolSetup:
+    tc = req.tool_choice
+    if isinstance(tc, NamedToolChoice):
+        return ToolSetup([t.function for t in req.tools or []], "named", tc.function.name, req.parallel_tool_calls)
+    return ToolSetup([t.function for t in req.tools or []], tc or "auto", None, req.parallel_tool_calls)

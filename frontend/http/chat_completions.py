@@ -1,7 +1,7 @@
 """POST /v1/chat/completions: messages through the chat template, n choices, tools, SSE or whole.
 
-With tools in play a choice's text goes through its tool-call parser, streamed or not, so a streamed
-choice's content and call arguments add up to exactly the whole response's.
+A choice's text goes through its reply parser (reply.py: reasoning, then tool calls), streamed or not, so
+a streamed choice's reasoning, content and call arguments add up to exactly the whole response's.
 """
 from __future__ import annotations
 
@@ -13,63 +13,50 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from frontend.completion import CompletionDelta
-from frontend.http.chat import active_tools, render_chat, tool_call_parser
+from frontend.http.chat import chat_tools, render_chat
 from frontend.http.choices import ChoiceRun
 from frontend.http.logprobs import chat_logprobs
+from frontend.http.reply import ReplyDelta, ReplyParser
 from frontend.http.sampling import chat_params, per_choice
 from frontend.http.schemas import ChatCompletionRequest
+from frontend.http.sessions import session_of
 from frontend.http.state import ServerState
 from frontend.http.streaming import sse, stream_response, until_disconnect
-from frontend.http.tool_calls import ParsedDelta
 from frontend.http.usage import Usage
 
 
 class _Choice:
-    def __init__(self, index: int, body: ChatCompletionRequest) -> None:
-        self.index = index
-        self.text = ""
+    def __init__(self, index: int, reply: ReplyParser) -> None:
+        self.index, self.reply = index, reply
         self.logprobs: list[dict] | None = None
-        self.finish_reason: str | None = None
-        self.parser = tool_call_parser(body)
 
-    def add(self, d: CompletionDelta) -> ParsedDelta:
-        """This delta's content and tool-call entries (a text cut off by max_tokens stays "length")."""
-        if self.parser is None:
-            self.text += d.text
-            out = ParsedDelta(d.text)
-        else:
-            out = self.parser.feed(d.text)
-            if d.finished:
-                rest = self.parser.finish()
-                out = ParsedDelta(out.content + rest.content, out.tool_calls + rest.tool_calls)
-            self.text = self.parser.content
-        if d.finished:
-            self.finish_reason = "length" if d.finish_reason == "length" else "stop"
-            if self.tool_calls and self.finish_reason == "stop":
-                self.finish_reason = "tool_calls"
-        return out
+    @property
+    def finish_reason(self) -> str | None:
+        return self.reply.finish_reason
 
     @property
     def tool_calls(self) -> list[dict]:
-        return [c.message() for c in self.parser.calls] if self.parser is not None else []
+        return [c.message() for c in self.reply.calls]
 
 
 async def create_chat_completion(st: ServerState, body: ChatCompletionRequest, request: Request) -> Response:
     st.check_model(body.model)
-    tools = active_tools(body)
-    ids = render_chat(st.tokenizer, body.messages, tools)
+    tools = chat_tools(body)
+    ids = render_chat(st.tokenizer, body.messages, tools.template_tools(), True, body.chat_template_kwargs)
     params = chat_params(body)
-    run = ChoiceRun(st.client, st.metrics, [ids] * body.n, per_choice(params, body.n))
-    choices = [_Choice(i, body) for i in range(body.n)]
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    session = session_of(body, body.n)  # its turn's request id is the response's id
+    run = ChoiceRun(st.client, st.metrics, [ids] * body.n, per_choice(params, body.n), body.priority, session,
+                    [cid] if session else None)
+    choices = [_Choice(i, ReplyParser(st.reasoning_parser(ids), tools.parser())) for i in range(body.n)]
     usage = Usage()
 
-    def on(d: CompletionDelta, c: _Choice) -> tuple[ParsedDelta, list[dict] | None]:
+    def on(d: CompletionDelta, c: _Choice) -> tuple[ReplyDelta, list[dict] | None]:
         lp = chat_logprobs(st, d.logprobs) if body.logprobs and d.logprobs is not None else None
         if lp is not None:
             c.logprobs = (c.logprobs or []) + lp
         usage.add(d, 0)
-        return c.add(d), lp
+        return c.reply.add(d), lp
 
     def head(obj: str) -> dict:
         return {"id": cid, "object": obj, "created": created, "model": st.model_name}
@@ -82,7 +69,10 @@ async def create_chat_completion(st: ServerState, body: ChatCompletionRequest, r
         await until_disconnect(request, collect())
         out = []
         for c in choices:
-            msg: dict = {"role": "assistant", "content": c.text if c.text or not c.tool_calls else None}
+            text = c.reply.content
+            msg: dict = {"role": "assistant", "content": text if text or not c.tool_calls else None}
+            if st.reasoning is not None:
+                msg["reasoning_content"] = c.reply.reasoning
             if c.tool_calls:
                 msg["tool_calls"] = c.tool_calls
             out.append({"index": c.index, "message": msg,
@@ -104,7 +94,9 @@ async def create_chat_completion(st: ServerState, body: ChatCompletionRequest, r
             c = choices[i]
             out, lp = on(d, c)
             if out or lp or d.finished:
-                delta: dict = {"content": out.content} if out.content else {}
+                delta: dict = {"reasoning_content": out.reasoning} if out.reasoning else {}
+                if out.content:
+                    delta["content"] = out.content
                 if out.tool_calls:
                     delta["tool_calls"] = out.tool_calls
                 yield chunk(c, delta, lp)

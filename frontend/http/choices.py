@@ -16,16 +16,20 @@ from frontend.client.request_encoding import Prompt
 from frontend.completion import CompletionDelta
 from frontend.http.metrics import Metrics
 from protocol.errors import TandemError
+from protocol.messages import SessionParams
 
 
 class ChoiceRun:
-    """choices[i] runs prompts[i] with params[i]; iterate for (index, delta) as they arrive."""
+    """choices[i] runs prompts[i] with params[i]; iterate for (index, delta) as they arrive. rids: the engine
+    request ids (default: fresh ones); session: the session all of them continue."""
 
     def __init__(self, client: AsyncClient, metrics: Metrics, prompts: Sequence[Prompt],
-                 params: Sequence[dict[str, Any]]) -> None:
+                 params: Sequence[dict[str, Any]], priority: int = 0, session: SessionParams | None = None,
+                 rids: list[str] | None = None) -> None:
         self.client, self.metrics = client, metrics
+        self.priority, self.session = priority, session
         base = uuid.uuid4().hex
-        self.rids = [f"{base}-{i}" for i in range(len(prompts))]
+        self.rids = rids or [f"{base}-{i}" for i in range(len(prompts))]
         self._unfinished = set(self.rids)
         self._closing = False
         self._queue: asyncio.Queue[tuple[int, CompletionDelta | TandemError]] = asyncio.Queue()
@@ -36,7 +40,8 @@ class ChoiceRun:
         if self._closing:
             return  # closed before this choice was submitted: nothing to abort later
         try:
-            async for d in self.client.stream(prompt, params, self.rids[i]):
+            async for d in self.client.stream(prompt, params, self.rids[i], priority=self.priority,
+                                              session=self.session):
                 last = self.metrics.on_delta(d, last)
                 if d.finished:
                     self._unfinished.discard(self.rids[i])

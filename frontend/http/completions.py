@@ -13,6 +13,7 @@ from frontend.http.choices import ChoiceRun
 from frontend.http.logprobs import CompletionLogprobs
 from frontend.http.sampling import completion_params, per_choice
 from frontend.http.schemas import CompletionRequest
+from frontend.http.sessions import session_of
 from frontend.http.state import ServerState
 from frontend.http.streaming import sse, stream_response, until_disconnect
 from frontend.http.usage import Usage
@@ -46,7 +47,10 @@ async def create_completion(st: ServerState, body: CompletionRequest, request: R
     params = completion_params(body)
     n = body.n
     prompts = [pid for pid in ids for _ in range(n)]
-    run = ChoiceRun(st.client, st.metrics, prompts, [sp for _ in ids for sp in per_choice(params, n)])
+    cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    session = session_of(body, len(prompts))  # its turn's request id is the response's id
+    run = ChoiceRun(st.client, st.metrics, prompts, [sp for _ in ids for sp in per_choice(params, n)], body.priority,
+                    session, [cid] if session else None)
     want_lp = body.logprobs is not None
     choices: list[_Choice] = []
     for k in range(len(prompts)):
@@ -55,7 +59,6 @@ async def create_completion(st: ServerState, body: CompletionRequest, request: R
         if lp is not None and body.echo:
             lp.add_first(st, ids[k // n][0])
         choices.append(_Choice(k, echo, lp))
-    cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     usage = Usage()
 
     def on(d: CompletionDelta, c: _Choice) -> None:

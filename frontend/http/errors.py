@@ -1,4 +1,6 @@
-"""Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}} with the right status."""
+"""Errors in the shape of the API a route belongs to, with the right status: OpenAI's
+{"error": {"message", "type", "param", "code"}}, or Anthropic's {"type": "error", "error": {"type", "message"}}
+on the Messages API's routes."""
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
@@ -10,6 +12,10 @@ from protocol.errors import EngineDeadError, InvalidRequestError, OverloadedErro
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           503: "service_unavailable", 500: "internal_error"}
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+                    429: "rate_limit_error"}
+ANTHROPIC_PREFIX = "/v1/messages"
 
 
 class APIError(Exception):
@@ -17,12 +23,18 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(error_body(self.status, self.message, self.param, self.code), status_code=self.status)
+    def response(self, path: str = "") -> JSONResponse:
+        body = (anthropic_error_body(self.status, self.message) if path.startswith(ANTHROPIC_PREFIX)
+                else error_body(self.status, self.message, self.param, self.code))
+        return JSONResponse(body, status_code=self.status)
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": _TYPES.get(status, "error"), "param": param, "code": code}}
+
+
+def anthropic_error_body(status: int, message: str) -> dict:
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
 
 
 def from_engine(e: TandemError) -> APIError:
@@ -36,21 +48,21 @@ def from_engine(e: TandemError) -> APIError:
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api(_: Request, e: APIError) -> JSONResponse:
-        return e.response()
+    async def _api(request: Request, e: APIError) -> JSONResponse:
+        return e.response(request.url.path)
 
     @app.exception_handler(TandemError)
-    async def _engine(_: Request, e: TandemError) -> JSONResponse:
-        return from_engine(e).response()
+    async def _engine(request: Request, e: TandemError) -> JSONResponse:
+        return from_engine(e).response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
         # OpenAI answers 400 (never 422), naming the field.
         found = [(".".join(str(x) for x in err.get("loc", ()) if x != "body"), err.get("msg", "invalid"))
                  for err in e.errors()] or [("", "invalid request")]
         message = "; ".join(f"{p}: {m}" if p else m for p, m in found)
-        return APIError(400, message, found[0][0] or None, "invalid_value").response()
+        return APIError(400, message, found[0][0] or None, "invalid_value").response(request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
-        return APIError(e.status_code, str(e.detail)).response()
+    async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        return APIError(e.status_code, str(e.detail)).response(request.url.path)

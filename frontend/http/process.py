@@ -27,7 +27,9 @@ def run_http(cfg_bytes: bytes, ep_bytes: bytes, serve_bytes: bytes) -> None:
         from frontend.client.async_client import AsyncClient
         from frontend.http.app import create_app
         from frontend.http.metrics import Metrics
+        from frontend.http.response_store import ResponseStore
         from frontend.http.state import ServerState
+        from frontend.reasoning_parser import template_style
         from protocol.model_info import read_model_info
         from protocol.tokenizer_loader import load_tokenizer
 
@@ -42,7 +44,11 @@ def run_http(cfg_bytes: bytes, ep_bytes: bytes, serve_bytes: bytes) -> None:
 
     async def main() -> None:
         client = AsyncClient(ep.client)
-        st = ServerState(client, tokenizer, info, model, name, Metrics(name), scfg.api_key)
+        reasoning = scfg.reasoning_parser
+        if reasoning == "auto":
+            reasoning = template_style(getattr(tokenizer, "chat_template", None))
+        st = ServerState(client, tokenizer, info, model, name, Metrics(name), scfg.api_key, reasoning,
+                         ResponseStore(scfg.response_store))
         server = uvicorn.Server(uvicorn.Config(
             create_app(st), log_level="warning", access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         ))

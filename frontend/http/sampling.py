@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from frontend.http.chat import forced_schema
+from frontend.http.chat import ToolSetup, chat_tools
 from frontend.http.errors import APIError
 from frontend.http.schemas import ChatCompletionRequest, CompletionRequest, SamplingBody
 
@@ -57,10 +57,15 @@ def chat_params(body: ChatCompletionRequest) -> dict[str, Any]:
         p["logprobs"] = body.top_logprobs or 0
     elif body.top_logprobs is not None:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-    schema = forced_schema(body)
+    return with_tools(p, chat_tools(body))
+
+
+def with_tools(p: dict[str, Any], tools: ToolSetup) -> dict[str, Any]:
+    """The parameters with the grammar that forces a tool call, when the tool choice forces one."""
+    schema = tools.forced_schema()
     if schema is not None:
         if any(k in p for k in ("json_schema", "json_object", "regex", "grammar", "choice")):
-            raise APIError(400, "a forced tool_choice cannot be combined with another output constraint",
-                           "tool_choice")
+            raise APIError(400, f"a forced {tools.param} cannot be combined with another output constraint",
+                           tools.param)
         p["json_schema"] = schema
     return p

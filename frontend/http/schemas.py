@@ -17,7 +17,7 @@ _UNASKED = {"no_stop_trim": False, "skip_special_tokens": True, "return_hidden_s
             "separate_reasoning": True, "stream_reasoning": True, "continue_final_message": False}
 
 
-class _Body(BaseModel):
+class Body(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     @model_validator(mode="before")
@@ -30,24 +30,31 @@ class _Body(BaseModel):
                 if k in known or not (v is None or (k in _UNASKED and v == _UNASKED[k]))}
 
 
-class StreamOptions(_Body):
+class StreamOptions(Body):
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
 
-class JsonSchemaFormat(_Body):
+class JsonSchemaFormat(Body):
     name: str = "schema"
     description: str | None = None
     schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Body):
+class ResponseFormat(Body):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class SamplingBody(_Body):
+class SessionParamsBody(Body):
+    """Continue a session (POST /open_session): from its turn `rid` (a response id), default the latest."""
+
+    id: str
+    rid: str | None = None
+
+
+class SamplingBody(Body):
     """Fields both completions and chat completions take."""
 
     model: str
@@ -73,6 +80,8 @@ class SamplingBody(_Body):
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = 0  # lower first (--scheduling-policy priority)
+    session_params: SessionParamsBody | None = None
 
 
 class CompletionRequest(SamplingBody):
@@ -81,47 +90,48 @@ class CompletionRequest(SamplingBody):
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
 
 
-class TextPart(_Body):
+class TextPart(Body):
     type: Literal["text"]
     text: str
 
 
-class FunctionCall(_Body):
+class FunctionCall(Body):
     name: str
     arguments: str
 
 
-class ToolCall(_Body):
+class ToolCall(Body):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(_Body):
+class ChatMessage(Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an earlier reply's reasoning, for templates that show it
 
 
-class FunctionDef(_Body):
+class FunctionDef(Body):
     name: str
     description: str | None = None
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
     strict: bool | None = None
 
 
-class Tool(_Body):
+class Tool(Body):
     type: Literal["function"] = "function"
     function: FunctionDef
 
 
-class NamedFunction(_Body):
+class NamedFunction(Body):
     name: str
 
 
-class NamedToolChoice(_Body):
+class NamedToolChoice(Body):
     type: Literal["function"] = "function"
     function: NamedFunction
 
@@ -134,16 +144,27 @@ class ChatCompletionRequest(SamplingBody):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # variables for the template, e.g. enable_thinking
 
 
-class TokenizeRequest(_Body):
+class OpenSessionRequest(Body):
+    capacity_tokens: Annotated[int, Field(ge=1)]
+    timeout: Annotated[float, Field(gt=0)] | None = None  # idle seconds; default: the client's
+
+
+class CloseSessionRequest(Body):
+    session_id: str
+
+
+class TokenizeRequest(Body):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
-class DetokenizeRequest(_Body):
+class DetokenizeRequest(Body):
     model: str | None = None
     tokens: list[int]

@@ -1,4 +1,5 @@
-"""What every route needs: the engine client, the tokenizer, the model's identity and the metrics."""
+"""What every route needs: the engine client, the tokenizer, the model's identity, the metrics, the reasoning
+style, and the Responses API's store."""
 from __future__ import annotations
 
 import hmac
@@ -11,7 +12,11 @@ from fastapi import Request
 from frontend.client.async_client import AsyncClient
 from frontend.http.errors import APIError
 from frontend.http.metrics import Metrics
+from frontend.http.response_store import ResponseStore
+from frontend.reasoning_parser import ReasoningParser, opens_reasoning
 from protocol.model_info import ModelInfo
+
+PROMPT_TAIL = 32  # tokens of the prompt's end that show whether the template opened a think block
 
 
 @dataclass
@@ -23,6 +28,8 @@ class ServerState:
     model_name: str
     metrics: Metrics
     api_key: str | None = None
+    reasoning: str | None = None  # the reasoning parser's style (auto already resolved), or None
+    responses: ResponseStore = field(default_factory=ResponseStore)
     created: int = field(default_factory=lambda: int(time.time()))
     _texts: dict[int, str] = field(default_factory=dict)
 
@@ -38,11 +45,18 @@ class ServerState:
             raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.model_name}`.",
                            "model", "model_not_found")
 
+    def reasoning_parser(self, prompt_ids: list[int]) -> ReasoningParser | None:
+        """A reply's parser, told whether the prompt's end (the template's doing) opened a think block."""
+        if self.reasoning is None:
+            return None
+        return ReasoningParser(self.reasoning, opens_reasoning(self.tokenizer.decode(prompt_ids[-PROMPT_TAIL:])))
+
     def check_key(self, request: Request) -> None:
         if self.api_key is None:
             return
+        # OpenAI's clients send a bearer token, Anthropic's an x-api-key header: the same key either way.
         auth = request.headers.get("authorization", "")
-        given = auth[7:] if auth[:7].lower() == "bearer " else ""
+        given = auth[7:] if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
         # Constant time: how much of a guess matches must not show in the response time.
         if not hmac.compare_digest(given.encode(), self.api_key.encode()):
             raise APIError(401, "Incorrect API key provided.", None, "invalid_api_key")

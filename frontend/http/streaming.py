@@ -11,15 +11,21 @@ from fastapi.responses import StreamingResponse
 
 from frontend.completion import CompletionDelta
 from frontend.http.choices import ChoiceRun
-from frontend.http.errors import from_engine
+from frontend.http.errors import APIError, from_engine
 from protocol.errors import TandemError
 
 T = TypeVar("T")
 DONE = b"data: [DONE]\n\n"
 
 
-def sse(obj: dict) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+def sse(obj: dict, event: str | None = None) -> bytes:
+    """One event; named (`event: NAME`) as the Responses and Messages APIs send theirs."""
+    head = b"event: " + event.encode() + b"\n" if event is not None else b""
+    return head + b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+
+def openai_error_event(err: APIError) -> bytes:
+    return sse({"error": {"message": err.message, "type": "error", "param": None, "code": err.code}})
 
 
 async def until_disconnect(request: Request, work: Awaitable[T], poll_s: float = 0.2) -> T:
@@ -41,10 +47,12 @@ async def until_disconnect(request: Request, work: Awaitable[T], poll_s: float =
 async def stream_response(
     request: Request, run: ChoiceRun,
     chunks: Callable[[AsyncIterator[tuple[int, CompletionDelta]]], AsyncIterator[bytes]],
+    error_event: Callable[[APIError], bytes] = openai_error_event, done: bytes | None = DONE,
 ) -> StreamingResponse:
-    """An SSE response of `chunks` over the run. The first output is awaited before answering, so an
-    error the engine reports up front (a bad parameter) is an HTTP error status, not a stream; a client
-    that leaves while its request waits for that first output aborts it too."""
+    """An SSE response of `chunks` over the run, then `done`. The first output is awaited before
+    answering, so an error the engine reports up front (a bad parameter) is an HTTP error status, not a
+    stream; a client that leaves while its request waits for that first output aborts it too. A later
+    engine error is the stream's last event, in the API's shape (`error_event`)."""
     it = run.__aiter__()
     first = await until_disconnect(request, it.__anext__())
 
@@ -58,11 +66,11 @@ async def stream_response(
             async for b in chunks(deltas()):
                 yield b
         except TandemError as e:
-            err = from_engine(e)
-            yield sse({"error": {"message": err.message, "type": "error", "param": None, "code": err.code}})
+            yield error_event(from_engine(e))
         finally:
             await it.aclose()  # the client may be gone: abort what is left
-        yield DONE
+        if done is not None:
+            yield done
 
     return StreamingResponse(body(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -23,14 +23,17 @@ from protocol.messages import (
     AbortReq,
     AbortRequest,
     ClientMsg,
+    CloseSession,
     EngineStats,
     EngineStopping,
     FrontendMsg,
     GenerateRequest,
+    OpenSession,
     OutputBatch,
     Ready,
     RequestError,
     RequestOutput,
+    SessionReply,
     StatsRequest,
     TokenizedRequest,
 )
@@ -76,7 +79,7 @@ class Frontend:
         self.owner: dict[str, bytes] = {}  # rid -> client identity
         # Ids are owned here (the scheduler trusts them unique): a gone client's stay in use until they end.
         self.ending: set[str] = set()
-        self.stats_owner: dict[str, bytes] = {}
+        self.query_owner: dict[str, bytes] = {}  # stats and session calls: rid -> client identity
         self.decode_inbox = frontend_in_decoder()
         self.stopping = False
 
@@ -127,8 +130,8 @@ class Frontend:
             if self.owner.get(msg.rid) == ident:  # only the client that submitted a request may abort it
                 self.scheduler.send(encode(AbortReq(msg.rid)))
             return
-        if isinstance(msg, StatsRequest):
-            self.stats_owner[msg.rid] = ident
+        if isinstance(msg, (StatsRequest, OpenSession, CloseSession)):  # answered by the scheduler
+            self.query_owner[msg.rid] = ident
             self.scheduler.send(encode(msg))
             return
         try:
@@ -141,22 +144,23 @@ class Frontend:
             self.to_client(ident, RequestError(msg.rid, e.code, e.message))
             return
         self.owner[msg.rid] = ident
-        self.scheduler.send(encode(TokenizedRequest(msg.rid, ids, params)))
+        self.scheduler.send(encode(TokenizedRequest(msg.rid, ids, params, msg.priority, msg.session_params)))
 
     # ---- from the engine -------------------------------------------------------------------------
-    def on_engine(self, msg: OutputBatch | RequestError | EngineStats | EngineStopping) -> None:
+    def on_engine(self, msg: OutputBatch | RequestError | EngineStats | EngineStopping | SessionReply) -> None:
         if isinstance(msg, EngineStopping):
             self.farewell(msg.reason)
             return
-        if isinstance(msg, EngineStats):
-            ident = self.stats_owner.pop(msg.rid, None)
+        if isinstance(msg, (EngineStats, SessionReply)):
+            ident = self.query_owner.pop(msg.rid, None)
             if ident is not None:
-                msg.frontend_pending = len(self.owner)
+                if isinstance(msg, EngineStats):
+                    msg.frontend_pending = len(self.owner)
                 self.to_client(ident, msg)
             return
         if isinstance(msg, RequestError):
             self.ending.discard(msg.rid)
-            ident = self.owner.pop(msg.rid, None)
+            ident = self.owner.pop(msg.rid, None) or self.query_owner.pop(msg.rid, None)
             if ident is not None:
                 self.to_client(ident, msg)
             return
@@ -175,11 +179,11 @@ class Frontend:
 
     def farewell(self, reason: str) -> None:
         """The engine is stopping: every waiting call gets the reason, then the frontend stops."""
-        for rid, ident in [*self.owner.items(), *self.stats_owner.items()]:
+        for rid, ident in [*self.owner.items(), *self.query_owner.items()]:
             self.to_client(ident, RequestError(rid, ErrorCode.ENGINE_DEAD, reason))
         self.owner.clear()
         self.ending.clear()
-        self.stats_owner.clear()
+        self.query_owner.clear()
         self.stopping = True
 
     # ---- to clients ------------------------------------------------------------------------------
@@ -202,7 +206,7 @@ class Frontend:
             del self.owner[rid]
             self.ending.add(rid)
             self.scheduler.send(encode(AbortReq(rid)))
-        for rid in [rid for rid, who in self.stats_owner.items() if who == ident]:
-            del self.stats_owner[rid]
+        for rid in [rid for rid, who in self.query_owner.items() if who == ident]:
+            del self.query_owner[rid]
 
 

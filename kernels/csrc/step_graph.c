@@ -28,7 +28,8 @@ enum {
     ATTENTION = 6, /* fn, q, ldq, ldqh, k pool, v pool, slot stride, req_to_token, ld_rtt, rows, lens, slot buf,
                       H, Hkv, D, scale bits, out, work, offsets, min_keys, pool type, window, slot map|0 */
     SILU_MUL = 7,  /* fn, gate_up, ldg, n, out, ldo */
-    GELU_MUL = 8,  /* the same, GELU (tanh form) */
+    MOE = 8,       /* fn, x, H, ldx, router, E, k, renorm, ids, wts, w13, kind13, N13, w2, kind2, I, y, ldy */
+    GELU_MUL = 9,  /* as SILU_MUL, GELU (tanh form) */
 };
 
 typedef void (*norm_fn)(float *, int64_t, const float *, int64_t, const float *, int64_t, int64_t, float, float *,
@@ -45,6 +46,9 @@ typedef int (*attention_fn)(const float *, int64_t, int64_t, const int64_t *, co
 /* The KV pools' element (kernels/native/paged_attention.py's KV_TYPES). */
 enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
 typedef void (*act_fn)(const float *, int64_t, int64_t, int64_t, float *, int64_t, int64_t);
+typedef int64_t (*moe_fn)(const float *, int64_t, int64_t, int64_t, const float *, int64_t, int64_t, int64_t,
+                          int64_t *, float *, const void *, int64_t, int64_t, const void *, int64_t, int64_t, float *,
+                          int64_t, int64_t);
 
 #define P(i, T) ((T)(intptr_t)a[i])
 
@@ -182,6 +186,13 @@ static void act_mul(const int64_t *a, int64_t rows, int64_t threads) {
     P(0, act_fn)(P(1, const float *), a[2], rows, a[3], P(4, float *), a[5], threads);
 }
 
+/* A whole MoE layer (kernels/csrc/moe.c): router, top-k, the routed experts; nonzero if its scratch failed. */
+static int64_t moe(const int64_t *a, int64_t rows, int64_t threads) {
+    return P(0, moe_fn)(P(1, const float *), rows, a[2], a[3], P(4, const float *), a[5], a[6], a[7], P(8, int64_t *),
+                        P(9, float *), P(10, const void *), a[11], a[12], P(13, const void *), a[14], a[15],
+                        P(16, float *), a[17], threads);
+}
+
 /* Runs nodes [n_nodes][NODE_ARGS + 1] (kind, then its arguments) over `rows` decode rows. Returns 0, or the
  * index + 1 of a node that failed (the attention kernel's allocation). */
 int64_t tandem_step_graph_run(const int64_t *nodes, int64_t n_nodes, int64_t rows, int64_t threads) {
@@ -199,6 +210,9 @@ int64_t tandem_step_graph_run(const int64_t *nodes, int64_t n_nodes, int64_t row
             break;
         case SILU_MUL:
         case GELU_MUL: act_mul(a, rows, threads); break; /* fn: the activation's entry */
+        case MOE:
+            if (moe(a, rows, threads)) return i + 1;
+            break;
         default: return i + 1;
         }
     }

@@ -13,6 +13,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -51,8 +52,10 @@ def build(source: Path, compiler: str | None = None) -> Path:
     if not cc:
         raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
     # -march=native: the library is only valid on this CPU, so its flags are part of the name.
-    # The headers beside the source (what it may #include) are part of what is built.
-    headers = [h.read_bytes() for h in sorted(source.parent.glob("*.h"))]
+    # The headers beside the source, and the .c files it #includes (moe.c builds on quant_linear.c's
+    # tiles), are part of what is built.
+    included = re.findall(r'^#include "([\w.]+\.c)"', source.read_text(), re.MULTILINE)
+    headers = [h.read_bytes() for h in [*sorted(source.parent.glob("*.h")), *(source.parent / c for c in included)]]
     key = hashlib.sha256(
         b"\0".join([source.read_bytes(), *headers, cc.encode(), " ".join(FLAGS).encode(), _this_cpu().encode()])
     ).hexdigest()[:16]

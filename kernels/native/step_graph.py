@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 
 from kernels.native import build as native_build
-from kernels.native import norm_act, paged_attention, quant_linear, rotary
+from kernels.native import moe, norm_act, paged_attention, quant_linear, rotary
 
 SOURCE = Path(__file__).parents[1] / "csrc" / "step_graph.c"
 NODE_ARGS = 24  # as in the .c file: each node is its kind then NODE_ARGS int64 arguments
 # Node kinds (the .c file's enum).
-EMBED, NORM, HEAD_NORM, QLINEAR, ROTARY, KV_WRITE, ATTENTION, SILU_MUL, GELU_MUL = range(9)
+EMBED, NORM, HEAD_NORM, QLINEAR, ROTARY, KV_WRITE, ATTENTION, SILU_MUL, MOE, GELU_MUL = range(10)
 
 
 def build(compiler: str | None = None) -> Path:
@@ -40,7 +40,8 @@ def _library() -> ctypes.CDLL | None:
 
 
 def available() -> bool:
-    return _library() is not None and all(m.available() for m in (norm_act, paged_attention, quant_linear, rotary))
+    return _library() is not None and all(
+        m.available() for m in (norm_act, paged_attention, quant_linear, rotary, moe))
 
 
 @functools.cache
@@ -54,6 +55,7 @@ def entry_points() -> dict[str, int]:
         "quant_linear_int8": (quant_linear._library(), "tandem_quant_linear_q8"),  # --cpu-int8-activations
         "rotary": (rotary._library(), "tandem_rotary_f32"),
         "paged_attention": (paged_attention._library(), "tandem_paged_attention_win"),
+        "moe": (moe._library(), "tandem_moe_f32"),
     }
     out = {}
     for name, (lib, symbol) in libs.items():
@@ -79,4 +81,4 @@ def run(nodes: torch.Tensor, rows: int, threads: int) -> None:
         raise RuntimeError("the CPU step-graph replayer is not available")
     failed = lib.tandem_step_graph_run(nodes.data_ptr(), nodes.shape[0], rows, threads)
     if failed:
-        raise MemoryError(f"CPU step graph: node {failed - 1} failed (the attention kernel's work list)")
+        raise MemoryError(f"CPU step graph: node {failed - 1} failed (the attention or MoE kernel's scratch)")

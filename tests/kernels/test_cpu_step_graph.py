@@ -47,6 +47,9 @@ def _kv(pool: Pool) -> list[torch.Tensor]:
     ("qwen3", "Q4_0", torch.float32, False, False), ("qwen2", "Q4_K_M", torch.float32, False, False),
     ("llama", "Q4_1", torch.float16, False, False), ("qwen3", "Q4_0", torch.bfloat16, False, False),
     ("llama", "Q4_1", torch.float32, True, False), ("qwen2", "Q4_K_M", torch.float32, True, False),
+    # MoE layers: one node each, the C layer's call (routing included)
+    ("qwen3_moe", "Q4_0", torch.float32, False, False), ("mixtral", "Q8_0", torch.float16, False, False),
+    ("qwen3_moe", "Q4_K_M", torch.float32, False, False),
     ("gemma3", "Q8_0", torch.float32, False, False), ("gemma3", "Q8_0", torch.float32, False, True),
     ("gemma3", "Q4_K_M", torch.bfloat16, False, True)])
 def test_replay_equals_eager_bit_for_bit(gguf_model, arch: str, qtype: str, kv_dtype: torch.dtype,
@@ -158,3 +161,23 @@ def test_worker_steps_through_the_graph_give_the_eager_tokens(gguf_model, arch: 
         assert runner.ops.int8_activations == int8
     assert outs[True] == outs[False]
     assert sum(map(len, outs[False].values())) == 3 * 12 + 2 * 9
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe"])
+def test_moe_models_run_alike_with_the_graph_or_without(gguf_model, arch: str) -> None:
+    """Qwen3-MoE's MoE layers are recorded (one node each); Qwen2-MoE's shared expert is not, so its model
+    declines the graph and steps eagerly: both give the eager tokens."""
+    path = str(gguf_model(arch))
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (5, 17, 40)]
+    params = [SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)]
+    outs = {}
+    for eager in (True, False):
+        cfg = EngineConfig(model=path, dtype="float32", kv_cache_tokens=4096, max_running_requests=8,
+                           enforce_eager=eager)
+        runner = ModelRunner(cfg, read_model_info(cfg.model))
+        assert cpu_graph_applies(cfg, runner.model, runner.kv) == (not eager and arch == "qwen3_moe")
+        outs[eager] = generate(cfg, read_model_info(cfg.model), runner, prompts, params)
+        recorded = isinstance(runner.graphs, CpuStepGraph)
+        assert recorded == (not eager and arch == "qwen3_moe") and (not recorded or runner.graphs.num_runs > 0)
+    assert outs[True] == outs[False] and sum(map(len, outs[False].values())) == 3 * 10

@@ -207,12 +207,14 @@ class RowParallelLinear(PackableLinear):
         tp_rank: int = 0,
         tp_size: int = 1,
         ops: Ops | None = None,
+        reduce: bool = True,
     ) -> None:
         super().__init__()
         self.use_ops(ops)
         if input_size % tp_size:
             raise ValueError(f"input size {input_size} not divisible by tp_size={tp_size}")
-        self.tp_rank, self.tp_size = tp_rank, tp_size
+        # reduce=False: the caller sums this partial output with others first (an MoE layer's shared expert)
+        self.tp_rank, self.tp_size, self.reduce = tp_rank, tp_size, reduce
         self.shard_size = input_size // tp_size
         self.weight = _param((output_size, self.shard_size), dtype, device)
         self.bias = _param((output_size,), dtype, device) if bias else None
@@ -231,6 +233,6 @@ class RowParallelLinear(PackableLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Adding the bias on one rank only keeps it counted once after the all-reduce.
         out = self.product(x, self.bias if self.tp_rank == 0 else None)
-        if self.tp_size > 1:
+        if self.tp_size > 1 and self.reduce:
             dist.all_reduce(out)
         return out

@@ -2,6 +2,7 @@
 
 from worker.models.gemma3 import Gemma3ForCausalLM
 from worker.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+from worker.models.moe import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 from worker.models.registry import MODEL_REGISTRY, get_model_class
 
 CausalLM = LlamaForCausalLM  # the base every model class extends (Gemma 3's too); the type load_model returns
@@ -11,7 +12,10 @@ __all__ = [
     "CausalLM",
     "Gemma3ForCausalLM",
     "LlamaForCausalLM",
+    "MixtralForCausalLM",
     "Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
     "get_model_class",
 ]

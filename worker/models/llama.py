@@ -6,7 +6,7 @@ checkpoint names onto the fused layers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -105,11 +105,11 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     def __init__(
         self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int,
-        tp_size: int,
+        tp_size: int, mlp: nn.Module,
     ):
         super().__init__()
         self.self_attn = LlamaAttention(cfg, layer_id, dtype, device, ops, tp_rank, tp_size)
-        self.mlp = LlamaMLP(cfg, dtype, device, ops, tp_rank, tp_size)
+        self.mlp = mlp  # the dense SwiGLU, or an MoE layer (worker/models/moe.py)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device, ops)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device, ops)
 
@@ -121,12 +121,13 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int, tp_size: int
+        self, cfg: ModelConfig, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int, tp_size: int,
+        make_mlp: Callable[[int], nn.Module],
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device, tp_rank, tp_size, ops)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, i, dtype, device, ops, tp_rank, tp_size)
+            LlamaDecoderLayer(cfg, i, dtype, device, ops, tp_rank, tp_size, make_mlp(i))
             for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device, ops)
@@ -138,7 +139,8 @@ class LlamaForCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         self.config, self.dtype, self.device = cfg, dtype, torch.device(device)
-        self.model = LlamaModel(cfg, dtype, device, ops, tp_rank, tp_size)
+        self.model = LlamaModel(cfg, dtype, device, ops, tp_rank, tp_size,
+                                lambda i: self.make_mlp(cfg, i, dtype, device, ops, tp_rank, tp_size))
         # Tied: the LM head reuses the embedding matrix (this rank's vocab shard), so no lm_head module.
         self.lm_head = (
             None
@@ -147,6 +149,11 @@ class LlamaForCausalLM(nn.Module):
         )
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, dtype, device)
         self.attn_backend = select_attention_backend(ops)
+
+    def make_mlp(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int,
+                 tp_size: int) -> nn.Module:
+        """Layer layer_id's MLP (MoE models override it)."""
+        return LlamaMLP(cfg, dtype, device, ops, tp_rank, tp_size)
 
     @staticmethod
     def arch_flags(hf: dict[str, Any]) -> dict[str, Any]:
