@@ -189,7 +189,6 @@ class Scheduler:
             if epoch == req.epoch and not req.finished():
                 req.num_inflight_steps -= 1
                 req.kv_committed_len += n
-                self.kv.release_window(req)
         if result.prompt_logprobs:
             for req, lp in new_prompt_logprobs(step, result.prompt_logprobs):
                 self._delta(req).prompt_logprobs = lp
@@ -226,7 +225,10 @@ class Scheduler:
             if req.to_finish is not None and req.num_inflight_steps == 0:
                 req.check_finished()
                 self._finalize(req)
-            elif n - drafts > 1:
+                continue
+            # What every sliding window has passed goes back: after the rejected drafts' rollback above.
+            self.kv.release_window(req)
+            if n - drafts > 1:
                 self.kv.cache_unfinished(req)  # a prefill (chunk): others can reuse it while this one runs
         self._flush_deltas()
         if self.cfg.debug_integrity:

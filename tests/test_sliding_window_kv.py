@@ -21,46 +21,52 @@ WINDOW = 16
 
 
 class WindowWorker(FakeWorker):
-    """The fake worker with a sliding pool: each computed position's KV is also written to its sliding slot,
-    and every query checks that each key its window reads holds the right prefix's KV there."""
+    """The fake worker with a sliding pool: each computed position's KV (the fake worker's hash of its prefix,
+    draft tokens included) is also written to its sliding slot, and every query checks that each key its
+    window reads holds there what the key's full slot holds (which the fake worker checks is right)."""
 
-    def __init__(self, num_slots: int, swa_slots: int, window: int) -> None:
-        super().__init__(num_slots)
+    def __init__(self, num_slots: int, swa_slots: int, window: int, drafter=None, k: int = 0) -> None:
+        super().__init__(num_slots, **({"drafter": drafter} if drafter else {}), k=k)
         self.window, self.swa_slots = window, swa_slots
         self.swa_map: dict[int, int] = {}
         self.swa_content: dict[int, int] = {}
-        self.peak_window_slots = 0  # the most sliding slots the live rows' windows read in one step
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         for s in so.scheduled:
             assert len(s.swa_slots) == len(s.slots), "every slot comes with its sliding slot"
             self.swa_map.update(zip(s.slots, s.swa_slots, strict=True))
-        starts = {s.req_pool_idx: self.computed.get(s.req_pool_idx, 0) for s in so.scheduled}
-        starts.update({r.req_pool_idx: r.num_cached for r in so.new_reqs})
-        out = super().execute(so)
+        computed = {**self.computed, **{r.req_pool_idx: r.num_cached for r in so.new_reqs}}
+        spans = {}  # row -> the positions this step computes (drafts the proposer did not match: none)
         for s in so.scheduled:
-            row, start = s.req_pool_idx, starts[s.req_pool_idx]
-            toks, kv = self.tokens[row], self.kv[row]
-            for pos in range(start, start + s.num_tokens):
+            row = s.req_pool_idx
+            drafts = len(self.drafts.get(row, [])[: s.num_drafts]) if row not in {r.req_pool_idx for r in so.new_reqs} else 0
+            spans[row] = (computed[row], computed[row] + s.num_tokens - (s.num_drafts - drafts))
+        out = super().execute(so)
+        for row, (start, end) in spans.items():
+            kv = self.kv[row]
+            for pos in range(start, end):
                 swa = self.swa_map[kv[pos]]
                 assert 1 <= swa <= self.swa_slots, f"row {row} position {pos}: no sliding slot to write"
-                self.swa_content[swa] = hash(tuple(toks[: pos + 1]))
-            for q in range(start, start + s.num_tokens):
+                self.swa_content[swa] = self.slot_content[kv[pos]]
+            for q in range(start, end):
                 for key in range(max(0, q - self.window + 1), q + 1):
                     got = self.swa_content.get(self.swa_map.get(kv[key], 0))
-                    assert got == hash(tuple(toks[: key + 1])), (
+                    assert got == self.slot_content[kv[key]], (
                         f"row {row} query {q}: key {key}'s sliding KV is gone or another's")
         return out
 
 
 def make(slots: int = 4096, swa: int = 1024, depth: int = 2, budget: int = 64, max_running: int = 16,
-         page: int = 1, chunk: int | None = None, cache: bool = True) -> tuple[Scheduler, WindowWorker]:
+         page: int = 1, chunk: int | None = None, cache: bool = True, spec: int = 0,
+         drafter=None) -> tuple[Scheduler, WindowWorker]:
     cfg = EngineConfig(model="x", max_num_batched_tokens=budget, max_running_requests=max_running,
                        async_scheduling=depth == 2, page_size=page, chunked_prefill_tokens=chunk,
-                       prefix_cache=cache, debug_integrity=True)
+                       prefix_cache=cache, debug_integrity=True, speculative_method="ngram" if spec else None,
+                       num_speculative_tokens=spec or 4)
     info = ModelInfo(vocab_size=VOCAB, max_model_len=2048, eos_token_ids=[0], architecture="fake",
                      sliding_window=WINDOW)
-    return Scheduler(cfg, info, slots, num_swa_slots=swa), WindowWorker(slots + page - 1, swa + page - 1, WINDOW)
+    worker = WindowWorker(slots + page - 1, swa + page - 1, WINDOW, drafter, spec)
+    return Scheduler(cfg, info, slots, num_swa_slots=swa), worker
 
 
 def held(sched: Scheduler) -> int:
@@ -120,6 +126,22 @@ def test_retraction_under_a_short_sliding_pool_loses_nothing() -> None:
         assert outputs[rid] == expected_output(p, 40) and ends[rid][0] == "length", rid
     assert sched.kv.hybrid is not None
     sched.kv.hybrid.check_integrity()
+
+
+@pytest.mark.parametrize("right", [0, 2, 4])
+@pytest.mark.parametrize("depth", [1, 2])
+def test_rejected_drafts_give_back_no_sliding_kv_a_query_still_reads(depth: int, right: int) -> None:
+    """Draft tokens are committed, then the rejected ones rolled back: what goes back is counted after that."""
+    def drafter(tokens: list[int], k: int) -> list[int]:
+        good = expected_output(tokens, k)
+        return good[:right] + [(t + 1) % VOCAB for t in good[right:]]
+
+    sched, worker = make(depth=depth, spec=4, drafter=drafter)
+    prompt = list(range(1, 41))
+    sched.add_request(req("a", prompt, max_tokens=60))
+    outputs, _ = run(sched, worker, depth)
+    assert outputs["a"] == expected_output(prompt, 60)
+    assert sched.spec.draft_tokens > 0
 
 
 def test_without_the_prefix_cache_all_goes_back() -> None:
