@@ -73,6 +73,23 @@ def test_greedy_parity_with_transformers_and_prefix_hits(tied: bool, opts: dict,
     check_idle_engine(client)
 
 
+def test_bf16_greedy_parity_with_transformers_bf16(tiny_model, launch_client) -> None:
+    """bf16 (what --dtype auto picks for a directory on this kind of CPU) against transformers in bf16, under
+    the near-tie rule at bf16's tolerance; Gemma's norms scale in float32 and round once, as transformers'."""
+    import torch
+
+    from tests.reference import NEAR_TIE_BF16, greedy
+
+    model = tiny_model("gemma3")
+    client = launch_client(model, dtype="bfloat16")
+    ps = prompts(seed=5)[2::2]
+    outs = client.generate_batch(ps, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True), progress=False)
+    equal = sum(assert_greedy_parity(o.token_ids, greedy(model, p, 16, torch.bfloat16), f"bf16 len {len(p)}",
+                                     NEAR_TIE_BF16) for p, o in zip(ps, outs, strict=True))
+    assert equal >= len(ps) // 2, f"only {equal}/{len(ps)} sequences equal"
+    check_idle_engine(client)
+
+
 def test_tp2_with_one_kv_head_equals_tp1(tiny_model, launch_client) -> None:
     model = tiny_model("gemma3")
     ps = prompts(seed=2)[::2]
