@@ -69,7 +69,7 @@ class TorchBackend(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         b = plan.batch
-        kv.write(layer_id, plan.loc, k, v)
+        _write(kv, layer_id, plan, k, v)
         return paged_attention_ref(
             q, kv.k[layer_id], kv.v[layer_id], kv.req_to_token, b.req_pool_indices, b.seq_lens, b.extend_lens,
             scale, plan=plan.attn, new_kv=(k, v),
@@ -99,7 +99,7 @@ class CpuBackend(TorchBackend):
     ) -> torch.Tensor:
         if isinstance(plan, TorchPlan):
             return super().forward(layer_id, q, k, v, kv, plan, scale)
-        kv.write(layer_id, plan.loc, k, v)
+        _write(kv, layer_id, plan, k, v)
         return cpu_paged_attention.paged_attention_cpu(q, kv.k[layer_id], kv.v[layer_id], plan.attn, scale)
 
 
@@ -118,7 +118,7 @@ class TritonBackend(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         b = plan.batch
-        kv.write(layer_id, plan.loc, k, v)
+        _write(kv, layer_id, plan, k, v)
         return paged_attention_triton(
             q, kv.k[layer_id], kv.v[layer_id], kv.req_to_token, b.req_pool_indices, b.seq_lens,
             b.extend_lens, scale, cu_lens=plan.cu_lens, max_extend=plan.max_extend, window=plan.window,
@@ -126,23 +126,27 @@ class TritonBackend(AttentionBackend):
         )  # fmt: skip
 
 
-def _loc(batch: ForwardBatch, slot_map: torch.Tensor | None) -> torch.Tensor:
-    """Where this step's K/V go: the batch's slots, or their slots in a pool of the sliding layers' own."""
-    return batch.out_cache_loc if slot_map is None else slot_map[batch.out_cache_loc]
+def _loc(batch: ForwardBatch, slot_map: torch.Tensor | None) -> torch.Tensor | None:
+    """Where this step's K/V go in a pool of the sliding layers' own (None: the batch's slots)."""
+    return None if slot_map is None else slot_map[batch.out_cache_loc]
+
+
+def _write(kv: KVCache, layer_id: int, plan: Any, k: torch.Tensor, v: torch.Tensor) -> None:
+    kv.write(layer_id, plan.batch.out_cache_loc if plan.loc is None else plan.loc, k, v)
 
 
 @dataclass
 class TorchPlan:
     batch: ForwardBatch
     attn: AttentionPlan
-    loc: torch.Tensor  # [T] the pool slots this step's K/V are written to
+    loc: torch.Tensor | None  # [T] this step's K/V slots in the sliding layers' own pool; None: the batch's
 
 
 @dataclass
 class CpuPlan:
     batch: ForwardBatch
     attn: cpu_paged_attention.CpuAttentionPlan
-    loc: torch.Tensor
+    loc: torch.Tensor | None
 
 
 @dataclass
@@ -150,7 +154,7 @@ class TritonPlan:
     batch: ForwardBatch
     cu_lens: torch.Tensor  # [B] first row of each request in q
     max_extend: int
-    loc: torch.Tensor
+    loc: torch.Tensor | None
     window: int = 0
     slot_map: torch.Tensor | None = None
 
