@@ -102,16 +102,11 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         nn.Module.__init__(self)
         self.config, self.dtype, self.device = cfg, dtype, torch.device(device)
         self.model = Gemma3Model(cfg, dtype, device, ops, tp_rank, tp_size)
-        self.lm_head = (
-            None
-            if cfg.tie_word_embeddings
-            else VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device, tp_rank, tp_size, ops)
-        )
+        self.lm_head = None if cfg.tie_word_embeddings else VocabEmbedding(
+            cfg.vocab_size, cfg.hidden_size, dtype, device, tp_rank, tp_size, ops)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, dtype, device)
-        self.rotary_local = (
-            RotaryEmbedding(cfg.head_dim, cfg.local_rope_theta, cfg.local_rope_scaling, dtype, device)
-            if cfg.has_sliding_layers else None
-        )
+        self.rotary_local = RotaryEmbedding(cfg.head_dim, cfg.local_rope_theta, cfg.local_rope_scaling, dtype,
+                                            device) if cfg.has_sliding_layers else None
         self.attn_backend = select_attention_backend(ops)
         # transformers keeps sqrt(hidden) as a float32 tensor and casts it to the weights' dtype
         self.embed_scale = torch.tensor(cfg.hidden_size**0.5).to(dtype)
