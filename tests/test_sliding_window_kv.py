@@ -185,3 +185,30 @@ def test_the_allocators_check_catches_a_broken_map() -> None:
     b.swa_page[slots[0]] = 0  # a sliding page neither mapped nor free
     with pytest.raises(AssertionError, match="leaked"):
         b.check_integrity()
+
+
+def test_pool_sizes_give_the_memory_past_the_sliding_cap_to_the_full_pool(monkeypatch) -> None:
+    """worker/memory.py: the sliding pool holds what the running requests can hold at once (a window and two
+    pages each, two steps' tokens, a page); the rest of the memory budget goes to the full pool, which only
+    the global layers use. Without the pool (off, or a host tier) every layer shares one."""
+    import torch
+
+    from protocol.model_config import ModelConfig
+    from worker import memory
+
+    hf = {"architectures": ["Gemma3ForCausalLM"], "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 3,
+          "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": 128,
+          "sliding_window": WINDOW, "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]}
+    mc = ModelConfig.from_hf(hf)
+    monkeypatch.setattr(memory, "_free_bytes", lambda device: 10 << 20)
+    budget, f32, cpu = 5 << 20, torch.float32, torch.device("cpu")
+    cfg = EngineConfig(model="x", max_running_requests=4, max_num_batched_tokens=64, kv_memory_fraction=0.5)
+    full, swa = memory.kv_pool_sizes(cfg, mc, f32, cpu, useful_max=10**9)
+    per_full, per_swa = (memory.kv_bytes_per_token(mc, f32, layers=n) for n in (1, 2))
+    assert swa == 4 * (WINDOW + 2) + 2 * 64 + 1
+    assert full == (budget - swa * per_swa) // per_full > budget // (per_full + per_swa)
+    for off in (EngineConfig(model="x", kv_memory_fraction=0.5, sliding_window_kv=False),
+                EngineConfig(model="x", kv_memory_fraction=0.5, host_kv_tokens=64)):
+        assert memory.kv_pool_sizes(off, mc, f32, cpu, useful_max=10**9) == (budget // (per_full + per_swa), 0)
+    given = EngineConfig(model="x", kv_cache_tokens=100, max_running_requests=64)
+    assert memory.kv_pool_sizes(given, mc, f32, cpu, useful_max=10**9) == (100, 100)  # never more than full
