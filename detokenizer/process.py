@@ -13,6 +13,7 @@ from protocol.codec import detok_in_decoder, encode
 from protocol.ipc import make_socket
 from protocol.messages import (
     DetokRegister,
+    EmbeddingBatch,
     EngineStats,
     OutputBatch,
     Ready,
@@ -85,5 +86,5 @@ def run_detokenizer(cfg_bytes: bytes, ep_bytes: bytes) -> None:
         elif isinstance(msg, RequestError):
             detok.drop(msg.rid)
             frontend.send(encode(msg))
-        elif isinstance(msg, (EngineStats, SessionReply)):
+        elif isinstance(msg, (EngineStats, SessionReply, EmbeddingBatch)):  # nothing to decode: passed on
             frontend.send(encode(msg))

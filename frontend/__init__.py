@@ -2,5 +2,6 @@
 frontend process: tokenize, validate, route) and http/ (the OpenAI-compatible server)."""
 from frontend.client import AsyncClient, Client
 from frontend.completion import Completion, CompletionDelta
+from frontend.embedding import Embedding
 
-__all__ = ["Client", "AsyncClient", "Completion", "CompletionDelta"]
+__all__ = ["Client", "AsyncClient", "Completion", "CompletionDelta", "Embedding"]

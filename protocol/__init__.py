@@ -1,4 +1,5 @@
 """Messages, codec, socket helpers and configuration shared by every tandem process."""
+from protocol.embed_params import EmbedParams
 from protocol.errors import (
     EngineDeadError,
     InvalidRequestError,
@@ -9,5 +10,5 @@ from protocol.errors import (
 from protocol.sampling_params import SamplingParams
 
 __all__ = [
-    "SamplingParams", "TandemError", "InvalidRequestError", "RequestFailedError", "OverloadedError", "EngineDeadError",
+    "SamplingParams", "EmbedParams", "TandemError", "InvalidRequestError", "RequestFailedError", "OverloadedError", "EngineDeadError",
 ]

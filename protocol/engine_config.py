@@ -88,6 +88,10 @@ class EngineConfig:
     prompt_lookup_min: int = field(default=2, metadata={"help": "shortest n-gram the ngram drafter matches"})
     prompt_lookup_max: int = field(default=4, metadata={"help": "longest n-gram the ngram drafter matches"})
     seed: int = 0
+    pooling: str = field(
+        default="last", metadata={"help": "embeddings pool the final hidden states of the prompt: last (its last "
+                                  "token's, what causal embedding models train), mean (all tokens') or cls (the first's)"}
+    )
     grammar_compile_timeout_s: float = field(
         default=30.0, metadata={"help": "per structured-output grammar; past it the request fails"}
     )
@@ -151,6 +155,8 @@ class EngineConfig:
             raise bad("dtype", "must be auto, float32, bfloat16 or float16")
         if self.kv_cache_dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise bad("kv_cache_dtype", "must be auto, float32, float16 or bfloat16")
+        if self.pooling not in ("last", "mean", "cls"):
+            raise bad("pooling", "must be last, mean or cls")
         if self.attention_backend not in ("auto", "cpu", "torch", "triton"):  # kernels/ops.py's list
             raise bad("attention_backend", "must be auto, cpu, torch or triton")
 

@@ -21,6 +21,7 @@ class ErrorCode(str, Enum):
     MESSAGES = "invalid_request.messages"
     TOKEN_ID = "invalid_request.token_id"
     PROMPT_TOO_LONG = "invalid_request.prompt_too_long"
+    DIMENSIONS = "invalid_request.dimensions"
     INVALID_GRAMMAR = "invalid_request.grammar"
     SESSION = "invalid_request.session"  # a bad open_session (capacity, timeout) or sessions unavailable
     SESSION_UNKNOWN = "invalid_request.session_unknown"

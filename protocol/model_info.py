@@ -6,7 +6,7 @@ from pathlib import Path
 
 import msgspec
 
-from protocol.model_config import metadata_dir, read_model_config
+from protocol.model_config import ModelConfig, metadata_dir, read_hf_config
 
 
 class ModelInfo(msgspec.Struct, frozen=True):
@@ -14,6 +14,11 @@ class ModelInfo(msgspec.Struct, frozen=True):
     max_model_len: int
     eos_token_ids: list[int]
     architecture: str
+    hidden_size: int = 0  # an embedding's full length
+    # Matryoshka models (config.json `is_matryoshka` / `matryoshka_dimensions`, as vLLM reads them) were trained
+    # so that a prefix of the embedding is one too: only they take an embedding request's `dimensions`.
+    is_matryoshka: bool = False
+    matryoshka_dimensions: list[int] | None = None  # the prefix lengths allowed; None: any
     # Keys a sliding-window layer attends (0: the model has none): the scheduler frees, per request, the
     # sliding layers' KV of positions every such layer has left behind.
     sliding_window: int = 0
@@ -28,7 +33,8 @@ def _as_list(x: object) -> list[int]:
 
 
 def read_model_info(model: str | Path, max_model_len: int | None = None) -> ModelInfo:
-    cfg = read_model_config(model)
+    hf = read_hf_config(model)
+    cfg = ModelConfig.from_hf(hf)
     eos = _as_list(cfg.eos_token_id)
     gen_path = metadata_dir(model) / "generation_config.json"
     if gen_path.is_file():
@@ -41,5 +47,8 @@ def read_model_info(model: str | Path, max_model_len: int | None = None) -> Mode
         max_model_len=max_model_len or model_max,
         eos_token_ids=eos,
         architecture=cfg.architecture or "?",
+        hidden_size=cfg.hidden_size,
+        is_matryoshka=bool(hf.get("is_matryoshka") or hf.get("matryoshka_dimensions")),
+        matryoshka_dimensions=_as_list(hf["matryoshka_dimensions"]) if hf.get("matryoshka_dimensions") else None,
         sliding_window=cfg.sliding_window,
     )

@@ -22,7 +22,7 @@ def schedule_running(
         if req.finished() or req.to_finish is not None or req.req_pool_idx is None:
             continue
         # Outputs already in flight reach max_tokens: scheduling more would only be dropped.
-        if req.num_outputs_optimistic >= req.max_new_tokens:
+        if req.embed is None and req.num_outputs_optimistic >= req.max_new_tokens:
             continue
         todo = req.num_tokens_to_compute
         # A request still prefilling (chunked) draws on the prefill budget; a decode on the step's.

@@ -1,4 +1,4 @@
-"""Structured output: which constraint a request has, compiling it with xgrammar off the scheduler thread,
+"""Structured output: compiling a request's constraint (scheduler/grammar_spec.py) with xgrammar off the scheduler thread,
 and the per-request matcher that fills the next-token bitmask and accepts sampled tokens.
 
 Bitmask layout (xgrammar's): int32 [batch, ceil(vocab/32)], token t allowed iff bit t % 32 of word t // 32
@@ -8,115 +8,25 @@ ids past the tokenizer are never allowed.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from scheduler.grammar_spec import GrammarError, GrammarSpec, choice_ebnf
 from scheduler.schema_rewrite import rewrite_schema_text
+from scheduler.tokenizer_info_cache import load_or_build
 from scheduler.utf8_guard import ACCEPT, REJECT, Utf8Guard
 
 if TYPE_CHECKING:
     import xgrammar as xgr
 
-GrammarKind = Literal["json_schema", "json_object", "regex", "grammar", "choice"]
-
-
-class GrammarError(ValueError):
-    """The request's constraint is invalid (bad schema, regex or grammar): a client error."""
-
-
-@dataclass(frozen=True)
-class GrammarSpec:
-    """One request's constraint. `text` is the schema document / regex / EBNF / JSON list of choices
-    ("" for json_object); (kind, text) is the compile-cache key."""
-
-    kind: GrammarKind
-    text: str
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.kind, self.text)
-
-    @classmethod
-    def from_fields(
-        cls,
-        json_schema: str | dict[str, Any] | None = None,
-        json_object: bool = False,
-        regex: str | None = None,
-        grammar: str | None = None,
-        choice: Sequence[str] | None = None,
-    ) -> GrammarSpec | None:
-        """The spec for SamplingParams-style fields; None when unconstrained. At most one may be set."""
-        given = [
-            json_schema is not None,
-            json_object,
-            regex is not None,
-            grammar is not None,
-            choice is not None,
-        ]
-        if sum(given) > 1:
-            raise GrammarError("give at most one of json_schema, json_object, regex, grammar, choice")
-        if json_schema is not None:
-            # Not re-serialised when already a string: property order drives generation order, and an
-            # unparsable document should fail in the compiler with its own message.
-            text = (
-                json_schema if isinstance(json_schema, str) else json.dumps(json_schema, ensure_ascii=False)
-            )
-            return cls("json_schema", text)
-        if json_object:
-            return cls("json_object", "")
-        if regex is not None:
-            return cls("regex", regex)
-        if grammar is not None:
-            return cls("grammar", grammar)
-        if choice is not None:
-            return cls("choice", json.dumps(list(choice), ensure_ascii=False))
-        return None
-
-    @classmethod
-    def from_params(cls, params: Any) -> GrammarSpec | None:
-        """From any object with the SamplingParams field names (missing ones count as unset)."""
-        return cls.from_fields(
-            json_schema=getattr(params, "json_schema", None),
-            json_object=bool(getattr(params, "json_object", False)),
-            regex=getattr(params, "regex", None),
-            grammar=getattr(params, "grammar", None),
-            choice=getattr(params, "choice", None),
-        )
-
-    def choices(self) -> list[str]:
-        assert self.kind == "choice"
-        return json.loads(self.text)
-
-
-def _ebnf_literal(s: str) -> str:
-    """A GBNF string literal matching exactly `s`."""
-    out = ['"']
-    for ch in s:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif " " <= ch <= "~":
-            out.append(ch)
-        elif 0xD800 <= ord(ch) <= 0xDFFF:
-            raise GrammarError(f"choice {s!r} contains a lone surrogate (not valid Unicode text)")
-        else:
-            out.append(f"\\U{ord(ch):08X}")  # control and non-ASCII characters, unambiguous
-    out.append('"')
-    return "".join(out)
-
-
-def choice_ebnf(choices: Sequence[str]) -> str:
-    if not choices:
-        raise GrammarError("choice must list at least one string")
-    return "root ::= " + " | ".join(_ebnf_literal(c) for c in choices)
-
+__all__ = ["GrammarCompilerService", "GrammarError", "GrammarSpec", "RequestGrammar", "allocate_bitmask",
+           "build_tokenizer_info", "choice_ebnf"]
 
 # xgrammar's C++ errors start with "[12:34:56] /project/cpp/file.cc:94: " and may carry a CHECK prefix.
 _NOISE = re.compile(r"^\[[\d:.]+\] \S+:\d+: |Check failed: \(.*?\) is false: ")
@@ -206,6 +116,7 @@ class GrammarCompilerService:
         self.compiler_threads = compiler_threads
         self.cache_size = cache_size
         self.num_compiled = 0  # compilations actually run (cache misses)
+        self.info_from_cache = False  # the TokenizerInfo was read from disk (scheduler/tokenizer_info_cache.py)
         self._tokenizer = tokenizer
         self._compiler: xgr.GrammarCompiler | None = None
         self._info: xgr.TokenizerInfo | None = None
@@ -224,17 +135,24 @@ class GrammarCompilerService:
             if self._compiler is None:
                 import xgrammar as xgr
 
-                if self._tokenizer is None:
-                    from protocol.tokenizer_loader import load_tokenizer
-
-                    self._tokenizer = load_tokenizer(self.model_dir)
-                self._info = build_tokenizer_info(self._tokenizer, self.vocab_size, self.stop_token_ids)
+                if self._tokenizer is None:  # the model's own: its TokenizerInfo may be on disk already
+                    self._info, self.info_from_cache = load_or_build(
+                        self.model_dir, self.vocab_size, self.stop_token_ids, self._build_info)
+                else:
+                    self._info = self._build_info()
                 self._guard = Utf8Guard(self._info.decoded_vocab, self.vocab_size)
                 # Our own cache replaces xgrammar's, which is unbounded by default.
                 self._compiler = xgr.GrammarCompiler(
                     self._info, max_threads=self.compiler_threads, cache_enabled=False
                 )
             return self._compiler
+
+    def _build_info(self) -> xgr.TokenizerInfo:
+        if self._tokenizer is None:
+            from protocol.tokenizer_loader import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.model_dir)
+        return build_tokenizer_info(self._tokenizer, self.vocab_size, self.stop_token_ids)
 
     @property
     def tokenizer_info(self) -> xgr.TokenizerInfo:

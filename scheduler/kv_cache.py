@@ -41,11 +41,11 @@ class KVCacheManager:
         self, num_slots: int, max_reqs: int, max_context: int, page_size: int = 1, prefix_cache: bool = True,
         host_slots: int = 0, host_policy: str = "write_back", window: int = 0, swa_slots: int = 0,
     ) -> None:
-        """window, swa_slots: the sliding-window layers' window and the slots of their own pool (both > 0, or
-        both 0: no such pool; then sliding layers, if any, read the full slots and nothing is given back)."""
-        if bool(window) != bool(swa_slots) or (swa_slots and host_slots):
+        """window, swa_slots: the sliding-window layers' window and the slots of their own pool (swa_slots 0:
+        no such pool; then sliding layers, if any, read the full slots and nothing is given back)."""
+        if swa_slots and (not window or host_slots):
             raise ValueError("a sliding-window pool needs its window, and no host tier")
-        self.window = window
+        self.window = window if swa_slots else 0
         self.hybrid = HybridAllocator(num_slots, swa_slots, page_size) if swa_slots else None
         self.allocator = self.hybrid or KVAllocator(num_slots, page_size)
         self.req_table = ReqToTokenPool(max_reqs, max_context)
@@ -207,6 +207,13 @@ class KVCacheManager:
         if end > start:
             self.hybrid.free_window(self.req_table.slots(req.req_pool_idx, start, end))
             req.swa_released_len = end
+
+    def after_commit(self, req: Req, prefill: bool) -> None:
+        """A step of req's was committed (it runs on): the sliding KV its windows passed goes back, and a
+        prefill chunk is cached."""
+        self.release_window(req)
+        if prefill:
+            self.cache_unfinished(req)  # others can reuse it while this one runs
 
     def swa_slots(self, slots: list[int]) -> list[int]:
         """The sliding pool's slot of each full slot (the worker maps a sliding layer's reads and writes)."""

@@ -61,7 +61,10 @@ def admit_waiting(
 
 def prefix_limit(req: Req) -> int | None:
     """Prompt tokens the prefix cache may serve. Prompt logprobs from index s on need the logits at
-    positions s-1.. computed, so the cache serves at most s-1 tokens (s = logprob_start_len)."""
+    positions s-1.. computed, so the cache serves at most s-1 tokens (s = logprob_start_len); a pooling
+    that reads every prompt token's hidden state, none."""
+    if req.pools_whole_prompt:
+        return 0
     p = req.params
     return None if p.prompt_logprobs is None else max(p.logprob_start_len - 1, 0)
 
@@ -93,4 +96,5 @@ def new_req_data(req: Req) -> NewReqData:
             prompt_logprobs=-1 if p.prompt_logprobs is None else p.prompt_logprobs,
             prompt_logprob_start=p.logprob_start_len,
         ),
+        pool=req.embed,
     )

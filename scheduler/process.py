@@ -25,12 +25,15 @@ from protocol.messages import (
 from protocol.model_info import read_model_info
 from scheduler.scheduler import Scheduler
 from scheduler.step_driver import StepDriver
+from scheduler.structured import start_compiler
 
 
 def run_scheduler(cfg_bytes: bytes, ep_bytes: bytes) -> None:
     cfg, ep, ctx, launcher = start_child(cfg_bytes, ep_bytes)
     with reporting_startup(launcher, "scheduler"):
         info = read_model_info(cfg.model, cfg.max_model_len)
+        # The grammar compiler loads (seconds) while the worker loads the model, and on after the engine is ready.
+        grammar = start_compiler(cfg.model, info.vocab_size)
         reqs_in = make_socket(ctx, zmq.PULL, ep.scheduler_in, bind=True)
         results = make_socket(ctx, zmq.PULL, ep.scheduler_results, bind=True)
         # Rank 0 relays each step to the other tensor-parallel ranks (over torch.distributed), so only
@@ -41,6 +44,7 @@ def run_scheduler(cfg_bytes: bytes, ep_bytes: bytes) -> None:
         if not isinstance(hello, WorkerReady):
             raise RuntimeError(f"expected WorkerReady from rank 0, got {type(hello).__name__}")
         sched = Scheduler(cfg, info, hello.num_kv_slots, hello.num_host_slots, hello.num_swa_slots)
+        sched.structured.adopt(grammar)
         launcher.send(encode(Ready("scheduler", 0, f"pid={os.getpid()}")))
     SchedulerLoop(cfg, sched, reqs_in, results, workers, detok).run()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from protocol.embed_params import EmbedParams
 from protocol.sampling_params import SamplingParams
 from protocol.time_stats import TimeStats
 from scheduler.finish import FinishReason
@@ -28,6 +29,7 @@ class Req:
         max_new_tokens: int,
         arrival: int = 0,
         priority: int = 0,
+        embed: EmbedParams | None = None,
     ) -> None:
         self.rid = rid
         self.origin_input_ids = input_ids
@@ -71,6 +73,12 @@ class Req:
         self.spec_accepted_tokens = 0  # draft tokens accepted (speculative decoding)
 
         self.grammar: Any = None  # a RequestGrammar (structured output) once compiled
+
+        # An embedding request: its prompt is prefilled and pooled by the worker, nothing is sampled.
+        self.embed = embed
+        self.embedding = b""  # the pooled vector, once its last prefill step is committed
+        # Every prompt token's hidden state is pooled (mean, cls): a prefix-cache hit would skip some.
+        self.pools_whole_prompt = False
 
         self.to_finish: FinishReason | None = None
         self.finished_reason: FinishReason | None = None

@@ -30,6 +30,7 @@ from protocol.messages import (
 )
 from protocol.model_info import ModelInfo
 from scheduler.decode import schedule_running
+from scheduler.embedding import EmbeddingOutbox, take_embeddings
 from scheduler.finish import FinishReason
 from scheduler.kv_cache import KVCacheManager
 from scheduler.prefill import admit_waiting
@@ -59,14 +60,12 @@ class SchedulerStats:
 class Scheduler:
     def __init__(self, cfg: EngineConfig, info: ModelInfo, num_kv_slots: int, num_host_slots: int | None = None,
                  num_swa_slots: int = 0) -> None:
-        """num_host_slots: the worker's host tier (from --host-kv-memory-gb); default cfg.host_kv_tokens.
-        num_swa_slots: the pool of the model's sliding-window layers, when they have one of their own."""
-        self.cfg = cfg
-        self.info = info
+        """num_host_slots, num_swa_slots: the worker's host tier (default cfg.host_kv_tokens) and sliding pool."""
+        self.cfg, self.info = cfg, info
         self.kv = KVCacheManager(
             num_kv_slots, cfg.max_running_requests, info.max_model_len, cfg.page_size, cfg.prefix_cache,
             cfg.host_kv_tokens if num_host_slots is None else num_host_slots, cfg.host_kv_policy,
-            info.sliding_window if num_swa_slots else 0, num_swa_slots,
+            info.sliding_window, num_swa_slots,
         )
         self.eos = frozenset(info.eos_token_ids)
         self.waiting = make_policy(cfg.scheduling_policy)  # the waiting queue, in the policy's order
@@ -77,6 +76,7 @@ class Scheduler:
         self.outbox: list[msgspec.Struct] = []  # for the detokenizer, in order
         self._deltas: list[TokenDelta] = []
         self._delta_of: dict[str, TokenDelta] = {}
+        self._embedded = EmbeddingOutbox()
         self.stats = SchedulerStats()
         self.spec = SpecStats()  # reported in the load either way; moves only with speculation on
         self.speculation = Speculation(cfg.spec_tokens, self.kv, self.spec) if cfg.spec_tokens else None
@@ -97,7 +97,7 @@ class Scheduler:
                 return
         n_prompt = len(ids)
         room = self.info.max_model_len - n_prompt
-        if n_prompt == 0 or room <= 0:
+        if n_prompt == 0 or room < (0 if msg.embed else 1):  # an embedding needs no room for an output
             self.outbox.append(
                 RequestError(msg.rid, ErrorCode.PROMPT_TOO_LONG, f"prompt has {n_prompt} tokens")
             )
@@ -116,18 +116,20 @@ class Scheduler:
             why = f"{limit} requests are waiting already"
             self.outbox.append(RequestError(msg.rid, ErrorCode.OVERLOADED, why))
             return
-        max_new = min(msg.params.max_tokens or room, room)
-        req = Req(msg.rid, ids, msg.params, self.eos, max_new, self._arrivals, msg.priority)
+        max_new = 0 if msg.embed else min(msg.params.max_tokens or room, room)
+        req = Req(msg.rid, ids, msg.params, self.eos, max_new, self._arrivals, msg.priority, embed=msg.embed)
+        req.pools_whole_prompt = msg.embed is not None and self.cfg.pooling != "last"
         self._arrivals += 1
         if link is not None:
             self.sessions.begin(req, link)
         self.reqs[req.rid] = req
-        if self.structured.wants_grammar(msg.params):
+        if not msg.embed and self.structured.wants_grammar(msg.params):
             self.structured.submit(req)  # waits compiling, off the queue: others go on meanwhile
         else:
             self.waiting.add(req)
-        p = msg.params
-        self.outbox.append(DetokRegister(req.rid, ids[-8:], p.skip_special_tokens, p.stop))
+        if not msg.embed:  # an embedding has no text: the detokenizer never hears of it
+            p = msg.params
+            self.outbox.append(DetokRegister(req.rid, ids[-8:], p.skip_special_tokens, p.stop))
 
     def abort(self, rid: str, message: str = "aborted by client") -> None:
         req = self.reqs.get(rid)
@@ -161,9 +163,8 @@ class Scheduler:
         return sample
 
     def schedule(self) -> SchedulerOutput | None:
-        budget = self.cfg.max_num_batched_tokens
-        plan = StepPlan(budget=budget, prefill_cap=self.cfg.chunked_prefill_tokens or budget,
-                        swa_of=self.kv.swa_slots if self.kv.hybrid is not None else None)
+        budget, chunk = self.cfg.max_num_batched_tokens, self.cfg.chunked_prefill_tokens
+        plan = StepPlan(budget=budget, prefill_cap=chunk or budget, swa_of=self.kv.swa_slots)
         schedule_running(self.running, self.waiting, self.kv, plan, self._retract, self.speculation)
         admit_waiting(self.waiting, self.running, self.kv, plan, self.cfg.max_running_requests)
         self._note_first_scheduled(plan.reqs)
@@ -192,6 +193,8 @@ class Scheduler:
         if result.prompt_logprobs:
             for req, lp in new_prompt_logprobs(step, result.prompt_logprobs):
                 self._delta(req).prompt_logprobs = lp
+        if result.embeddings:
+            take_embeddings(step, result.embeddings)
         counts = result.num_sampled or [1] * len(step.samplers)
         logprobs = result.logprobs or [None] * len(step.samplers)
         verified = result.num_drafts or [step.num_drafts[i] for i in step.samplers]
@@ -225,11 +228,8 @@ class Scheduler:
             if req.to_finish is not None and req.num_inflight_steps == 0:
                 req.check_finished()
                 self._finalize(req)
-                continue
-            # What every sliding window has passed goes back: after the rejected drafts' rollback above.
-            self.kv.release_window(req)
-            if n - drafts > 1:
-                self.kv.cache_unfinished(req)  # a prefill (chunk): others can reuse it while this one runs
+            else:  # after the rejected drafts' rollback above: what the windows passed; a prefill chunk cached
+                self.kv.after_commit(req, prefill=n - drafts > 1)
         self._flush_deltas()
         if self.cfg.debug_integrity:
             self.check_integrity()
@@ -327,6 +327,8 @@ class Scheduler:
             return
         self.stats.finished += 1
         self.stats.aborted += reason.kind == "abort"
+        if req.embed is not None:
+            return self._embedded.add(req)  # its one answer, sent with the commit's other embeddings
         d = self._delta(req)
         d.final = FinalInfo(  # how it ended: made here once, carried unchanged to the client
             reason.kind, reason.matched, len(req.origin_input_ids), len(req.output_ids), req.cached_tokens,
@@ -360,6 +362,8 @@ class Scheduler:
             self.outbox.append(TokenBatch(self._deltas))
             self._deltas = []
             self._delta_of = {}
+        if self._embedded.pending:
+            self.outbox.append(self._embedded.take(self.load))
 
     def _retract(self, req: Req) -> None:
         row = self.kv.release(req)

@@ -18,7 +18,7 @@ class StepPlan:
 
     prefill_used: int = 0
     load_used: int = 0  # budget charged for host-tier loads (`add_load`)
-    # full slots -> their slots in the sliding-window layers' own pool (None: the model has no such pool)
+    # full slots -> their slots in the sliding-window layers' own pool ([]: the model has no such pool)
     swa_of: Callable[[list[int]], list[int]] | None = None
 
     @property
@@ -41,7 +41,7 @@ class StepPlan:
         if n - drafts > 1 or start < len(req.origin_input_ids):
             self.prefill_used += n
         req.num_computed_tokens += n
-        sample = req.num_computed_tokens - drafts == req.seq_len
+        sample = req.num_computed_tokens - drafts == req.seq_len and req.embed is None  # embeddings pool
         if sample:
             req.num_output_placeholders += 1 + drafts
         req.num_inflight_steps += 1

@@ -2,6 +2,11 @@
 one matcher per request, and the bitmask of a deferred step is filled from the matchers once every
 earlier step is committed (forward early, sample late: docs/architecture.md §5).
 
+The compiler itself (xgrammar with torch and transformers, the tokenizer's vocabulary tables) takes seconds to
+load: `start_compiler` builds it in a background thread while the engine starts, so the engine is ready before
+it is and nothing but a constrained request that arrives first waits for it (in its compilation, off the
+scheduler thread, which never imports those libraries itself).
+
 A compilation has a deadline (grammar_compile_timeout_s, from submission): past it the request fails,
 typed. A request that ends while its grammar is compiling (an abort) cancels the compilation when no
 other request waits for it and it has not started; one already running cannot be interrupted (xgrammar
@@ -9,9 +14,10 @@ has no cancel) and finishes in the background, its result cached for the next re
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from typing import Any
 
 from protocol.errors import ErrorCode
@@ -21,6 +27,36 @@ from scheduler.req import Req
 from scheduler.step_plan import InflightStep
 
 COMPILE_THREADS = 2  # distinct grammars compile in parallel; a slow one does not hold up the rest
+
+
+def start_compiler(model_dir: str, vocab_size: int) -> Future:
+    """Build the grammar compiler service in a background thread (its result: the service, loaded)."""
+    fut: Future = Future()
+
+    def build() -> None:
+        try:
+            from scheduler.grammar import GrammarCompilerService
+
+            # Compact JSON: a weak model could otherwise loop on whitespace forever.
+            svc = GrammarCompilerService(model_dir, vocab_size, max_workers=COMPILE_THREADS, any_whitespace=False)
+            svc.compiler  # noqa: B018 - loads it (the tokenizer's tables from disk when cached)
+        except BaseException as e:  # a compilation reports it (GRAMMAR_COMPILER), like a failed one
+            fut.set_exception(e)
+        else:
+            fut.set_result(svc)
+
+    threading.Thread(target=build, name="grammar-compiler-start", daemon=True).start()
+    return fut
+
+
+def _chain(src: Future, dst: Future) -> None:
+    """dst ends as src did."""
+    if src.cancelled():
+        dst.set_exception(CancelledError())
+    elif src.exception() is not None:
+        dst.set_exception(src.exception())
+    else:
+        dst.set_result(src.result())
 
 
 class StructuredOutput:
@@ -33,6 +69,7 @@ class StructuredOutput:
         self.timeout_s = timeout_s
         self.clock = clock
         self._service: Any = None
+        self._starting: Future | None = None  # the service being built in the background (start_compiler)
         self.compiling: dict[str, tuple[Req, Future, float]] = {}  # rid -> (req, compilation, deadline)
 
     @staticmethod
@@ -40,25 +77,54 @@ class StructuredOutput:
         return (p.json_schema is not None or p.json_object or p.regex is not None or p.grammar is not None
                 or p.choice is not None)
 
+    def adopt(self, starting: Future) -> None:
+        """Use the service start_compiler is building (the scheduler process starts it before the worker is up)."""
+        self._starting = starting
+
     def compiler(self) -> Any:
-        if self._service is None:  # xgrammar and the tokenizer load on first use only
+        """The service; blocks while it is being built in the background, else builds it here on first use."""
+        if self._service is None and self._starting is not None:
+            try:
+                self._service = self._starting.result()
+            except Exception:
+                pass  # built here instead: its compilations report why it fails
+            self._starting = None
+        if self._service is None:
             from scheduler.grammar import GrammarCompilerService
 
-            # Compact JSON: a weak model could otherwise loop on whitespace forever.
             self._service = GrammarCompilerService(
                 self.model_dir, self.vocab_size, max_workers=COMPILE_THREADS, any_whitespace=False
             )
         return self._service
 
     def submit(self, req: Req) -> None:
-        from scheduler.grammar import GrammarSpec
+        from scheduler.grammar_spec import GrammarSpec
 
         try:
-            fut = self.compiler().submit(GrammarSpec.from_params(req.params))
+            fut = self._submit_spec(GrammarSpec.from_params(req.params))
         except Exception as e:  # reported through poll(), like a failed compilation
             fut = Future()
             fut.set_exception(e)
         self.compiling[req.rid] = (req, fut, self.clock() + self.timeout_s)
+
+    def _submit_spec(self, spec: Any) -> Future:
+        starting = self._starting
+        if starting is None or starting.done():
+            return self.compiler().submit(spec)
+        # Still loading: the compilation is submitted when it is ready, from the loading thread. Until then
+        # the request's future is only ours, so an abort can still cancel it.
+        out: Future = Future()
+
+        def when_ready(f: Future) -> None:
+            if not out.set_running_or_notify_cancel():
+                return  # aborted meanwhile: nothing to compile
+            try:
+                f.result().submit(spec).add_done_callback(lambda done: _chain(done, out))
+            except BaseException as e:
+                out.set_exception(e)
+
+        starting.add_done_callback(when_ready)
+        return out
 
     def cancel(self, rid: str) -> None:
         """The request ended: stop waiting for its grammar, and drop a compilation nobody else awaits."""
@@ -68,7 +134,7 @@ class StructuredOutput:
 
     def poll(self) -> tuple[list[Req], list[tuple[Req, ErrorCode, str]]]:
         """Requests whose grammar is ready, and those that failed: (req, error code, message)."""
-        from scheduler.grammar import GrammarError
+        from scheduler.grammar_spec import GrammarError
 
         ready: list[Req] = []
         failed: list[tuple[Req, ErrorCode, str]] = []
@@ -82,7 +148,8 @@ class StructuredOutput:
                 continue
             del self.compiling[rid]
             try:
-                req.grammar = self._service.matcher(fut.result())
+                compiled = fut.result()
+                req.grammar = self.compiler().matcher(compiled)  # loaded: a compilation finished
                 ready.append(req)
             except GrammarError as e:  # the constraint itself is bad: the client's error
                 failed.append((req, ErrorCode.INVALID_GRAMMAR, str(e)))

@@ -68,10 +68,11 @@ def plan_prompt_logprobs(sched: list[ScheduledReq], state: RequestState) -> Prom
 
 def prepare_inputs(
     sched: list[ScheduledReq], state: RequestState, kv: KVCache, ops: Ops,
-    prompt_lp: PromptLogprobsPlan | None = None,
+    prompt_lp: PromptLogprobsPlan | None = None, pool_indices: list[int] | None = None,
 ) -> ForwardBatch:
     """The step's batch. Its logits_indices: the last known token of every request that samples, then
-    its draft tokens if it has some, in scheduled order; then prompt_lp.logits_indices when given."""
+    its draft tokens if it has some, in scheduled order; then prompt_lp.logits_indices when given; then
+    pool_indices (tokens whose hidden states an embedding pools)."""
     device = state.device
     rows: list[int] = []
     starts: list[int] = []
@@ -110,6 +111,8 @@ def prepare_inputs(
             logits_idx += range(total - 1 - s.num_drafts, total)
     if prompt_lp is not None:
         logits_idx += prompt_lp.logits_indices
+    if pool_indices:
+        logits_idx += pool_indices
     rows_t, starts_t, lens_t, cu_t, seq_t, logits_t, srow_t, scol_t, sval_t = to_device(
         [rows, starts, lens, cu_lens, seq_lens, logits_idx, slot_rows, slot_cols, slot_vals], device
     )

@@ -25,6 +25,7 @@ from worker.logprobs import prompt_logprobs, sampled_logprobs
 from worker.memory import host_pool_tokens, kv_pool_sizes
 from worker.penalties import process_logits
 from worker.pending_step import PendingStep, StepClock
+from worker.pooling import plan_pooling, pool_hidden
 from worker.request_state import RequestState
 from worker.sampler import sample
 from worker.spec_verify import (
@@ -134,8 +135,14 @@ class ModelRunner:
                 step.num_drafts = [s.num_drafts for s in trimmed.scheduled if s.sample]
                 so = trimmed
         plp = plan_prompt_logprobs(so.scheduled, st)
-        batch = prepare_inputs(so.scheduled, st, self.kv, self.ops, plp)
-        if self.graphs is not None and self.graphs.can_run(batch):
+        pool = plan_pooling(so.scheduled, st, self.cfg.pooling)
+        batch = prepare_inputs(so.scheduled, st, self.kv, self.ops, plp, pool.hidden_indices if pool else None)
+        if pool is not None:  # the pooled tokens' hidden states follow the rows that need logits
+            h = self.model.hidden_states(batch, self.kv)
+            k = h.shape[0] - len(pool.hidden_indices)
+            step.embeddings = pool_hidden(pool, h[k:], st, self.cfg.pooling)
+            logits = self.model.compute_logits(h[:k]) if k else h[:0].float()
+        elif self.graphs is not None and self.graphs.can_run(batch):
             logits = self.graphs.run(batch)
         else:
             logits = self.model.forward(batch, self.kv)

@@ -24,6 +24,7 @@ class PendingStep:
     num_drafts: list[int] | None = None  # drafts each sampling request verified (CPU: only matched ones)
     logprobs: list[Logprobs | None] | None = None
     prompt_logprobs: dict[int, Logprobs] | None = None
+    embeddings: dict[int, torch.Tensor] | None = None  # pooled vectors by row (float32, on the device)
     busy_s: float = 0.0  # CPU path: measured at launch
     idle_s: float = 0.0
     done: torch.cuda.Event | None = None  # CUDA path: set when the copy to the host is complete
@@ -43,10 +44,11 @@ class PendingStep:
             if self.prev_end is not None:
                 self.idle_s = max(0.0, self.prev_end.elapsed_time(self.start) / 1000)
         sampled = self.tokens.tolist() if self.tokens is not None else []
+        vectors = {r: v.cpu().numpy().astype("<f4").tobytes() for r, v in self.embeddings.items()} if self.embeddings else None
         return ModelRunnerOutput(
             self.step_id, sampled, num_sampled=self.num_sampled, num_drafts=self.num_drafts,
             logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs,
-            busy_s=self.busy_s, idle_s=self.idle_s,
+            busy_s=self.busy_s, idle_s=self.idle_s, embeddings=vectors,
         )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from protocol.embed_params import EmbedParams
 from protocol.messages import NewReqData
 from worker.draft_record import DraftRecord
 from worker.host_to_device import to_device
@@ -60,6 +61,9 @@ class RequestState:
         self.min_tokens_rows: set[int] = set()
         self.logprob_rows: set[int] = set()
         self.prompt_logprob_rows: set[int] = set()
+        # Embedding rows (worker/pooling.py): what each asked for, and its partial pool (float32 [hidden]).
+        self.pool_params: dict[int, EmbedParams] = {}
+        self.pool_acc: dict[int, torch.Tensor] = {}
 
     def add(self, r: NewReqData) -> None:
         i = r.req_pool_idx
@@ -105,6 +109,8 @@ class RequestState:
         self.prompt_logprob_start[i] = s.prompt_logprob_start
         if s.prompt_logprobs >= 0:
             self.prompt_logprob_rows.add(i)
+        if r.pool is not None:
+            self.pool_params[i] = r.pool
 
     def free(self, i: int) -> None:
         if not self.live[i]:
@@ -112,6 +118,8 @@ class RequestState:
         self.live[i] = False
         for rows in (self.penalty_rows, self.min_tokens_rows, self.logprob_rows, self.prompt_logprob_rows):
             rows.discard(i)
+        self.pool_params.pop(i, None)
+        self.pool_acc.pop(i, None)
 
     def device_params(self, rows: torch.Tensor) -> DeviceParams:
         """The sampling parameters of `rows` (a device tensor of row indices), gathered on the device."""

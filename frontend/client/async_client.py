@@ -20,14 +20,24 @@ from tqdm import tqdm
 
 from frontend.client.connection import decode_msg, encode_msg, engine_exit_reason, is_dead_event, open_dealer
 from frontend.client.engine_process import start_engine_process, stop_engine_process
-from frontend.client.request_encoding import Params, Prompt, build_request, new_rid, params_per_prompt
+from frontend.client.request_encoding import (
+    Params,
+    Prompt,
+    build_embed_request,
+    build_request,
+    new_rid,
+    params_per_prompt,
+)
 from frontend.client.router import Item, Router
 from frontend.completion import Completion, CompletionDelta, to_delta
+from frontend.embedding import Embedding
 from frontend.reasoning_parser import check_style
-from protocol.errors import EngineDeadError, TandemError
+from protocol.embed_params import EmbedParams
+from protocol.errors import EngineDeadError, InvalidRequestError, TandemError
 from protocol.messages import (
     AbortRequest,
     CloseSession,
+    EmbeddingOutput,
     EngineStats,
     OpenSession,
     RequestOutput,
@@ -106,6 +116,34 @@ class AsyncClient:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             bar.close()
+
+    async def embed(
+        self, input: str | Sequence[int], *, dimensions: int | None = None, normalize: bool = True,
+        request_id: str | None = None, priority: int = 0,
+    ) -> Embedding:
+        """The model's final hidden states over `input` (text or token ids), pooled as the engine's --pooling
+        says and L2-normalized unless told not to; `dimensions` keeps a Matryoshka model's first values."""
+        req = build_embed_request(input, EmbedParams(dimensions=dimensions, normalize=normalize), request_id,
+                                  priority)
+        outs = [o async for o in self._outputs(req.rid, self._open(req.rid, encode_msg(req), is_request=True))]
+        assert len(outs) == 1 and isinstance(outs[0], EmbeddingOutput)  # one output, the final one
+        return Embedding.of(outs[0])
+
+    async def embed_batch(
+        self, inputs: Sequence[str | Sequence[int]], *, dimensions: int | None = None, normalize: bool = True,
+        priority: int = 0,
+    ) -> list[Embedding]:
+        """All at once, batched by the engine; the first error raises, and aborts the rest."""
+        if isinstance(inputs, str):
+            raise InvalidRequestError("embed_batch takes a list of inputs; embed takes one string")
+        kw = {"dimensions": dimensions, "normalize": normalize, "priority": priority}
+        tasks = [asyncio.ensure_future(self.embed(x, **kw)) for x in inputs]  # type: ignore[arg-type]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def stats(self, timeout_s: float = 30.0) -> EngineStats:
         """The engine's counters; the scheduler runs its integrity check to answer."""
@@ -202,7 +240,7 @@ class AsyncClient:
         loop.add_reader(self._monitor.FD, self._on_readable)
         self._tasks = [loop.create_task(self._watch())]
 
-    async def _outputs(self, rid: str, items: asyncio.Queue[Item]) -> AsyncIterator[RequestOutput]:
+    async def _outputs(self, rid: str, items: asyncio.Queue[Item]) -> AsyncIterator[RequestOutput | EmbeddingOutput]:
         done = False
         try:
             while not done:
@@ -210,7 +248,7 @@ class AsyncClient:
                 if isinstance(item, TandemError):
                     done = True
                     raise item
-                assert isinstance(item, RequestOutput)
+                assert isinstance(item, (RequestOutput, EmbeddingOutput))
                 done = item.finished
                 yield item
         finally:

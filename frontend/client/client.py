@@ -21,6 +21,7 @@ from frontend.client.engine_process import start_engine_process
 from frontend.client.request_encoding import Params, Prompt
 from frontend.client.session import Session
 from frontend.completion import Completion, CompletionDelta
+from frontend.embedding import Embedding
 from frontend.reasoning_parser import check_style
 from protocol.errors import EngineDeadError
 from protocol.messages import EngineStats, SessionParams
@@ -76,6 +77,23 @@ class Client:
     ) -> list[Completion]:
         """All at once; the first error raises, and aborts the rest of the batch."""
         return self._run(self._async.generate_batch(prompts, params, progress, priority))
+
+    def embed(
+        self, input: str | Sequence[int], *, dimensions: int | None = None, normalize: bool = True,
+        request_id: str | None = None, priority: int = 0,
+    ) -> Embedding:
+        """The model's final hidden states over `input` (text or token ids), pooled as the engine's --pooling
+        says and L2-normalized unless told not to; `dimensions` keeps a Matryoshka model's first values."""
+        return self._run(self._async.embed(input, dimensions=dimensions, normalize=normalize, request_id=request_id,
+                                           priority=priority))
+
+    def embed_batch(
+        self, inputs: Sequence[str | Sequence[int]], *, dimensions: int | None = None, normalize: bool = True,
+        priority: int = 0,
+    ) -> list[Embedding]:
+        """All at once, batched by the engine; the first error raises, and aborts the rest."""
+        return self._run(self._async.embed_batch(inputs, dimensions=dimensions, normalize=normalize,
+                                                 priority=priority))
 
     def stats(self, timeout_s: float = 30.0) -> EngineStats:
         """The engine's counters; the scheduler runs its integrity check to answer."""

@@ -7,8 +7,9 @@ from typing import Any
 
 import msgspec
 
+from protocol.embed_params import EmbedParams
 from protocol.errors import ErrorCode, InvalidRequestError
-from protocol.messages import ChatMessage, GenerateRequest, SessionParams
+from protocol.messages import ChatMessage, EmbedRequest, GenerateRequest, SessionParams
 from protocol.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]] | Sequence[ChatMessage]
@@ -45,6 +46,17 @@ def _build(prompt: Prompt, params: Params, rid: str) -> GenerateRequest:
             raise InvalidRequestError(f"chat message without {e.args[0]!r}", ErrorCode.MESSAGES) from e
         return GenerateRequest(rid, messages=msgs, params=raw)
     raise InvalidRequestError("prompt list must hold only token ids or only chat messages", ErrorCode.PROMPT)
+
+
+def build_embed_request(input: str | Sequence[int], params: EmbedParams, rid: str | None = None,
+                        priority: int = 0) -> EmbedRequest:
+    rid = rid or new_rid()
+    raw = msgspec.Raw(msgspec.msgpack.encode(params))
+    if isinstance(input, str):
+        return EmbedRequest(rid, text=input, params=raw, priority=priority)
+    if isinstance(input, Sequence) and all(isinstance(t, int) and not isinstance(t, bool) for t in input):
+        return EmbedRequest(rid, token_ids=list(input), params=raw, priority=priority)
+    raise InvalidRequestError("an embedding's input must be a string or token ids", ErrorCode.PROMPT)
 
 
 def params_per_prompt(prompts: Sequence[Prompt], params: Params | Sequence[Params]) -> list[Params]:

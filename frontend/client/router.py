@@ -10,11 +10,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from protocol.errors import EngineDeadError, ErrorCode, InvalidRequestError, TandemError, error_from_code
-from protocol.messages import EngineStats, FrontendMsg, OutputBatch, RequestError, RequestOutput, SessionReply
+from protocol.messages import (
+    EmbeddingBatch,
+    EmbeddingOutput,
+    EngineStats,
+    FrontendMsg,
+    OutputBatch,
+    RequestError,
+    RequestOutput,
+    SessionReply,
+)
 
 log = logging.getLogger("tandem.client")
 
-Item = RequestOutput | EngineStats | SessionReply | TandemError
+Item = RequestOutput | EmbeddingOutput | EngineStats | SessionReply | TandemError
 Sink = Callable[[Item], None]
 
 
@@ -49,7 +58,7 @@ class Router:
         return entry is not None and entry.is_request and self.dead is None
 
     def route(self, msg: FrontendMsg) -> None:
-        if isinstance(msg, OutputBatch):
+        if isinstance(msg, (OutputBatch, EmbeddingBatch)):
             for out in msg.outputs:
                 entry = self._open.pop(out.rid, None) if out.finished else self._open.get(out.rid)
                 if entry is not None:

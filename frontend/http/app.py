@@ -15,6 +15,7 @@ from frontend.http.anthropic_schema import CountTokensRequest, MessagesRequest
 from frontend.http.chat import render_chat
 from frontend.http.chat_completions import create_chat_completion
 from frontend.http.completions import create_completion
+from frontend.http.embeddings import EmbeddingRequest, create_embedding
 from frontend.http.responses import create_response, stored_response
 from frontend.http.responses_schema import ResponsesRequest
 from frontend.http.schemas import (
@@ -72,6 +73,10 @@ def create_app(st: ServerState) -> FastAPI:
     @app.post("/v1/messages/count_tokens", dependencies=authed)
     async def count_tokens(body: CountTokensRequest) -> dict:
         return count_message_tokens(st, body)
+
+    @app.post("/v1/embeddings", dependencies=authed)
+    async def embeddings(body: EmbeddingRequest, request: Request) -> dict:
+        return await create_embedding(st, body, request)
 
     @app.get("/v1/models", dependencies=authed)
     async def models() -> dict:

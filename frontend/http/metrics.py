@@ -11,6 +11,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from frontend.completion import CompletionDelta
+from protocol.final_info import HasFinal
 from protocol.messages import EngineLoad
 
 _LATENCY = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -84,18 +85,25 @@ class Metrics:
             gap = (now - last_token_at) / len(d.token_ids)
             for _ in d.token_ids:
                 self.itl.observe(gap)
-        if d.finished:
-            self.success.labels(self.model_name, d.finish_reason or "unknown").inc()
-            self.prompt_tokens.inc(d.prompt_tokens)
-            self.generation_tokens.inc(d.completion_tokens)
-            if d.metrics is not None:
-                m = d.metrics
-                if m.first_token:
-                    self.ttft.observe(m.ttft_s)
-                if m.first_scheduled:
-                    self.queue.observe(m.queue_s)
-                self.e2e.observe(m.e2e_s)
+        self.on_final(d)
         return now if d.token_ids else last_token_at
+
+    def on_final(self, d: HasFinal, load: EngineLoad | None = None) -> None:
+        """A request's end (a generation's last delta, an embedding's one answer); nothing before it."""
+        if load is not None:
+            self.on_load(load)
+        if not d.finished:
+            return
+        self.success.labels(self.model_name, d.finish_reason or "unknown").inc()
+        self.prompt_tokens.inc(d.prompt_tokens)
+        self.generation_tokens.inc(d.completion_tokens)
+        if d.metrics is not None:
+            m = d.metrics
+            if m.first_token:
+                self.ttft.observe(m.ttft_s)
+            if m.first_scheduled:
+                self.queue.observe(m.queue_s)
+            self.e2e.observe(m.e2e_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -14,7 +14,13 @@ from collections import defaultdict
 import zmq
 
 from frontend.server.client_frames import BadFrames, ClientFrames
-from frontend.server.validation import check_prompt, decode_params, tokenize_prompt
+from frontend.server.validation import (
+    check_embed,
+    check_prompt,
+    decode_embed_params,
+    decode_params,
+    tokenize_prompt,
+)
 from protocol.child import reporting_startup, start_child
 from protocol.codec import encode, frontend_in_decoder
 from protocol.errors import ErrorCode, InvalidRequestError
@@ -24,6 +30,8 @@ from protocol.messages import (
     AbortRequest,
     ClientMsg,
     CloseSession,
+    EmbeddingBatch,
+    EmbedRequest,
     EngineStats,
     EngineStopping,
     FrontendMsg,
@@ -32,12 +40,12 @@ from protocol.messages import (
     OutputBatch,
     Ready,
     RequestError,
-    RequestOutput,
     SessionReply,
     StatsRequest,
     TokenizedRequest,
 )
 from protocol.model_info import read_model_info
+from protocol.sampling_params import SamplingParams
 from protocol.tokenizer_loader import load_tokenizer
 
 log = logging.getLogger("tandem.frontend")
@@ -116,7 +124,7 @@ class Frontend:
             self.on_client(ident, msg)
         except Exception as e:  # one request's surprise must not stop the engine
             log.error("request %r failed in the frontend:\n%s", msg.rid, traceback.format_exc())
-            if isinstance(msg, GenerateRequest) and msg.rid not in self.owner:
+            if isinstance(msg, (GenerateRequest, EmbedRequest)) and msg.rid not in self.owner:
                 self.to_client(ident, RequestError(msg.rid, ErrorCode.FRONTEND_FAILED, f"{type(e).__name__}: {e}"))
 
     def on_bad_frames(self, bad: BadFrames) -> None:
@@ -137,17 +145,26 @@ class Frontend:
         try:
             if msg.rid in self.owner or msg.rid in self.ending:
                 raise InvalidRequestError(f"request id {msg.rid!r} is already in flight", ErrorCode.DUPLICATE_RID)
-            params = decode_params(msg.params)
-            ids = tokenize_prompt(msg, self.tokenizer)
-            check_prompt(ids, params, self.info)
+            if isinstance(msg, EmbedRequest):
+                embed = decode_embed_params(msg.params)
+                ids = tokenize_prompt(msg, self.tokenizer)
+                check_embed(ids, embed, self.info)
+                req = TokenizedRequest(msg.rid, ids, SamplingParams(), msg.priority, embed=embed)
+            else:
+                params = decode_params(msg.params)
+                ids = tokenize_prompt(msg, self.tokenizer)
+                check_prompt(ids, params, self.info)
+                req = TokenizedRequest(msg.rid, ids, params, msg.priority, msg.session_params)
         except InvalidRequestError as e:
             self.to_client(ident, RequestError(msg.rid, e.code, e.message))
             return
         self.owner[msg.rid] = ident
-        self.scheduler.send(encode(TokenizedRequest(msg.rid, ids, params, msg.priority, msg.session_params)))
+        self.scheduler.send(encode(req))
 
     # ---- from the engine -------------------------------------------------------------------------
-    def on_engine(self, msg: OutputBatch | RequestError | EngineStats | EngineStopping | SessionReply) -> None:
+    def on_engine(
+        self, msg: OutputBatch | EmbeddingBatch | RequestError | EngineStats | EngineStopping | SessionReply,
+    ) -> None:
         if isinstance(msg, EngineStopping):
             self.farewell(msg.reason)
             return
@@ -164,7 +181,7 @@ class Frontend:
             if ident is not None:
                 self.to_client(ident, msg)
             return
-        by_client: dict[bytes, list[RequestOutput]] = defaultdict(list)
+        by_client: dict[bytes, list] = defaultdict(list)
         for out in msg.outputs:
             if out.finished:
                 self.ending.discard(out.rid)
@@ -175,7 +192,7 @@ class Frontend:
             if out.finished:
                 del self.owner[out.rid]
         for ident, outs in by_client.items():
-            self.to_client(ident, OutputBatch(outs))
+            self.to_client(ident, type(msg)(outs))
 
     def farewell(self, reason: str) -> None:
         """The engine is stopping: every waiting call gets the reason, then the frontend stops."""

@@ -6,12 +6,14 @@ from typing import Any
 import msgspec
 
 from frontend.prompt_tokens import encode_text, render_chat
+from protocol.embed_params import EmbedParams
 from protocol.errors import ErrorCode, InvalidRequestError
-from protocol.messages import GenerateRequest
+from protocol.messages import EmbedRequest, GenerateRequest
 from protocol.model_info import ModelInfo
 from protocol.sampling_params import SamplingParams
 
 _params_decoder = msgspec.msgpack.Decoder(SamplingParams)
+_embed_decoder = msgspec.msgpack.Decoder(EmbedParams)
 
 
 def decode_params(raw: msgspec.Raw) -> SamplingParams:
@@ -26,21 +28,30 @@ def decode_params(raw: msgspec.Raw) -> SamplingParams:
     return params
 
 
-def tokenize_prompt(req: GenerateRequest, tokenizer: Any) -> list[int]:
-    given = [x is not None for x in (req.text, req.token_ids, req.messages)]
+def decode_embed_params(raw: msgspec.Raw) -> EmbedParams:
+    try:
+        return _embed_decoder.decode(raw)
+    except msgspec.DecodeError as e:
+        raise InvalidRequestError(f"invalid embedding parameters: {e}", ErrorCode.PARAMS) from e
+
+
+def tokenize_prompt(req: GenerateRequest | EmbedRequest, tokenizer: Any) -> list[int]:
+    messages = getattr(req, "messages", None)
+    given = [x is not None for x in (req.text, req.token_ids, messages)]
     if sum(given) != 1:
-        raise InvalidRequestError("give exactly one of text, token_ids or messages", ErrorCode.PROMPT)
+        what = "text or token_ids" if isinstance(req, EmbedRequest) else "text, token_ids or messages"
+        raise InvalidRequestError(f"give exactly one of {what}", ErrorCode.PROMPT)
     if req.text is not None:
         return encode_text(tokenizer, req.text)
     if req.token_ids is not None:
         return list(req.token_ids)
-    assert req.messages is not None
-    if not req.messages:
+    assert messages is not None
+    if not messages:
         raise InvalidRequestError("messages is empty", ErrorCode.EMPTY_PROMPT)
-    return render_chat(tokenizer, [{"role": m.role, "content": m.content} for m in req.messages])
+    return render_chat(tokenizer, [{"role": m.role, "content": m.content} for m in messages])
 
 
-def check_prompt(ids: list[int], params: SamplingParams, info: ModelInfo) -> None:
+def _check_ids(ids: list[int], info: ModelInfo) -> None:
     if not ids:
         raise InvalidRequestError("the prompt is empty", ErrorCode.EMPTY_PROMPT)
     bad = [t for t in ids if not 0 <= t < info.vocab_size]
@@ -48,6 +59,32 @@ def check_prompt(ids: list[int], params: SamplingParams, info: ModelInfo) -> Non
         raise InvalidRequestError(
             f"token id {bad[0]} is outside the vocabulary [0, {info.vocab_size})", ErrorCode.TOKEN_ID
         )
+
+
+def check_embed(ids: list[int], params: EmbedParams, info: ModelInfo) -> None:
+    """An embedding's input fills the context at most (no output follows it); `dimensions` only where the
+    model was trained for it."""
+    _check_ids(ids, info)
+    if len(ids) > info.max_model_len:
+        raise InvalidRequestError(
+            f"the input has {len(ids)} tokens; the context holds {info.max_model_len}", ErrorCode.PROMPT_TOO_LONG
+        )
+    d = params.dimensions
+    if d is None or d == info.hidden_size:
+        return
+    if not info.is_matryoshka:
+        raise InvalidRequestError(
+            f"this model's embeddings have {info.hidden_size} dimensions and it is not a Matryoshka model: "
+            f"a shorter embedding ({d}) would be a poor one", ErrorCode.DIMENSIONS)
+    allowed = info.matryoshka_dimensions
+    if d > info.hidden_size or (allowed is not None and d not in allowed):
+        raise InvalidRequestError(
+            f"dimensions must be one of {allowed}" if allowed is not None else
+            f"dimensions must be in [1, {info.hidden_size}], got {d}", ErrorCode.DIMENSIONS)
+
+
+def check_prompt(ids: list[int], params: SamplingParams, info: ModelInfo) -> None:
+    _check_ids(ids, info)
     limit = info.max_model_len
     if len(ids) >= limit:
         raise InvalidRequestError(
