@@ -191,6 +191,9 @@ class EngineStats(msgspec.Struct, tag="stats"):
     host_kv_used: int = 0
     sessions_open: int = 0
     session_held_tokens: int = 0  # KV tokens the open sessions hold locked for their turns
+    # The sliding-window layers' own KV pool (0: none): its slots, and those free.
+    swa_kv_pool_size: int = 0
+    swa_kv_free: int = 0
 
 
 ClientMsg = GenerateRequest | EmbedRequest | AbortRequest | StatsRequest | OpenSession | CloseSession
@@ -255,6 +258,8 @@ class ScheduledReq(msgspec.Struct, array_like=True):
     # Speculation: the last num_drafts of num_tokens are the worker's own draft tokens (already in its
     # token buffer past the known ones); it verifies them and returns 1 + the accepted ones.
     num_drafts: int = 0
+    # Sliding-window layers with a pool of their own: each of `slots`' slot in that pool (0: none); else [].
+    swa_slots: list[int] = []
 
 
 class KVCopies(msgspec.Struct, array_like=True):
@@ -327,6 +332,7 @@ class WorkerReady(msgspec.Struct, tag="ready"):
     max_reqs: int
     max_context: int
     num_host_slots: int = 0  # the host KV tier's slots (--host-kv-tokens or --host-kv-memory-gb); 0: none
+    num_swa_slots: int = 0  # the sliding-window layers' own pool (usable 1..n); 0: none
 
 
 class StepFailed(msgspec.Struct, tag="step_failed"):

@@ -43,7 +43,7 @@ def run_scheduler(cfg_bytes: bytes, ep_bytes: bytes) -> None:
         hello = worker_out_decoder()(results.recv())
         if not isinstance(hello, WorkerReady):
             raise RuntimeError(f"expected WorkerReady from rank 0, got {type(hello).__name__}")
-        sched = Scheduler(cfg, info, hello.num_kv_slots, hello.num_host_slots)
+        sched = Scheduler(cfg, info, hello.num_kv_slots, hello.num_host_slots, hello.num_swa_slots)
         sched.structured.adopt(grammar)
         launcher.send(encode(Ready("scheduler", 0, f"pid={os.getpid()}")))
     SchedulerLoop(cfg, sched, reqs_in, results, workers, detok).run()
