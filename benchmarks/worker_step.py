@@ -79,7 +79,7 @@ def main() -> None:
     runner = ModelRunner(cfg, info)
     print(cpu_caps().describe())
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, model {args.model}, dtype {runner.dtype}")
-    sched = Scheduler(cfg, info, runner.num_kv_slots)
+    sched = Scheduler(cfg, info, runner.num_kv_slots, num_swa_slots=runner.num_swa_slots)
     for name in args.attention_backend.split(","):
         runner.model.attn_backend = select_attention_backend(resolve_ops(runner.device, runner.dtype, name))
         print(f"--- attention backend {runner.model.attn_backend.name}")

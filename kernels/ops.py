@@ -51,6 +51,7 @@ class Ops:
     apply_bitmask: Callable[..., None]
     add_rms_norm: Callable[..., torch.Tensor]
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
+    gelu_mul: Callable[[torch.Tensor], torch.Tensor]
     rotary: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     # an MoE layer's experts from torch weights (where `native`, the layer runs kernels/native/moe.py instead)
     moe_experts: Callable[..., torch.Tensor]
@@ -104,6 +105,7 @@ def resolve_ops(
         apply_bitmask=tri_bitmask.apply_bitmask_triton if triton else ref_bitmask.apply_bitmask_ref,
         add_rms_norm=_native_add_rms_norm if native else ref_norm_act.add_rms_norm,
         silu_mul=norm_act.silu_mul if native else ref_norm_act.silu_mul_ref,
+        gelu_mul=norm_act.gelu_mul if native else ref_norm_act.gelu_mul_ref,
         rotary=rotary.rotary if native else ref_rotary.apply_rotary_ref,
         moe_experts=tri_moe.experts_triton if triton else ref_moe.experts_ref,
     )

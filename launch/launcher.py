@@ -21,10 +21,10 @@ from protocol.codec import encode, launcher_decoder
 from protocol.engine_config import EngineConfig
 from protocol.errors import ErrorCode
 from protocol.ipc import Endpoints, make_socket
-from protocol.launcher_messages import LauncherMsg
-from protocol.messages import Drain, EngineStopping, Failed, Ready
+from protocol.messages import EngineStopping, Failed, LauncherMsg, Ready
 from protocol.model_info import read_model_info
 from protocol.serve_config import ServeConfig
+from protocol.stop_messages import Drain
 
 
 class EngineStartError(RuntimeError):

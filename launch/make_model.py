@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import save
 from transformers import (
     AutoModelForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     MixtralConfig,
     PretrainedConfig,
@@ -113,8 +114,8 @@ class ArchSpec:
     moe: bool = False
 
 
-# One tied and two untied archs, so the engine's weight loader sees both layouts. Qwen2's q/k/v bias
-# and Qwen3's q_norm/k_norm come from the architectures themselves.
+# Tied and untied archs, so the engine's weight loader sees both layouts. Qwen2's q/k/v bias, Qwen3's
+# q_norm/k_norm and Gemma 3's layout come from the architectures themselves.
 ARCHS: dict[str, ArchSpec] = {
     "llama": ArchSpec(LlamaConfig, "LlamaForCausalLM", rope_theta=10_000.0, tie_embeddings=False),
     "qwen2": ArchSpec(Qwen2Config, "Qwen2ForCausalLM", rope_theta=1_000_000.0, tie_embeddings=False),
@@ -127,6 +128,33 @@ ARCHS: dict[str, ArchSpec] = {
                           moe=True),
     "mixtral": ArchSpec(MixtralConfig, "MixtralForCausalLM", rope_theta=1_000_000.0, tie_embeddings=False,
                         moe=True),
+    "gemma3": ArchSpec(Gemma3TextConfig, "Gemma3ForCausalLM", rope_theta=1_000_000.0, tie_embeddings=True),
+}
+
+
+@dataclass(frozen=True)
+class Gemma3Spec:
+    """What a Gemma 3 model of a size has beside SizeSpec: sliding-window layers (every `pattern`-th layer
+    global), one KV head, a head wider than hidden / heads, and in `tiny` options a loader that ignored them
+    would get wrong: soft-capped logits, linear RoPE scaling on the global layers, a pattern other than 6.
+    (The attention scale stays head_dim's, query_pre_attn_scalar = head_dim, which a GGUF file cannot say
+    otherwise: tests/test_model_parity.py tries another.) Windows are small, so test prompts run far past."""
+
+    layers: int
+    window: int
+    pattern: int
+    head_dim: int
+    query_pre_attn_scalar: int
+    final_logit_softcapping: float | None = None
+    rope_factor: float | None = None
+
+
+GEMMA3_SIZES = {
+    "tiny": Gemma3Spec(layers=3, window=16, pattern=3, head_dim=32, query_pre_attn_scalar=32,
+                       final_logit_softcapping=10.0, rope_factor=2.0),
+    "small": Gemma3Spec(layers=6, window=32, pattern=6, head_dim=64, query_pre_attn_scalar=64),
+    "bench": Gemma3Spec(layers=12, window=128, pattern=6, head_dim=128, query_pre_attn_scalar=128),
+    "0.6b": Gemma3Spec(layers=28, window=512, pattern=6, head_dim=256, query_pre_attn_scalar=256),
 }
 NUM_EXPERTS, EXPERTS_PER_TOK = 8, 2
 
@@ -152,7 +180,7 @@ def build_config(
     num_experts: int = NUM_EXPERTS, experts_per_tok: int = EXPERTS_PER_TOK, tie_embeddings: bool | None = None,
 ) -> PretrainedConfig:
     spec, sz = ARCHS[arch], SIZES[size]
-    kv_heads = sz.kv_heads if num_kv_heads is None else num_kv_heads
+    kv_heads = (1 if arch == "gemma3" else sz.kv_heads) if num_kv_heads is None else num_kv_heads
     if kv_heads < 1 or sz.heads % kv_heads:
         raise ValueError(f"num_kv_heads={kv_heads} must divide num_attention_heads={sz.heads}")
     kwargs: dict[str, object] = {
@@ -176,6 +204,8 @@ def build_config(
     if arch in ("qwen2", "qwen2_moe"):
         kwargs.pop("head_dim")  # Qwen2 derives it as hidden // heads
         kwargs["attention_bias"] = True  # informational: Qwen2 always has q/k/v bias
+    if arch == "gemma3":
+        kwargs.update(_gemma3_kwargs(GEMMA3_SIZES[size], spec.rope_theta))
     if spec.moe:
         if not 0 < experts_per_tok <= num_experts:
             raise ValueError(f"experts_per_tok={experts_per_tok} must be between 1 and num_experts={num_experts}")
@@ -190,6 +220,23 @@ def build_config(
     return spec.config_cls(**kwargs)
 
 
+def _gemma3_kwargs(g: Gemma3Spec, rope_theta: float) -> dict[str, object]:
+    full: dict[str, object] = {"rope_type": "default", "rope_theta": rope_theta}
+    if g.rope_factor is not None:
+        full = {"rope_type": "linear", "factor": g.rope_factor, "rope_theta": rope_theta}
+    return {
+        "num_hidden_layers": g.layers,
+        "head_dim": g.head_dim,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "sliding_window": g.window,
+        "layer_types": ["sliding_attention" if (i + 1) % g.pattern else "full_attention" for i in range(g.layers)],
+        "query_pre_attn_scalar": g.query_pre_attn_scalar,
+        "final_logit_softcapping": g.final_logit_softcapping,
+        "rope_parameters": {"full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+        "bos_token_id": None,
+    }
+
+
 def _embed_std(config: PretrainedConfig) -> float:
     # The residual stream carries the current token's embedding up to the output. With tied weights that
     # makes the same token's logit large, and greedy decoding repeated its input within a few tokens at
@@ -198,10 +245,15 @@ def _embed_std(config: PretrainedConfig) -> float:
     return EMBED_SCALE / config.hidden_size**0.5
 
 
+def _norm_offset(config: PretrainedConfig) -> float:
+    """What an RMSNorm adds to its weight: Gemma scales by (1 + w), the others by w."""
+    return 1.0 if config.model_type == "gemma3_text" else 0.0
+
+
 def _std_for(name: str, shape: torch.Size, config: PretrainedConfig) -> tuple[float, float]:
     """(mean, std) for one parameter, chosen by its role."""
-    if name.endswith("norm.weight"):  # RMSNorm, incl. Qwen3's per-head q_norm/k_norm
-        return 1.0, NORM_JITTER
+    if name.endswith("norm.weight"):  # RMSNorm, incl. Qwen3's per-head q_norm/k_norm: a scale ~ 1
+        return 1.0 - _norm_offset(config), NORM_JITTER
     if name.endswith(".bias"):
         return 0.0, BIAS_STD
     if name == "model.embed_tokens.weight":
@@ -228,10 +280,11 @@ def init_weights(config: PretrainedConfig, seed: int) -> dict[str, torch.Tensor]
         weights[name] = torch.randn(shapes[name], generator=gen, dtype=torch.float32) * std + mean
     if config.tie_word_embeddings:
         # Tied logits are embed . norm(h): scale the final norm (not the embedding) to reach LOGIT_STD.
-        final_norm = weights["model.norm.weight"]
+        off = _norm_offset(config)
+        final_norm = weights["model.norm.weight"] + off
         weights["model.norm.weight"] = final_norm * (
             LOGIT_STD / (_embed_std(config) * config.hidden_size**0.5)
-        )
+        ) - off
     return weights
 
 

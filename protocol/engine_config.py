@@ -70,6 +70,12 @@ class EngineConfig:
         metadata={"help": "on CPU, a GGUF's quantized layers take their input quantized to 8 bits per 32 values and "
                   "multiply in integers (faster, approximate; kernels/csrc/quant_int8.h)"},
     )
+    sliding_window_kv: bool = field(
+        default=True,
+        metadata={"help": "a model's sliding-window layers keep their KV in a pool of their own, and each request "
+                  "gives back the part every window has passed; off: they keep all of it in the full pool "
+                  "(also off under a host KV tier)"},
+    )
     enforce_eager: bool = field(
         default=False, metadata={"help": "no CUDA graphs: every decode step launches its kernels one by one"}
     )

@@ -28,6 +28,7 @@ GGUF_ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "qwen2moe": "Qwen2MoeForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
 }
 # Whether the top-k routing weights are renormalised when the file does not say (expert_weights_norm): as
 # llama.cpp runs each architecture.
@@ -123,6 +124,8 @@ def hf_config(reader: GGUFReader, path: str | Path) -> dict[str, Any]:
             cfg["intermediate_size"] = experts["moe_intermediate_size"]
             experts["num_local_experts"] = experts.pop("num_experts")
         cfg.update(experts)
+    if arch == "gemma3":
+        cfg.update(_gemma3_config(meta, cfg, path))
     if "rope_freqs.weight" in tensors:
         # Llama 3.1-style frequency factors are stored as a tensor, not as parameters we can rebuild.
         raise ModelLoadError(f"{path}: per-frequency RoPE factors (rope_freqs.weight) are not supported")
@@ -132,6 +135,43 @@ def hf_config(reader: GGUFReader, path: str | Path) -> dict[str, Any]:
     elif scaling != "none":
         raise ModelLoadError(f"{path}: RoPE scaling {scaling!r} is not supported (only linear)")
     return cfg
+
+
+def _gemma3_config(meta: Any, cfg: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """What a gemma3 file adds to the config, as llama.cpp reads the same file: sliding-window layers
+    (every sixth layer global unless the file gives a pattern), local RoPE base 10,000 unless given, the
+    attention scale of head_dim (hidden / heads for the 27B model, whose 62 layers llama.cpp keys it on)."""
+    import gguf
+
+    K = gguf.Keys
+    n = cfg["num_hidden_layers"]
+    pattern = meta(K.Attention.SLIDING_WINDOW_PATTERN, 6)
+    if isinstance(pattern, list):  # one flag per layer, true = sliding
+        if len(pattern) != n:
+            raise ModelLoadError(f"{path}: {len(pattern)} sliding_window_pattern flags for {n} layers")
+        types = ["sliding_attention" if f else "full_attention" for f in pattern]
+    elif isinstance(pattern, int) and pattern >= 1:
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    else:
+        raise ModelLoadError(f"{path}: metadata sliding_window_pattern {pattern!r} is not a layer count >= 1")
+    window = meta(K.Attention.SLIDING_WINDOW)
+    if window is None:
+        raise ModelLoadError(f"{path}: metadata key 'gemma3.attention.sliding_window' is missing")
+    del cfg["hidden_act"]  # Gemma 3 names it hidden_activation
+    extra: dict[str, Any] = {
+        "model_type": "gemma3_text",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "sliding_window": int(window),
+        "layer_types": types,
+        "rope_local_base_freq": float(meta(K.Rope.FREQ_BASE_SWA, 10000.0)),
+        "query_pre_attn_scalar": cfg["hidden_size"] // cfg["num_attention_heads"] if n == 62 else cfg["head_dim"],
+        "attention_bias": False,
+    }
+    for key, name in ((K.LLM.FINAL_LOGIT_SOFTCAPPING, "final_logit_softcapping"),
+                      (K.LLM.ATTN_LOGIT_SOFTCAPPING, "attn_logit_softcapping")):
+        if meta(key) is not None:
+            extra[name] = float(meta(key))
+    return extra
 
 
 def _experts(reader: GGUFReader, path: str | Path, arch: str, tensors: dict[str, Any]) -> dict[str, Any]:
@@ -218,15 +258,21 @@ def cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "tandem")
 
 
-def metadata_dir(path: str | Path) -> Path:
-    """The cached METADATA_FILES of a GGUF file, written on first use. The key is the file's path, size and
+def metadata_cache_path(path: str | Path) -> Path:
+    """Where metadata_dir keeps a GGUF file's METADATA_FILES. The key is the file's path, size and
     modification time, so a replaced file gets fresh metadata."""
     p = Path(path).resolve()
     if not p.is_file():
         raise ModelLoadError(f"{path}: no such GGUF file")
     st = p.stat()
     key = hashlib.sha256(f"{p}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:20]
-    d = cache_root() / "gguf" / f"{p.stem}-{key}"
+    return cache_root() / "gguf" / f"{p.stem}-{key}"
+
+
+def metadata_dir(path: str | Path) -> Path:
+    """The cached METADATA_FILES of a GGUF file, written on first use."""
+    p = Path(path).resolve()
+    d = metadata_cache_path(p)
     if all((d / f).is_file() for f in METADATA_FILES):
         return d
     d.parent.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@ Socket map (docs/architecture.md §1):
   client  -> frontend     ClientMsg      frontend -> client     FrontendMsg
   frontend-> scheduler    SchedulerInMsg worker   -> scheduler  WorkerMsg
   scheduler-> worker      WorkerInMsg    scheduler-> detok      DetokInMsg
-  detok   -> frontend     FrontendInMsg  any child -> launcher  LauncherMsg (launcher_messages.py)
+  detok   -> frontend     FrontendInMsg  any child -> launcher  LauncherMsg
   launcher-> frontend     EngineStopping, Drain (in FrontendInMsg)
 Messages carry diffs: a new request once, then per step only what changed.
 """
@@ -17,6 +17,7 @@ import msgspec
 from protocol.embed_params import EmbedParams
 from protocol.final_info import FinalInfo, HasFinal
 from protocol.sampling_params import SamplingParams
+from protocol.stop_messages import Drain, Drained, DrainRequest, DrainRequested, Stalled
 
 # A request's priority (--scheduling-policy priority): lower is served first, as in vLLM; 0 by default.
 Priority = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
@@ -161,11 +162,6 @@ class StatsRequest(msgspec.Struct, tag="stats"):
     rid: str
 
 
-class DrainRequest(msgspec.Struct, tag="drain"):  # drain as SIGTERM does; answered with the engine's stats
-    rid: str
-    reason: str = "a client asked for a drain"
-
-
 class EngineStats(msgspec.Struct, tag="stats"):
     rid: str
     kv_pool_size: int
@@ -196,6 +192,9 @@ class EngineStats(msgspec.Struct, tag="stats"):
     host_kv_used: int = 0
     sessions_open: int = 0
     session_held_tokens: int = 0  # KV tokens the open sessions hold locked for their turns
+    # The sliding-window layers' own KV pool (0: none): its slots, and those free.
+    swa_kv_pool_size: int = 0
+    swa_kv_free: int = 0
     draining: str = ""  # filled in by the frontend: why the engine is draining ("" while it serves)
     grammar_cache_bytes: int = 0  # compiled grammars cached (bounded: scheduler/grammar.py's CACHE_BYTES)
 
@@ -262,6 +261,8 @@ class ScheduledReq(msgspec.Struct, array_like=True):
     # Speculation: the last num_drafts of num_tokens are the worker's own draft tokens (already in its
     # token buffer past the known ones); it verifies them and returns 1 + the accepted ones.
     num_drafts: int = 0
+    # Sliding-window layers with a pool of their own: each of `slots`' slot in that pool (0: none); else [].
+    swa_slots: list[int] = []
 
 
 class KVCopies(msgspec.Struct, array_like=True):
@@ -334,6 +335,7 @@ class WorkerReady(msgspec.Struct, tag="ready"):
     max_reqs: int
     max_context: int
     num_host_slots: int = 0  # the host KV tier's slots (--host-kv-tokens or --host-kv-memory-gb); 0: none
+    num_swa_slots: int = 0  # the sliding-window layers' own pool (usable 1..n); 0: none
 
 
 class StepFailed(msgspec.Struct, tag="step_failed"):
@@ -378,10 +380,6 @@ class EngineStopping(msgspec.Struct, tag="stopping"):
     code: str = "engine_dead"  # an ErrorCode of the engine_dead class
 
 
-class Drain(msgspec.Struct, tag="drain"):  # from the launcher: refuse new requests, say Drained once none is left
-    reason: str
-
-
 DetokInMsg = DetokRegister | TokenBatch | EmbeddingBatch | RequestError | EngineStats | SessionReply
 FrontendInMsg = OutputBatch | EmbeddingBatch | RequestError | EngineStats | EngineStopping | SessionReply | Drain
 
@@ -396,3 +394,6 @@ class Ready(msgspec.Struct, tag="ready"):
 class Failed(msgspec.Struct, tag="failed"):
     role: str
     message: str
+
+
+LauncherMsg = Ready | Failed | Stalled | DrainRequested | Drained

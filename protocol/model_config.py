@@ -14,6 +14,11 @@ from protocol.gguf_metadata import is_gguf
 from protocol.gguf_metadata import metadata_dir as gguf_metadata_dir
 
 DEFAULT_MAX_POSITIONS = 2048  # what transformers assumes for a Llama config without max_position_embeddings
+# RoPE variants worker/layers/rotary.py computes; any other is refused while the config is read.
+ROPE_TYPES = ("default", "linear", "llama3")
+FULL, SLIDING = "full_attention", "sliding_attention"
+# Architectures whose sliding-window layers the engine runs (worker/models/gemma3.py).
+SLIDING_ARCHS = ("Gemma3ForCausalLM",)
 
 
 def metadata_dir(model: str | Path) -> Path:
@@ -68,6 +73,14 @@ class ModelConfig:
     mlp_only_layers: tuple[int, ...] = ()
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
+    # Per layer, FULL or SLIDING (empty: every layer full); a SLIDING layer attends its last
+    # `sliding_window` keys (its own included), with RoPE from local_rope_theta / local_rope_scaling.
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int = 0
+    local_rope_theta: float = 0.0
+    local_rope_scaling: dict[str, Any] = field(default_factory=dict)
+    query_pre_attn_scalar: float | None = None  # attention scale = its -1/2 power (None: head_dim's)
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any], **arch_flags: Any) -> ModelConfig:
@@ -75,11 +88,14 @@ class ModelConfig:
         num_heads = hf["num_attention_heads"]
         # Some configs carry "head_dim": null; fall back to hidden / heads then.
         head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
-        rope_theta, rope_scaling = _rope_params(hf)
-        if hf.get("use_sliding_window") or any(t != "full_attention" for t in hf.get("layer_types") or []):
-            raise NotImplementedError("sliding-window attention layers are not supported")
+        arch = archs[0] if archs else ""
+        windows = _sliding_layers(hf, arch)
+        if hf.get("attn_logit_softcapping") is not None:
+            raise ModelLoadError("config field attn_logit_softcapping: attention score softcapping is not supported")
+        rope_theta, rope_scaling = _rope_params(hf, FULL)
+        local_theta, local_scaling = _rope_params(hf, SLIDING) if SLIDING in windows else (0.0, {})
         return cls(
-            architecture=archs[0] if archs else "",
+            architecture=arch,
             vocab_size=hf["vocab_size"],
             hidden_size=hf["hidden_size"],
             num_hidden_layers=hf["num_hidden_layers"],
@@ -92,11 +108,24 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=hf.get("max_position_embeddings", DEFAULT_MAX_POSITIONS),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            hidden_act=hf.get("hidden_act", "silu"),
+            hidden_act=hf.get("hidden_act") or hf.get("hidden_activation") or "silu",
             bos_token_id=hf.get("bos_token_id"),
             eos_token_id=hf.get("eos_token_id"),
+            layer_types=windows,
+            sliding_window=int(hf["sliding_window"]) if SLIDING in windows else 0,
+            local_rope_theta=local_theta,
+            local_rope_scaling=local_scaling,
+            query_pre_attn_scalar=hf.get("query_pre_attn_scalar"),
+            final_logit_softcapping=hf.get("final_logit_softcapping"),
             **{**_moe_params(hf), **arch_flags},
         )
+
+    def is_sliding(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == SLIDING
+
+    @property
+    def has_sliding_layers(self) -> bool:
+        return SLIDING in self.layer_types
 
     def is_moe_layer(self, layer_id: int) -> bool:
         return (self.num_experts > 0 and layer_id not in self.mlp_only_layers
@@ -116,16 +145,62 @@ class ModelConfig:
         return max(1, self.num_key_value_heads // tp_size)
 
 
-def _rope_params(hf: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-    """transformers 5 saves ``rope_parameters`` (theta inside); older configs use ``rope_theta`` +
-    ``rope_scaling``. Accept both."""
-    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-    theta = params.pop("rope_theta", None) or hf.get("rope_theta") or 10000.0
+def _rope_params(hf: dict[str, Any], layer_type: str = FULL) -> tuple[float, dict[str, Any]]:
+    """(theta, scaling) of one kind of layer. transformers 5 saves ``rope_parameters`` (theta inside; per
+    layer type for Gemma 3: {"full_attention": {...}, "sliding_attention": {...}}); older configs use
+    ``rope_theta`` + ``rope_scaling`` (Gemma 3: ``rope_local_base_freq`` for the sliding layers, whose RoPE
+    the scaling does not touch). Accept both; an unknown rope_type is a ModelLoadError naming the field."""
+    params = hf.get("rope_parameters") or {}
+    where = "rope_parameters"
+    if isinstance(params, dict) and {FULL, SLIDING} & set(params):  # per layer type
+        params, where = params.get(layer_type) or {}, f"rope_parameters.{layer_type}"
+    elif layer_type == SLIDING:  # one set for both kinds: the global one's theta is not the local one's
+        params, where = {}, "rope_local_base_freq"
+    if not params and layer_type == FULL:
+        params, where = hf.get("rope_scaling") or {}, "rope_scaling"
+    params = dict(params)
+    theta = params.pop("rope_theta", None) or (
+        hf.get("rope_local_base_freq", 10000.0) if layer_type == SLIDING else hf.get("rope_theta") or 10000.0
+    )
     # Old configs spell the type "type"; "default" means no scaling.
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    if rope_type not in ROPE_TYPES:
+        raise ModelLoadError(f"config field {where}.rope_type: {rope_type!r} is not supported "
+                             f"(supported: {', '.join(ROPE_TYPES)})")
     if rope_type == "default":
         return float(theta), {}
     return float(theta), {"rope_type": rope_type, **params}
+
+
+def _sliding_layers(hf: dict[str, Any], arch: str) -> tuple[str, ...]:
+    """The config's layer_types (FULL / SLIDING per layer), checked: Gemma 3 derives them, when absent, from
+    ``sliding_window_pattern`` (every pattern-th layer full; 6 by default) as transformers does. Anything
+    malformed is a ModelLoadError naming the field."""
+    n = hf["num_hidden_layers"]
+    types = hf.get("layer_types")
+    gemma3 = arch in SLIDING_ARCHS
+    if types is None and gemma3:
+        pattern = hf.get("sliding_window_pattern", 6)
+        if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+            raise ModelLoadError(f"config field sliding_window_pattern: {pattern!r} is not a layer count >= 1")
+        types = [SLIDING if (i + 1) % pattern else FULL for i in range(n)]
+    if types is None:
+        if hf.get("use_sliding_window"):
+            raise ModelLoadError("config field use_sliding_window: sliding-window layers are supported for "
+                                 f"{', '.join(SLIDING_ARCHS)} only")
+        return ()
+    if not isinstance(types, list) or len(types) != n or any(t not in (FULL, SLIDING) for t in types):
+        raise ModelLoadError(f"config field layer_types: expected {n} entries of {FULL!r} or {SLIDING!r}, "
+                             f"got {types!r}")
+    if SLIDING not in types:
+        return tuple(types)
+    if not gemma3:
+        raise ModelLoadError(f"config field layer_types: sliding-window layers are supported for "
+                             f"{', '.join(SLIDING_ARCHS)} only")
+    window = hf.get("sliding_window")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ModelLoadError(f"config field sliding_window: {window!r} is not a key count >= 1")
+    return tuple(types)
 
 
 def _moe_params(hf: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,9 @@ class ModelInfo(msgspec.Struct, frozen=True):
     # so that a prefix of the embedding is one too: only they take an embedding request's `dimensions`.
     is_matryoshka: bool = False
     matryoshka_dimensions: list[int] | None = None  # the prefix lengths allowed; None: any
+    # Keys a sliding-window layer attends (0: the model has none): the scheduler frees, per request, the
+    # sliding layers' KV of positions every such layer has left behind.
+    sliding_window: int = 0
 
 
 def _as_list(x: object) -> list[int]:
@@ -47,4 +50,5 @@ def read_model_info(model: str | Path, max_model_len: int | None = None) -> Mode
         hidden_size=cfg.hidden_size,
         is_matryoshka=bool(hf.get("is_matryoshka") or hf.get("matryoshka_dimensions")),
         matryoshka_dimensions=_as_list(hf["matryoshka_dimensions"]) if hf.get("matryoshka_dimensions") else None,
+        sliding_window=cfg.sliding_window,
     )

@@ -25,6 +25,11 @@ class KVAllocator:
         """Free slots."""
         return len(self._free) * self.page_size
 
+    @property
+    def room(self) -> int:
+        """Slots a request can be given now (a HybridAllocator needs a sliding slot beside each)."""
+        return self.num_free
+
     def alloc_pages(self, k: int) -> list[int] | None:
         """k pages, or None (nothing taken) if fewer are free."""
         if k > len(self._free):

@@ -3,6 +3,11 @@ ownership API. A request owns row positions [cache_protected_len, kv_allocated_l
 the prefix before that (locked while the request runs). One release path (`release`) serves finish,
 abort and retraction. With a host tier, the part of a match found only there is copied back to device
 slots the tree owns (`load_host`) before the request's first step.
+
+A model whose sliding-window layers have a KV pool of their own (`window` > 0, scheduler/hybrid_allocator.py)
+gives back, as each request grows, the sliding KV of its own positions that every window has left behind
+(`release_window`); a prefix match is cut back to where the positions its first computed query reads
+still have sliding KV.
 """
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from dataclasses import dataclass
 
 from protocol.messages import KVCopies
 from scheduler.host_tier import POLICIES
+from scheduler.hybrid_allocator import HybridAllocator
 from scheduler.kv_allocator import KVAllocator
 from scheduler.no_prefix_cache import NoPrefixCache
 from scheduler.prefix_cache import PrefixHandle
@@ -33,9 +39,15 @@ class Hold:
 class KVCacheManager:
     def __init__(
         self, num_slots: int, max_reqs: int, max_context: int, page_size: int = 1, prefix_cache: bool = True,
-        host_slots: int = 0, host_policy: str = "write_back",
+        host_slots: int = 0, host_policy: str = "write_back", window: int = 0, swa_slots: int = 0,
     ) -> None:
-        self.allocator = KVAllocator(num_slots, page_size)
+        """window, swa_slots: the sliding-window layers' window and the slots of their own pool (swa_slots 0:
+        no such pool; then sliding layers, if any, read the full slots and nothing is given back)."""
+        if swa_slots and (not window or host_slots):
+            raise ValueError("a sliding-window pool needs its window, and no host tier")
+        self.window = window if swa_slots else 0
+        self.hybrid = HybridAllocator(num_slots, swa_slots, page_size) if swa_slots else None
+        self.allocator = self.hybrid or KVAllocator(num_slots, page_size)
         self.req_table = ReqToTokenPool(max_reqs, max_context)
         self.tree: RadixCache | NoPrefixCache
         if not prefix_cache:
@@ -52,7 +64,8 @@ class KVCacheManager:
 
     @property
     def available_slots(self) -> int:
-        """Free now, or freeable by evicting unlocked cache."""
+        """Free now, or freeable by evicting unlocked cache (full slots: a sliding pool short of them shows in
+        ensure_free)."""
         return self.allocator.num_free + self.tree.evictable_size
 
     # ---- admission ----------------------------------------------------------------------------
@@ -76,6 +89,11 @@ class KVCacheManager:
             req.prefix_source = "host" if m.host_hit_length else "device" if m.length else "none"
         else:
             req.prefix_source = "session"
+        if self.hybrid is not None and m.indices:  # start where the window before the start is held
+            ready = self.hybrid.window_ready(m.indices, self.window)
+            if ready < len(m.indices):
+                m = self.tree.match_prefix(fill[:ready])
+                req.prefix_source = "device" if m.length else "none"
         self._hold(req, m)
         req.kv_committed_len = req.kv_allocated_len = req.num_computed_tokens = m.length
         assert req.req_pool_idx is not None
@@ -138,10 +156,11 @@ class KVCacheManager:
 
     def ensure_free(self, slots_needed: int) -> bool:
         """Evict unlocked cache until slots_needed slots are free; False if even that is not enough."""
-        short = slots_needed - self.allocator.num_free
-        if short > 0:
-            self.tree.evict(short)
-        return self.allocator.num_free >= slots_needed
+        # A hybrid allocator's room may stay short after an eviction that freed enough full slots (their
+        # sliding KV was given back already): evict on while it frees anything.
+        while self.allocator.room < slots_needed and self.tree.evict(slots_needed - self.allocator.room):
+            pass
+        return self.allocator.room >= slots_needed
 
     def grow(self, req: Req, n: int) -> list[int] | None:
         """KV slots for req's next n positions (from kv_allocated_len), evicting cache if needed; None if short."""
@@ -174,13 +193,41 @@ class KVCacheManager:
         if old > keep:
             self.allocator.free(self.req_table.slots(req.req_pool_idx, keep, old))
 
+    def release_window(self, req: Req) -> None:
+        """Give back the sliding KV of req's own positions that no query of it will read again: its next
+        query sits at kv_committed_len or later (steps in flight compute positions after the committed ones)
+        and reads keys from kv_committed_len - window + 1 on. Whole pages only, and counted from the last
+        whole page, where the cache would take the request (so a request continuing it finds the window
+        before it held); positions the tree owns stay (another request may start after them)."""
+        if self.hybrid is None or req.req_pool_idx is None:
+            return
+        p = self.page_size
+        end = (req.kv_committed_len // p * p - self.window + 1) // p * p
+        start = max(req.swa_released_len, req.cache_protected_len)
+        if end > start:
+            self.hybrid.free_window(self.req_table.slots(req.req_pool_idx, start, end))
+            req.swa_released_len = end
+
+    def after_commit(self, req: Req, prefill: bool) -> None:
+        """A step of req's was committed (it runs on): the sliding KV its windows passed goes back, and a
+        prefill chunk is cached."""
+        self.release_window(req)
+        if prefill:
+            self.cache_unfinished(req)  # others can reuse it while this one runs
+
+    def swa_slots(self, slots: list[int]) -> list[int]:
+        """The sliding pool's slot of each full slot (the worker maps a sliding layer's reads and writes)."""
+        return [] if self.hybrid is None else self.hybrid.swa_slots(slots)
+
     # ---- caching and release -----------------------------------------------------------------------
     def cache_unfinished(self, req: Req) -> None:
         """Chunked prefill inserts as it goes: hand the committed, page-aligned prefix to the tree.
 
         Done only when the tree holds nothing beyond what req already locks, so no slot of req's row
-        changes owner mid-flight (the worker's copy of the row stays valid)."""
-        if req.req_pool_idx is None:
+        changes owner mid-flight (the worker's copy of the row stays valid). Not with a sliding-window pool:
+        the tree would own the chunks' sliding KV, which no request can then give back while it runs, so a
+        long prompt would hold all of it; the prefix is cached when the request ends."""
+        if req.req_pool_idx is None or self.hybrid is not None:
             return
         aligned = req.kv_committed_len // self.page_size * self.page_size
         if aligned <= req.cache_protected_len:
@@ -216,7 +263,7 @@ class KVCacheManager:
         self._hold(req, None)
         self.req_table.free(row)
         req.req_pool_idx = None
-        req.kv_committed_len = req.kv_allocated_len = 0
+        req.kv_committed_len = req.kv_allocated_len = req.swa_released_len = 0
         return row
 
     def take_copies(self) -> KVCopies | None:
@@ -272,6 +319,11 @@ class KVCacheManager:
             rows.add(req.req_pool_idx)
             own = self.req_table.slots(req.req_pool_idx, req.cache_protected_len, req.kv_allocated_len)
             claim(list(dict.fromkeys(s // p for s in own)), req.rid)
+            if self.hybrid is not None:  # sliding KV given back below swa_released_len, kept above
+                cut = max(0, min(len(own), req.swa_released_len - req.cache_protected_len))
+                if any(self.hybrid.has_swa(s) for s in own[:cut]) or not all(map(self.hybrid.has_swa, own[cut:])):
+                    raise AssertionError(f"{req.rid}: sliding KV held below or missing above position "
+                                         f"{req.swa_released_len}")
         if len(owners) != self.allocator.num_pages:
             raise AssertionError(f"KV pages leaked: {len(owners)} accounted of {self.allocator.num_pages}")
         self.req_table.check_integrity(rows)

@@ -13,7 +13,6 @@ from protocol.codec import encode, scheduler_in_decoder, worker_out_decoder
 from protocol.engine_config import EngineConfig
 from protocol.errors import ErrorCode
 from protocol.ipc import make_socket
-from protocol.launcher_messages import Stalled
 from protocol.messages import (
     ModelRunnerOutput,
     Ready,
@@ -25,6 +24,7 @@ from protocol.messages import (
     WorkerReady,
 )
 from protocol.model_info import read_model_info
+from protocol.stop_messages import Stalled
 from scheduler.scheduler import Scheduler
 from scheduler.step_driver import StepDriver
 from scheduler.step_watch import StepWatch
@@ -46,7 +46,7 @@ def run_scheduler(cfg_bytes: bytes, ep_bytes: bytes) -> None:
         hello = worker_out_decoder()(results.recv())
         if not isinstance(hello, WorkerReady):
             raise RuntimeError(f"expected WorkerReady from rank 0, got {type(hello).__name__}")
-        sched = Scheduler(cfg, info, hello.num_kv_slots, hello.num_host_slots)
+        sched = Scheduler(cfg, info, hello.num_kv_slots, hello.num_host_slots, hello.num_swa_slots)
         sched.structured.adopt(grammar)
         launcher.send(encode(Ready("scheduler", 0, f"pid={os.getpid()}")))
     SchedulerLoop(cfg, sched, reqs_in, results, workers, detok, launcher).run()

@@ -53,6 +53,9 @@ class Req:
         self.prefix: PrefixHandle | None = None  # its cached prefix, locked in the cache while it has a row
         self.kv_committed_len = 0  # KV that is fact: computed by a finished step
         self.kv_allocated_len = 0  # KV handed out, >= committed (in-flight tokens)
+        # Sliding-window layers with a pool of their own: row positions below this had their sliding KV given
+        # back (every window has moved past them); the full slots stay. Page-aligned; 0 otherwise.
+        self.swa_released_len = 0
         self._popped_committed = False
         self._popped_overallocated = False
 
@@ -169,6 +172,7 @@ class Req:
         self.prefix = None
         self.kv_committed_len = 0
         self.kv_allocated_len = 0
+        self.swa_released_len = 0
         self._popped_committed = False
         self._popped_overallocated = False
         self.num_computed_tokens = 0

@@ -59,13 +59,13 @@ class SchedulerStats:
 
 class Scheduler:
     def __init__(self, cfg: EngineConfig, info: ModelInfo, num_kv_slots: int, num_host_slots: int | None = None,
-                 ) -> None:
-        """num_host_slots: the worker's host tier (from --host-kv-memory-gb); default cfg.host_kv_tokens."""
-        self.cfg = cfg
-        self.info = info
+                 num_swa_slots: int = 0) -> None:
+        """num_host_slots, num_swa_slots: the worker's host tier (default cfg.host_kv_tokens) and sliding pool."""
+        self.cfg, self.info = cfg, info
         self.kv = KVCacheManager(
             num_kv_slots, cfg.max_running_requests, info.max_model_len, cfg.page_size, cfg.prefix_cache,
             cfg.host_kv_tokens if num_host_slots is None else num_host_slots, cfg.host_kv_policy,
+            info.sliding_window, num_swa_slots,
         )
         self.eos = frozenset(info.eos_token_ids)
         self.waiting = make_policy(cfg.scheduling_policy)  # the waiting queue, in the policy's order
@@ -163,8 +163,8 @@ class Scheduler:
         return sample
 
     def schedule(self) -> SchedulerOutput | None:
-        budget = self.cfg.max_num_batched_tokens
-        plan = StepPlan(budget=budget, prefill_cap=self.cfg.chunked_prefill_tokens or budget)
+        budget, chunk = self.cfg.max_num_batched_tokens, self.cfg.chunked_prefill_tokens
+        plan = StepPlan(budget=budget, prefill_cap=chunk or budget, swa_of=self.kv.swa_slots)
         schedule_running(self.running, self.waiting, self.kv, plan, self._retract, self.speculation)
         admit_waiting(self.waiting, self.running, self.kv, plan, self.cfg.max_running_requests)
         self._note_first_scheduled(plan.reqs)
@@ -228,8 +228,8 @@ class Scheduler:
             if req.to_finish is not None and req.num_inflight_steps == 0:
                 req.check_finished()
                 self._finalize(req)
-            elif n - drafts > 1:
-                self.kv.cache_unfinished(req)  # a prefill (chunk): others can reuse it while this one runs
+            else:  # after the rejected drafts' rollback above: what the windows passed; a prefill chunk cached
+                self.kv.after_commit(req, prefill=n - drafts > 1)
         self._flush_deltas()
         if self.cfg.debug_integrity:
             self.check_integrity()

@@ -131,6 +131,8 @@ class StepDriver:
             st.worker_idle_s, integrity, host_hit_tokens=kv.host_hit_tokens, host_kv_pool_size=kv.tree.host_size,
             host_kv_used=kv.tree.host_used, sessions_open=len(self.sched.sessions.sessions),
             session_held_tokens=self.sched.sessions.held_tokens(),
+            swa_kv_pool_size=0 if kv.hybrid is None else kv.hybrid.swa.size,
+            swa_kv_free=0 if kv.hybrid is None else kv.hybrid.swa.num_free,
             spec_draft_tokens=self.sched.spec.draft_tokens, spec_accepted_tokens=self.sched.spec.accepted_tokens,
             spec_accepted_per_position=list(self.sched.spec.accepted_at),
             grammar_cache_bytes=self.sched.structured.cached_bytes,

@@ -1,6 +1,7 @@
 """One step being formed, and the record of a step in flight until its result is committed."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from protocol.messages import NewReqData, ScheduledReq, SchedulerOutput
@@ -17,6 +18,8 @@ class StepPlan:
 
     prefill_used: int = 0
     load_used: int = 0  # budget charged for host-tier loads (`add_load`)
+    # full slots -> their slots in the sliding-window layers' own pool ([]: the model has no such pool)
+    swa_of: Callable[[list[int]], list[int]] | None = None
 
     @property
     def prefill_budget(self) -> int:
@@ -48,7 +51,8 @@ class StepPlan:
             slot_start = start
         all_slots = (prefix or []) + slots
         assert req.req_pool_idx is not None
-        self.items.append(ScheduledReq(req.req_pool_idx, n, slot_start, all_slots, sample, drafts))
+        swa = self.swa_of(all_slots) if self.swa_of is not None else []
+        self.items.append(ScheduledReq(req.req_pool_idx, n, slot_start, all_slots, sample, drafts, swa))
 
 
 @dataclass

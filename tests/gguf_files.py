@@ -90,7 +90,7 @@ def _tokenizer_metadata(w: gguf.GGUFWriter, model_dir: Path) -> None:
 
 
 # HF model_type -> llama.cpp's architecture name (Mixtral is a "llama" file with expert tensors).
-GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama"}
+GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama", "gemma3_text": "gemma3"}
 _EXPERT = re.compile(r"^(.*)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight$")
 _EXPERT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 
@@ -128,6 +128,7 @@ def write_gguf(
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     rope = getattr(cfg, "rope_parameters", None) or {}
+    rope = rope.get("full_attention", rope)  # Gemma 3: per layer type
     theta = rope.get("rope_theta") or getattr(cfg, "rope_theta", 10000.0)
 
     w = gguf.GGUFWriter(str(out), arch)
@@ -141,6 +142,15 @@ def write_gguf(
     w.add_value_length(head_dim)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(theta)
+    if real_arch == "gemma3":  # what llama.cpp's converter writes for Gemma 3
+        w.add_sliding_window(cfg.sliding_window)
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
+        w.add_rope_freq_base_swa(cfg.rope_parameters["sliding_attention"]["rope_theta"])
+        if cfg.final_logit_softcapping is not None:
+            w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+        if rope.get("rope_type") == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(rope["factor"])
     experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
     if experts:
         w.add_expert_count(experts if expert_count is None else expert_count)
@@ -157,6 +167,8 @@ def write_gguf(
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert name is not None, hf_name
         t = t.astype(np.float32)
+        if real_arch == "gemma3" and hf_name.endswith("norm.weight"):
+            t = t + np.float32(1)  # llama.cpp stores Gemma's RMSNorm scale 1 + w
         if real_arch == "llama" and ".q_proj." in hf_name:  # Mixtral's too: a "llama" file
             t = llamacpp_permute(t, heads)
         elif real_arch == "llama" and ".k_proj." in hf_name:

@@ -11,8 +11,10 @@ class Pool:
     """Test-side stand-in for the engine: hands out random non-contiguous slots and request rows."""
 
     def __init__(self, model, num_slots: int = 400, max_reqs: int = 16, seed: int = 0,
-                 kv_dtype: torch.dtype | None = None) -> None:
+                 kv_dtype: torch.dtype | None = None, swa: bool = False) -> None:
+        """swa: the model's sliding-window layers get a pool of their own, each slot mapped to a random one."""
         cfg = model.config
+        sliding = frozenset(i for i in range(cfg.num_hidden_layers) if cfg.is_sliding(i)) if swa else frozenset()
         self.kv = KVCache(
             cfg.num_hidden_layers,
             num_slots,
@@ -22,15 +24,20 @@ class Pool:
             "cpu",
             max_reqs=max_reqs,
             max_context=128,
+            swa_slots=num_slots if swa else 0,
+            swa_layers=sliding,
         )
         g = torch.Generator().manual_seed(seed)
         self.free_slots = torch.randperm(num_slots, generator=g).tolist()
         self.free_rows = torch.randperm(max_reqs, generator=g).tolist()
+        self.free_swa = torch.randperm(num_slots, generator=g).tolist()
 
     def add(self, length: int) -> int:
         row = self.free_rows.pop()
         slots = [self.free_slots.pop() for _ in range(length)]
         self.kv.req_to_token[row, :length] = torch.tensor(slots)
+        if self.kv.swa_map is not None:
+            self.kv.map_swa(torch.tensor(slots), torch.tensor([self.free_swa.pop() for _ in slots]))
         return row
 
     def batch(self, reqs: list[tuple[int, list[int], int]], all_logits: bool = False) -> ForwardBatch:

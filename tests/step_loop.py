@@ -12,7 +12,7 @@ def generate(cfg: EngineConfig, info: ModelInfo, runner, prompts: list[list[int]
              params: list[SamplingParams]) -> dict[str, list[int]]:
     """Request i is prompts[i] with params[i % len(params)], id f"r{i}"; runs until every one ends and checks
     the scheduler's integrity after."""
-    sched = Scheduler(cfg, info, runner.num_kv_slots)
+    sched = Scheduler(cfg, info, runner.num_kv_slots, num_swa_slots=runner.num_swa_slots)
     for i, p in enumerate(prompts):
         sched.add_request(TokenizedRequest(f"r{i}", p, params[i % len(params)]))
     tokens: dict[str, list[int]] = {}

@@ -208,3 +208,22 @@ def test_serve_client_reads_only_sse_data_lines() -> None:
     assert _data(b"event: delta\r\ndata: {\"a\": 1}") == b'{"a": 1}'
     assert _data(b"data: [DONE]") == b"[DONE]"
     assert _data(b"data: {\"a\":\ndata: 2}") == b'{"a":\n2}'  # a payload split over data lines
+
+
+def test_sliding_window_kv_benchmark_compares_the_two_pools(tiny_model, tmp_path: Path, capsys) -> None:
+    """A request well past the window holds less KV with the sliding layers' own pool, for the same tokens."""
+    from benchmarks.sliding_window_kv import main as sliding_main
+
+    out = tmp_path / "swkv.json"
+    rc = sliding_main(["--model", str(tiny_model("gemma3")), "--prompt-tokens", "200", "--max-tokens", "8",
+                       "--chunk", "64", "--random-prompt", "--json", str(out)])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["same_tokens"] and r["sliding_window_kv_with"] and not r["sliding_window_kv_without"]
+    assert r["full_slots_peak_without"] == 200 + 8 - 1 and r["sliding_slots_peak_without"] == 0
+    # Without: every layer's KV for every position; with: the global layers' so, the sliding ones' for a
+    # window and a chunk at most.
+    assert r["sliding_slots_peak_with"] <= r["window"] + 64
+    assert r["kv_bytes_peak_without"] == r["full_slots_peak_without"] * r["bytes_per_full_slot_without"]
+    assert 0 < r["kv_peak_ratio"] < 1
+    assert "KV in use at peak" in capsys.readouterr().out

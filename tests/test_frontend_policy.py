@@ -12,14 +12,13 @@ from protocol.codec import encode
 from protocol.final_info import FinalInfo
 from protocol.messages import (
     AbortRequest,
-    Drain,
-    DrainRequest,
     EngineStopping,
     OutputBatch,
     RequestError,
     RequestOutput,
 )
 from protocol.model_info import ModelInfo
+from protocol.stop_messages import Drain, DrainRequest
 
 
 class _Sock:

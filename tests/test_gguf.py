@@ -230,4 +230,4 @@ def test_pull_unknown_name_lists_the_known_ones(capsys) -> None:
     with pytest.raises(SystemExit) as e:
         main(["pull", "gpt-5"])
     assert e.value.code == 2
-    assert "unknown model 'gpt-5'; known: smollm2-135m-instruct" in capsys.readouterr().err
+    assert "unknown model 'gpt-5'; known: gemma3-270m, smollm2-135m-instruct" in capsys.readouterr().err

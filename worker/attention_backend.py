@@ -1,8 +1,11 @@
 """Attention backends: how a layer stores its new K/V and attends over the paged KV pool.
 
 The model asks its backend for a per-step plan once (`plan`: whatever every layer shares, worked out from
-the batch's host-side lists) and then calls `forward` per layer. The backend is the one kernels/ops.py
-resolved (`Ops.attention`, from `EngineConfig.attention_backend`):
+the batch's host-side lists) and then calls `forward` per layer. A model with sliding-window layers asks for
+a second plan that those layers share: their window, and, when they have a KV pool of their own
+(KVCache.swa_map), the map from the table's slots to that pool's (where this step's K/V go, and which slots
+the attention reads). The backend is the one kernels/ops.py resolved (`Ops.attention`, from
+`EngineConfig.attention_backend`):
 
 - `cpu` (CPU default): every query of the step (decodes, verify rows, prefills and chunks) attended in
   one call per layer by a C kernel that reads K/V where it lies in the pool
@@ -36,8 +39,9 @@ class AttentionBackend(ABC):
     name: str
 
     @abstractmethod
-    def plan(self, batch: ForwardBatch, kv: KVCache) -> Any:
-        """What every layer of this step shares (built once per step)."""
+    def plan(self, batch: ForwardBatch, kv: KVCache, window: int = 0, slot_map: torch.Tensor | None = None) -> Any:
+        """What every layer of this step shares (built once per step); window > 0: what the sliding-window
+        layers share, slot_map their pool's slot for each of the table's (None: they use the table's)."""
 
     @abstractmethod
     def forward(
@@ -52,19 +56,20 @@ class TorchBackend(AttentionBackend):
 
     name = "torch"
 
-    def plan(self, batch: ForwardBatch, kv: KVCache) -> TorchPlan:
+    def plan(self, batch: ForwardBatch, kv: KVCache, window: int = 0, slot_map: torch.Tensor | None = None,
+             ) -> TorchPlan:
         return TorchPlan(batch, build_attention_plan(
             kv.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens,
             seq_lens_cpu=batch.seq_lens_cpu, extend_lens_cpu=batch.extend_lens_cpu,
-            req_pool_indices_cpu=batch.req_pool_indices_cpu,
-        ))  # fmt: skip
+            req_pool_indices_cpu=batch.req_pool_indices_cpu, window=window, slot_map=slot_map,
+        ), _loc(batch, slot_map))  # fmt: skip
 
     def forward(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, plan: Any,
         scale: float,
     ) -> torch.Tensor:
         b = plan.batch
-        kv.write(layer_id, b.out_cache_loc, k, v)
+        _write(kv, layer_id, plan, k, v)
         return paged_attention_ref(
             q, kv.k[layer_id], kv.v[layer_id], kv.req_to_token, b.req_pool_indices, b.seq_lens, b.extend_lens,
             scale, plan=plan.attn, new_kv=(k, v),
@@ -80,11 +85,13 @@ class CpuBackend(TorchBackend):
     def __init__(self, native: bool) -> None:
         self.native = native
 
-    def plan(self, batch: ForwardBatch, kv: KVCache) -> TorchPlan | CpuPlan:
+    def plan(self, batch: ForwardBatch, kv: KVCache, window: int = 0, slot_map: torch.Tensor | None = None,
+             ) -> TorchPlan | CpuPlan:
         if not self.native:
-            return super().plan(batch, kv)
+            return super().plan(batch, kv, window, slot_map)
         return CpuPlan(batch, cpu_paged_attention.plan_cpu_attention(
-            kv.req_to_token, batch.req_pool_indices_cpu, batch.seq_lens_cpu, batch.extend_lens_cpu))  # fmt: skip
+            kv.req_to_token, batch.req_pool_indices_cpu, batch.seq_lens_cpu, batch.extend_lens_cpu, window, slot_map,
+        ), _loc(batch, slot_map))  # fmt: skip
 
     def forward(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, plan: Any,
@@ -92,40 +99,54 @@ class CpuBackend(TorchBackend):
     ) -> torch.Tensor:
         if isinstance(plan, TorchPlan):
             return super().forward(layer_id, q, k, v, kv, plan, scale)
-        kv.write(layer_id, plan.batch.out_cache_loc, k, v)
+        _write(kv, layer_id, plan, k, v)
         return cpu_paged_attention.paged_attention_cpu(q, kv.k[layer_id], kv.v[layer_id], plan.attn, scale)
 
 
 class TritonBackend(AttentionBackend):
     name = "triton"
 
-    def plan(self, batch: ForwardBatch, kv: KVCache) -> TritonPlan:
+    def plan(self, batch: ForwardBatch, kv: KVCache, window: int = 0, slot_map: torch.Tensor | None = None,
+             ) -> TritonPlan:
         # Device tensors the kernels read and host ints for the grid: nothing is copied or read back.
         ext = batch.extend_lens
-        return TritonPlan(batch, torch.cumsum(ext, 0) - ext, max(batch.extend_lens_cpu, default=0))
+        return TritonPlan(batch, torch.cumsum(ext, 0) - ext, max(batch.extend_lens_cpu, default=0),
+                          _loc(batch, slot_map), window, slot_map)
 
     def forward(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, plan: Any,
         scale: float,
     ) -> torch.Tensor:
         b = plan.batch
-        kv.write(layer_id, b.out_cache_loc, k, v)
+        _write(kv, layer_id, plan, k, v)
         return paged_attention_triton(
             q, kv.k[layer_id], kv.v[layer_id], kv.req_to_token, b.req_pool_indices, b.seq_lens,
-            b.extend_lens, scale, cu_lens=plan.cu_lens, max_extend=plan.max_extend,
+            b.extend_lens, scale, cu_lens=plan.cu_lens, max_extend=plan.max_extend, window=plan.window,
+            slot_map=plan.slot_map,
         )  # fmt: skip
+
+
+def _loc(batch: ForwardBatch, slot_map: torch.Tensor | None) -> torch.Tensor | None:
+    """Where this step's K/V go in a pool of the sliding layers' own (None: the batch's slots)."""
+    return None if slot_map is None else slot_map[batch.out_cache_loc]
+
+
+def _write(kv: KVCache, layer_id: int, plan: Any, k: torch.Tensor, v: torch.Tensor) -> None:
+    kv.write(layer_id, plan.batch.out_cache_loc if plan.loc is None else plan.loc, k, v)
 
 
 @dataclass
 class TorchPlan:
     batch: ForwardBatch
     attn: AttentionPlan
+    loc: torch.Tensor | None  # [T] this step's K/V slots in the sliding layers' own pool; None: the batch's
 
 
 @dataclass
 class CpuPlan:
     batch: ForwardBatch
     attn: cpu_paged_attention.CpuAttentionPlan
+    loc: torch.Tensor | None
 
 
 @dataclass
@@ -133,6 +154,9 @@ class TritonPlan:
     batch: ForwardBatch
     cu_lens: torch.Tensor  # [B] first row of each request in q
     max_extend: int
+    loc: torch.Tensor | None
+    window: int = 0
+    slot_map: torch.Tensor | None = None
 
 
 def select_attention_backend(ops: Ops) -> AttentionBackend:

@@ -10,10 +10,11 @@ the replay, so one recording serves every decode batch up to `max_batch` without
 
 Each node calls the kernel the eager forward calls, with the arguments it would get, so a replay gives the
 eager forward's bits (tests hold them equal; K/V written to a float16 or bfloat16 pool are rounded as torch
-rounds them). It applies where every op of a step has a C kernel: CPU, a float32 model, the C kernels built, the `cpu` attention backend, one rank, every linear layer running from GGUF
-blocks (the float32 products run through oneDNN, which has no C entry), a Llama/Qwen2/Qwen3 decoder, or an
-MoE one whose MoE layers are one C call each (kernels/native/moe.py; no shared expert).
---enforce-eager turns it off.
+rounds them). It applies where every op of a step has a C kernel: CPU, a float32 model, the C kernels built,
+the `cpu` attention backend, one rank, every linear layer running from GGUF blocks (the float32 products run
+through oneDNN, which has no C entry), a Llama/Qwen2/Qwen3 or Gemma 3 decoder (its sliding layers: their
+window, RoPE table and, with a pool of their own, slots mapped into it), or an MoE one whose MoE layers are
+one C call each (kernels/native/moe.py; no shared expert). --enforce-eager turns it off.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from worker.forward_batch import ForwardBatch
 from worker.kv_cache import KVCache
 from worker.layers.linear import PackableLinear
 from worker.layers.moe import FusedMoE
+from worker.models.gemma3 import Gemma3ForCausalLM
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +68,11 @@ class CpuStepGraph:
         self.num_runs = 0  # decode steps run through here (the tests check that they were)
         i64 = {"dtype": torch.int64}
         self.ids, self.positions, self.slots, self.rows, self.lens = (torch.zeros(max_batch, **i64) for _ in range(5))
+        self.swa_slots = torch.zeros(max_batch, **i64)  # the step's slots in the sliding layers' own pool
         self._inputs = {"input_ids": self.ids, "positions": self.positions, "out_cache_loc": self.slots,
                         "req_pool_indices": self.rows, "seq_lens": self.lens}
-        model.rotary.reserve(max_context)  # the table is never grown between recording and replay
+        for rotary in model.rotaries():
+            rotary.reserve(max_context)  # the tables are never grown between recording and replay
         self._keep: list[torch.Tensor] = []  # every buffer a node points into
         self._nodes: list[list[int]] = []
         self._record(max_batch, max_context)
@@ -87,6 +91,8 @@ class CpuStepGraph:
         b = batch.batch_size
         for name, buf in self._inputs.items():
             buf[:b].copy_(getattr(batch, name))
+        if self.kv.swa_map is not None:
+            torch.index_select(self.kv.swa_map, 0, batch.out_cache_loc, out=self.swa_slots[:b])
         if batch.max_seq_len > self.model.rotary.cos.shape[0]:
             raise ValueError(f"position {batch.max_seq_len} past the recorded rotary table")
         sg.run(self.nodes, b, torch.get_num_threads())
@@ -133,9 +139,10 @@ class CpuStepGraph:
                    w13.pointers.data_ptr(), w13.kind, w13.out_features, w2.pointers.data_ptr(), w2.kind,
                    w2.in_features, y.data_ptr(), y.stride(0))
 
-    def _rotary(self, x: torch.Tensor, heads: int, out: torch.Tensor) -> None:
-        """x: a [B, width] buffer whose first heads * D floats of each row are the heads to rotate."""
-        rot, d = self.model.rotary, out.shape[-1]
+    def _rotary(self, x: torch.Tensor, heads: int, out: torch.Tensor, rot: object = None) -> None:
+        """x: a [B, width] buffer whose first heads * D floats of each row are the heads to rotate; rot: the
+        RoPE table (default: the model's)."""
+        rot, d = rot or self.model.rotary, out.shape[-1]
         self._node(sg.ROTARY, sg.entry_points()["rotary"], x.data_ptr(), x.stride(0), d, rot.cos.data_ptr(),
                    rot.sin.data_ptr(), d, heads, self.positions.data_ptr(), out.data_ptr())
 
@@ -143,6 +150,24 @@ class CpuStepGraph:
         d = out.shape[-1]
         self._node(sg.HEAD_NORM, sg.entry_points()["add_rms_norm"], x_ptr, ld, heads, norm.weight.data_ptr(), d,
                    sg.float_bits(norm.eps), out.data_ptr(), out.stride(0))
+
+    def _attention(self, i: int, q: torch.Tensor, H: int, k: torch.Tensor, v_ptr: int, ld_v: int,
+                   out: torch.Tensor, scale: float, window: int) -> None:
+        """Layer i's K/V written (to its own pool's slots when it has one) and its H query heads (the first
+        of q's rows) attended."""
+        kv, D = self.kv, q.shape[-1]
+        kp, vp = kv.k[i], kv.v[i]
+        mapped = window and kv.swa_map is not None
+        Hkv = k.shape[1]
+        self._node(sg.KV_WRITE, k.data_ptr(), k.stride(0), v_ptr, ld_v, kp.data_ptr(), vp.data_ptr(), Hkv * D,
+                   (self.swa_slots if mapped else self.slots).data_ptr(), KV_TYPES[kv.dtype])
+        rtt = kv.req_to_token
+        self._node(sg.ATTENTION, sg.entry_points()["paged_attention"], q.data_ptr(), q.stride(0), q.stride(1),
+                   kp.data_ptr(), vp.data_ptr(), kp.stride(0), rtt.data_ptr(), rtt.stride(0),
+                   self.rows.data_ptr(), self.lens.data_ptr(), self._slot_buf.data_ptr(), H, Hkv, D,
+                   sg.float_bits(scale), out.data_ptr(), self._work.data_ptr(), self._offsets.data_ptr(),
+                   paged_attention.PARALLEL_MIN_KEYS, KV_TYPES[kv.dtype], window,
+                   kv.swa_map.data_ptr() if mapped else 0)
 
     def _record(self, mb: int, max_context: int) -> None:
         m, kv = self.model, self.kv
@@ -166,41 +191,50 @@ class CpuStepGraph:
             rot = self._buf(mb, H + Hkv, D)
             q, k = rot, rot[:, H:]
         group = H // Hkv
-        slot_buf = self._buf(mb, kv.req_to_token.shape[1], dtype=torch.int64)
-        offsets = self._buf(mb + 1, dtype=torch.int64)
-        work = self._buf(max(1, torch.get_num_threads()) * group * (-(-max_context // 8) * 8))
+        self._slot_buf = self._buf(mb, kv.req_to_token.shape[1], dtype=torch.int64)
+        self._offsets = self._buf(mb + 1, dtype=torch.int64)
+        self._work = self._buf(max(1, torch.get_num_threads()) * group * (-(-max_context // 8) * 8))
+        gemma = isinstance(m, Gemma3ForCausalLM)
+        if gemma:
+            normed, post = self._buf(mb, hidden), self._buf(mb, hidden)  # a branch's output, normed
 
         emb = m.model.embed_tokens.weight
-        self._node(sg.EMBED, emb.data_ptr(), hidden, self.ids.data_ptr(), h.data_ptr(), h.stride(0))
+        self._node(sg.EMBED, emb.data_ptr(), hidden, self.ids.data_ptr(), h.data_ptr(), h.stride(0),
+                   sg.float_bits(float(m.embed_scale)) if gemma else 0)
+        delta: torch.Tensor | None = None  # what joins the residual stream before the next norm
         for i, layer in enumerate(layers):
             a = layer.self_attn
-            self._norm(h, None if i == 0 else down, layer.input_layernorm, x)
+            window = getattr(a, "window", 0)
+            self._norm(h, delta, layer.input_layernorm, x)
             self._linear(a.qkv_proj, x, qkv, a.qkv_proj.bias)
             if qk_norm:
+                table = m.rotary_local if window else m.rotary
                 self._head_norm(qkv.data_ptr(), qkv.stride(0), H, a.q_norm, qn)
                 self._head_norm(qkv.data_ptr() + a.q_size * 4, qkv.stride(0), Hkv, a.k_norm, kn)
-                self._rotary(qn.view(mb, -1), H, q)
-                self._rotary(kn.view(mb, -1), Hkv, k)
+                self._rotary(qn.view(mb, -1), H, q, table)
+                self._rotary(kn.view(mb, -1), Hkv, k, table)
             else:
                 self._rotary(qkv, H + Hkv, rot)
             v_ptr = qkv.data_ptr() + (a.q_size + a.kv_size) * 4
-            kp, vp = kv.k[i], kv.v[i]
-            self._node(sg.KV_WRITE, k.data_ptr(), k.stride(0), v_ptr, qkv.stride(0), kp.data_ptr(), vp.data_ptr(),
-                       Hkv * D, self.slots.data_ptr(), KV_TYPES[kv.dtype])
-            rtt = kv.req_to_token
-            self._node(sg.ATTENTION, sg.entry_points()["paged_attention"], q.data_ptr(), q.stride(0), q.stride(1),
-                       kp.data_ptr(), vp.data_ptr(), kp.stride(0), rtt.data_ptr(), rtt.stride(0),
-                       self.rows.data_ptr(), self.lens.data_ptr(), slot_buf.data_ptr(), H, Hkv, D,
-                       sg.float_bits(a.scale), attn_out.data_ptr(), work.data_ptr(), offsets.data_ptr(),
-                       paged_attention.PARALLEL_MIN_KEYS, KV_TYPES[kv.dtype])
+            self._attention(i, q, H, k, v_ptr, qkv.stride(0), attn_out, a.scale, window)
             self._linear(a.o_proj, attn_out.view(mb, -1), o, a.o_proj.bias)
-            self._norm(h, o, layer.post_attention_layernorm, x)
             mlp = layer.mlp
+            if gemma:  # h += norm(attention); x = norm(h); ...; delta = norm(mlp)
+                self._norm(o, None, layer.post_attention_layernorm, normed)
+                self._norm(h, normed, layer.pre_feedforward_layernorm, x)
+            else:
+                self._norm(h, o, layer.post_attention_layernorm, x)
             if isinstance(mlp, FusedMoE):
                 self._moe(mlp, x, ids, wts, down)
+                delta = down
                 continue
             self._linear(mlp.gate_up_proj, x, gate_up, mlp.gate_up_proj.bias)
-            self._node(sg.SILU_MUL, sg.entry_points()["silu_mul"], gate_up.data_ptr(), gate_up.stride(0),
-                       inter2 // 2, act.data_ptr(), act.stride(0))
+            kind, fn = (sg.GELU_MUL, "gelu_mul") if gemma else (sg.SILU_MUL, "silu_mul")
+            self._node(kind, sg.entry_points()[fn], gate_up.data_ptr(), gate_up.stride(0), inter2 // 2,
+                       act.data_ptr(), act.stride(0))
             self._linear(mlp.down_proj, act, down, mlp.down_proj.bias)
-        self._norm(h, down, m.model.norm, self.final)
+            delta = down
+            if gemma:
+                self._norm(down, None, layer.post_feedforward_layernorm, post)
+                delta = post
+        self._norm(h, delta, m.model.norm, self.final)

@@ -72,7 +72,8 @@ class DecodeGraphs:
         self.num_runs = 0  # decode steps run through here (the tests check that they were)
         self._dirty = 0  # rows [0, _dirty) of the buffers may hold an earlier step's real values
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # size -> graph, its hidden
-        model.rotary.reserve(max_context)  # never grown inside a captured forward
+        for rotary in model.rotaries():
+            rotary.reserve(max_context)  # never grown inside a captured forward
         if capture:
             self._capture_all()
 

@@ -1,6 +1,7 @@
 """Weights from a GGUF file: read with gguf's reader, dequantized by the gguf package (or, on request, kept
 as the file's blocks for the CPU kernel of kernels/cpu_quant_linear.py), renamed to the Hugging Face names
-the models load, and llama's Q/K rows put back in HF order."""
+the models load, llama's Q/K rows put back in HF order, and Gemma's norm weights given back in HF's form
+(llama.cpp's converter stores Gemma's RMSNorm scale 1 + w; HF checkpoints hold w)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ _GLOBAL = ("model.embed_tokens", "model.norm", "lm_head")
 _PER_LAYER = (
     "input_layernorm",
     "post_attention_layernorm",
+    "pre_feedforward_layernorm",  # Gemma 3's four norms a layer
+    "post_feedforward_layernorm",
     "self_attn.q_proj",
     "self_attn.k_proj",
     "self_attn.v_proj",
@@ -147,6 +150,8 @@ def iter_gguf_weights(
             ) from None
         # GGUF lists dimensions innermost first; torch wants them outermost first.
         w = w.reshape(tuple(int(d) for d in reversed(t.shape)))
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            w = w - np.float32(1)  # in float32, as transformers' GGUF loader does: the model adds the 1 back
         tensor = torch.from_numpy(w if w.flags.writeable else np.array(w)).to(dtype)
         if arch == "llama" and module in heads:
             tensor = unpermute_qk(tensor, heads[module]).contiguous()

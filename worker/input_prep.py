@@ -80,10 +80,12 @@ def prepare_inputs(
     cu_lens: list[int] = []
     seq_lens: list[int] = []
     logits_idx: list[int] = []
-    # This step's new KV slots, all requests together: table[slot_rows[k], slot_cols[k]] = slot_vals[k].
+    # This step's new KV slots, all requests together: table[slot_rows[k], slot_cols[k]] = slot_vals[k]
+    # (and, with a sliding-window pool, swa_map[slot_vals[k]] = swa_vals[k]).
     slot_rows = array("q")
     slot_cols = array("q")
     slot_vals: list[int] = []
+    swa_vals: list[int] = []
     total = 0
     for s in sched:
         r = s.req_pool_idx
@@ -98,6 +100,7 @@ def prepare_inputs(
             slot_rows.extend(array("q", [r]) * len(s.slots))
             slot_cols.extend(range(s.slot_start, s.slot_start + len(s.slots)))
             slot_vals += s.slots
+            swa_vals += s.swa_slots
         rows.append(r)
         starts.append(start)
         lens.append(s.num_tokens)
@@ -115,6 +118,10 @@ def prepare_inputs(
     )
     # The table first: this step's tokens read their slots back from it below.
     ops.update_table(kv.req_to_token, srow_t, scol_t, sval_t)
+    if kv.swa_map is not None and slot_vals:
+        if len(swa_vals) != len(slot_vals):  # a scheduler that does not know the worker's sliding pool
+            raise RuntimeError(f"{len(swa_vals)} sliding-window slots for {len(slot_vals)} slots")
+        kv.map_swa(sval_t, to_device([swa_vals], device)[0])
     input_ids, positions, out_cache_loc = ops.prepare_inputs(
         state.tokens, kv.req_to_token, rows_t, starts_t, lens_t, cu_t, total
     )

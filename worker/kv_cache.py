@@ -34,25 +34,35 @@ class KVCache:
         max_reqs: int = 256,
         max_context: int = 4096,
         host_slots: int = 0,
+        swa_slots: int = 0,
+        swa_layers: frozenset[int] = frozenset(),
     ) -> None:
+        """swa_slots > 0: the layers in swa_layers (sliding-window ones) get pools of that many slots of their
+        own, addressed through swa_map (full slot -> slot there, written by the scheduler's steps)."""
         self.num_layers, self.num_slots = num_layers, num_slots
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.dtype, self.device = dtype, torch.device(device)
-        shape = (num_slots, num_kv_heads, head_dim)
+        self.swa_slots = swa_slots
+        self.swa_map = torch.zeros(num_slots, dtype=torch.int64, device=device) if swa_slots else None
+
+        def shape(layer: int) -> tuple[int, int, int]:
+            return (swa_slots if swa_slots and layer in swa_layers else num_slots, num_kv_heads, head_dim)
+
         # Zero-filled, not empty: attention pads short requests with slot 0 and masks it out, and a masked
         # score times a NaN left over in uninitialised memory would still poison the output.
-        self.k: list[torch.Tensor] = [
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)
-        ]
-        self.v: list[torch.Tensor] = [
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)
-        ]
+        self.k: list[torch.Tensor] = [torch.zeros(shape(i), dtype=dtype, device=device) for i in range(num_layers)]
+        self.v: list[torch.Tensor] = [torch.zeros(shape(i), dtype=dtype, device=device) for i in range(num_layers)]
         # Row r, column j: KV slot of token j of the request living in row r. The engine fills it.
         self.req_to_token = torch.zeros((max_reqs, max_context), dtype=torch.int64, device=device)
         pin = self.device.type == "cuda"
         host_shape = (host_slots, num_kv_heads, head_dim)
         self.host_k = [torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for _ in range(num_layers if host_slots else 0)]
         self.host_v = [torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for _ in range(num_layers if host_slots else 0)]
+
+    def map_swa(self, slots: torch.Tensor, swa_slots: torch.Tensor) -> None:
+        """Record where the sliding-window layers keep the KV of these full slots (the scheduler's map)."""
+        assert self.swa_map is not None
+        self.swa_map.index_copy_(0, slots, swa_slots)
 
     def write(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store this step's K/V ([T, num_kv_heads, head_dim]) into slots `loc` ([T]), rounded to the pool's

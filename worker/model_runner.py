@@ -22,7 +22,7 @@ from worker.input_prep import advance_state, plan_prompt_logprobs, prepare_input
 from worker.kv_cache import KVCache
 from worker.loader import load_model
 from worker.logprobs import prompt_logprobs, sampled_logprobs
-from worker.memory import host_pool_tokens, kv_pool_tokens
+from worker.memory import host_pool_tokens, kv_pool_sizes
 from worker.penalties import process_logits
 from worker.pending_step import PendingStep, StepClock
 from worker.pooling import plan_pooling, pool_hidden
@@ -72,9 +72,12 @@ class ModelRunner:
         mc = self.model.config
         max_reqs = cfg.max_running_requests
         self.max_context = info.max_model_len
-        self.num_kv_slots = kv_pool_tokens(cfg, mc, self.kv_dtype, self.device, max_reqs * self.max_context)
+        self.num_kv_slots, self.num_swa_slots = kv_pool_sizes(
+            cfg, mc, self.kv_dtype, self.device, max_reqs * self.max_context
+        )
         if dist is not None:  # every rank's pool must hold the slots the scheduler hands out
             self.num_kv_slots = dist.min_int(self.num_kv_slots)
+            self.num_swa_slots = dist.min_int(self.num_swa_slots)
         self.num_host_slots = host_pool_tokens(cfg, mc, self.kv_dtype)  # the same on every rank
         # + a page: page 0 (slot 0 is the padding slot) is never handed out by the scheduler.
         self.kv = KVCache(
@@ -87,6 +90,8 @@ class ModelRunner:
             max_reqs=max_reqs,
             max_context=self.max_context,
             host_slots=self.num_host_slots + cfg.page_size if self.num_host_slots else 0,
+            swa_slots=self.num_swa_slots + cfg.page_size if self.num_swa_slots else 0,
+            swa_layers=frozenset(i for i in range(mc.num_hidden_layers) if mc.is_sliding(i)),
         )
         self.state = RequestState(max_reqs, self.max_context, self.device)
         self.graphs: DecodeGraphs | CpuStepGraph | None = None

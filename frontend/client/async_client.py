@@ -37,7 +37,6 @@ from protocol.errors import EngineDeadError, InvalidRequestError, TandemError
 from protocol.messages import (
     AbortRequest,
     CloseSession,
-    DrainRequest,
     EmbeddingOutput,
     EngineStats,
     OpenSession,
@@ -46,6 +45,7 @@ from protocol.messages import (
     SessionReply,
     StatsRequest,
 )
+from protocol.stop_messages import DrainRequest
 
 if TYPE_CHECKING:
     from frontend.client.session import AsyncSession

@@ -25,14 +25,11 @@ from protocol.child import reporting_startup, start_child
 from protocol.codec import encode, frontend_in_decoder
 from protocol.errors import ErrorCode, InvalidRequestError
 from protocol.ipc import make_socket
-from protocol.launcher_messages import Drained, DrainRequested
 from protocol.messages import (
     AbortReq,
     AbortRequest,
     ClientMsg,
     CloseSession,
-    Drain,
-    DrainRequest,
     EmbeddingBatch,
     EmbedRequest,
     EngineStats,
@@ -49,6 +46,7 @@ from protocol.messages import (
 )
 from protocol.model_info import read_model_info
 from protocol.sampling_params import SamplingParams
+from protocol.stop_messages import Drain, Drained, DrainRequest, DrainRequested
 from protocol.tokenizer_loader import load_tokenizer
 
 log = logging.getLogger("tandem.frontend")

@@ -1,7 +1,8 @@
 /* A decoder layer's elementwise steps on CPU, float32, each in one pass over its rows:
  *   - RMSNorm, optionally after adding a layer's output into the residual stream (x += delta in place),
  *     out = w * (x * 1/sqrt(mean(x^2) + eps)), HF's formula;
- *   - SiLU(gate) * up, from a [rows, 2 * n] gate/up product.
+ *   - SiLU(gate) * up, from a [rows, 2 * n] gate/up product;
+ *   - GELU(gate) * up (tanh approximation: Gemma's GeGLU), from the same.
  * torch runs each as four to seven ops with a Python call and a pass over memory each: at batch 1 that
  * dispatch is most of the time between a layer's matrix products.
  *
@@ -63,4 +64,35 @@ void tandem_silu_mul_f32(const float *gate_up, int64_t ldg, int64_t rows, int64_
     const int64_t nt = rows * n < PARALLEL_MIN_ELEMS ? 1 : threads;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t r = 0; r < rows; r++) silu_mul_row(gate_up + r * ldg, gate_up + r * ldg + n, out + r * ldo, n);
+}
+
+/* GELU, tanh form: 0.5 g (1 + tanh(y)), y = sqrt(2/pi) (g + 0.044715 g^3); 1 + tanh(y) = 2 / (1 + exp(-2y)), so
+ * gelu(g) = g / (1 + exp(-2y)): silu's shape at 2y, computed as silu is. */
+#define GELU_2C 1.5957691216057308f /* 2 * sqrt(2 / pi) */
+#define GELU_A 0.044715f
+
+static void gelu_mul_row(const float *restrict g, const float *restrict u, float *restrict o, int64_t n) {
+    int64_t k = 0;
+#ifdef TANDEM_AVX2
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    const __m256 c2 = _mm256_set1_ps(GELU_2C), a = _mm256_set1_ps(GELU_A);
+    for (; k + 8 <= n; k += 8) {
+        const __m256 x = _mm256_loadu_ps(g + k);
+        const __m256 y2 = _mm256_mul_ps(c2, _mm256_add_ps(x, _mm256_mul_ps(a, _mm256_mul_ps(x, _mm256_mul_ps(x, x)))));
+        const __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, y2))));
+        _mm256_storeu_ps(o + k, _mm256_mul_ps(s, _mm256_loadu_ps(u + k)));
+    }
+#endif
+    for (; k < n; k++) {
+        const float x = g[k], y2 = GELU_2C * (x + GELU_A * (x * (x * x)));
+        o[k] = x / (1.0f + exp_clamped(-y2)) * u[k];
+    }
+}
+
+/* gate_up [rows, 2n] (row stride ldg): out [rows, n] (ldo) = gelu_tanh(gate) * up. */
+void tandem_gelu_mul_f32(const float *gate_up, int64_t ldg, int64_t rows, int64_t n, float *out, int64_t ldo,
+                         int64_t threads) {
+    const int64_t nt = rows * n < PARALLEL_MIN_ELEMS ? 1 : threads;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t r = 0; r < rows; r++) gelu_mul_row(gate_up + r * ldg, gate_up + r * ldg + n, out + r * ldo, n);
 }

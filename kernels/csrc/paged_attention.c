@@ -9,7 +9,9 @@
  * A call attends B requests: request b has the queries q_offsets[b] .. q_offsets[b+1]-1 (rows q_rows[e]
  * of q, or row e when q_rows is NULL; its outputs are rows e of out) over the keys in pool slots
  * slots[b*slots_stride + 0 .. lens[b]-1]; its query j sits at position lens[b] - q_len + j and sees keys
- * up to it (causal). The work is split by (request, KV head, block of queries): pass 1 reads each key of
+ * up to it (causal), and with a window W > 0 (a sliding-window layer) only the last W of those: a block of
+ * queries never reads a key before its first query's window, so their KV may be gone (freed, or another
+ * request's). The work is split by (request, KV head, block of queries): pass 1 reads each key of
  * that head once, eight keys at a time, for all the G * block queries that share it; then a softmax per
  * query; pass 2 sums the weighted values into accumulators held in registers.
  *
@@ -114,11 +116,22 @@ typedef struct {
     int kt;                 /* the pools' element type */
     const int64_t *sl; /* the request's slots */
     int64_t len, q_len, j0, j1, group, D;
+    int64_t window; /* keys a query sees, its own included; 0: all before it */
     float scale;
-    float *work; /* scores: row i at work + i * padded(kend) */
+    float *work; /* scores: row i at work + i * (padded(kend) - kbeg), key t at (t - kbeg) */
 } Item;
 
 static inline int64_t item_keys(const Item *it) { return it->len - it->q_len + it->j1; }
+
+/* The first key query j sees. */
+static inline int64_t first_key(const Item *it, int64_t j) {
+    const int64_t f = it->len - it->q_len + j - it->window + 1;
+    return it->window && f > 0 ? f : 0;
+}
+
+/* The first key the item reads: its first query's first key, down to a multiple of KB, so that a key's
+ * softmax lane (its index mod KB) is the same in every block: the sums do not depend on the blocking. */
+static inline int64_t item_first(const Item *it) { return first_key(it, it->j0) / KB * KB; }
 
 #define FOR_QUERIES(it, i, j)                                   \
     for (int64_t j = (it)->j0; j < (it)->j1; j++)               \
@@ -128,14 +141,15 @@ static inline int64_t item_keys(const Item *it) { return it->len - it->q_len + i
 /* Portable loops: any CPU, any head size. */
 static void attend_item_portable(const Item *it) {
     const int kt = it->kt;
-    const int64_t kend = item_keys(it), lp = padded(kend), D = it->D, rb = it->row_bytes;
+    const int64_t kend = item_keys(it), k0 = item_first(it), lp = padded(kend), D = it->D, rb = it->row_bytes;
     const int64_t bytes = D * kv_size(kt);
     float buf[D];
     FOR_QUERIES(it, i, j) {
-        float *s = it->work + i * lp;
+        float *s = it->work + i * (lp - k0) - k0; /* indexed by key: s[k0 .. lp) */
         const int64_t last = it->len - it->q_len + j; /* the query's own position: keys past it are masked */
-        for (int64_t t = 0; t < lp; t++) {
-            if (t <= last) {
+        const int64_t first = first_key(it, j); /* and keys before its window */
+        for (int64_t t = k0; t < lp; t++) {
+            if (t >= first && t <= last) {
                 if (t + PREFETCH_AHEAD <= last) prefetch_row(it->k + it->sl[t + PREFETCH_AHEAD] * rb, bytes);
                 s[t] = score1(it->qb[i], widen(it->k + it->sl[t] * rb, D, kt, buf), D) * it->scale;
             } else {
@@ -143,8 +157,8 @@ static void attend_item_portable(const Item *it) {
             }
         }
         float m = -INFINITY, lanes[KB] = {0};
-        for (int64_t t = 0; t <= last; t++) m = fmaxf(m, s[t]);
-        for (int64_t t0 = 0; t0 < lp; t0 += KB)
+        for (int64_t t = first; t <= last; t++) m = fmaxf(m, s[t]);
+        for (int64_t t0 = k0; t0 < lp; t0 += KB)
             for (int64_t u = 0; u < KB; u++) {
                 const float x = s[t0 + u];
                 s[t0 + u] = x == -INFINITY ? 0.0f : exp_clamped(x - m);
@@ -153,7 +167,7 @@ static void attend_item_portable(const Item *it) {
         const float inv = 1.0f / (((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])));
         float *o = it->ob[i];
         memset(o, 0, (size_t)D * sizeof(float));
-        for (int64_t t = 0; t <= last; t++) {
+        for (int64_t t = first; t <= last; t++) {
             const float p = s[t] * inv;
             if (p == 0.0f) continue; /* a weight that underflowed */
             const float *vt = widen(it->v + it->sl[t] * rb, D, kt, buf);
@@ -227,35 +241,40 @@ ALWAYS_INLINE void pass2(const int nv, const int kt, const float *s, float inv, 
 /* The same results as the portable loops but for the order of the score's sums (see score1), with
  * eight keys (pass 1) or eight head dims (pass 2) per instruction. D a multiple of 8. */
 ALWAYS_INLINE void attend_item_avx2_t(const Item *it, const int kt) {
-    const int64_t len = item_keys(it), lp = padded(len), D = it->D, rb = it->row_bytes;
-    const int64_t bytes = D * kv_size(kt);
+    const int64_t len = item_keys(it), k0 = item_first(it), lp = padded(len), D = it->D, rb = it->row_bytes;
+    const int64_t bytes = D * kv_size(kt), width = lp - k0;
     const __m256 scale = _mm256_set1_ps(it->scale), ninf = _mm256_set1_ps(-INFINITY);
     const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    const int64_t first0 = first_key(it, it->j0);
     /* pass 1: each block of eight keys, read once into L1, scored against every query of this KV head */
-    for (int64_t t0 = 0; t0 < lp; t0 += KB) {
+    for (int64_t t0 = k0; t0 < lp; t0 += KB) {
         const char *k[KB];
-        for (int u = 0; u < KB; u++) k[u] = it->k + it->sl[t0 + u < len ? t0 + u : len - 1] * rb;
+        for (int u = 0; u < KB; u++) {
+            const int64_t t = t0 + u < len ? t0 + u : len - 1;
+            k[u] = it->k + it->sl[t < first0 ? first0 : t] * rb; /* keys outside every window: one it reads */
+        }
         for (int64_t t = t0 + KB; t < t0 + 2 * KB && t < len; t++)
             prefetch_row(it->k + it->sl[t] * rb, bytes);
         const __m256 pos = _mm256_add_ps(_mm256_set1_ps((float)t0), lane);
         FOR_QUERIES(it, i, j) {
-            const __m256 masked = _mm256_cmp_ps(pos, _mm256_set1_ps((float)(it->len - it->q_len + j)), _CMP_GT_OQ);
+            const __m256 late = _mm256_cmp_ps(pos, _mm256_set1_ps((float)(it->len - it->q_len + j)), _CMP_GT_OQ);
+            const __m256 early = _mm256_cmp_ps(pos, _mm256_set1_ps((float)first_key(it, j)), _CMP_LT_OQ);
             const __m256 sc = _mm256_mul_ps(score8(it->qb[i], k, D, kt), scale);
-            _mm256_storeu_ps(it->work + i * lp + t0, _mm256_blendv_ps(sc, ninf, masked));
+            _mm256_storeu_ps(it->work + i * width + (t0 - k0), _mm256_blendv_ps(sc, ninf, _mm256_or_ps(late, early)));
         }
     }
     float invs[(it->j1 - it->j0) * it->group];
     FOR_QUERIES(it, i, j) {
-        float *s = it->work + i * lp;
+        float *s = it->work + i * width;
         __m256 mv = ninf;
-        for (int64_t t0 = 0; t0 < lp; t0 += KB) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + t0));
+        for (int64_t t0 = 0; t0 < width; t0 += KB) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + t0));
         float mx[KB], lanes[KB];
         _mm256_storeu_ps(mx, mv);
         float m = mx[0];
         for (int u = 1; u < KB; u++) m = fmaxf(m, mx[u]);
         const __m256 mb = _mm256_set1_ps(m);
         __m256 sum = _mm256_setzero_ps();
-        for (int64_t t0 = 0; t0 < lp; t0 += KB) {
+        for (int64_t t0 = 0; t0 < width; t0 += KB) {
             const __m256 x = _mm256_loadu_ps(s + t0);
             const __m256 e = _mm256_blendv_ps(exp8(_mm256_sub_ps(x, mb)), _mm256_setzero_ps(),
                                               _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ));
@@ -267,17 +286,18 @@ ALWAYS_INLINE void attend_item_avx2_t(const Item *it, const int kt) {
         memset(it->ob[i], 0, (size_t)D * sizeof(float));
     }
     /* pass 2, VCHUNK keys at a time for all the queries */
-    for (int64_t c0 = 0; c0 < len; c0 += VCHUNK) {
+    for (int64_t c0 = k0; c0 < len; c0 += VCHUNK) {
         const int64_t c1 = c0 + VCHUNK < len ? c0 + VCHUNK : len;
         FOR_QUERIES(it, i, j) {
             const int64_t last = it->len - it->q_len + j, t1 = c1 < last + 1 ? c1 : last + 1;
-            if (c0 >= t1) continue;
-            const float *s = it->work + i * lp;
+            const int64_t first = first_key(it, j), t0 = c0 > first ? c0 : first;
+            if (t0 >= t1) continue;
+            const float *s = it->work + i * width - k0; /* indexed by key */
             float *o = it->ob[i];
             int64_t d = 0;
-            for (; d + 64 <= D; d += 64) pass2(8, kt, s, invs[i], c0, t1, it->v, rb, it->sl, d, o);
-            for (; d + 32 <= D; d += 32) pass2(4, kt, s, invs[i], c0, t1, it->v, rb, it->sl, d, o);
-            for (; d < D; d += 8) pass2(1, kt, s, invs[i], c0, t1, it->v, rb, it->sl, d, o);
+            for (; d + 64 <= D; d += 64) pass2(8, kt, s, invs[i], t0, t1, it->v, rb, it->sl, d, o);
+            for (; d + 32 <= D; d += 32) pass2(4, kt, s, invs[i], t0, t1, it->v, rb, it->sl, d, o);
+            for (; d < D; d += 8) pass2(1, kt, s, invs[i], t0, t1, it->v, rb, it->sl, d, o);
         }
     }
 }
@@ -303,15 +323,16 @@ static void attend_item(const Item *it) {
  * resolves to the copy torch already loaded), so the kernel and torch's ops share one pool of threads
  * instead of two pools fighting over the cores. work: num_threads * work_stride floats, work_stride >=
  * G * min(query_block, longest q_len) * padded(max(lens)). kv_type: the pools' element (KV_F32, KV_F16,
- * KV_BF16); slot_stride counts elements. Returns 0, -1 if out of memory, -2 for an unknown kv_type. */
-int tandem_paged_attention_kv(
+ * KV_BF16); slot_stride counts elements; window: keys a query sees (0: all before it). Returns 0, -1 if out of
+ * memory, -2 for an unknown kv_type or a negative window. */
+int tandem_paged_attention_win(
     const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *q_rows, const int64_t *q_offsets,
     const void *k_pool, const void *v_pool, int64_t slot_stride,
     const int64_t *slots, int64_t slots_stride, const int64_t *lens,
     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
     float *out, int64_t batch, int64_t query_block, float *work, int64_t work_stride, int64_t num_threads,
-    int64_t kv_type) {
-    if (kv_type != KV_F32 && kv_type != KV_F16 && kv_type != KV_BF16) return -2;
+    int64_t kv_type, int64_t window) {
+    if ((kv_type != KV_F32 && kv_type != KV_F16 && kv_type != KV_BF16) || window < 0) return -2;
     const int kt = (int)kv_type;
     const int64_t group = num_heads / num_kv_heads, esize = kv_size(kt);
     int64_t blocks = 0;
@@ -348,12 +369,25 @@ int tandem_paged_attention_kv(
         const int64_t head_off = hk * head_dim * esize;
         const Item it = {
             qb, ob, (const char *)k_pool + head_off, (const char *)v_pool + head_off, slot_stride * esize, kt,
-            slots + b * slots_stride, lens[b], ql, j0, j1, group, head_dim, scale, scratch,
+            slots + b * slots_stride, lens[b], ql, j0, j1, group, head_dim, window, scale, scratch,
         };
         attend_item(&it);
     }
     free(blk);
     return 0;
+}
+
+/* Every layer attending all keys before it, kept with its signature for callers that bind it by name. */
+int tandem_paged_attention_kv(
+    const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *q_rows, const int64_t *q_offsets,
+    const void *k_pool, const void *v_pool, int64_t slot_stride,
+    const int64_t *slots, int64_t slots_stride, const int64_t *lens,
+    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
+    float *out, int64_t batch, int64_t query_block, float *work, int64_t work_stride, int64_t num_threads,
+    int64_t kv_type) {
+    return tandem_paged_attention_win(q, q_row_stride, q_head_stride, q_rows, q_offsets, k_pool, v_pool,
+                                      slot_stride, slots, slots_stride, lens, num_heads, num_kv_heads, head_dim,
+                                      scale, out, batch, query_block, work, work_stride, num_threads, kv_type, 0);
 }
 
 /* The float32-pool entry, kept with its signature for callers that bind it by name. */

@@ -19,16 +19,17 @@
 #define NODE_ARGS 24
 
 enum {
-    EMBED = 0,     /* table, hidden, ids, out, ld_out */
+    EMBED = 0,     /* table, hidden, ids, out, ld_out, scale bits|0 (Gemma: rows times sqrt(hidden)) */
     NORM = 1,      /* fn, x, ldx, delta|0, ldd, w, n, eps bits, out, ldo */
     HEAD_NORM = 2, /* fn, x, ld_token, heads, w, D, eps bits, out, ld_out_token: heads of each token as rows */
     QLINEAR = 3,   /* fn, x, K, ldx, w, kind, N, y, ldy, bias|0, min_macs */
     ROTARY = 4,    /* fn, x, ldx, ldh, cos table, sin table, D, H, positions, out */
     KV_WRITE = 5,  /* k, ldk, v, ldv, k pool, v pool, elements per slot, slots, pool type */
     ATTENTION = 6, /* fn, q, ldq, ldqh, k pool, v pool, slot stride, req_to_token, ld_rtt, rows, lens, slot buf,
-                      H, Hkv, D, scale bits, out, work, offsets, min_keys, pool type */
+                      H, Hkv, D, scale bits, out, work, offsets, min_keys, pool type, window, slot map|0 */
     SILU_MUL = 7,  /* fn, gate_up, ldg, n, out, ldo */
     MOE = 8,       /* fn, x, H, ldx, router, E, k, renorm, ids, wts, w13, kind13, N13, w2, kind2, I, y, ldy */
+    GELU_MUL = 9,  /* as SILU_MUL, GELU (tanh form) */
 };
 
 typedef void (*norm_fn)(float *, int64_t, const float *, int64_t, const float *, int64_t, int64_t, float, float *,
@@ -39,11 +40,12 @@ typedef void (*rotary_fn)(const float *, int64_t, int64_t, const float *, int64_
                           int64_t, int64_t, float *, int64_t);
 typedef int (*attention_fn)(const float *, int64_t, int64_t, const int64_t *, const int64_t *, const void *,
                             const void *, int64_t, const int64_t *, int64_t, const int64_t *, int64_t, int64_t,
-                            int64_t, float, float *, int64_t, int64_t, float *, int64_t, int64_t, int64_t);
+                            int64_t, float, float *, int64_t, int64_t, float *, int64_t, int64_t, int64_t,
+                            int64_t);
 
 /* The KV pools' element (kernels/native/paged_attention.py's KV_TYPES). */
 enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
-typedef void (*silu_fn)(const float *, int64_t, int64_t, int64_t, float *, int64_t, int64_t);
+typedef void (*act_fn)(const float *, int64_t, int64_t, int64_t, float *, int64_t, int64_t);
 typedef int64_t (*moe_fn)(const float *, int64_t, int64_t, int64_t, const float *, int64_t, int64_t, int64_t,
                           int64_t *, float *, const void *, int64_t, int64_t, const void *, int64_t, int64_t, float *,
                           int64_t, int64_t);
@@ -62,6 +64,11 @@ static void embed(const int64_t *a, int64_t rows) {
     const int64_t hidden = a[1], *ids = P(2, const int64_t *), ld = a[4];
     float *out = P(3, float *);
     for (int64_t r = 0; r < rows; r++) memcpy(out + r * ld, table + ids[r] * hidden, (size_t)hidden * sizeof(float));
+    if (a[5]) { /* the product torch's mul_ by a float32 scalar computes */
+        const float scale = as_float(a[5]);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < hidden; i++) out[r * ld + i] *= scale;
+    }
 }
 
 static void norm(const int64_t *a, int64_t rows, int64_t threads) {
@@ -145,14 +152,22 @@ static void kv_write(const int64_t *a, int64_t rows) {
 }
 
 /* Decodes only: one query per request. The work split is what kernels/native/paged_attention.py's
- * _prepare works out for the same lengths (the output does not depend on it). */
+ * _prepare works out for the same lengths (the output does not depend on it). A sliding-window layer
+ * (window > 0) reads its last `window` keys, through the slot map of its own pool when it has one. */
 static int attention(const int64_t *a, int64_t rows, int64_t threads) {
     const int64_t *rtt = P(7, const int64_t *), ld_rtt = a[8], *req_rows = P(9, const int64_t *);
-    const int64_t *lens = P(10, const int64_t *), H = a[12], Hkv = a[13], min_keys = a[19];
+    const int64_t *lens = P(10, const int64_t *), H = a[12], Hkv = a[13], min_keys = a[19], window = a[21];
+    const int64_t *slot_map = P(22, const int64_t *);
     int64_t *slot_buf = P(11, int64_t *), *offsets = P(18, int64_t *);
     int64_t longest = 0, pairs = 0;
     for (int64_t b = 0; b < rows; b++) {
-        memcpy(slot_buf + b * ld_rtt, rtt + req_rows[b] * ld_rtt, (size_t)lens[b] * sizeof(int64_t));
+        const int64_t first = window && lens[b] > window ? lens[b] - window : 0;
+        const int64_t *src = rtt + req_rows[b] * ld_rtt;
+        int64_t *dst = slot_buf + b * ld_rtt;
+        if (slot_map)
+            for (int64_t t = first; t < lens[b]; t++) dst[t] = slot_map[src[t]];
+        else
+            memcpy(dst + first, src + first, (size_t)(lens[b] - first) * sizeof(int64_t));
         offsets[b] = b;
         longest = lens[b] > longest ? lens[b] : longest;
         pairs += lens[b];
@@ -164,11 +179,11 @@ static int attention(const int64_t *a, int64_t rows, int64_t threads) {
     if (n < 1) n = 1;
     return P(0, attention_fn)(P(1, const float *), a[2], a[3], NULL, offsets, P(4, const void *),
                               P(5, const void *), a[6], slot_buf, ld_rtt, lens, H, Hkv, a[14], as_float(a[15]),
-                              P(16, float *), rows, 1, P(17, float *), (H / Hkv) * padded, n, a[20]);
+                              P(16, float *), rows, 1, P(17, float *), (H / Hkv) * padded, n, a[20], window);
 }
 
-static void silu_mul(const int64_t *a, int64_t rows, int64_t threads) {
-    P(0, silu_fn)(P(1, const float *), a[2], rows, a[3], P(4, float *), a[5], threads);
+static void act_mul(const int64_t *a, int64_t rows, int64_t threads) {
+    P(0, act_fn)(P(1, const float *), a[2], rows, a[3], P(4, float *), a[5], threads);
 }
 
 /* A whole MoE layer (kernels/csrc/moe.c): router, top-k, the routed experts; nonzero if its scratch failed. */
@@ -193,7 +208,8 @@ int64_t tandem_step_graph_run(const int64_t *nodes, int64_t n_nodes, int64_t row
         case ATTENTION:
             if (attention(a, rows, threads)) return i + 1;
             break;
-        case SILU_MUL: silu_mul(a, rows, threads); break;
+        case SILU_MUL:
+        case GELU_MUL: act_mul(a, rows, threads); break; /* fn: the activation's entry */
         case MOE:
             if (moe(a, rows, threads)) return i + 1;
             break;

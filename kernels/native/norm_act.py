@@ -1,4 +1,4 @@
-"""RMSNorm (after a residual add, optionally) and SiLU-and-multiply on CPU in float32, one C pass each.
+"""RMSNorm (after a residual add, optionally) and SiLU- or GELU-and-multiply on CPU in float32, one C pass each.
 
 Between a decoder layer's matrix products torch runs RMSNorm as seven ops and SiLU-times-up as three, each
 a Python call and a pass over memory; at batch 1 that dispatch is most of the time outside the products.
@@ -28,8 +28,9 @@ def _library() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.tandem_add_rms_norm_f32.restype = None
     lib.tandem_add_rms_norm_f32.argtypes = [ptr, i64, ptr, i64, ptr, i64, i64, ctypes.c_float, ptr, i64, i64]
-    lib.tandem_silu_mul_f32.restype = None
-    lib.tandem_silu_mul_f32.argtypes = [ptr, i64, i64, i64, ptr, i64, i64]
+    for fn in (lib.tandem_silu_mul_f32, lib.tandem_gelu_mul_f32):
+        fn.restype = None
+        fn.argtypes = [ptr, i64, i64, i64, ptr, i64, i64]
     return lib
 
 
@@ -64,10 +65,20 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[rows, 2n] -> silu(gate) * up [rows, n] (a new tensor)."""
+    return _act_mul(gate_up, "silu")
+
+
+def gelu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[rows, 2n] -> gelu_tanh(gate) * up [rows, n] (a new tensor): Gemma's GeGLU."""
+    return _act_mul(gate_up, "gelu")
+
+
+def _act_mul(gate_up: torch.Tensor, act: str) -> torch.Tensor:
     lib = _library()
     if lib is None or not supports(gate_up) or gate_up.shape[1] % 2:
-        raise ValueError("silu_mul takes a float32 CPU [rows, 2n] tensor with contiguous rows")
+        raise ValueError(f"{act}_mul takes a float32 CPU [rows, 2n] tensor with contiguous rows")
     rows, n = gate_up.shape[0], gate_up.shape[1] // 2
     out = gate_up.new_empty(rows, n)
-    lib.tandem_silu_mul_f32(gate_up.data_ptr(), gate_up.stride(0), rows, n, out.data_ptr(), n, torch.get_num_threads())
+    fn = lib.tandem_silu_mul_f32 if act == "silu" else lib.tandem_gelu_mul_f32
+    fn(gate_up.data_ptr(), gate_up.stride(0), rows, n, out.data_ptr(), n, torch.get_num_threads())
     return out

@@ -58,7 +58,8 @@ def _library() -> ctypes.CDLL | None:
 
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Declares the kernel's C signatures on a loaded build of SOURCE (the tests load other builds too):
-    tandem_paged_attention_kv, and tandem_paged_attention_f32, the same but for the trailing pool type."""
+    tandem_paged_attention_win; tandem_paged_attention_kv, the same but for the trailing window (0); and
+    tandem_paged_attention_f32, the same but for the pool type (float32) too."""
     args = [
         _f32p, _i64, _i64, _i64p, _i64p,  # q, row stride, head stride, q rows, q offsets
         _f32p, _f32p, _i64,  # k pool, v pool, slot stride
@@ -66,8 +67,9 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         _i64, _i64, _i64, ctypes.c_float,  # heads, kv heads, head_dim, scale
         _f32p, _i64, _i64, _f32p, _i64, _i64,  # out, batch, query block, work, work stride, threads
     ]  # fmt: skip
-    for fn, extra in ((lib.tandem_paged_attention_f32, []), (lib.tandem_paged_attention_kv, [_i64])):
-        fn.restype, fn.argtypes = ctypes.c_int, args + extra  # extra: the pools' KV_TYPES code
+    for fn, extra in ((lib.tandem_paged_attention_f32, []), (lib.tandem_paged_attention_kv, [_i64]),
+                      (lib.tandem_paged_attention_win, [_i64, _i64])):
+        fn.restype, fn.argtypes = ctypes.c_int, args + extra  # extra: the pools' KV_TYPES code, the window
     return lib
 
 
@@ -146,7 +148,7 @@ def _prepare(
 
 def _launch(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
-    c: _Launch, scale: float, q_rows: torch.Tensor | None,
+    c: _Launch, scale: float, q_rows: torch.Tensor | None, window: int = 0,
 ) -> torch.Tensor:
     lib = _library()
     if lib is None:
@@ -155,12 +157,12 @@ def _launch(
     out = q.new_empty(c.total, H, D)
     if c.total == 0:
         return out
-    rc = lib.tandem_paged_attention_kv(
+    rc = lib.tandem_paged_attention_win(
         q.data_ptr(), q.stride(0), q.stride(1), None if q_rows is None else q_rows.data_ptr(), c.offsets.data_ptr(),
         k_pool.data_ptr(), v_pool.data_ptr(), k_pool.stride(0),
         slots.data_ptr(), slots.stride(0), lens.data_ptr(),
         H, hkv, D, scale, out.data_ptr(), slots.shape[0], c.block, c.work.data_ptr(), c.work_stride, c.threads,
-        KV_TYPES[k_pool.dtype],
+        KV_TYPES[k_pool.dtype], window,
     )  # fmt: skip
     if rc:
         raise MemoryError("the CPU paged-attention kernel could not allocate its work list")
@@ -177,9 +179,10 @@ def paged_attention(
     scale: float,
     q_rows: torch.Tensor | None = None,
     threads: int | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """q [T, H, D] float32 (any row/head strides, D contiguous); k_pool, v_pool [S, Hkv, D] contiguous, both
-    float32, float16 or bfloat16;
+    float32, float16 or bfloat16; window: keys a query sees, its own included (0: all before it);
     slots [B, L] int64 (each request's slots, L >= its length); lens [B] int64 (keys per request, i.e. the
     position of its last query + 1); q_lens: request b's number of queries (its last q_lens[b] positions);
     q_rows [sum(q_lens)] int64 rows of q (None: rows 0 .. sum(q_lens)-1, request by request).
@@ -188,27 +191,36 @@ def paged_attention(
         raise RuntimeError("the CPU paged-attention kernel is not available")
     lens = lens.contiguous()
     rows = None if q_rows is None else q_rows.contiguous()
+    if window < 0:
+        raise ValueError(f"window {window} < 0")
     c = _prepare(q, k_pool, v_pool, slots, lens, q_lens, rows, threads)
-    return _launch(q, k_pool, v_pool, slots, lens, c, scale, rows)
+    return _launch(q, k_pool, v_pool, slots, lens, c, scale, rows, window)
 
 
 @dataclass
 class CpuAttentionPlan:
     """A step's requests as the kernel takes them, shared by every layer."""
 
-    slots: torch.Tensor  # [B, L] each request's slots (past its length: whatever the table holds)
+    slots: torch.Tensor  # [B, L] each request's slots (past its length, or before its window: anything)
     lens: torch.Tensor  # [B] keys per request
     q_lens: list[int]  # new tokens per request; the step's tokens are laid out request by request
     launch: _Launch | None = None  # worked out by the first layer (a Python pass per layer cost ~50 us)
+    window: int = 0  # keys a query sees (0: all before it)
 
 
 def plan_cpu_attention(
-    req_to_token: torch.Tensor, rows: list[int], seq_lens: list[int], extend_lens: list[int]
+    req_to_token: torch.Tensor, rows: list[int], seq_lens: list[int], extend_lens: list[int], window: int = 0,
+    slot_map: torch.Tensor | None = None,
 ) -> CpuAttentionPlan:
-    """rows: each request's row of req_to_token; seq_lens: its keys; extend_lens: its new tokens."""
+    """rows: each request's row of req_to_token; seq_lens: its keys; extend_lens: its new tokens; window: a
+    sliding-window layer's; slot_map: full slot -> slot of a pool of the sliding layers' own (the columns a
+    window reaches are mapped, the others are never read)."""
     width = max(seq_lens, default=0)
     slots = req_to_token[torch.tensor(rows, dtype=torch.int64), :width]
-    return CpuAttentionPlan(slots, torch.tensor(seq_lens, dtype=torch.int64), list(extend_lens))
+    if slot_map is not None:
+        lo = min((max(0, s - e - window + 1) for s, e in zip(seq_lens, extend_lens)), default=0) if window else 0
+        slots[:, lo:] = slot_map[slots[:, lo:]]
+    return CpuAttentionPlan(slots, torch.tensor(seq_lens, dtype=torch.int64), list(extend_lens), window=window)
 
 
 def paged_attention_cpu(
@@ -221,4 +233,4 @@ def paged_attention_cpu(
         c = plan.launch = _prepare(q, k_pool, v_pool, plan.slots, plan.lens, plan.q_lens, None, None)
     elif q.shape[0] != c.total or not _pools_ok(q, k_pool, v_pool):
         raise ValueError(BAD_TENSORS)
-    return _launch(q, k_pool, v_pool, plan.slots, plan.lens, c, scale, None)
+    return _launch(q, k_pool, v_pool, plan.slots, plan.lens, c, scale, None, plan.window)

@@ -21,7 +21,7 @@ from kernels.native import moe, norm_act, paged_attention, quant_linear, rotary
 SOURCE = Path(__file__).parents[1] / "csrc" / "step_graph.c"
 NODE_ARGS = 24  # as in the .c file: each node is its kind then NODE_ARGS int64 arguments
 # Node kinds (the .c file's enum).
-EMBED, NORM, HEAD_NORM, QLINEAR, ROTARY, KV_WRITE, ATTENTION, SILU_MUL, MOE = range(9)
+EMBED, NORM, HEAD_NORM, QLINEAR, ROTARY, KV_WRITE, ATTENTION, SILU_MUL, MOE, GELU_MUL = range(10)
 
 
 def build(compiler: str | None = None) -> Path:
@@ -50,10 +50,11 @@ def entry_points() -> dict[str, int]:
     libs = {
         "add_rms_norm": (norm_act._library(), "tandem_add_rms_norm_f32"),
         "silu_mul": (norm_act._library(), "tandem_silu_mul_f32"),
+        "gelu_mul": (norm_act._library(), "tandem_gelu_mul_f32"),
         "quant_linear": (quant_linear._library(), "tandem_quant_linear_f32"),
         "quant_linear_int8": (quant_linear._library(), "tandem_quant_linear_q8"),  # --cpu-int8-activations
         "rotary": (rotary._library(), "tandem_rotary_f32"),
-        "paged_attention": (paged_attention._library(), "tandem_paged_attention_kv"),
+        "paged_attention": (paged_attention._library(), "tandem_paged_attention_win"),
         "moe": (moe._library(), "tandem_moe_f32"),
     }
     out = {}

@@ -1,4 +1,4 @@
-"""RMSNorm (after a residual add, optionally) and SiLU-and-multiply in plain torch: the path off CPU
+"""RMSNorm (after a residual add, optionally) and SiLU- or GELU-and-multiply in plain torch: the path off CPU
 float32, and what the C kernels (kernels/native/norm_act.py) are tested against."""
 
 from __future__ import annotations
@@ -27,3 +27,9 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     """[rows, 2n] -> silu(gate) * up [rows, n], in place on gate_up's first half (a fresh product's)."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate, inplace=True).mul_(up)
+
+
+def gelu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """[rows, 2n] -> gelu_tanh(gate) * up [rows, n] (HF's gelu_pytorch_tanh: Gemma's GeGLU)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh").mul_(up)

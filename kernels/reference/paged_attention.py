@@ -3,6 +3,9 @@
 Layout: q [T, H, D] holds the new tokens of B requests back to back; request i has extend_lens[i] new
 tokens that sit at positions seq_lens[i]-extend_lens[i] .. seq_lens[i]-1 and attend (causally) over the
 KV slots req_to_token[req_pool_indices[i], :seq_lens[i]], which already include this step's K/V.
+A sliding-window layer (window W > 0) attends a query at position p over keys p-W+1 .. p only; the slots
+before those are never gathered (their KV may have been freed). `slot_map` (a sliding layers' pool of its
+own) turns a table's slot into the slot of that pool: slot_map[req_to_token[...]].
 
 Speed: everything that does not depend on the layer (which slots to gather, masks, grouping) is worked
 out once per step in an AttentionPlan and reused by every layer. Single-token requests (decodes), and
@@ -48,8 +51,7 @@ class DecodeGroup:
     slots: torch.Tensor  # [Bd * L] KV slots, padded with slot 0
     mask: torch.Tensor | None  # [Bd, 1, q_len, L] bool, True = attend; None when nothing is masked
     size: int
-    max_len: int
-    lens: torch.Tensor  # [Bd] int64 keys per request (its last query's position + 1)
+    max_len: int  # keys gathered per request (from its position `lo` on)
     q_len: int = 1
     _rows_mask: torch.Tensor | None = None  # mask with each query's G head rows, built by the first layer
 
@@ -105,8 +107,11 @@ def build_attention_plan(
     extend_lens_cpu: Sequence[int] | None = None,
     req_pool_indices_cpu: Sequence[int] | None = None,
     decodes: bool = True,
+    window: int = 0,
+    slot_map: torch.Tensor | None = None,
 ) -> AttentionPlan:
-    """decodes=False: plan the multi-token requests only (the caller attends the decodes its own way)."""
+    """decodes=False: plan the multi-token requests only (the caller attends the decodes its own way).
+    window: a sliding-window layer's keys (0: all); slot_map: see the module doc."""
     seq_l = list(seq_lens_cpu) if seq_lens_cpu is not None else seq_lens.tolist()
     ext_l = list(extend_lens_cpu) if extend_lens_cpu is not None else extend_lens.tolist()
     rows = list(req_pool_indices_cpu) if req_pool_indices_cpu is not None else req_pool_indices.tolist()
@@ -123,41 +128,61 @@ def build_attention_plan(
             by_len.setdefault(e, []).append(i)
     for e, reqs in by_len.items():
         for grp in _group_decodes(reqs, seq_l):
-            plan.decode_groups.append(_padded_group(req_to_token, rows, seq_l, starts, t, grp, e))
+            plan.decode_groups.append(_padded_group(req_to_token, rows, seq_l, starts, t, grp, e, window, slot_map))
     batched = {i for reqs in by_len.values() for i in reqs}
 
     for i, e in enumerate(ext_l):
         if e <= 1 or i in batched:  # decodes are grouped above or run by the caller; e == 0: no queries
             continue
         s, prefix = seq_l[i], seq_l[i] - e
+        lo = max(0, prefix - window + 1) if window else 0  # the first query's first key
         mask = None
-        if prefix > 0:  # query j sits at position prefix + j and sees keys 0 .. prefix + j
-            mask = torch.arange(s, device=dev)[None, :] <= torch.arange(prefix, s, device=dev)[:, None]
-        plan.extends.append(ExtendSeg(starts[i], e, req_to_token[rows[i], :s], mask))
+        if prefix > 0 or (window and e > window):  # query j sits at position prefix + j
+            mask = _visible(torch.arange(lo, s, device=dev)[None, :], torch.arange(prefix, s, device=dev)[:, None],
+                            window)
+        slots = req_to_token[rows[i], lo:s]
+        plan.extends.append(ExtendSeg(starts[i], e, slots if slot_map is None else slot_map[slots], mask))
     return plan
+
+
+def _visible(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int) -> torch.Tensor:
+    """True where a query at query_pos sees the key at key_pos (broadcast): causal, and within the window."""
+    seen = key_pos <= query_pos
+    return seen if not window else seen & (key_pos > query_pos - window)
 
 
 def _padded_group(
     req_to_token: torch.Tensor, rows: list[int], seq_l: list[int], starts: list[int], t: int, grp: list[int],
-    q_len: int,
+    q_len: int, window: int = 0, slot_map: torch.Tensor | None = None,
 ) -> DecodeGroup:
     dev = req_to_token.device
     lens = [seq_l[i] for i in grp]
     max_len = max(lens)
-    table = req_to_token[torch.tensor([rows[i] for i in grp], device=dev), :max_len]
+    # With a window, keys before every request's first query's window are not gathered at all.
+    lo = min(max(0, n - q_len - window + 1) for n in lens) if window else 0
+    table = req_to_token[torch.tensor([rows[i] for i in grp], device=dev), lo:max_len]
     mask = None
-    if min(lens) != max_len or q_len > 1:
-        # Query j of a request sits at position len - q_len + j and sees keys up to it.
-        last = torch.tensor(lens, device=dev)[:, None] - q_len + torch.arange(q_len, device=dev)[None, :]
-        mask = torch.arange(max_len, device=dev)[None, None, :] <= last[:, :, None]  # [Bd, q_len, L]
-        # Slots past a request's length may hold anything; point them at slot 0 (masked anyway).
-        table = table.masked_fill(~mask[:, -1], 0)
+    if min(lens) != max_len or q_len > 1:  # else the columns gathered are exactly every query's keys
+        # Query j of a request sits at position len - q_len + j and sees keys up to it (and, with a window,
+        # from W - 1 before it).
+        len_t = torch.tensor(lens, device=dev)[:, None]
+        last = len_t - q_len + torch.arange(q_len, device=dev)[None, :]
+        key_pos = torch.arange(lo, max_len, device=dev)
+        mask = _visible(key_pos[None, None, :], last[:, :, None], window)  # [Bd, q_len, L]
+        # Slots past a request's length, or before its first query's window, may hold anything (their KV may
+        # be freed); point them at slot 0 (masked anyway).
+        outside = key_pos[None, :] >= len_t
+        if window:
+            outside |= key_pos[None, :] < len_t - q_len - window + 1
+        table = table.masked_fill(outside, 0)
         mask = mask[:, None]
+    if slot_map is not None:
+        table = slot_map[table]
     tok = [starts[i] + j for i in grp for j in range(q_len)]
     identity = len(tok) == t and tok == list(range(t))
     return DecodeGroup(
         token_idx=None if identity else torch.tensor(tok, device=dev), slots=table.reshape(-1), mask=mask,
-        size=len(grp), max_len=max_len, lens=torch.tensor(lens, device=dev), q_len=q_len,
+        size=len(grp), max_len=max_len - lo, q_len=q_len,
     )
 
 
@@ -172,13 +197,17 @@ def paged_attention_ref(
     scale: float,
     plan: AttentionPlan | None = None,
     new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    window: int = 0,
+    slot_map: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [T, H, D]; k_pool/v_pool [num_slots, Hkv, D] -> out [T, H, D]. Pass `plan` (from
     build_attention_plan) to share the per-step bookkeeping across layers. `new_kv`: this step's K/V
     [T, Hkv, D], already written to the pools; a prefill with no cached prefix attends them as they are
-    instead of gathering the same values back from the pool."""
+    instead of gathering the same values back from the pool. window, slot_map: build_attention_plan's (a
+    plan given was built with its own)."""
     if plan is None:
-        plan = build_attention_plan(req_to_token, req_pool_indices, seq_lens, extend_lens)
+        plan = build_attention_plan(req_to_token, req_pool_indices, seq_lens, extend_lens, window=window,
+                                    slot_map=slot_map)
     T, H, D = q.shape
     cd = _compute_dtype(q, k_pool)
     hkv = k_pool.shape[1]
@@ -234,7 +263,7 @@ def attend_extends(
     for seg in extends:
         rows = slice(seg.start, seg.start + seg.length)
         qs = q[rows].transpose(0, 1).unsqueeze(0).to(cd)  # [1, H, E, D]
-        if new_kv is not None and seg.mask is None:  # fresh prefill: its keys are this step's, as stored
+        if new_kv is not None and len(seg.slots) == seg.length:  # fresh prefill: its keys are this step's, as stored
             k, v = (x[rows].transpose(0, 1).unsqueeze(0).to(k_pool.dtype).to(cd) for x in new_kv)
         else:
             k = _gather("k", k_pool, seg.slots).transpose(0, 1).unsqueeze(0).to(cd)  # [1, Hkv, S, D]

@@ -10,6 +10,10 @@ dense copy) and keeps an online softmax (running max and sum), so any sequence l
 - extend (prefill, with or without a cached prefix; decodes mixed in): one program per (request, query
   head, block of BLOCK_M new tokens), causal by absolute position.
 
+A sliding-window layer (WINDOW > 0) starts each program's key loop at its first query's window and masks
+the keys before each query's; `slot_map` (a pool of the sliding layers' own) maps each slot read from the
+table, so no key outside a window is ever loaded.
+
 Dots run at IEEE precision: fp32 stays exact (no TF32 rounding); bf16 inputs are unaffected.
 Triton is imported, and the kernels jitted, on first use (see input_prep.py for why).
 """
@@ -37,10 +41,11 @@ def _kernels() -> dict[str, Any]:
 
     @triton.jit
     def decode(
-        q, k_pool, v_pool, out, req_to_token, rows, seq_lens,
+        q, k_pool, v_pool, out, req_to_token, rows, seq_lens, slot_map,
         s_qt, s_qh, s_kt, s_kh, s_ot, s_oh, s_r2t,
         scale, G: tl.constexpr, D: tl.constexpr,
         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+        WINDOW: tl.constexpr, MAPPED: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -55,10 +60,13 @@ def _kernels() -> dict[str, Any]:
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-        for n0 in range(0, seq_len, BLOCK_N):
+        lo = tl.maximum(seq_len - WINDOW, 0) if WINDOW > 0 else 0  # the query's first key
+        for n0 in range(lo, seq_len, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
             n_ok = n < seq_len
             slot = tl.load(req_to_token + row * s_r2t + n, mask=n_ok, other=0)
+            if MAPPED:
+                slot = tl.load(slot_map + slot, mask=n_ok, other=0)
             kvo = slot[:, None] * s_kt + kvh * s_kh + d[None, :]
             kv_ok = n_ok[:, None] & d_ok[None, :]
             kb = tl.load(k_pool + kvo, mask=kv_ok, other=0.0)
@@ -76,10 +84,11 @@ def _kernels() -> dict[str, Any]:
 
     @triton.jit
     def extend(
-        q, k_pool, v_pool, out, req_to_token, rows, seq_lens, extend_lens, cu_lens,
+        q, k_pool, v_pool, out, req_to_token, rows, seq_lens, extend_lens, cu_lens, slot_map,
         s_qt, s_qh, s_kt, s_kh, s_ot, s_oh, s_r2t,
         scale, G: tl.constexpr, D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+        WINDOW: tl.constexpr, MAPPED: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -102,15 +111,22 @@ def _kernels() -> dict[str, Any]:
             acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
             # Keys past this block's last position are masked for every row: stop there.
             end = tl.minimum(seq_len, seq_len - ext + mb * BLOCK_M + BLOCK_M)
-            for n0 in range(0, end, BLOCK_N):
+            # ... and, with a window, keys before this block's first query's window for every row: start there.
+            lo = tl.maximum(seq_len - ext + mb * BLOCK_M - WINDOW + 1, 0) if WINDOW > 0 else 0
+            for n0 in range(lo, end, BLOCK_N):
                 n = n0 + tl.arange(0, BLOCK_N)
                 n_ok = n < end
                 slot = tl.load(req_to_token + row * s_r2t + n, mask=n_ok, other=0)
+                if MAPPED:
+                    slot = tl.load(slot_map + slot, mask=n_ok, other=0)
                 kvo = slot[:, None] * s_kt + kvh * s_kh + d[None, :]
                 kv_ok = n_ok[:, None] & d_ok[None, :]
                 kb = tl.load(k_pool + kvo, mask=kv_ok, other=0.0)
                 s = tl.dot(qv, tl.trans(kb), input_precision="ieee", out_dtype=tl.float32) * scale
-                s = tl.where(n_ok[None, :] & (n[None, :] <= pos[:, None]), s, float("-inf"))
+                seen = n_ok[None, :] & (n[None, :] <= pos[:, None])
+                if WINDOW > 0:
+                    seen = seen & (n[None, :] > pos[:, None] - WINDOW)
+                s = tl.where(seen, s, float("-inf"))
                 # A padded query row (m >= ext) may see no key at all: keep its max finite.
                 m_new = tl.maximum(tl.maximum(m_i, tl.max(s, 1)), -1e30)
                 p = tl.exp(s - m_new[:, None])
@@ -138,10 +154,12 @@ def paged_attention_triton(
     *,
     cu_lens: torch.Tensor,
     max_extend: int,
+    window: int = 0,
+    slot_map: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """paged_attention_ref's contract. cu_lens [B]: first row of each request in q (exclusive prefix sum
     of extend_lens); max_extend: the largest extend length, from the host (1 = every request decodes), so
-    launching reads nothing back from the device."""
+    launching reads nothing back from the device. window, slot_map: as the reference's."""
     t, h, d = q.shape
     hkv = k_pool.shape[1]
     if q.stride(2) != 1 or k_pool.stride(2) != 1 or v_pool.stride() != k_pool.stride():
@@ -156,14 +174,16 @@ def paged_attention_triton(
         req_to_token.stride(0),
     )  # fmt: skip
     kern = _kernels()
+    mapped = {"WINDOW": window, "MAPPED": slot_map is not None}
+    smap = req_to_token if slot_map is None else slot_map  # any pointer when not MAPPED
     if max_extend == 1:
         kern["decode"][(b, hkv)](
-            q, k_pool, v_pool, out, req_to_token, req_pool_indices, seq_lens, *strides, scale,
-            G=g, D=d, BLOCK_G=_pow2(g), BLOCK_D=_pow2(d), BLOCK_N=BLOCK_N,
+            q, k_pool, v_pool, out, req_to_token, req_pool_indices, seq_lens, smap, *strides, scale,
+            G=g, D=d, BLOCK_G=_pow2(g), BLOCK_D=_pow2(d), BLOCK_N=BLOCK_N, **mapped,
         )  # fmt: skip
     else:
         kern["extend"][(b, h, -(-max_extend // BLOCK_M))](
-            q, k_pool, v_pool, out, req_to_token, req_pool_indices, seq_lens, extend_lens, cu_lens,
-            *strides, scale, G=g, D=d, BLOCK_M=BLOCK_M, BLOCK_D=_pow2(d), BLOCK_N=BLOCK_N,
+            q, k_pool, v_pool, out, req_to_token, req_pool_indices, seq_lens, extend_lens, cu_lens, smap,
+            *strides, scale, G=g, D=d, BLOCK_M=BLOCK_M, BLOCK_D=_pow2(d), BLOCK_N=BLOCK_N, **mapped,
         )  # fmt: skip
     return out

@@ -1,6 +1,7 @@
 """worker/cpu_step_graph.py: a recorded CPU decode step replayed with one call gives the eager forward's bits
-(logits and every K/V it writes), for each architecture, batch sizes up and down, and through the worker's
-step loop with page sizes 1 and 16; it applies only where every op has a C kernel."""
+(logits and every K/V it writes), for each architecture (Gemma 3's sliding layers past their window, in the
+shared pool and in a pool of their own), batch sizes up and down, and through the worker's step loop with
+page sizes 1 and 16; it applies only where every op has a C kernel."""
 
 from __future__ import annotations
 
@@ -41,22 +42,25 @@ def _kv(pool: Pool) -> list[torch.Tensor]:
     return [t.clone() for t in pool.kv.k + pool.kv.v]
 
 
-@pytest.mark.parametrize("arch,qtype,kv_dtype,int8", [
-    ("llama", "Q4_1", torch.float32, False), ("qwen2", "Q8_0", torch.float32, False),
-    ("qwen3", "Q4_0", torch.float32, False), ("qwen2", "Q4_K_M", torch.float32, False),
-    ("llama", "Q4_1", torch.float16, False), ("qwen3", "Q4_0", torch.bfloat16, False),
-    ("llama", "Q4_1", torch.float32, True), ("qwen2", "Q4_K_M", torch.float32, True),
+@pytest.mark.parametrize("arch,qtype,kv_dtype,int8,swa", [
+    ("llama", "Q4_1", torch.float32, False, False), ("qwen2", "Q8_0", torch.float32, False, False),
+    ("qwen3", "Q4_0", torch.float32, False, False), ("qwen2", "Q4_K_M", torch.float32, False, False),
+    ("llama", "Q4_1", torch.float16, False, False), ("qwen3", "Q4_0", torch.bfloat16, False, False),
+    ("llama", "Q4_1", torch.float32, True, False), ("qwen2", "Q4_K_M", torch.float32, True, False),
     # MoE layers: one node each, the C layer's call (routing included)
-    ("qwen3_moe", "Q4_0", torch.float32, False), ("mixtral", "Q8_0", torch.float16, False),
-    ("qwen3_moe", "Q4_K_M", torch.float32, False)])
+    ("qwen3_moe", "Q4_0", torch.float32, False, False), ("mixtral", "Q8_0", torch.float16, False, False),
+    ("qwen3_moe", "Q4_K_M", torch.float32, False, False),
+    ("gemma3", "Q8_0", torch.float32, False, False), ("gemma3", "Q8_0", torch.float32, False, True),
+    ("gemma3", "Q4_K_M", torch.bfloat16, False, True)])
 def test_replay_equals_eager_bit_for_bit(gguf_model, arch: str, qtype: str, kv_dtype: torch.dtype,
-                                         int8: bool) -> None:
-    """int8: --cpu-int8-activations, whose nodes call the int8 entry the eager products call."""
+                                         int8: bool, swa: bool) -> None:
+    """int8: --cpu-int8-activations, whose nodes call the int8 entry the eager products call. swa: the
+    sliding layers' KV in a pool of their own (Gemma 3; windows of 16 and 32, passed by the decodes)."""
     model = load_model(str(gguf_model(arch, qtype)), torch.float32, "cpu",
                        ops=resolve_ops("cpu", torch.float32, "cpu", int8_activations=int8))
     assert all(m.int8_activations == int8 for m in model.modules() if hasattr(m, "int8_activations"))
     model.pack_cpu_weights()
-    pool = Pool(model, num_slots=600, max_reqs=16, kv_dtype=kv_dtype)
+    pool = Pool(model, num_slots=600, max_reqs=16, kv_dtype=kv_dtype, swa=swa)
     cfg = EngineConfig(model="unused")
     assert cpu_graph_applies(cfg, model, pool.kv)
     graph = CpuStepGraph(model, pool.kv, max_batch=8, max_context=128)
@@ -138,7 +142,8 @@ def test_applies_only_where_every_op_has_a_c_kernel(gguf_model, tiny_model) -> N
 
 @pytest.mark.parametrize("arch,page_size,kv,int8", [("llama", 1, "auto", False), ("llama", 16, "auto", False),
                                                     ("qwen3", 1, "auto", False), ("qwen3", 16, "float16", False),
-                                                    ("qwen3", 1, "auto", True)])
+                                                    ("qwen3", 1, "auto", True), ("gemma3", 1, "auto", False),
+                                                    ("gemma3", 16, "float16", False)])
 def test_worker_steps_through_the_graph_give_the_eager_tokens(gguf_model, arch: str, page_size: int, kv: str,
                                                               int8: bool) -> None:
     path = str(gguf_model(arch))

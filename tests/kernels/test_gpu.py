@@ -1,5 +1,6 @@
-"""GPU-only checks (skipped without CUDA). Their CPU twins: tests/kernels/test_input_prep.py (Triton
-kernels under the interpreter), tests/test_e2e_parity.py and tests/test_e2e_async.py (the engine on CPU)."""
+"""GPU-only checks (skipped without CUDA). Their CPU twins: tests/kernels/test_input_prep.py and
+tests/kernels/test_sliding_window_attention.py (Triton kernels under the interpreter), tests/test_e2e_parity.py,
+tests/test_gemma3.py and tests/test_e2e_async.py (the engine on CPU)."""
 from __future__ import annotations
 
 import os
@@ -114,6 +115,44 @@ def test_triton_paged_attention_equals_reference_on_cuda(case: str, dtype: torch
     torch.testing.assert_close(got.float(), paged_attention_ref(*args).float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("mapped", [False, True], ids=["shared-pool", "own-pool"])
+@pytest.mark.parametrize("window", [3, 40])
+def test_triton_sliding_window_attention_equals_dense_on_cuda(window: int, mapped: bool) -> None:
+    """Its CPU twin (interpreted): tests/kernels/test_sliding_window_attention.py, whose cases these are (slots
+    before each window poisoned; the sliding layers' own pool read through its slot map)."""
+    from kernels.triton.paged_attention import paged_attention_triton
+    from tests.kernels.test_sliding_window_attention import CASES, _split_pool, windowed_case
+
+    c = windowed_case(CASES["mixed"], window, group=2, seed=window + mapped)
+    k, v, slot_map = c["k_pool"], c["v_pool"], None
+    if mapped:
+        c["req_to_token"] = c["req_to_token"].clamp(min=0)
+        k, v, slot_map = _split_pool(c, window, seed=window)
+    ext = c["extend_lens"]
+    cuda = {name: c[name].cuda() for name in ("q", "req_to_token", "req_pool_indices", "seq_lens", "extend_lens")}
+    got = paged_attention_triton(
+        cuda["q"], k.cuda(), v.cuda(), cuda["req_to_token"], cuda["req_pool_indices"], cuda["seq_lens"],
+        cuda["extend_lens"], c["scale"], cu_lens=(torch.cumsum(ext, 0) - ext).cuda(), max_extend=int(ext.max()),
+        window=window, slot_map=None if slot_map is None else slot_map.cuda(),
+    )  # fmt: skip
+    torch.testing.assert_close(got.cpu(), c["dense"], atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+def test_cuda_gemma3_greedy_parity_with_transformers(eager: bool, tiny_model, launch_client) -> None:
+    """Gemma 3 on CUDA (window 16, the sliding layers' own pool, decode graphs unless eager) against
+    transformers; its CPU twin: tests/test_gemma3.py."""
+    model = tiny_model("gemma3")
+    client = launch_client(model, device="cuda", dtype="float32", enforce_eager=eager)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (1, 15, 17, 90, 300)]
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    for p, o in zip(prompts, client.generate_batch(prompts, params, progress=False)):
+        assert_greedy_parity(o.token_ids, greedy(model, p, 32), f"cuda gemma3 len {len(p)}")
+    assert client.stats().swa_kv_pool_size > 0
+    check_idle_engine(client)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("t", "e", "k"), [(1, 8, 2), (37, 8, 8), (300, 64, 4)])
 def test_triton_moe_experts_equal_reference_on_cuda(t: int, e: int, k: int, dtype: torch.dtype) -> None:
@@ -210,7 +249,7 @@ def _runner_and_scheduler(model, **opts):
     cfg = EngineConfig(model=str(model), device="cuda", kv_cache_tokens=8192, max_running_requests=32, **opts)
     info = read_model_info(cfg.model)
     runner = ModelRunner(cfg, info)
-    return runner, Scheduler(cfg, info, runner.num_kv_slots)
+    return runner, Scheduler(cfg, info, runner.num_kv_slots, num_swa_slots=runner.num_swa_slots)
 
 
 def test_step_launch_never_waits_for_the_device(tiny_model) -> None:

@@ -9,9 +9,9 @@ import torch
 
 from kernels.native import build as native_build
 from kernels.native import norm_act as cpu_norm_act
-from kernels.native.norm_act import add_rms_norm, silu_mul
+from kernels.native.norm_act import add_rms_norm, gelu_mul, silu_mul
 from kernels.ops import Ops, resolve_ops
-from kernels.reference.norm_act import rms_norm_ref, silu_mul_ref
+from kernels.reference.norm_act import gelu_mul_ref, rms_norm_ref, silu_mul_ref
 from tests.kernels.ops_variants import ops_params
 from tests.kernels.portable_build import portable_build, x86_only
 
@@ -39,6 +39,17 @@ def test_silu_mul_matches_the_reference(rows: int, n: int) -> None:
     gate_up = torch.randn(rows, 2 * n, generator=g) * 4
     gate_up[0, :3] = torch.tensor([-100.0, 0.0, 100.0])  # exp's clamps: silu ~ 0, 0 and x
     torch.testing.assert_close(silu_mul(gate_up), silu_mul_ref(gate_up.clone()), atol=1e-6, rtol=2e-6)
+
+
+@pytest.mark.parametrize("n", [7, 64, 1536])
+@pytest.mark.parametrize("rows", [1, 5, 200])
+def test_gelu_mul_matches_the_reference(rows: int, n: int) -> None:
+    """Gemma's GeGLU: gelu (tanh form, HF's gelu_pytorch_tanh) of the gate times up."""
+    g = torch.Generator().manual_seed(rows * 3 + n)
+    gate_up = torch.randn(rows, 2 * n, generator=g) * 4
+    gate_up[0, :3] = torch.tensor([-100.0, 0.0, 100.0])  # exp's clamps: gelu ~ 0, 0 and x
+    torch.testing.assert_close(gelu_mul(gate_up), gelu_mul_ref(gate_up.clone()), atol=2e-6, rtol=4e-6)
+    assert torch.equal(gelu_mul(gate_up[-1:]), gelu_mul(gate_up)[-1:])  # a row alone: the same bits
 
 
 def test_a_row_is_the_same_alone_in_a_batch_strided_and_on_more_threads() -> None:
@@ -70,6 +81,8 @@ def test_refuses_what_it_does_not_handle() -> None:
         silu_mul(torch.ones(2, 7))
     with pytest.raises(ValueError):
         silu_mul(torch.ones(2, 8)[:, ::2])
+    with pytest.raises(ValueError, match="gelu_mul"):
+        gelu_mul(torch.ones(2, 7))
 
 
 @x86_only
@@ -80,6 +93,7 @@ def test_portable_build_matches_the_reference(tmp_path, monkeypatch) -> None:
     try:
         test_rms_norm_and_residual_add_match_the_reference(3, 576)
         test_silu_mul_matches_the_reference(5, 64)
+        test_gelu_mul_matches_the_reference(5, 64)
     finally:
         cpu_norm_act._library.cache_clear()
 
@@ -113,4 +127,5 @@ def test_every_implementation_matches_the_reference(ops: Ops) -> None:
     w16 = w[:16].contiguous()
     torch.testing.assert_close(ops.add_rms_norm(heads, None, w16, 1e-5), rms_norm_ref(heads, w16, 1e-5), **tol)
     gate_up = torch.randn(6, 128, generator=g)
-    torch.testing.assert_close(ops.silu_mul(gate_up.clone()), silu_mul_ref(gate_up), atol=1e-6, rtol=2e-6)
+    torch.testing.assert_close(ops.silu_mul(gate_up.clone()), silu_mul_ref(gate_up.clone()), atol=1e-6, rtol=2e-6)
+    torch.testing.assert_close(ops.gelu_mul(gate_up.clone()), gelu_mul_ref(gate_up), atol=2e-6, rtol=4e-6)

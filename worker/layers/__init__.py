@@ -8,11 +8,12 @@ from worker.layers.linear import (
     RowParallelLinear,
     local_heads,
 )
-from worker.layers.norm import RMSNorm
+from worker.layers.norm import GemmaRMSNorm, RMSNorm
 from worker.layers.rotary import RotaryEmbedding
 
 __all__ = [
     "ColumnParallelLinear",
+    "GemmaRMSNorm",
     "PackableLinear",
     "QKVParallelLinear",
     "RMSNorm",

@@ -29,3 +29,27 @@ class RMSNorm(nn.Module):
     def add_forward(self, h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """h += delta in place (the residual stream takes a layer's output), then this norm of h."""
         return self.ops.add_rms_norm(h, delta, self.weight, self.eps)
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm scales by (1 + w) where checkpoints hold w: the 1 is added once, at load, in float32
+    (transformers computes 1.0 + w.float()), and in float32 the norm runs as any RMSNorm (the very products
+    transformers computes). In another dtype transformers scales in float32 and rounds once, after: so
+    does this (Llama's rounds the normalised x first)."""
+
+    scale32: torch.Tensor | None = None  # 1 + w in float32, for a model in another dtype
+
+    def load_weight(self, tensor: Any, shard: int = 0, param: str = "weight") -> None:
+        w = full_tensor(tensor).float() + 1.0
+        self.weight.data.copy_(w)
+        if self.weight.dtype != torch.float32:
+            self.scale32 = w.to(self.weight.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scale32 is None:
+            return super().forward(x)
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.scale32).to(x.dtype)
+
+    def add_forward(self, h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        return super().add_forward(h, delta) if self.scale32 is None else self.forward(h.add_(delta))

@@ -1,14 +1,16 @@
 """Model implementations, looked up by HF architecture name."""
 
+from worker.models.gemma3 import Gemma3ForCausalLM
 from worker.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 from worker.models.moe import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 from worker.models.registry import MODEL_REGISTRY, get_model_class
 
-CausalLM = LlamaForCausalLM  # the one model family (MoE models subclass it); the type load_model returns
+CausalLM = LlamaForCausalLM  # the base every model class extends (Gemma 3's too); the type load_model returns
 
 __all__ = [
     "MODEL_REGISTRY",
     "CausalLM",
+    "Gemma3ForCausalLM",
     "LlamaForCausalLM",
     "MixtralForCausalLM",
     "Qwen2ForCausalLM",

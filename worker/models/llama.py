@@ -187,6 +187,10 @@ class LlamaForCausalLM(nn.Module):
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
         return head.logits(h)  # vocab-parallel: each rank's slice, gathered to full logits on every rank
 
+    def rotaries(self) -> list[RotaryEmbedding]:
+        """Every RoPE table the forward reads (the graphs grow them to the context before recording)."""
+        return [self.rotary]
+
     def pack_cpu_weights(self) -> None:
         """On CPU in float32, swap every linear layer's weight and the LM head's for oneDNN's packed copy
         (worker/layers/cpu_linear.py); elsewhere nothing changes. Call once, after load_weights."""

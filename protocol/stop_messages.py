@@ -1,0 +1,37 @@
+"""The messages of an engine's stop: a drain asked for (a client), run (launcher -> frontend) and done
+(frontend -> launcher), and a stalled step reported (scheduler -> launcher). The unions they travel in are
+in protocol/messages.py."""
+from __future__ import annotations
+
+import msgspec
+
+
+class DrainRequest(msgspec.Struct, tag="drain"):
+    """From a client: drain as SIGTERM does. Answered with the engine's stats."""
+
+    rid: str
+    reason: str = "a client asked for a drain"
+
+
+class Drain(msgspec.Struct, tag="drain"):
+    """From the launcher: refuse new requests, and say `Drained` once none is left."""
+
+    reason: str
+
+
+class DrainRequested(msgspec.Struct, tag="drain_requested"):
+    """From the frontend: a client asked for a drain (POST /drain); the launcher runs it as on SIGTERM."""
+
+    reason: str
+
+
+class Drained(msgspec.Struct, tag="drained"):
+    """From the frontend, while draining: no request is left."""
+
+
+class Stalled(msgspec.Struct, tag="stalled"):
+    """From the scheduler: the oldest step in flight has not come back within the step timeout."""
+
+    step_id: int
+    waited_s: float
+    limit_s: float
