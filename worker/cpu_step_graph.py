@@ -2,11 +2,13 @@
 
 At batch 1 a small model's CPU decode step is mostly Python dispatch (some eleven ops a layer, each a call
 with its checks) rather than the weights streaming through the quantized products. So once, at start, the
-worker records the forward up to the final norm as nodes of kernels/csrc/step_graph.c: every op's C kernel
-with its arguments bound to persistent buffers (token ids, positions, KV slots, request rows, lengths), the
-KV pools, the weights and scratch. A decode step writes its inputs into those buffers and replays the list
-with one call; the LM head and sampling run after it as in the eager path. The row count is an argument of
-the replay, so one recording serves every decode batch up to `max_batch` without padding rows.
+worker records the forward as nodes of kernels/csrc/step_graph.c: every op's C kernel with its arguments
+bound to persistent buffers (token ids, positions, KV slots, request rows, lengths), the KV pools, the weights
+and scratch, up to the logits when the LM head is a quantized product (else compute_logits runs after the
+replay). A decode step writes its inputs into those buffers and replays the list with one call, which runs
+the whole step in one parallel region of the worker's threads; sampling runs after it as in the eager path.
+The row count is an argument of the replay, so one recording serves every decode batch up to `max_batch`
+without padding rows.
 
 Each node calls the kernel the eager forward calls, with the arguments it would get, so a replay gives the
 eager forward's bits (tests hold them equal; K/V written to a float16 or bfloat16 pool are rounded as torch
@@ -27,6 +29,7 @@ from kernels.native import paged_attention, quant_linear
 from kernels.native import step_graph as sg
 from kernels.native.paged_attention import KV_TYPES
 from kernels.native.quant_linear import QuantRows
+from kernels.native.quant_pack import QuantWeight
 from protocol.engine_config import EngineConfig
 from worker.attention_backend import CpuBackend
 from worker.forward_batch import ForwardBatch
@@ -74,6 +77,7 @@ class CpuStepGraph:
         for rotary in model.rotaries():
             rotary.reserve(max_context)  # the tables are never grown between recording and replay
         self._keep: list[torch.Tensor] = []  # every buffer a node points into
+        self.threads = max(1, torch.get_num_threads())  # the attention's scratch is per thread, for this many
         self._nodes: list[list[int]] = []
         self._record(max_batch, max_context)
         self.nodes = torch.tensor(self._nodes, dtype=torch.int64)
@@ -95,8 +99,10 @@ class CpuStepGraph:
             torch.index_select(self.kv.swa_map, 0, batch.out_cache_loc, out=self.swa_slots[:b])
         if batch.max_seq_len > self.model.rotary.cos.shape[0]:
             raise ValueError(f"position {batch.max_seq_len} past the recorded rotary table")
-        sg.run(self.nodes, b, torch.get_num_threads())
+        sg.run(self.nodes, b, min(torch.get_num_threads(), self.threads))
         self.num_runs += 1
+        if self.logits is not None:  # a view of the graph's buffer: the next replay writes over it
+            return self.model.finish_logits(self.logits[:b])
         return self.model.compute_logits(self.final[:b])
 
     # ---- recording -------------------------------------------------------------------------------
@@ -117,17 +123,21 @@ class CpuStepGraph:
                    norm.weight.data_ptr(), n, sg.float_bits(norm.eps), out.data_ptr(), out.stride(0))
 
     def _linear(self, layer: PackableLinear, x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None) -> None:
+        assert layer.quant is not None  # cpu_graph_applies checked every layer
+        self._product(layer.quant, layer.int8_activations, x, y, bias)
+
+    def _product(self, w: QuantWeight | QuantRows, int8: bool, x: torch.Tensor, y: torch.Tensor,
+                 bias: torch.Tensor | None) -> None:
         """One node per packed part (a fused layer may mix GGUF types), each into its own columns of y,
-        adding its columns' bias as the eager product adds the whole bias after; the entry the layer's eager
-        product calls (float32 or int8 activations)."""
-        w = layer.quant
-        assert w is not None  # cpu_graph_applies checked every layer
-        fn = sg.entry_points()["quant_linear_int8" if layer.int8_activations else "quant_linear"]
+        adding its columns' bias as the eager product adds the whole bias after; the kernel the layer's
+        eager product calls (float32 or int8 activations, quantized into the graph's one scratch)."""
+        ep = sg.entry_points()
+        q8 = (ep["quantize_q8"], ep["quant_linear_q8"], self._q8.data_ptr()) if int8 else (0, 0, 0)
         col = 0
         for part in w.parts if isinstance(w, QuantRows) else (w,):
-            self._node(sg.QLINEAR, fn, x.data_ptr(), part.in_features, x.stride(0),
+            self._node(sg.QLINEAR, ep["quant_linear"], x.data_ptr(), part.in_features, x.stride(0),
                        part.data.data_ptr(), part.kind, part.out_features, y.data_ptr() + 4 * col, y.stride(0),
-                       0 if bias is None else bias.data_ptr() + 4 * col, quant_linear.PARALLEL_MIN_MACS)
+                       0 if bias is None else bias.data_ptr() + 4 * col, quant_linear.PARALLEL_MIN_MACS, *q8)
             col += part.out_features
 
     def _moe(self, mlp: FusedMoE, x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, y: torch.Tensor) -> None:
@@ -165,7 +175,7 @@ class CpuStepGraph:
         self._node(sg.ATTENTION, sg.entry_points()["paged_attention"], q.data_ptr(), q.stride(0), q.stride(1),
                    kp.data_ptr(), vp.data_ptr(), kp.stride(0), rtt.data_ptr(), rtt.stride(0),
                    self.rows.data_ptr(), self.lens.data_ptr(), self._slot_buf.data_ptr(), H, Hkv, D,
-                   sg.float_bits(scale), out.data_ptr(), self._work.data_ptr(), self._offsets.data_ptr(),
+                   sg.float_bits(scale), out.data_ptr(), self._work.data_ptr(), self._work_stride,
                    paged_attention.PARALLEL_MIN_KEYS, KV_TYPES[kv.dtype], window,
                    kv.swa_map.data_ptr() if mapped else 0)
 
@@ -192,8 +202,10 @@ class CpuStepGraph:
             q, k = rot, rot[:, H:]
         group = H // Hkv
         self._slot_buf = self._buf(mb, kv.req_to_token.shape[1], dtype=torch.int64)
-        self._offsets = self._buf(mb + 1, dtype=torch.int64)
-        self._work = self._buf(max(1, torch.get_num_threads()) * group * (-(-max_context // 8) * 8))
+        self._work_stride = group * (-(-max_context // 8) * 8)  # a thread's scores
+        self._work = self._buf(self.threads * self._work_stride)
+        widths = [mod.quant.in_features for mod in m.modules() if isinstance(mod, PackableLinear) and mod.quant]
+        self._q8 = self._buf(quant_linear.q8_bytes(mb, max(widths + [hidden])), dtype=torch.uint8)
         gemma = isinstance(m, Gemma3ForCausalLM)
         if gemma:
             normed, post = self._buf(mb, hidden), self._buf(mb, hidden)  # a branch's output, normed
@@ -238,3 +250,9 @@ class CpuStepGraph:
                 self._norm(down, None, layer.post_feedforward_layernorm, post)
                 delta = post
         self._norm(h, delta, m.model.norm, self.final)
+        head = m.model.embed_tokens if m.lm_head is None else m.lm_head
+        self.logits: torch.Tensor | None = None  # [mb, vocab] when the LM head is a node
+        hq = head.head_quant
+        if hq is not None and head.tp_size == 1 and hq.out_features == head.shard:  # else compute_logits runs
+            self.logits = self._buf(mb, head.head_quant.out_features)
+            self._product(hq, head.int8_activations, self.final, self.logits, None)

@@ -45,6 +45,19 @@ void tandem_add_rms_norm_f32(float *x, int64_t ldx, const float *delta, int64_t 
         norm_row(x + r * ldx, delta ? delta + r * ldd : 0, w, n, eps, out + r * ldo);
 }
 
+/* The threads an entry below takes for rows x n elements (as its own parallel region would). */
+int64_t tandem_elementwise_threads(int64_t rows, int64_t n, int64_t threads) {
+    return rows * n < PARALLEL_MIN_ELEMS ? 1 : threads;
+}
+
+/* Thread t of nt's share of tandem_add_rms_norm_f32 (rows [rows t / nt, rows (t + 1) / nt)), for a caller
+ * already inside a parallel region (kernels/csrc/step_graph.c): a row's bits do not depend on the split. */
+void tandem_add_rms_norm_part(float *x, int64_t ldx, const float *delta, int64_t ldd, const float *w, int64_t rows,
+                              int64_t n, float eps, float *out, int64_t ldo, int64_t t, int64_t nt) {
+    for (int64_t r = rows * t / nt; r < rows * (t + 1) / nt; r++)
+        norm_row(x + r * ldx, delta ? delta + r * ldd : 0, w, n, eps, out + r * ldo);
+}
+
 static void silu_mul_row(const float *restrict g, const float *restrict u, float *restrict o, int64_t n) {
     int64_t k = 0;
 #ifdef TANDEM_AVX2
@@ -64,6 +77,13 @@ void tandem_silu_mul_f32(const float *gate_up, int64_t ldg, int64_t rows, int64_
     const int64_t nt = rows * n < PARALLEL_MIN_ELEMS ? 1 : threads;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t r = 0; r < rows; r++) silu_mul_row(gate_up + r * ldg, gate_up + r * ldg + n, out + r * ldo, n);
+}
+
+/* Thread t of nt's rows of tandem_silu_mul_f32 (see tandem_add_rms_norm_part). */
+void tandem_silu_mul_part(const float *gate_up, int64_t ldg, int64_t rows, int64_t n, float *out, int64_t ldo,
+                          int64_t t, int64_t nt) {
+    for (int64_t r = rows * t / nt; r < rows * (t + 1) / nt; r++)
+        silu_mul_row(gate_up + r * ldg, gate_up + r * ldg + n, out + r * ldo, n);
 }
 
 /* GELU, tanh form: 0.5 g (1 + tanh(y)), y = sqrt(2/pi) (g + 0.044715 g^3); 1 + tanh(y) = 2 / (1 + exp(-2y)), so
@@ -95,4 +115,11 @@ void tandem_gelu_mul_f32(const float *gate_up, int64_t ldg, int64_t rows, int64_
     const int64_t nt = rows * n < PARALLEL_MIN_ELEMS ? 1 : threads;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t r = 0; r < rows; r++) gelu_mul_row(gate_up + r * ldg, gate_up + r * ldg + n, out + r * ldo, n);
+}
+
+/* Thread t of nt's rows of tandem_gelu_mul_f32 (see tandem_add_rms_norm_part). */
+void tandem_gelu_mul_part(const float *gate_up, int64_t ldg, int64_t rows, int64_t n, float *out, int64_t ldo,
+                          int64_t t, int64_t nt) {
+    for (int64_t r = rows * t / nt; r < rows * (t + 1) / nt; r++)
+        gelu_mul_row(gate_up + r * ldg, gate_up + r * ldg + n, out + r * ldo, n);
 }

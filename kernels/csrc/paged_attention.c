@@ -401,3 +401,36 @@ int tandem_paged_attention_f32(
                                      slot_stride, slots, slots_stride, lens, num_heads, num_kv_heads, head_dim,
                                      scale, out, batch, query_block, work, work_stride, num_threads, KV_F32);
 }
+
+/* Decodes only (one query per request, request b's query and output at row b), for a caller already inside a
+ * parallel region (kernels/csrc/step_graph.c): thread t of nt attends items (request, KV head) t, t + nt, ...
+ * of the batch, with scratch at work + t * work_stride. Each item's output is what
+ * tandem_paged_attention_win gives it, whatever the split. Returns -2 for an unknown kv_type or a negative
+ * window, else 0. */
+int tandem_paged_decode_part(
+    const float *q, int64_t q_row_stride, int64_t q_head_stride,
+    const void *k_pool, const void *v_pool, int64_t slot_stride,
+    const int64_t *slots, int64_t slots_stride, const int64_t *lens,
+    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
+    float *out, int64_t batch, float *work, int64_t work_stride, int64_t kv_type, int64_t window, int64_t t,
+    int64_t nt) {
+    if ((kv_type != KV_F32 && kv_type != KV_F16 && kv_type != KV_BF16) || window < 0) return -2;
+    const int kt = (int)kv_type;
+    const int64_t group = num_heads / num_kv_heads, esize = kv_size(kt);
+    for (int64_t w = t; w < batch * num_kv_heads; w += nt) {
+        const int64_t b = w / num_kv_heads, hk = w % num_kv_heads;
+        const float *qb[group];
+        float *ob[group];
+        for (int64_t g = 0; g < group; g++) {
+            qb[g] = q + b * q_row_stride + (hk * group + g) * q_head_stride;
+            ob[g] = out + (b * num_heads + hk * group + g) * head_dim;
+        }
+        const int64_t head_off = hk * head_dim * esize;
+        const Item it = {
+            qb, ob, (const char *)k_pool + head_off, (const char *)v_pool + head_off, slot_stride * esize, kt,
+            slots + b * slots_stride, lens[b], 1, 0, 1, group, head_dim, window, scale, work + t * work_stride,
+        };
+        attend_item(&it);
+    }
+    return 0;
+}

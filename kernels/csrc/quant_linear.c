@@ -269,28 +269,37 @@ static void panel_range(int64_t panels, int single, int64_t t, int64_t nt, int64
  * blocks of ROW_BLOCK; each thread of the OpenMP runtime torch runs on (see paged_attention.c) takes a
  * contiguous range of panels, so it streams its own share of the weights.
  * Both paths give every output the same bits (the same weights, one FMA chain over k in order). */
+void tandem_quant_linear_part(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int64_t qtype,
+                              int64_t N, float *y, int64_t ldy, int64_t t, int64_t nt);
+
 void tandem_quant_linear_f32(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int64_t qtype,
                              int64_t N, float *y, int64_t ldy, int64_t num_threads) {
-    const int64_t panels = (N + PANEL - 1) / PANEL;
 #pragma omp parallel num_threads(num_threads)
     {
 #ifdef _OPENMP
-        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+        tandem_quant_linear_part(x, M, K, ldx, w, qtype, N, y, ldy, omp_get_thread_num(), omp_get_num_threads());
 #else
-        const int64_t t = 0, nt = 1;
+        tandem_quant_linear_part(x, M, K, ldx, w, qtype, N, y, ldy, 0, 1);
 #endif
-        int64_t p0, p1;
-        panel_range(panels, M >= SCRATCH_MIN_ROWS, t, nt, &p0, &p1);
-        float *wf = M >= SCRATCH_MIN_ROWS ? malloc((size_t)K * PANEL * sizeof(float)) : NULL;
-        for (int64_t r0 = 0; r0 < M && p1 > p0; r0 += ROW_BLOCK) {
-            const int64_t rows = M - r0 < ROW_BLOCK ? M - r0 : ROW_BLOCK;
-            if (wf && rows >= SCRATCH_MIN_ROWS)
-                run_scratch((int)qtype, x, ldx, K, w, N, y, ldy, r0, rows, p0, p1 - p0, wf);
-            else
-                run_direct((int)qtype, x, ldx, K, w, N, y, ldy, r0, rows, p0, p1 - p0);
-        }
-        free(wf);
     }
+}
+
+/* Thread t of nt's panels of tandem_quant_linear_f32, for a caller already inside a parallel region
+ * (kernels/csrc/step_graph.c): the threads' shares together are the whole product, each output's bits as
+ * any split gives them. */
+void tandem_quant_linear_part(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int64_t qtype,
+                              int64_t N, float *y, int64_t ldy, int64_t t, int64_t nt) {
+    int64_t p0, p1;
+    panel_range((N + PANEL - 1) / PANEL, M >= SCRATCH_MIN_ROWS, t, nt, &p0, &p1);
+    float *wf = M >= SCRATCH_MIN_ROWS && p1 > p0 ? malloc((size_t)K * PANEL * sizeof(float)) : NULL;
+    for (int64_t r0 = 0; r0 < M && p1 > p0; r0 += ROW_BLOCK) {
+        const int64_t rows = M - r0 < ROW_BLOCK ? M - r0 : ROW_BLOCK;
+        if (wf && rows >= SCRATCH_MIN_ROWS)
+            run_scratch((int)qtype, x, ldx, K, w, N, y, ldy, r0, rows, p0, p1 - p0, wf);
+        else
+            run_direct((int)qtype, x, ldx, K, w, N, y, ldy, r0, rows, p0, p1 - p0);
+    }
+    free(wf);
 }
 
 #include "quant_int8.h"
@@ -307,20 +316,51 @@ void tandem_quantize_q8(const float *x, int64_t r0, int64_t r1, int64_t K, int64
         }
 }
 
+/* Bytes of the int8 activations of M rows of K (q, then d, sd and s as tandem_quantize_q8 writes them). */
+int64_t tandem_q8_bytes(int64_t M, int64_t K) { return M * K + M * (K / KBLK) * 4 * 4; }
+
+static QActs q8_acts(int8_t *buf, int64_t M, int64_t K) {
+    const int64_t nb = K / KBLK;
+    float *d = (float *)(buf + M * K), *sd = d + M * nb;
+    const QActs a = {buf, d, sd, (int32_t *)(sd + M * nb), K, nb};
+    return a;
+}
+
+/* Thread t of nt's rows of x quantized into buf (tandem_q8_bytes(M, K) bytes). */
+void tandem_quantize_q8_part(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *buf, int64_t t, int64_t nt) {
+    const QActs a = q8_acts(buf, M, K);
+    tandem_quantize_q8(x, M * t / nt, M * (t + 1) / nt, K, ldx, buf, (float *)a.d, (float *)a.sd, (int32_t *)a.s);
+}
+
+/* Thread t of nt's panels of the int8-activation product, buf holding all M rows quantized (every thread's
+ * tandem_quantize_q8_part done first: the caller's barrier). */
+void tandem_quant_linear_q8_part(int8_t *buf, int64_t M, int64_t K, const uint8_t *w, int64_t qtype, int64_t N,
+                                 float *y, int64_t ldy, int64_t t, int64_t nt) {
+    const QActs a = q8_acts(buf, M, K);
+    int64_t p0, p1;
+    panel_range((N + PANEL - 1) / PANEL, M >= I8_SCRATCH_MIN_ROWS, t, nt, &p0, &p1);
+#ifdef QUANT_AVX2
+    uint8_t *scr = M >= I8_SCRATCH_MIN_ROWS && p1 > p0 ? malloc((size_t)(a.nb * I8_SCRATCH_BLOCK)) : NULL;
+#else
+    uint8_t *scr = NULL;
+#endif
+    for (int64_t r0 = 0; r0 < M && p1 > p0; r0 += ROW_BLOCK) {
+        const int64_t rows = M - r0 < ROW_BLOCK ? M - r0 : ROW_BLOCK;
+        run_panels8((int)qtype, &a, w, N, y, ldy, r0, rows, p0, p1 - p0, rows >= I8_SCRATCH_MIN_ROWS ? scr : NULL);
+    }
+    free(scr);
+}
+
 /* tandem_quant_linear_f32's product with int8 activations (quant_int8.h: the format, the arithmetic and why
  * every path gives the same bits). x is quantized once, each thread its share of the rows, then the threads
  * split the panels as above. Should the activations' buffer not be allocated, the float32 product runs. */
 void tandem_quant_linear_q8(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int64_t qtype,
                             int64_t N, float *y, int64_t ldy, int64_t num_threads) {
-    const int64_t panels = (N + PANEL - 1) / PANEL, nb = K / KBLK;
-    int8_t *buf = malloc((size_t)(M * K + M * nb * 4 * 4));
+    int8_t *buf = malloc((size_t)tandem_q8_bytes(M, K));
     if (!buf) {
         tandem_quant_linear_f32(x, M, K, ldx, w, qtype, N, y, ldy, num_threads);
         return;
     }
-    float *d = (float *)(buf + M * K), *sd = d + M * nb;
-    int32_t *s = (int32_t *)(sd + M * nb);
-    const QActs a = {buf, d, sd, s, K, nb};
 #pragma omp parallel num_threads(num_threads)
     {
 #ifdef _OPENMP
@@ -328,20 +368,9 @@ void tandem_quant_linear_q8(const float *x, int64_t M, int64_t K, int64_t ldx, c
 #else
         const int64_t t = 0, nt = 1;
 #endif
-        tandem_quantize_q8(x, M * t / nt, M * (t + 1) / nt, K, ldx, buf, d, sd, s);
+        tandem_quantize_q8_part(x, M, K, ldx, buf, t, nt);
 #pragma omp barrier
-        int64_t p0, p1;
-        panel_range(panels, M >= I8_SCRATCH_MIN_ROWS, t, nt, &p0, &p1);
-#ifdef QUANT_AVX2
-        uint8_t *scr = M >= I8_SCRATCH_MIN_ROWS ? malloc((size_t)(nb * I8_SCRATCH_BLOCK)) : NULL;
-#else
-        uint8_t *scr = NULL;
-#endif
-        for (int64_t r0 = 0; r0 < M && p1 > p0; r0 += ROW_BLOCK) {
-            const int64_t rows = M - r0 < ROW_BLOCK ? M - r0 : ROW_BLOCK;
-            run_panels8((int)qtype, &a, w, N, y, ldy, r0, rows, p0, p1 - p0, rows >= I8_SCRATCH_MIN_ROWS ? scr : NULL);
-        }
-        free(scr);
+        tandem_quant_linear_q8_part(buf, M, K, w, qtype, N, y, ldy, t, nt);
     }
     free(buf);
 }

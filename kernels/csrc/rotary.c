@@ -57,3 +57,15 @@ void tandem_rotary_f32(const float *x, int64_t ldx, int64_t ldh, const float *co
         for (int64_t h = 0; h < H; h++)
             rotate_row(x + t * ldx + h * ldh, cos_t + t * ldc, sin_t + t * lds, D, out + (t * H + h) * D);
 }
+
+/* The decode form, for a caller already inside a parallel region (kernels/csrc/step_graph.c): thread t of nt
+ * rotates tokens [T t / nt, T (t + 1) / nt) of x [T, H, D], token i at table row positions[i] of cos_t and
+ * sin_t ([*, D], contiguous rows). The same floats as tandem_rotary_f32 over those rows. */
+void tandem_rotary_positions_part(const float *x, int64_t ldx, int64_t ldh, const float *cos_t, const float *sin_t,
+                                  int64_t D, int64_t H, const int64_t *positions, int64_t T, float *out, int64_t t,
+                                  int64_t nt) {
+    for (int64_t i = T * t / nt; i < T * (t + 1) / nt; i++)
+        for (int64_t h = 0; h < H; h++)
+            rotate_row(x + i * ldx + h * ldh, cos_t + positions[i] * D, sin_t + positions[i] * D, D,
+                       out + (i * H + h) * D);
+}

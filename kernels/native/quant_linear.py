@@ -49,7 +49,17 @@ def _library() -> ctypes.CDLL | None:
     for fn in (lib.tandem_quant_linear_f32, lib.tandem_quant_linear_q8):
         fn.restype = None
         fn.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr, i64, i64]  # x M K ldx w kind N y ldy threads
+    lib.tandem_q8_bytes.restype = i64
+    lib.tandem_q8_bytes.argtypes = [i64, i64]
     return lib
+
+
+def q8_bytes(rows: int, in_features: int) -> int:
+    """Bytes of `rows` rows of in_features activations quantized for the int8 product (its scratch)."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the CPU quantized-linear kernel is not available")
+    return int(lib.tandem_q8_bytes(rows, in_features))
 
 
 def available() -> bool:

@@ -46,16 +46,19 @@ def available() -> bool:
 
 @functools.cache
 def entry_points() -> dict[str, int]:
-    """Kernel name -> address of the C entry point the eager path calls (kernels/native/*.py bind them)."""
+    """Kernel name -> address of the C entry point a node calls: the part of the kernel the eager path calls
+    (kernels/native/*.py bind those)."""
+    # The `_part` entries: thread t of n's share of the eager entry's work (the replayer's one region).
     libs = {
-        "add_rms_norm": (norm_act._library(), "tandem_add_rms_norm_f32"),
-        "silu_mul": (norm_act._library(), "tandem_silu_mul_f32"),
-        "gelu_mul": (norm_act._library(), "tandem_gelu_mul_f32"),
-        "quant_linear": (quant_linear._library(), "tandem_quant_linear_f32"),
-        "quant_linear_int8": (quant_linear._library(), "tandem_quant_linear_q8"),  # --cpu-int8-activations
-        "rotary": (rotary._library(), "tandem_rotary_f32"),
-        "paged_attention": (paged_attention._library(), "tandem_paged_attention_win"),
-        "moe": (moe._library(), "tandem_moe_f32"),
+        "add_rms_norm": (norm_act._library(), "tandem_add_rms_norm_part"),
+        "silu_mul": (norm_act._library(), "tandem_silu_mul_part"),
+        "gelu_mul": (norm_act._library(), "tandem_gelu_mul_part"),
+        "quant_linear": (quant_linear._library(), "tandem_quant_linear_part"),
+        "quantize_q8": (quant_linear._library(), "tandem_quantize_q8_part"),  # --cpu-int8-activations
+        "quant_linear_q8": (quant_linear._library(), "tandem_quant_linear_q8_part"),
+        "rotary": (rotary._library(), "tandem_rotary_positions_part"),
+        "paged_attention": (paged_attention._library(), "tandem_paged_decode_part"),
+        "moe": (moe._library(), "tandem_moe_f32"),  # a whole call, between the replayer's regions
     }
     out = {}
     for name, (lib, symbol) in libs.items():

@@ -87,6 +87,48 @@ def test_replay_equals_eager_bit_for_bit(gguf_model, arch: str, qtype: str, kv_d
     assert graph.num_runs == 6
 
 
+@pytest.mark.parametrize("arch,qtype,int8", [("llama", "Q4_1", False), ("qwen2", "Q4_K_M", True),
+                                             ("gemma3", "Q8_0", False)])
+def test_one_region_gives_the_same_bits_on_any_thread_count(gguf_model, arch: str, qtype: str, int8: bool,
+                                                             monkeypatch) -> None:
+    """The replay runs the step in one parallel region, each node split over the team by its kernel's part:
+    1 to 4 threads (more than the cores, so threads wait at barriers) give the same logits and K/V, and
+    the LM head is a node (compute_logits is not called)."""
+    model = load_model(str(gguf_model(arch, qtype)), torch.float32, "cpu",
+                       ops=resolve_ops("cpu", torch.float32, "cpu", int8_activations=int8))
+    model.pack_cpu_weights()
+    pool = Pool(model, num_slots=600, max_reqs=16)
+    before_threads = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        graph = CpuStepGraph(model, pool.kv, max_batch=8, max_context=128)
+    finally:
+        torch.set_num_threads(before_threads)
+    assert graph.threads == 4 and graph.logits is not None
+    monkeypatch.setattr(model, "compute_logits", lambda h: pytest.fail("the LM head should be a node"))
+    g = torch.Generator().manual_seed(5)
+    lens = [5, 17, 2, 40, 9, 23, 1, 12]
+    seqs = [torch.randint(0, 500, (n + 1,), generator=g).tolist() for n in lens]
+    rows = [pool.add(len(s)) for s in seqs]
+    model.hidden_states(pool.batch([(r, s[:n], n) for r, s, n in zip(rows, seqs, lens, strict=True)]), pool.kv)
+    start = _kv(pool)
+    results: dict[tuple[int, int], tuple[torch.Tensor, list[torch.Tensor]]] = {}
+    for threads in (1, 2, 3, 4):
+        for t, b in zip(pool.kv.k + pool.kv.v, start, strict=True):
+            t.copy_(b)
+        torch.set_num_threads(threads)
+        try:
+            for size in (8, 3, 1):  # each a step of its own, from the same KV: one slot written per row
+                batch = pool.batch([(rows[i], [seqs[i][lens[i]]], lens[i] + 1) for i in range(size)])
+                results[threads, size] = graph.run(batch).clone(), _kv(pool)
+        finally:
+            torch.set_num_threads(before_threads)
+    for (threads, size), (logits, kv) in results.items():
+        want_logits, want_kv = results[1, size]
+        assert torch.equal(logits, want_logits), (threads, size)
+        assert all(torch.equal(a, b) for a, b in zip(kv, want_kv, strict=True)), (threads, size)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_kv_write_rounds_like_torch(dtype: torch.dtype) -> None:
     """The graph's K/V store into a half pool gives torch's .to(dtype) bits: ties to even, subnormals,

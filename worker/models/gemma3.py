@@ -133,7 +133,6 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             h = layer(h, *(local if cfg.is_sliding(i) else full))
         return self.model.norm(h[batch.logits_indices])
 
-    def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
-        logits = super().compute_logits(h)
+    def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         cap = self.config.final_logit_softcapping
         return logits if cap is None else logits.div_(cap).tanh_().mul_(cap)

@@ -185,7 +185,12 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
-        return head.logits(h)  # vocab-parallel: each rank's slice, gathered to full logits on every rank
+        return self.finish_logits(head.logits(h))  # vocab-parallel: each rank's slice, gathered on every rank
+
+    def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """What the model does to the LM head's float32 output (in place; Gemma's softcap), also after a CPU
+        step graph's head node."""
+        return logits
 
     def rotaries(self) -> list[RotaryEmbedding]:
         """Every RoPE table the forward reads (the graphs grow them to the context before recording)."""
