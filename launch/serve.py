@@ -14,6 +14,7 @@ import threading
 from multiprocessing.process import BaseProcess
 
 from launch.launcher import EngineStartError, Launcher
+from launch.serve_announcements import HTTP_PREFIX, PROCESS_PREFIX, READY_PREFIX
 from launch.stall_report import describe_stall
 from launch.stop_plan import StopPlan
 from protocol.codec import encode
@@ -22,10 +23,6 @@ from protocol.errors import ErrorCode
 from protocol.messages import Ready
 from protocol.serve_config import ServeConfig
 from protocol.stop_messages import Drained, DrainRequested, Stalled
-
-READY_PREFIX = "tandem: ready at "
-HTTP_PREFIX = "tandem: "
-PROCESS_PREFIX = "tandem: process "
 
 
 class _Signals:

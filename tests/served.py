@@ -8,7 +8,7 @@ import threading
 from collections import deque
 from pathlib import Path
 
-from launch.serve import HTTP_PREFIX, PROCESS_PREFIX, READY_PREFIX
+from launch.serve_announcements import read_until_http
 
 
 class Served:
@@ -25,15 +25,7 @@ class Served:
     def ready(self) -> Served:
         """Wait for the engine and its HTTP server (several can start meanwhile)."""
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith(PROCESS_PREFIX):
-                name, pid = line[len(PROCESS_PREFIX):].split()
-                self.pids[name] = int(pid)
-            elif line.startswith(READY_PREFIX):
-                self.endpoint = line[len(READY_PREFIX):].strip()
-            elif line.startswith(HTTP_PREFIX + "http"):
-                self.url = line[len(HTTP_PREFIX):].strip()
-                break
+        self.endpoint, self.url = read_until_http(self.proc.stdout, self.pids)
         if not self.url:
             self.proc.wait()
             raise RuntimeError(f"tandem serve exited with {self.proc.returncode}:\n{''.join(self.err)}")

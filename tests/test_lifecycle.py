@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from frontend import Client
-from launch.serve import PROCESS_PREFIX, READY_PREFIX
+from launch.serve_announcements import PROCESS_PREFIX, READY_PREFIX
 from protocol import EngineDeadError, SamplingParams
 
 
@@ -38,6 +38,26 @@ def _children(pid: int) -> list[psutil.Process]:
 def _wait_gone(procs: list[psutil.Process], timeout: float = 10.0) -> list[psutil.Process]:
     _, alive = psutil.wait_procs(procs, timeout=timeout)
     return alive
+
+
+def start_long_stream(client: Client, max_tokens: int) -> tuple[threading.Thread, list[BaseException]]:
+    """A thread streaming a long request, returned once its first token came; what the stream raised (the
+    tests inspect it) lands in the list."""
+    errors: list[BaseException] = []
+    started = threading.Event()
+
+    def wait_on_long_request() -> None:
+        try:
+            for _ in client.stream([5, 6, 7], SamplingParams(max_tokens=max_tokens, ignore_eos=True)):
+                started.set()
+        except BaseException as e:  # the test inspects it
+            errors.append(e)
+        started.set()
+
+    t = threading.Thread(target=wait_on_long_request)
+    t.start()
+    assert started.wait(60)
+    return t, errors
 
 
 def assert_left_last(proc: subprocess.Popen, kids: list[psutil.Process]) -> None:
@@ -74,20 +94,7 @@ def assert_killing_stops_engine(model, victim: str, *flags: str) -> None:
     proc, endpoint, pids = _serve(model, *flags)
     kids = _children(proc.pid)
     client = Client(endpoint)
-    errors: list[BaseException] = []
-    started = threading.Event()
-
-    def wait_on_long_request() -> None:
-        try:
-            for _ in client.stream([5, 6, 7], SamplingParams(max_tokens=2000, ignore_eos=True)):
-                started.set()
-        except BaseException as e:  # the test inspects it
-            errors.append(e)
-        started.set()
-
-    t = threading.Thread(target=wait_on_long_request)
-    t.start()
-    assert started.wait(30)
+    t, errors = start_long_stream(client, 2000)
     psutil.Process(pids[victim]).kill()
     t.join(60)  # a hang guard, not a latency figure: the typed error below is what is asserted
     assert not t.is_alive(), "client still waiting after a process died"

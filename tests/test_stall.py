@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 from frontend import Client
 from protocol import EngineDeadError, SamplingParams
 from protocol.errors import ErrorCode
-from tests.test_lifecycle import _children, _serve, assert_left_last
+from tests.test_lifecycle import _children, _serve, assert_left_last, start_long_stream
 
 STEP_TIMEOUT_S = 3.0
 
@@ -24,20 +23,7 @@ def _stop_rank_mid_request(model, victim: str, *flags: str) -> None:
         client = Client(endpoint)
         # Warm: the first steps may compile kernels, which the small test timeout is not meant to cover.
         client.generate([5, 6, 7], SamplingParams(max_tokens=8, ignore_eos=True))
-        errors: list[BaseException] = []
-        started = threading.Event()
-
-        def wait_on_long_request() -> None:
-            try:
-                for _ in client.stream([5, 6, 7], SamplingParams(max_tokens=1800, ignore_eos=True)):
-                    started.set()
-            except BaseException as e:  # the test inspects it
-                errors.append(e)
-            started.set()
-
-        t = threading.Thread(target=wait_on_long_request)
-        t.start()
-        assert started.wait(60)
+        t, errors = start_long_stream(client, 1800)
         os.kill(pids[victim], signal.SIGSTOP)
         stopped_at = time.monotonic()
         t.join(STEP_TIMEOUT_S + 60)  # a hang guard: the error must come from the stall detector
