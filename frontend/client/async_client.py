@@ -18,7 +18,7 @@ import msgspec
 import zmq
 from tqdm import tqdm
 
-from frontend.client.connection import decode_msg, encode_msg, engine_exit_reason, is_dead_event, open_dealer
+from frontend.client.connection import DeathWatch, decode_msg, encode_msg, engine_exit_reason, open_dealer
 from frontend.client.engine_process import start_engine_process, stop_engine_process
 from frontend.client.request_encoding import (
     Params,
@@ -65,6 +65,7 @@ class AsyncClient:
         self._engine = engine
         self._ctx = zmq.Context()
         self._sock, self._monitor = open_dealer(self._ctx, endpoint)
+        self._death = DeathWatch()
         self._router = Router()
         self._loop: asyncio.AbstractEventLoop | None = None  # set when the first call starts the I/O
         self._tasks: list[asyncio.Task] = []
@@ -283,7 +284,7 @@ class AsyncClient:
         self._receive()
         # After draining the socket, so a typed reason the frontend sent on its way down wins.
         while self._monitor.get(zmq.EVENTS) & zmq.POLLIN:
-            if is_dead_event(self._monitor.recv_multipart(zmq.NOBLOCK)):
+            if self._death.is_dead(self._monitor.recv_multipart(zmq.NOBLOCK)):
                 self._router.fail_all("lost the connection to the engine")
                 return
 

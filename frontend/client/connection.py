@@ -29,9 +29,23 @@ def open_dealer(ctx: zmq.Context, endpoint: str) -> tuple[zmq.Socket, zmq.Socket
     return sock, monitor
 
 
-def is_dead_event(monitor_frames: list[bytes]) -> bool:
-    ev = zmq.utils.monitor.parse_monitor_message(monitor_frames)
-    return bool(ev["event"] & _DEAD_EVENTS)
+class DeathWatch:
+    """Reads the dealer's monitor events: the frontend's end is gone once a connection that was made is
+    lost (DISCONNECTED or CLOSED after a CONNECTED) or the monitor stops. A CLOSED before any CONNECTED is
+    a connect attempt that found nobody listening yet, which ZMQ retries: a client may start before the
+    frontend binds (the HTTP process does, started beside the engine's processes)."""
+
+    def __init__(self) -> None:
+        self.connected = False
+
+    def is_dead(self, monitor_frames: list[bytes]) -> bool:
+        event = zmq.utils.monitor.parse_monitor_message(monitor_frames)["event"]
+        if event & zmq.EVENT_CONNECTED:
+            self.connected = True
+            return False
+        if event & zmq.EVENT_MONITOR_STOPPED:
+            return True
+        return self.connected and bool(event & _DEAD_EVENTS)
 
 
 def engine_exit_reason(engine: subprocess.Popen | None) -> str | None:
