@@ -3,6 +3,8 @@ process's name and pid as it starts, the ZMQ endpoint once the engine is ready, 
 
 from __future__ import annotations
 
+import subprocess
+import threading
 from collections.abc import Iterable
 
 READY_PREFIX = "tandem: ready at "
@@ -23,3 +25,16 @@ def read_until_http(lines: Iterable[str], pids: dict[str, int]) -> tuple[str, st
         elif line.startswith(HTTP_PREFIX + "http"):
             return endpoint, line[len(HTTP_PREFIX):].strip()
     return endpoint, ""
+
+
+def wait_for_http(proc: subprocess.Popen, pids: dict[str, int], err: Iterable[str]) -> tuple[str, str]:
+    """read_until_http on a serve subprocess's stdout (text mode), then its stdout drained on a thread so serve
+    never blocks on a full pipe. Raises RuntimeError with `err` (its stderr as collected so far) when serve
+    exited before its HTTP line."""
+    assert proc.stdout is not None
+    endpoint, url = read_until_http(proc.stdout, pids)
+    if not url:
+        proc.wait()
+        raise RuntimeError(f"tandem serve exited with {proc.returncode}:\n{''.join(err)}")
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    return endpoint, url

@@ -8,7 +8,7 @@ import threading
 from collections import deque
 from pathlib import Path
 
-from launch.serve_announcements import read_until_http
+from launch.serve_announcements import wait_for_http
 
 
 class Served:
@@ -24,12 +24,7 @@ class Served:
 
     def ready(self) -> Served:
         """Wait for the engine and its HTTP server (several can start meanwhile)."""
-        assert self.proc.stdout is not None
-        self.endpoint, self.url = read_until_http(self.proc.stdout, self.pids)
-        if not self.url:
-            self.proc.wait()
-            raise RuntimeError(f"tandem serve exited with {self.proc.returncode}:\n{''.join(self.err)}")
-        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+        self.endpoint, self.url = wait_for_http(self.proc, self.pids, self.err)
         return self
 
     def close(self) -> int:

@@ -9,7 +9,7 @@ from collections import deque
 
 import psutil
 
-from launch.serve_announcements import read_until_http
+from launch.serve_announcements import wait_for_http
 
 
 class ServedEngine:
@@ -22,12 +22,7 @@ class ServedEngine:
         threading.Thread(target=lambda: self.err.extend(self.proc.stderr), daemon=True).start()  # type: ignore[arg-type]
         self.endpoint = self.url = ""
         self.pids: dict[str, int] = {"tandem-serve": self.proc.pid}
-        assert self.proc.stdout is not None
-        self.endpoint, self.url = read_until_http(self.proc.stdout, self.pids)
-        if not self.url:
-            self.proc.wait()
-            raise RuntimeError(f"tandem serve exited with {self.proc.returncode}:\n{''.join(self.err)}")
-        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+        self.endpoint, self.url = wait_for_http(self.proc, self.pids, self.err)
         for p in psutil.Process(self.proc.pid).children():  # multiprocessing's resource tracker, unnamed
             if p.pid not in self.pids.values():
                 self.pids[f"other-{p.pid}"] = p.pid

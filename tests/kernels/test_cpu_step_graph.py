@@ -38,6 +38,15 @@ def gguf_model(tiny_model, tmp_path_factory):  # a factory
     return get
 
 
+def _prefilled(model, pool: Pool, lens: list[int], seed: int, extra: int) -> tuple[list[list[int]], list[int]]:
+    """Random prompts of `lens` tokens (each with `extra` more to decode), prefilled eagerly into the pool."""
+    g = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(0, 500, (n + extra,), generator=g).tolist() for n in lens]
+    rows = [pool.add(len(s)) for s in seqs]
+    model.forward(pool.batch([(r, s[:n], n) for r, s, n in zip(rows, seqs, lens, strict=True)]), pool.kv)
+    return seqs, rows
+
+
 def _kv(pool: Pool) -> list[torch.Tensor]:
     return [t.clone() for t in pool.kv.k + pool.kv.v]
 
@@ -64,11 +73,8 @@ def test_replay_equals_eager_bit_for_bit(gguf_model, arch: str, qtype: str, kv_d
     cfg = EngineConfig(model="unused")
     assert cpu_graph_applies(cfg, model, pool.kv)
     graph = CpuStepGraph(model, pool.kv, max_batch=8, max_context=128)
-    g = torch.Generator().manual_seed(3)
     lens = [3, 9, 14, 20, 6, 11, 2, 30]
-    seqs = [torch.randint(0, 500, (n + 12,), generator=g).tolist() for n in lens]
-    rows = [pool.add(len(s)) for s in seqs]
-    model.forward(pool.batch([(r, s[:n], n) for r, s, n in zip(rows, seqs, lens, strict=True)]), pool.kv)
+    seqs, rows = _prefilled(model, pool, lens, seed=3, extra=12)
     done = list(lens)
     for size in (1, 7, 3, 8, 2, 5):  # down and up: rows a larger batch left in the buffers are not read
         batch = pool.batch([(rows[i], [seqs[i][done[i]]], done[i] + 1) for i in range(size)])
@@ -105,12 +111,9 @@ def test_one_region_gives_the_same_bits_on_any_thread_count(gguf_model, arch: st
     finally:
         torch.set_num_threads(before_threads)
     assert graph.threads == 4 and graph.logits is not None
-    monkeypatch.setattr(model, "compute_logits", lambda h: pytest.fail("the LM head should be a node"))
-    g = torch.Generator().manual_seed(5)
     lens = [5, 17, 2, 40, 9, 23, 1, 12]
-    seqs = [torch.randint(0, 500, (n + 1,), generator=g).tolist() for n in lens]
-    rows = [pool.add(len(s)) for s in seqs]
-    model.hidden_states(pool.batch([(r, s[:n], n) for r, s, n in zip(rows, seqs, lens, strict=True)]), pool.kv)
+    seqs, rows = _prefilled(model, pool, lens, seed=5, extra=1)
+    monkeypatch.setattr(model, "compute_logits", lambda h: pytest.fail("the LM head should be a node"))
     start = _kv(pool)
     results: dict[tuple[int, int], tuple[torch.Tensor, list[torch.Tensor]]] = {}
     for threads in (1, 2, 3, 4):
