@@ -204,8 +204,10 @@ class CpuStepGraph:
         self._slot_buf = self._buf(mb, kv.req_to_token.shape[1], dtype=torch.int64)
         self._work_stride = group * (-(-max_context // 8) * 8)  # a thread's scores
         self._work = self._buf(self.threads * self._work_stride)
-        widths = [mod.quant.in_features for mod in m.modules() if isinstance(mod, PackableLinear) and mod.quant]
-        self._q8 = self._buf(quant_linear.q8_bytes(mb, max(widths + [hidden])), dtype=torch.uint8)
+        # The int8 products' quantized activations, one scratch for all (the widest input: a layer's or the head's)
+        widths = [mod.quant.in_features for mod in m.modules()
+                  if isinstance(mod, PackableLinear) and mod.quant and mod.int8_activations]
+        self._q8 = self._buf(quant_linear.q8_bytes(mb, max(widths + [hidden])) if widths else 0, dtype=torch.uint8)
         gemma = isinstance(m, Gemma3ForCausalLM)
         if gemma:
             normed, post = self._buf(mb, hidden), self._buf(mb, hidden)  # a branch's output, normed
