@@ -106,6 +106,10 @@ class EngineConfig:
         default=30.0, metadata={"help": "on SIGTERM or POST /drain, running requests get this long to finish "
                                 "while new ones are refused; the rest are then aborted (0: at once)"}
     )
+    heap_trim_period_s: float = field(
+        default=30.0, metadata={"help": "the worker hands its heap's free pages back to the OS this often, so a "
+                                "rare big step does not raise its RSS for good (0: never)"}
+    )
     max_request_bytes: int = field(
         default=32 * 1024 * 1024, metadata={"help": "largest client message; larger ones get a typed error"}
     )
@@ -147,6 +151,8 @@ class EngineConfig:
             raise bad("step_timeout_s", "must be > 0 (leave it unset for the default from the step times)")
         if not self.drain_timeout_s >= 0:
             raise bad("drain_timeout_s", "must be >= 0")
+        if not self.heap_trim_period_s >= 0:
+            raise bad("heap_trim_period_s", "must be >= 0 (0: never)")
         for name in ("max_running_requests", "max_num_batched_tokens", "page_size", "tp_size", "max_request_bytes"):
             if getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")

@@ -16,6 +16,7 @@ import msgspec
 
 from protocol.embed_params import EmbedParams
 from protocol.final_info import FinalInfo, HasFinal
+from protocol.heap_sample import HeapSample
 from protocol.sampling_params import SamplingParams
 from protocol.stop_messages import Drain, Drained, DrainRequest, DrainRequested, Stalled
 
@@ -197,6 +198,7 @@ class EngineStats(msgspec.Struct, tag="stats"):
     swa_kv_free: int = 0
     draining: str = ""  # filled in by the frontend: why the engine is draining ("" while it serves)
     grammar_cache_bytes: int = 0  # compiled grammars cached (bounded: scheduler/grammar.py's CACHE_BYTES)
+    worker_heap: HeapSample | None = None  # the latest heap sample from rank 0 (None: none yet, or not glibc)
 
 
 ClientMsg = GenerateRequest | EmbedRequest | AbortRequest | StatsRequest | OpenSession | CloseSession | DrainRequest
@@ -314,14 +316,13 @@ class ModelRunnerOutput(msgspec.Struct, tag="result"):
     # Drafts each sampling request really verified, where the worker decides (a CPU worker skips drafts
     # its proposer did not match); None: as scheduled.
     num_drafts: list[int] | None = None
-    # One per sampling request when any asked for logprobs (None entries for the others).
-    logprobs: list[Logprobs | None] | None = None
-    # Per request row: logprobs of the prompt tokens this step's chunk predicts (rows that asked).
-    prompt_logprobs: dict[int, Logprobs] | None = None
+    logprobs: list[Logprobs | None] | None = None  # per sampling request when any asked (None: the others)
+    prompt_logprobs: dict[int, Logprobs] | None = None  # per row that asked: its chunk's prompt tokens
     busy_s: float = 0.0  # worker time spent on this step (input prep + forward + sample)
     idle_s: float = 0.0  # worker idle gap before this step (the bubble)
     # Per request row: the pooled vector of an embedding request whose prompt this step completed.
     embeddings: dict[int, bytes] | None = None
+    heap: HeapSample | None = None  # every --heap-trim-period-s, on the step after it
 
 
 class WorkerFailure(msgspec.Struct, tag="failure"):

@@ -135,5 +135,5 @@ class StepDriver:
             swa_kv_free=0 if kv.hybrid is None else kv.hybrid.swa.num_free,
             spec_draft_tokens=self.sched.spec.draft_tokens, spec_accepted_tokens=self.sched.spec.accepted_tokens,
             spec_accepted_per_position=list(self.sched.spec.accepted_at),
-            grammar_cache_bytes=self.sched.structured.cached_bytes,
+            grammar_cache_bytes=self.sched.structured.cached_bytes, worker_heap=st.worker_heap,
         )

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol.heap_sample import HeapSample
 from protocol.messages import ModelRunnerOutput
 
 
@@ -12,6 +13,7 @@ class StepStats:
     schedule_s: float = 0.0
     worker_busy_s: float = 0.0
     worker_idle_s: float = 0.0
+    worker_heap: HeapSample | None = None  # rank 0's latest
 
     def on_schedule(self, dt: float) -> None:
         self.schedule_s += dt
@@ -20,3 +22,5 @@ class StepStats:
         self.steps += 1
         self.worker_busy_s += out.busy_s
         self.worker_idle_s += out.idle_s
+        if out.heap is not None:
+            self.worker_heap = out.heap

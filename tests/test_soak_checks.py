@@ -54,6 +54,27 @@ def test_growth_after_warmup_fails_and_noise_or_warmup_growth_does_not() -> None
     assert not _verdicts(growth_checks(_samples(flat[:3], fds[:3]), warmup_s=0))["no RSS or fd growth after warm-up"]
 
 
+def test_a_growing_worker_heap_fails_even_while_rss_is_flat() -> None:
+    rng = random.Random(1)
+    n = 60
+    flat = [1400 + rng.uniform(-10, 10) for _ in range(n)]
+    fds = [40] * n
+
+    def with_heap(in_use_mb: list[float]) -> list[dict]:
+        samples = _samples(flat, fds)
+        for s, mb in zip(samples, in_use_mb):
+            s["engine"] = {"worker_heap": {"in_use": int(mb * 2**20), "free": 50 << 20, "rss": int(1400 * 2**20),
+                                           "trims": 1, "released": 0}}
+        return samples
+
+    steady = with_heap([300 + rng.uniform(-5, 5) for _ in range(n)])
+    leak = with_heap([300 + i * 1.0 for i in range(n)])  # 40 MB over the measured 400 s
+    assert _verdicts(growth_checks(steady, warmup_s=180))["worker heap in use flat after warm-up"]
+    v = _verdicts(growth_checks(leak, warmup_s=180))
+    assert v["no RSS or fd growth after warm-up"] and not v["worker heap in use flat after warm-up"]
+    assert "worker heap in use flat after warm-up" not in _verdicts(growth_checks(_samples(flat, fds), warmup_s=180))
+
+
 def test_engine_state_checks() -> None:
     st = SimpleNamespace(kv_free=100, kv_cached=28, kv_pool_size=128, kv_cache_locked=0, running=0, waiting=0,
                          frontend_pending=0, integrity="ok")

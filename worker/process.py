@@ -14,10 +14,12 @@ import zmq
 
 from protocol.child import reporting_startup, start_child
 from protocol.codec import encode, worker_in_decoder
+from protocol.heap_sample import HeapSample
 from protocol.ipc import make_socket
 from protocol.messages import Ready, SampleStep, Shutdown, WorkerFailure, WorkerReady
 from protocol.model_info import read_model_info
 from worker.failed_step import FailedStep, survivable
+from worker.heap_keeper import HeapKeeper
 
 if TYPE_CHECKING:
     from worker.distributed import Dist
@@ -91,13 +93,22 @@ def serve_steps(
     On CPU a launched step is complete, and its result goes out at once.
     """
     pending: deque[PendingStep | FailedStep] = deque()
+    heap = HeapKeeper(runner.cfg.heap_trim_period_s)
+    idle_ms = max(1, int(runner.cfg.heap_trim_period_s * 1000)) if heap.available else -1
+    held: HeapSample | None = None  # taken while idle: goes out with the next step's result
 
     def send_oldest() -> None:
+        nonlocal held
         out = pending.popleft().result()
+        out.heap = heap.tick() or held
+        held = None
         if results is not None:
             results.send(encode(out))
 
     while True:
+        if not pending and idle_ms > 0 and inbox.poll(idle_ms) == 0:
+            held = heap.tick() or held  # idle: give back what the last burst left held
+            continue
         if pending and not pending[0].ready and inbox.poll(0) == 0:
             send_oldest()  # nothing new to queue: wait for the oldest step instead
             continue

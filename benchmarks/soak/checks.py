@@ -90,10 +90,19 @@ def growth_checks(samples: list[dict[str, Any]], warmup_s: float) -> list[Check]
             bad.append(f"{name}: RSS rose {rss_rise:.1f} MB over {ts[-1] - ts[0]:.0f} s (tolerance {rss_tol:.0f})")
         if fd_rise > FD_TOLERANCE:
             bad.append(f"{name}: open fds rose {fd_rise:.1f} (tolerance {FD_TOLERANCE:g})")
+    checks = [Check("no RSS or fd growth after warm-up", not bad, "; ".join(bad or worst))]
+    heap = [(s["t"], s["engine"]["worker_heap"]) for s in after if s["engine"].get("worker_heap")]
+    if len(heap) >= MIN_GROWTH_SAMPLES:  # glibc only: a leak shows here even while RSS hides it in freed pages
+        ts, used = [t for t, _ in heap], [h["in_use"] / 2**20 for _, h in heap]
+        rise, tol = _rise(ts, used), RSS_TOLERANCE_MB + RSS_TOLERANCE_SHARE * float(np.mean(used))
+        last = heap[-1][1]
+        checks.append(Check("worker heap in use flat after warm-up", rise <= tol,
+                             f"{rise:+.1f} MB (tol {tol:.0f}); at the end {last['in_use'] / 2**20:.0f} MB in use, "
+                             f"{last['free'] / 2**20:.0f} MB free in the arenas, {last['trims']} trims gave back "
+                             f"{last['released'] / 2**20:.0f} MB"))
     cache = max((s["engine"].get("grammar_cache_bytes", 0) for s in samples), default=0)
-    return [Check("no RSS or fd growth after warm-up", not bad, "; ".join(bad or worst)),
-            Check("grammar cache within its bound", cache <= CACHE_BYTES,
-                  f"at most {cache / 2**20:.1f} MB of {CACHE_BYTES / 2**20:.0f}")]
+    return checks + [Check("grammar cache within its bound", cache <= CACHE_BYTES,
+                           f"at most {cache / 2**20:.1f} MB of {CACHE_BYTES / 2**20:.0f}")]
 
 
 def tpot_check(records: list[Record], t0: float, t1: float, max_ratio: float) -> Check:

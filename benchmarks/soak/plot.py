@@ -24,7 +24,10 @@ def plot(samples: list[dict[str, Any]], path: Path, title: str, warmup_s: float)
     sched = [(s["t"] / 60, s["procs"]["tandem-scheduler"]["rss_mb"] - s["engine"].get("grammar_cache_bytes", 0) / 2**20)
              for s in samples if "tandem-scheduler" in s["procs"]]
     rss.plot([t for t, _ in sched], [m for _, m in sched], "k--", lw=0.8, label="scheduler less grammar cache")
-    rss.set_title("RSS per process (MB)")
+    heap = [(s["t"] / 60, s["engine"]["worker_heap"]) for s in samples if s["engine"].get("worker_heap")]
+    for key, style in (("in_use", "m:"), ("free", "c:")):
+        rss.plot([t for t, _ in heap], [h[key] / 2**20 for _, h in heap], style, lw=1, label=f"worker heap {key}")
+    rss.set_title("RSS per process, worker heap after its trims (MB)")
     fds.set_title("open fds per process")
 
     eng = [s["engine"] for s in samples]

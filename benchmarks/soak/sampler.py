@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from typing import Any
 
+import msgspec
 import numpy as np
 import psutil
 
@@ -59,6 +60,7 @@ class Sampler:
                 "kv_pool_size", "kv_free", "kv_cached", "kv_cache_locked", "running", "waiting", "retractions",
                 "requests_finished", "requests_failed", "requests_aborted", "host_hit_tokens", "host_kv_used",
                 "spec_draft_tokens", "spec_accepted_tokens", "grammar_cache_bytes", "integrity")}
+            stats["worker_heap"] = None if st.worker_heap is None else msgspec.structs.asdict(st.worker_heap)
         except Exception as e:  # recorded: the checks fail an engine that stops answering
             stats = {"error": f"{type(e).__name__}: {e}"}
         ended = [r for r in self.ledger.snapshot() if r.end_t is not None and self._last < r.end_t <= now]
