@@ -227,3 +227,26 @@ def test_sliding_window_kv_benchmark_compares_the_two_pools(tiny_model, tmp_path
     assert r["kv_bytes_peak_without"] == r["full_slots_peak_without"] * r["bytes_per_full_slot_without"]
     assert 0 < r["kv_peak_ratio"] < 1
     assert "KV in use at peak" in capsys.readouterr().out
+
+
+def test_gguf_to_f32_keeps_every_key_and_the_dequantized_values(tiny_model, tmp_path: Path) -> None:
+    import gguf
+    import torch
+
+    from benchmarks.gguf_to_f32 import to_f32
+    from protocol.model_config import read_model_config
+    from tests.gguf_files import write_gguf
+    from worker.gguf_weights import iter_gguf_weights
+
+    src = write_gguf(tiny_model("llama"), tmp_path / "q.gguf", "Q4_1")
+    dst = to_f32(src, tmp_path / "f32.gguf")
+    a, b = gguf.GGUFReader(src), gguf.GGUFReader(dst)
+    assert {t.tensor_type for t in b.tensors} == {gguf.GGMLQuantizationType.F32}
+    assert {t.tensor_type for t in a.tensors} != {gguf.GGMLQuantizationType.F32}
+    assert b.fields[gguf.Keys.General.FILE_TYPE].contents() == gguf.LlamaFileType.ALL_F32
+    same = [k for k in a.fields if not k.startswith("GGUF.")]  # the header counts: one more key here
+    assert all(a.fields[k].contents() == b.fields[k].contents() for k in same)
+    cfg = read_model_config(src)
+    quant = dict(iter_gguf_weights(src, cfg, torch.float32))
+    full = dict(iter_gguf_weights(dst, read_model_config(dst), torch.float32))
+    assert quant.keys() == full.keys() and all(torch.equal(quant[k], full[k]) for k in quant)
