@@ -37,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     lat.add_argument("--num-requests", type=int, default=3, help="sequential requests; medians are reported")
     lat.add_argument("--llama-cpp", type=Path, help="a llama.cpp build: also run its llama-bench on the same "
                      ".gguf and print the ratio (benchmarks/llama_cpp.py)")
+    lat.add_argument("--llama-cpp-model", help="the .gguf llama-bench runs (default: --model, which must then be "
+                     "one), e.g. an F32 GGUF (benchmarks/gguf_to_f32.py) beside a float32 directory")
     lat.add_argument("--llama-cpp-args", default="", help="more llama-bench flags, e.g. '--repack 0'")
 
     pre = sub.add_parser("prefix", help="TTFT with a shared system prompt: prefix cache on vs off; with "
@@ -261,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.latency import run as run_latency
 
         result = run_latency(cfg, args.prompt_len, args.output_len, args.num_requests, cfg.seed,
-                             args.skip_baseline, args.llama_cpp, tuple(shlex.split(args.llama_cpp_args)))
+                             args.skip_baseline, args.llama_cpp, tuple(shlex.split(args.llama_cpp_args)),
+                             args.llama_cpp_model)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

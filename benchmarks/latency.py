@@ -77,11 +77,13 @@ def run_transformers(model_dir: str, prompt: list[int], output_len: int, repeats
 
 
 def run(cfg: EngineConfig, prompt_len: int, output_len: int, num_requests: int, seed: int,
-        skip_baseline: bool, llama_cpp: Path | None = None, llama_cpp_args: tuple[str, ...] = ()) -> dict[str, Any]:
+        skip_baseline: bool, llama_cpp: Path | None = None, llama_cpp_args: tuple[str, ...] = (),
+        llama_cpp_model: str | None = None) -> dict[str, Any]:
     if output_len < 2:
         raise ValueError("--output-len must be >= 2 to measure decode speed")
-    if llama_cpp is not None and not is_gguf(cfg.model):
-        raise SystemExit("--llama-cpp needs --model FILE.gguf: llama-bench runs the same file")
+    anchor = llama_cpp_model or cfg.model
+    if llama_cpp is not None and not is_gguf(anchor):
+        raise SystemExit("--llama-cpp needs a .gguf: --model FILE.gguf, or --llama-cpp-model FILE.gguf")
     prompts = random_prompts(cfg.model, num_requests, (prompt_len, prompt_len), seed)
     print(f"latency: {num_requests} sequential requests, prompt {prompt_len} tokens, output {output_len}, "
           f"seed {seed}", flush=True)
@@ -107,9 +109,9 @@ def run(cfg: EngineConfig, prompt_len: int, output_len: int, num_requests: int, 
     base_med = statistics.median(base) if base else None
     llama = None
     if llama_cpp is not None:
-        llama = llama_bench(llama_cpp, cfg.model, 0, output_len, cfg.torch_threads or usable_cores(),
+        llama = llama_bench(llama_cpp, anchor, 0, output_len, cfg.torch_threads or usable_cores(),
                             extra=llama_cpp_args)
-        print(f"llama.cpp ({llama['build']}) llama-bench tg{output_len}: {llama['tg_tok_s']:.1f} "
+        print(f"llama.cpp ({llama['build']}) llama-bench tg{output_len} on {anchor}: {llama['tg_tok_s']:.1f} "
               f"± {llama['tg_std']:.1f} tok/s", flush=True)
 
     result: dict[str, Any] = {
@@ -129,6 +131,7 @@ def run(cfg: EngineConfig, prompt_len: int, output_len: int, num_requests: int, 
         "baseline_decode_tok_s_all": base,
         "ratio": decode / base_med if base_med else None,
         "llama_cpp": llama,
+        "llama_cpp_model": anchor if llama_cpp is not None else None,
         "ratio_vs_llama_cpp": decode / llama["tg_tok_s"] if llama and llama["tg_tok_s"] else None,
         "roofline_decode_tok_s": floor_tok_s,
         "roofline_fraction": decode / floor_tok_s,

@@ -65,3 +65,22 @@ def test_llama_cpp_needs_the_gguf_file(tiny_model, tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="gguf"):
         main(["latency", "--model", str(tiny_model("llama")), "--output-len", "4", "--num-requests", "1",
               "--skip-baseline", "--llama-cpp", str(_fake_build(tmp_path))])
+    with pytest.raises(SystemExit, match="gguf"):  # the anchor must be a GGUF too
+        main(["latency", "--model", str(tiny_model("llama")), "--output-len", "4", "--num-requests", "1",
+              "--skip-baseline", "--llama-cpp", str(_fake_build(tmp_path / "b")),
+              "--llama-cpp-model", str(tiny_model("llama"))])
+
+
+def test_a_directory_runs_beside_the_gguf_llama_bench_is_given(tiny_model, tmp_path: Path) -> None:
+    """A float32 directory against llama.cpp's F32 GGUF of the same weights: --llama-cpp-model."""
+    f32 = write_gguf(tiny_model("llama"), tmp_path / "f32.gguf", "F32")
+    out = tmp_path / "latency.json"
+    rc = main(["latency", "--model", str(tiny_model("llama")), "--dtype", "float32", "--prompt-len", "8",
+               "--output-len", "4", "--num-requests", "1", "--kv-cache-tokens", "1024", "--skip-baseline",
+               "--llama-cpp", str(_fake_build(tmp_path / "lc")), "--llama-cpp-model", str(f32), "--json", str(out)])
+    assert rc == 0
+    argv = json.loads((tmp_path / "lc" / "argv.json").read_text())
+    assert argv[argv.index("-m") + 1] == str(f32)
+    r = json.loads(out.read_text())
+    assert r["llama_cpp_model"] == str(f32) and r["ratio_vs_llama_cpp"] == pytest.approx(
+        r["engine_decode_tok_s"] / FAKE_TG)
