@@ -137,6 +137,9 @@ class GrammarCompilerService:
         self._init_lock = threading.Lock()
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], Future[xgr.CompiledGrammar]] = OrderedDict()
+        # Compiled, sized and counted, but their futures not yet resolved: the room is made before a
+        # waiter can see the grammar, so the cache is within its bytes whenever a grammar is visible.
+        self._finishing: dict[tuple[str, str], int] = {}
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grammar")
 
     # -- compiler ---------------------------------------------------------------------------------
@@ -173,6 +176,14 @@ class GrammarCompilerService:
         assert self._info is not None
         return self._info
 
+    def _compile_and_make_room(self, spec: GrammarSpec, box: list[Future[Any]]) -> xgr.CompiledGrammar:
+        compiled = self._compile(spec)
+        with self._lock:  # submit() has put this compilation's future in box before releasing the lock
+            if self._cache.get(spec.key) is box[0]:
+                self._finishing[spec.key] = int(compiled.memory_size_bytes)
+                self._evict_locked(keep=spec.key)
+        return compiled
+
     def _compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         compiler = self.compiler  # outside the try: a tokenizer that fails to load is not a client error
         with self._lock:
@@ -208,7 +219,9 @@ class GrammarCompilerService:
             pending = sum(not f.done() for f in self._cache.values())
             if pending >= self.max_pending:
                 raise GrammarBusy(f"{pending} distinct grammars are compiling already; retry later")
-            fut = self._pool.submit(self._compile, spec)
+            box: list[Future[xgr.CompiledGrammar]] = []  # the future, for its own compilation to find
+            fut = self._pool.submit(self._compile_and_make_room, spec, box)
+            box.append(fut)
             self._cache[spec.key] = fut
             self._evict_locked()
         fut.add_done_callback(lambda f, key=spec.key: self._on_done(key, f))
@@ -228,23 +241,34 @@ class GrammarCompilerService:
     def shutdown(self, wait: bool = True) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=True)
 
-    def _evict_locked(self) -> None:
-        # Only finished entries go, oldest first: a pending future may be waited on by requests not yet matched.
-        done = [(k, _grammar_bytes(f)) for k, f in self._cache.items() if f.done()]
-        held = sum(n for _, n in done)
-        for key, n in done:
+    def _sized_locked(self) -> list[tuple[tuple[str, str], int]]:
+        """The entries whose size is known, oldest first: compiled (finishing or finished)."""
+        return [(k, self._finishing[k] if k in self._finishing else _grammar_bytes(f))
+                for k, f in self._cache.items() if k in self._finishing or f.done()]
+
+    def _evict_locked(self, keep: tuple[str, str] | None = None) -> None:
+        # Only compiled entries go, oldest first (a pending future may be waited on by requests not yet
+        # matched); `keep`: the one being made room for.
+        sized = self._sized_locked()
+        held = sum(n for _, n in sized)
+        for key, n in sized:
             if len(self._cache) <= self.cache_size and held <= self.cache_bytes:
                 break
+            if key == keep:
+                continue
             held -= n
             del self._cache[key]
+            self._finishing.pop(key, None)
 
     @property
     def cached_bytes(self) -> int:
         with self._lock:
-            return sum(_grammar_bytes(f) for f in self._cache.values() if f.done())
+            return sum(n for _, n in self._sized_locked())
 
     def _on_done(self, key: tuple[str, str], fut: Future[Any]) -> None:
         with self._lock:
+            if self._cache.get(key) is fut:
+                self._finishing.pop(key, None)
             # A bad constraint fails the same way every time (keep it); anything else may be transient.
             if fut.cancelled() or (fut.exception() is not None and not isinstance(fut.exception(), GrammarError)):
                 if self._cache.get(key) is fut:
