@@ -16,7 +16,7 @@ from protocol.child import reporting_startup, start_child
 from protocol.codec import encode, worker_in_decoder
 from protocol.heap_sample import HeapSample
 from protocol.ipc import make_socket
-from protocol.messages import Ready, SampleStep, Shutdown, WorkerFailure, WorkerReady
+from protocol.messages import ModelRunnerOutput, Ready, SampleStep, Shutdown, WorkerFailure, WorkerReady
 from protocol.model_info import read_model_info
 from worker.failed_step import FailedStep, survivable
 from worker.heap_keeper import HeapKeeper
@@ -100,8 +100,9 @@ def serve_steps(
     def send_oldest() -> None:
         nonlocal held
         out = pending.popleft().result()
-        out.heap = heap.tick() or held
-        held = None
+        if isinstance(out, ModelRunnerOutput):  # a failed step's StepFailed carries no sample
+            out.heap = heap.tick() or held
+            held = None
         if results is not None:
             results.send(encode(out))
 
