@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import psutil
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from frontend import Client
 from launch.serve_announcements import PROCESS_PREFIX, READY_PREFIX
 from protocol import EngineDeadError, SamplingParams
+from worker.heap_keeper import HeapKeeper
 
 
 def _serve(model, *flags: str) -> tuple[subprocess.Popen, str, dict[str, int]]:
@@ -123,14 +125,20 @@ def test_unknown_engine_option_is_an_error(tiny_model) -> None:
 def test_engine_option_of_the_wrong_type_is_an_error_and_a_good_one_serves(tiny_model) -> None:
     model = str(tiny_model("llama"))
     for bad in ({"enforce_eager": "yes"}, {"max_running_requests": True}, {"kv_memory_fraction": "0.2"},
-                {"cpu_int8_activations": "yes"}):
+                {"cpu_int8_activations": "yes"}, {"heap_trim_period_s": "30"}):
         with pytest.raises(ValueError, match=f"invalid engine option.*{next(iter(bad))}"):
             Client.launch(model, **bad)
-    for field, value in (("kv_memory_fraction", 2.0), ("kv_cache_dtype", "fp8")):  # values __post_init__ refuses
+    for field, value in (("kv_memory_fraction", 2.0), ("kv_cache_dtype", "fp8"), ("heap_trim_period_s", -1.0),
+                         ("heap_trim_period_s", float("nan"))):  # values __post_init__ refuses
         with pytest.raises(ValueError, match=field):
             Client.launch(model, **{field: value})
     # A directory model on CPU has no decode graph to turn off; the options all reach a serving engine.
     with Client.launch(model, enforce_eager=True, kv_cache_tokens=2048, kv_cache_dtype="float16",
-                       cpu_int8_activations=False) as client:
+                       cpu_int8_activations=False, heap_trim_period_s=0.05) as client:
         out = client.generate([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
         assert len(out.token_ids) == 4
+        if HeapKeeper(1.0).available:  # past its period the worker trims and its sample reaches the stats
+            time.sleep(0.1)
+            client.generate([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
+            heap = client.stats().worker_heap
+            assert heap is not None and heap.trims >= 1 and heap.in_use > 0 and heap.rss > 0
