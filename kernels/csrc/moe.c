@@ -194,11 +194,7 @@ static void moe_pass(const float *x, int64_t T, int64_t H, int64_t ldx, const fl
     const int64_t nt = P * (N13 + I) * H < PARALLEL_MIN_MACS ? 1 : threads;
 #pragma omp parallel num_threads(nt)
     {
-#ifdef _OPENMP
-        const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
-#else
-        const int64_t t = 0, n = 1;
-#endif
+        const int64_t t = team_thread(), n = team_size();
         float *wf = malloc((size_t)(H > I ? H : I) * PANEL * sizeof(float));
         int64_t p0, p1;
         if (router) {

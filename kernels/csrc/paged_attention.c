@@ -29,9 +29,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "omp_team.h"
 
 #include "simd_exp.h"
 
@@ -351,11 +349,7 @@ int tandem_paged_attention_win(
     for (int64_t w = 0; w < blocks * num_kv_heads; w++) {
         const int64_t b = blk[2 * (w / num_kv_heads)], j0 = blk[2 * (w / num_kv_heads) + 1], hk = w % num_kv_heads;
         const int64_t ql = q_offsets[b + 1] - q_offsets[b], j1 = j0 + query_block < ql ? j0 + query_block : ql;
-#ifdef _OPENMP
-        float *scratch = work + omp_get_thread_num() * work_stride;
-#else
-        float *scratch = work;
-#endif
+        float *scratch = work + team_thread() * work_stride;
         const float *qb[(j1 - j0) * group];
         float *ob[(j1 - j0) * group];
         for (int64_t j = j0; j < j1; j++) {

@@ -16,9 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "omp_team.h"
 
 #include "quant_blocks.h"
 
@@ -276,11 +274,7 @@ void tandem_quant_linear_f32(const float *x, int64_t M, int64_t K, int64_t ldx, 
                              int64_t N, float *y, int64_t ldy, int64_t num_threads) {
 #pragma omp parallel num_threads(num_threads)
     {
-#ifdef _OPENMP
-        tandem_quant_linear_part(x, M, K, ldx, w, qtype, N, y, ldy, omp_get_thread_num(), omp_get_num_threads());
-#else
-        tandem_quant_linear_part(x, M, K, ldx, w, qtype, N, y, ldy, 0, 1);
-#endif
+        tandem_quant_linear_part(x, M, K, ldx, w, qtype, N, y, ldy, team_thread(), team_size());
     }
 }
 
@@ -363,11 +357,7 @@ void tandem_quant_linear_q8(const float *x, int64_t M, int64_t K, int64_t ldx, c
     }
 #pragma omp parallel num_threads(num_threads)
     {
-#ifdef _OPENMP
-        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-        const int64_t t = 0, nt = 1;
-#endif
+        const int64_t t = team_thread(), nt = team_size();
         tandem_quantize_q8_part(x, M, K, ldx, buf, t, nt);
 #pragma omp barrier
         tandem_quant_linear_q8_part(buf, M, K, w, qtype, N, y, ldy, t, nt);

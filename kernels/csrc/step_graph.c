@@ -23,9 +23,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "omp_team.h"
 
 #define NODE_ARGS 24
 
@@ -264,11 +262,7 @@ int64_t tandem_step_graph_run(const int64_t *nodes, int64_t n_nodes, int64_t row
         while (j < n_nodes && nodes[j * (NODE_ARGS + 1)] != MOE) j++;
 #pragma omp parallel num_threads(threads)
         {
-#ifdef _OPENMP
-            const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-            const int64_t t = 0, nt = 1;
-#endif
+            const int64_t t = team_thread(), nt = team_size();
             for (int64_t k = i; k < j; k++) {
                 if (run_node(nodes + k * (NODE_ARGS + 1), rows, t, nt)) {
 #pragma omp atomic write
