@@ -57,3 +57,5 @@ def test_it_trims_at_most_once_a_period_and_never_with_period_zero() -> None:
     never = HeapKeeper(0.0, clock=lambda: now[0])
     now[0] += 1e6
     assert never.tick() is None and never.trims == 0
+    # An idle worker waits a period on its inbox between ticks, and blocks (0) when it never trims.
+    assert keeper.idle_poll_ms == 10_000 and never.idle_poll_ms == 0 and HeapKeeper(1e-6).idle_poll_ms == 1

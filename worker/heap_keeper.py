@@ -13,27 +13,17 @@ bytes free in the arenas. In use growing is a leak; RSS growing with in use flat
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import time
 from collections.abc import Callable
 
 from protocol.heap_sample import HeapSample
+from worker.malloc_tuning import libc
 
 
 class _Mallinfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in (
         "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if not name:
-        return None
-    try:
-        return ctypes.CDLL(name)
-    except OSError:
-        return None
 
 
 def _rss_bytes() -> int:
@@ -49,9 +39,9 @@ class HeapKeeper:
         self.trims = 0
         self.released_bytes = 0  # RSS the trims gave back, summed
         self._last = clock()
-        libc = _libc()
-        self._mallinfo2 = getattr(libc, "mallinfo2", None)
-        self._trim = getattr(libc, "malloc_trim", None)
+        c = libc()
+        self._mallinfo2 = getattr(c, "mallinfo2", None)
+        self._trim = getattr(c, "malloc_trim", None)
         if self._mallinfo2 is not None:
             self._mallinfo2.restype, self._mallinfo2.argtypes = _Mallinfo2, []
         if self._trim is not None:
@@ -61,6 +51,12 @@ class HeapKeeper:
     def available(self) -> bool:
         """glibc with mallinfo2 and malloc_trim (elsewhere: no samples, nothing trimmed)."""
         return self._mallinfo2 is not None and self._trim is not None
+
+    @property
+    def idle_poll_ms(self) -> int:
+        """How long an idle worker waits on its inbox before a tick: a period; 0 (block until a message)
+        when it never trims."""
+        return max(1, int(self.period_s * 1000)) if self.available and self.period_s > 0 else 0
 
     def tick(self) -> HeapSample | None:
         if self.period_s <= 0 or not self.available or self.clock() - self._last < self.period_s:

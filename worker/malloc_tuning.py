@@ -14,15 +14,19 @@ _M_TOP_PAD = -2
 _M_MMAP_THRESHOLD = -3
 
 
+def libc() -> ctypes.CDLL | None:
+    """The C library, None where it cannot be loaded."""
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+
+
 def keep_freed_memory() -> bool:
     """Returns False where this is not glibc (nothing to tune)."""
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    mallopt = getattr(libc(), "mallopt", None)
+    if mallopt is None:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     big = 1 << 30  # mallopt takes an int: 1 GiB is within range and above any single activation here

@@ -94,7 +94,7 @@ def serve_steps(
     """
     pending: deque[PendingStep | FailedStep] = deque()
     heap = HeapKeeper(runner.cfg.heap_trim_period_s)
-    idle_ms = max(1, int(runner.cfg.heap_trim_period_s * 1000)) if heap.available else -1
+    idle_ms = heap.idle_poll_ms
     held: HeapSample | None = None  # taken while idle: goes out with the next step's result
 
     def send_oldest() -> None:
