@@ -19,14 +19,15 @@ from kernels.ops import resolve_ops
 from protocol.engine_config import EngineConfig
 from protocol.gguf_metadata import is_gguf, open_gguf
 from protocol.model_config import read_model_config
-from worker.device import resolve_device, resolve_dtype
+from worker.device import resolve_device, resolve_weight_dtype
 from worker.layers.cpu_linear import pack_weight, packable, packed_linear
 from worker.loader import quantized_types
 
 
 def engine_dtype(cfg: EngineConfig) -> torch.dtype:
-    """The dtype the engine's worker will run in (what `--dtype auto` picks on this machine)."""
-    return resolve_dtype(cfg.dtype, resolve_device(cfg.device), gguf=is_gguf(cfg.model))
+    """The dtype of the engine worker's float weights (what `--dtype auto` picks on this machine): what a
+    decode step streams (on CPU with bf16 weights the activations and KV stay float32)."""
+    return resolve_weight_dtype(cfg.dtype, resolve_device(cfg.device), gguf=is_gguf(cfg.model))
 
 
 def model_dims(cfg: EngineConfig) -> ModelDims:

@@ -56,7 +56,8 @@ class EngineConfig:
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda"})
     dtype: str = field(
         default="auto",
-        metadata={"help": "auto (bf16 on CUDA and on CPUs with AMX or AVX512-BF16, else fp32), float32, bfloat16"},
+        metadata={"help": "auto (bf16 on CUDA; on CPU fp32 activations, a float checkpoint's weights in bf16 with "
+                          "AMX or AVX512-BF16, else fp32), float32, bfloat16, float16"},
     )
     kv_cache_dtype: str = field(
         default="auto", metadata={"help": "the KV pools' element: auto (the model's dtype), float32, float16, "

@@ -13,8 +13,8 @@ without padding rows.
 Each node calls the kernel the eager forward calls, with the arguments it would get, so a replay gives the
 eager forward's bits (tests hold them equal; K/V written to a float16 or bfloat16 pool are rounded as torch
 rounds them). It applies where every op of a step has a C kernel: CPU, a float32 model, the C kernels built,
-the `cpu` attention backend, one rank, every linear layer running from GGUF blocks (the float32 products run
-through oneDNN, which has no C entry), a Llama/Qwen2/Qwen3 or Gemma 3 decoder (its sliding layers: their
+the `cpu` attention backend, one rank, every linear layer running from GGUF blocks or from a float32 or bf16
+weight the C kernel takes (for up to DENSE_MAX_ROWS rows: a recording then serves batches up to that), a Llama/Qwen2/Qwen3 or Gemma 3 decoder (its sliding layers: their
 window, RoPE table and, with a pool of their own, slots mapped into it), or an MoE one whose MoE layers are
 one C call each (kernels/native/moe.py; no shared expert). --enforce-eager turns it off.
 """
@@ -52,7 +52,23 @@ def cpu_graph_applies(cfg: EngineConfig, model: torch.nn.Module, kv: KVCache) ->
     if not layers or not all(hasattr(x, "self_attn") and _mlp_records(getattr(x, "mlp", None)) for x in layers):
         return False
     linears = [m for m in model.modules() if isinstance(m, PackableLinear)]
-    return bool(linears) and all(m.quant is not None for m in linears)
+    return bool(linears) and all(m.quant is not None or m.dense is not None for m in linears)
+
+
+def graph_batch(model: torch.nn.Module, max_batch: int) -> int:
+    """The most decode rows a recording serves: a float weight's product runs in the C kernel (a node) only
+    up to DENSE_MAX_ROWS rows (more go to torch in the eager path, whose bits the replay gives)."""
+    dense = [m.dense for m in model.modules() if isinstance(m, PackableLinear) and m.dense is not None]
+    dense += [m.head_dense for m in model.modules() if getattr(m, "head_dense", None) is not None]
+    return min([max_batch, *(quant_linear.DENSE_MAX_ROWS[w.qtype] for w in dense)])
+
+
+def _stored(layer: PackableLinear) -> QuantWeight | QuantRows:
+    """What a layer's product runs from in the C kernel: its blocks or its float weight."""
+    w = layer.quant or layer.dense
+    if w is None:
+        raise ValueError("a linear layer the C kernel does not take (cpu_graph_applies says so)")
+    return w
 
 
 def _mlp_records(mlp: torch.nn.Module | None) -> bool:
@@ -67,6 +83,7 @@ class CpuStepGraph:
     """Runs decode batches of up to max_batch requests by replaying one recorded step."""
 
     def __init__(self, model: torch.nn.Module, kv: KVCache, max_batch: int, max_context: int) -> None:
+        max_batch = graph_batch(model, max_batch)
         self.model, self.kv, self.max_batch = model, kv, max_batch
         self.num_runs = 0  # decode steps run through here (the tests check that they were)
         i64 = {"dtype": torch.int64}
@@ -123,8 +140,7 @@ class CpuStepGraph:
                    norm.weight.data_ptr(), n, sg.float_bits(norm.eps), out.data_ptr(), out.stride(0))
 
     def _linear(self, layer: PackableLinear, x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None) -> None:
-        assert layer.quant is not None  # cpu_graph_applies checked every layer
-        self._product(layer.quant, layer.int8_activations, x, y, bias)
+        self._product(_stored(layer), layer.int8_activations and layer.quant is not None, x, y, bias)
 
     def _product(self, w: QuantWeight | QuantRows, int8: bool, x: torch.Tensor, y: torch.Tensor,
                  bias: torch.Tensor | None) -> None:
@@ -185,9 +201,9 @@ class CpuStepGraph:
         attn0 = layers[0].self_attn
         H, Hkv, D = attn0.num_heads, attn0.num_kv_heads, attn0.head_dim
         hidden = m.model.embed_tokens.weight.shape[1]
-        qkv_w = attn0.qkv_proj.quant.out_features
+        qkv_w = _stored(attn0.qkv_proj).out_features
         dense = [x.mlp for x in layers if not isinstance(x.mlp, FusedMoE)]
-        inter2 = max((mlp.gate_up_proj.quant.out_features for mlp in dense), default=2)
+        inter2 = max((_stored(mlp.gate_up_proj).out_features for mlp in dense), default=2)
         top_k = max((x.mlp.top_k for x in layers if isinstance(x.mlp, FusedMoE)), default=1)
         h, x, o, down = (self._buf(mb, hidden) for _ in range(4))
         self.final = self._buf(mb, hidden)
@@ -254,7 +270,7 @@ class CpuStepGraph:
         self._norm(h, delta, m.model.norm, self.final)
         head = m.model.embed_tokens if m.lm_head is None else m.lm_head
         self.logits: torch.Tensor | None = None  # [mb, vocab] when the LM head is a node
-        hq = head.head_quant
+        hq = head.head_quant or head.head_dense
         if hq is not None and head.tp_size == 1 and hq.out_features == head.shard:  # else compute_logits runs
-            self.logits = self._buf(mb, head.head_quant.out_features)
-            self._product(hq, head.int8_activations, self.final, self.logits, None)
+            self.logits = self._buf(mb, hq.out_features)
+            self._product(hq, head.int8_activations and head.head_quant is not None, self.final, self.logits, None)

@@ -1,5 +1,5 @@
-"""Device and dtype choice: bf16 on CUDA and on CPUs with native bf16 matmuls, fp32 elsewhere (and for a GGUF
-file on CPU)."""
+"""Device and dtype choice: bf16 on CUDA; on CPU fp32 activations, with a float checkpoint's linear weights in
+bf16 where the CPU has native bf16 matmuls (a GGUF file keeps its blocks)."""
 from __future__ import annotations
 
 import torch
@@ -15,13 +15,22 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device, caps: CpuCaps | None = None, gguf: bool = False) -> torch.dtype:
-    """`auto`: bf16 on CUDA; on CPU bf16 only with AMX or AVX512-BF16 (elsewhere bf16 matmuls are
-    emulated and slower than fp32), and fp32 for a GGUF file (`gguf`): the CPU's quantized kernels compute
-    in fp32 straight from the file's blocks, where bf16 would dequantize every layer (as llama.cpp, which
-    runs a GGUF's activations in fp32)."""
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The activations' dtype. `auto`: bf16 on CUDA, fp32 on CPU, where the C kernels of a decode step (the
+    linear products from blocks or float weights, norms, rotary, attention: the CPU step graph) take fp32,
+    as llama.cpp runs a model's activations in fp32 whatever its weights' type (resolve_weight_dtype)."""
     if name == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16
-        return torch.bfloat16 if (caps or cpu_caps()).fast_bf16 and not gguf else torch.float32
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def resolve_weight_dtype(name: str, device: torch.device, caps: CpuCaps | None = None,
+                         gguf: bool = False) -> torch.dtype:
+    """The float linear weights' dtype (the LM head's too). The activations' (resolve_dtype) but for `auto`
+    on a CPU with AMX or AVX512-BF16 and a float checkpoint: bf16 weights with fp32 activations, as
+    llama.cpp runs a BF16 GGUF: a decode step streams half the bytes (the C kernel widens them exactly as
+    it loads them) and many rows take the hardware's bf16 products. Elsewhere bf16 matmuls are emulated and
+    slower than fp32; a GGUF file (`gguf`) keeps its quantized blocks."""
+    if name == "auto" and device.type == "cpu" and not gguf and (caps or cpu_caps()).fast_bf16:
+        return torch.bfloat16
+    return resolve_dtype(name, device)

@@ -14,7 +14,7 @@ from protocol.messages import Logprobs, ModelRunnerOutput, SampleStep, Scheduler
 from protocol.model_info import ModelInfo
 from worker.cpu_step_graph import CpuStepGraph, cpu_graph_applies
 from worker.decode_graphs import MAX_GRAPH_BATCH, DecodeGraphs, graphs_apply
-from worker.device import resolve_device, resolve_dtype
+from worker.device import resolve_device, resolve_dtype, resolve_weight_dtype
 from worker.distributed import Dist, local_rank
 from worker.failed_step import FailedStep, RequestFault, describe
 from worker.host_to_device import to_device
@@ -55,7 +55,9 @@ class ModelRunner:
         self.device = resolve_device(cfg.device)
         if self.device.type == "cuda" and cfg.tp_size > 1:
             self.device = torch.device("cuda", local_rank(cfg, rank))
-        self.dtype = resolve_dtype(cfg.dtype, self.device, gguf=is_gguf(cfg.model))
+        self.dtype = resolve_dtype(cfg.dtype, self.device)  # the activations'
+        # the float linear weights' (bf16 under a float32 model with `auto` on CPUs with bf16 matmuls)
+        self.weight_dtype = resolve_weight_dtype(cfg.dtype, self.device, gguf=is_gguf(cfg.model))
         # The KV pools' (device and host) element; K/V are rounded to it when written. Attention reads it as
         # is (the C kernel widens half pools to float32 as it loads; torch attends a mixed pair in float32).
         kvd = cfg.kv_cache_dtype
@@ -68,7 +70,7 @@ class ModelRunner:
         self.model = load_model(
             cfg.model, dtype=self.dtype, device=self.device, tp_rank=rank, tp_size=cfg.tp_size, ops=self.ops
         )
-        self.model.pack_cpu_weights()
+        self.model.pack_cpu_weights(self.weight_dtype)
         mc = self.model.config
         max_reqs = cfg.max_running_requests
         self.max_context = info.max_model_len

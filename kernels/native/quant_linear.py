@@ -1,5 +1,6 @@
 """Linear products on CPU straight from a GGUF file's weight blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
-Q6_K: the types of llama.cpp's Q4_K_M and Q5_K_M files, among others).
+Q6_K: the types of llama.cpp's Q4_K_M and Q5_K_M files, among others), or from a float model's float32 or
+bfloat16 weight as it is (`dense`: kernels/csrc/dense_rows.h), so every layer of a decode step has one C entry.
 
 A decode step on CPU is bound by reading the weights: SmolLM2-135M's linear layers are 540 MB in float32
 and 66 MB as the file's Q4_1 blocks. kernels/csrc/quant_linear.c dequantizes each weight in registers, to
@@ -26,13 +27,18 @@ from pathlib import Path
 import torch
 
 from kernels.native import build as native_build
-from kernels.native.quant_pack import GGUF_BLOCKS, QuantRows, QuantWeight, dequantize, pack
+from kernels.native.quant_pack import GGUF_BLOCKS, QuantRows, QuantWeight, dense, dequantize, pack
 
-__all__ = ["GGUF_BLOCKS", "QuantRows", "QuantWeight", "available", "build", "dequantize", "pack", "quant_linear"]
+__all__ = ["DENSE_MAX_ROWS", "GGUF_BLOCKS", "QuantRows", "QuantWeight", "available", "build", "dense",
+           "dense_takes", "dequantize", "pack", "quant_linear"]
 
 SOURCE = Path(__file__).parents[1] / "csrc" / "quant_linear.c"
 # Below this many multiply-adds a call runs on one thread: waking the other costs more than it saves.
 PARALLEL_MIN_MACS = 1 << 16
+# The most rows a float weight's product takes here; more go to torch (oneDNN). Measured over SmolLM2's 120
+# layer shapes (benchmarks/results/worker/README.md): bf16 ahead of oneDNN's AMX product up to 8 rows, float32
+# ahead of oneDNN's packed product up to 8 and within 1.2x of it to 128 (and the packed copy is not kept).
+DENSE_MAX_ROWS = {"F32": 128, "BF16": 8}
 
 
 def build(compiler: str | None = None) -> Path:
@@ -66,6 +72,11 @@ def available() -> bool:
     return _library() is not None
 
 
+def dense_takes(w: QuantWeight, x: torch.Tensor) -> bool:
+    """Whether a float weight's product with x runs in the kernel (float32 x of few enough rows)."""
+    return x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] <= DENSE_MAX_ROWS[w.qtype]
+
+
 def quant_linear(
     x: torch.Tensor, w: QuantWeight | QuantRows, threads: int | None = None, int8: bool = False
 ) -> torch.Tensor:
@@ -83,11 +94,12 @@ def quant_linear(
     y = x.new_empty(m, w.out_features)
     if m == 0:
         return y
-    fn = lib.tandem_quant_linear_q8 if int8 else lib.tandem_quant_linear_f32
     col = 0
     for part in w.parts if isinstance(w, QuantRows) else (w,):  # each into its own columns of y
         macs = m * part.out_features * part.in_features
         n = 1 if macs < PARALLEL_MIN_MACS else (threads or torch.get_num_threads())
+        # a float weight (dense) has no blocks to take int8 activations against
+        fn = lib.tandem_quant_linear_q8 if int8 and not part.dense else lib.tandem_quant_linear_f32
         fn(x.data_ptr(), m, part.in_features, x.stride(0), part.data.data_ptr(), part.kind, part.out_features,
            y.data_ptr() + col * y.element_size(), y.stride(0), n)
         col += part.out_features

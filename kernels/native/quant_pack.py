@@ -27,7 +27,10 @@ GGUF_BLOCKS = {
     "Q5_K": (6, 256, 176),
     "Q6_K": (7, 256, 210),
 }
-_NAMES = {kind: name for name, (kind, _, _) in GGUF_BLOCKS.items()}
+# Float weights kept row-major [out, in] as the checkpoint holds them, not repacked (kernels/csrc/dense_rows.h):
+# the kinds after the blocks', for float32 and bfloat16 layers of a float model on CPU.
+DENSE_KINDS = {"F32": (8, torch.float32), "BF16": (9, torch.bfloat16)}
+_NAMES = {kind: name for name, (kind, _, _) in GGUF_BLOCKS.items()} | {k: n for n, (k, _) in DENSE_KINDS.items()}
 _K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
 _HIGH_BITS = {"Q5_0": 1, "Q5_1": 1, "Q5_K": 1, "Q6_K": 2}  # bits of q above its low nibble
 OFFSETS = {"Q4_0": 8, "Q5_0": 16, "Q6_K": 32}  # gguf's d * (q - offset): M = -offset * D
@@ -38,7 +41,7 @@ _WITH_M = ("Q4_1", "Q5_1")  # d * q + m, m stored
 class QuantWeight:
     """A [out_features, in_features] weight in the kernel's layout (quant_blocks.h)."""
 
-    data: torch.Tensor  # uint8 [panels, K / super-block inputs, super-block bytes]
+    data: torch.Tensor  # uint8 [panels, K / super-block inputs, super-block bytes]; a dense kind: [out, in] float
     kind: int  # GGUF_BLOCKS' kind
     out_features: int
     in_features: int
@@ -49,7 +52,23 @@ class QuantWeight:
 
     @property
     def nbytes(self) -> int:
-        return self.data.numel()
+        return self.data.numel() * self.data.element_size()
+
+    @property
+    def dense(self) -> bool:
+        """A float weight kept row-major (DENSE_KINDS), not blocks."""
+        return self.qtype in DENSE_KINDS
+
+
+def dense(weight: torch.Tensor) -> QuantWeight:
+    """A float32 or bfloat16 [out, in] CPU weight for the kernel as it is (made contiguous, no copy when it
+    already is: the same tensor may serve torch's products too)."""
+    for kind, dtype in DENSE_KINDS.values():
+        if weight.dtype == dtype:
+            if weight.dim() != 2 or weight.device.type != "cpu":
+                raise ValueError(f"a dense weight is a 2-d CPU tensor, got {tuple(weight.shape)} on {weight.device}")
+            return QuantWeight(weight.contiguous(), kind, weight.shape[0], weight.shape[1])
+    raise ValueError(f"no dense CPU kernel for {weight.dtype}; supported: float32, bfloat16")
 
 
 @dataclass(frozen=True)
@@ -223,6 +242,8 @@ def dequantize(w: QuantWeight | QuantRows) -> torch.Tensor:
     as the kernel computes them from its layout (what gguf's dequantization of the file gives)."""
     if isinstance(w, QuantRows):
         return torch.cat([dequantize(p) for p in w.parts])
+    if w.dense:
+        return w.data.float()
     q, d, m = unpack(w)
     panels, kb = q.shape[:2]
     d = np.repeat(d, 32 // d.shape[2], axis=2)  # each scale over its inputs: [panels, kb, 32 (k), 16]

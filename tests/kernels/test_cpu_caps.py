@@ -8,7 +8,7 @@ from kernels.native.cpu_caps import cpu_caps, parse_cpuinfo
 from kernels.ops import resolve_ops
 from protocol.engine_config import EngineConfig
 from worker.attention_backend import select_attention_backend
-from worker.device import resolve_dtype
+from worker.device import resolve_dtype, resolve_weight_dtype
 
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -32,14 +32,17 @@ def test_parse_cpuinfo_reads_first_processor() -> None:
      ("amx_bf16 amx_tile", torch.bfloat16)],
 )  # fmt: skip
 def test_auto_dtype_follows_cpu_flags(flags: str, expected: torch.dtype) -> None:
+    """On CPU `auto` computes in float32 and keeps a float checkpoint's linear weights in bf16 where the CPU
+    multiplies bf16 natively; explicit dtypes win; a GGUF file keeps its blocks (weights of its own)."""
     caps = parse_cpuinfo(f"model name\t: X\nflags\t\t: {flags}\n", cores=2)
-    assert resolve_dtype("auto", torch.device("cpu"), caps) == expected
-    assert resolve_dtype("float32", torch.device("cpu"), caps) == torch.float32  # explicit wins
-    assert resolve_dtype("auto", torch.device("cuda"), caps) == torch.bfloat16
-    # A GGUF file on CPU computes in float32 from its blocks, whatever the CPU; explicit still wins.
-    assert resolve_dtype("auto", torch.device("cpu"), caps, gguf=True) == torch.float32
-    assert resolve_dtype("bfloat16", torch.device("cpu"), caps, gguf=True) == torch.bfloat16
-    assert resolve_dtype("auto", torch.device("cuda"), caps, gguf=True) == torch.bfloat16
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_dtype("auto", cpu) == torch.float32
+    assert resolve_weight_dtype("auto", cpu, caps) == expected
+    assert resolve_weight_dtype("float32", cpu, caps) == torch.float32
+    assert resolve_weight_dtype("bfloat16", cpu, caps) == resolve_dtype("bfloat16", cpu) == torch.bfloat16
+    assert resolve_dtype("auto", cuda) == resolve_weight_dtype("auto", cuda, caps) == torch.bfloat16
+    assert resolve_weight_dtype("auto", cpu, caps, gguf=True) == torch.float32
+    assert resolve_weight_dtype("bfloat16", cpu, caps, gguf=True) == torch.bfloat16
 
 
 def test_this_machine_is_described() -> None:

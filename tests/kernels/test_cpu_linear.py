@@ -1,4 +1,5 @@
-"""oneDNN's packed product equals F.linear, and a packed model computes what the plain one does."""
+"""oneDNN's packed product equals F.linear, and a packed model computes what the plain one does; with the C
+kernel a float layer keeps one weight that the kernel and torch both multiply with."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from worker.layers import ColumnParallelLinear, RowParallelLinear, VocabEmbedding
+from kernels.native import quant_linear as native_linear
+from kernels.native.quant_linear import DENSE_MAX_ROWS
 from worker.layers.cpu_linear import pack_weight, packable, packed_linear
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
@@ -41,23 +44,58 @@ def test_only_cpu_float32_weights_are_packed() -> None:
     assert not packable(torch.randn(4, 4, dtype=torch.float64))
 
 
-@needs_onednn
-def test_layers_after_packing_compute_the_same_and_free_the_plain_weight() -> None:
+def _layers(dtype: torch.dtype = torch.float32) -> tuple[ColumnParallelLinear, RowParallelLinear, VocabEmbedding]:
     torch.manual_seed(0)
-    col = ColumnParallelLinear(32, [24, 24], True, torch.float32, "cpu")
-    row = RowParallelLinear(48, 32, False, torch.float32, "cpu")
-    head = VocabEmbedding(100, 32, torch.float32, "cpu")
+    col = ColumnParallelLinear(32, [24, 24], True, dtype, "cpu")
+    row = RowParallelLinear(48, 32, False, dtype, "cpu")
+    head = VocabEmbedding(100, 32, dtype, "cpu")
     for p in (col.weight, col.bias, row.weight, head.weight):
         p.data.normal_()
+    return col, row, head
+
+
+@needs_onednn
+def test_without_the_c_kernel_layers_pack_for_onednn_and_free_the_plain_weight(monkeypatch) -> None:
+    monkeypatch.setattr(native_linear, "available", lambda: False)
+    col, row, head = _layers()
     x, ids = torch.randn(3, 32), torch.tensor([1, 7, 99])
     before = (col(x), row(col(x)), head.logits(x), head(ids))
     col.pack_for_cpu()
     row.pack_for_cpu()
     head.pack_for_cpu(keep_weight=True)
     assert col.weight is None and row.weight is None and head.weight is not None  # the embedding still looks up
+    assert col.dense is None and head.head_dense is None
     after = (col(x), row(col(x)), head.logits(x), head(ids))
     for a, b in zip(before, after, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     untied = VocabEmbedding(100, 32, torch.float32, "cpu")
     untied.pack_for_cpu(keep_weight=False)
     assert untied.weight is None and untied.head_packed is not None
+
+
+@pytest.mark.skipif(not native_linear.available(), reason="needs a C compiler for the CPU kernels")
+@pytest.mark.parametrize("weights", [torch.float32, torch.bfloat16])
+def test_float_weights_serve_the_c_kernel_and_torch_from_one_tensor(weights: torch.dtype) -> None:
+    """A float32 model's layers keep one weight (cast to bf16 under bf16 weights): the C kernel multiplies
+    few rows with it, torch more rows (x rounded to bf16 for a bf16 weight), both close to the float64
+    product of those weights; no packed copy; the tied head's table stays float32 for the lookup."""
+    col, row, head = _layers()
+    col.pack_for_cpu(weights)
+    row.pack_for_cpu(weights)
+    head.pack_for_cpu(keep_weight=True, weight_dtype=weights)
+    for layer in (col, row):
+        assert layer.packed is None and layer.weight.dtype == weights
+        assert layer.dense is not None and layer.dense.data.data_ptr() == layer.weight.data_ptr()
+    assert head.weight.dtype == torch.float32 and head.head_dense.data.dtype == weights
+    assert (head.head_dense.data.data_ptr() == head.weight.data_ptr()) == (weights == torch.float32)
+    tol = {"rtol": 1e-5, "atol": 1e-4} if weights == torch.float32 else {"rtol": 2e-2, "atol": 5e-2}
+    for rows in (1, 3, DENSE_MAX_ROWS[col.dense.qtype], DENSE_MAX_ROWS[col.dense.qtype] + 1, 200):
+        x = torch.randn(rows, 32)
+        ref = x.double() @ col.weight.double().T + col.bias.double()
+        torch.testing.assert_close(col(x).double(), ref, **tol)
+        h = torch.randn(rows, 48)
+        torch.testing.assert_close(row(h).double(), h.double() @ row.weight.double().T, **tol)
+        torch.testing.assert_close(head.logits(x).double(), x.double() @ head.head_dense.data.double().T, **tol)
+    untied = _layers()[2]
+    untied.pack_for_cpu(keep_weight=False, weight_dtype=weights)
+    assert untied.weight is None and untied.head_dense.data.dtype == weights

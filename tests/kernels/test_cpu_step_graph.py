@@ -180,9 +180,52 @@ def test_applies_only_where_every_op_has_a_c_kernel(gguf_model, tiny_model) -> N
     assert not cpu_graph_applies(EngineConfig(model=path, enforce_eager=True), quant, kv)
     torch_backend = load_model(path, torch.float32, "cpu", ops=resolve_ops("cpu", torch.float32, "torch"))
     assert not cpu_graph_applies(EngineConfig(model=path), torch_backend, Pool(torch_backend).kv)
-    plain = load_model(str(tiny_model("llama")), torch.float32, "cpu", ops=cpu)  # float32 weights: oneDNN
+    plain = load_model(str(tiny_model("llama")), torch.float32, "cpu", ops=cpu)  # float weights: the C kernel
     plain.pack_cpu_weights()
-    assert not cpu_graph_applies(EngineConfig(model=path), plain, Pool(plain).kv)
+    assert cpu_graph_applies(EngineConfig(model=path), plain, Pool(plain).kv)
+    half = load_model(str(tiny_model("llama")), torch.bfloat16, "cpu", ops=resolve_ops("cpu", torch.bfloat16, "cpu"))
+    half.pack_cpu_weights()  # bf16 activations: torch's ops, no C kernel takes them
+    assert not cpu_graph_applies(EngineConfig(model=path), half, Pool(half).kv)
+
+
+@pytest.mark.parametrize("arch,weights,kv_dtype,tie", [
+    ("llama", torch.float32, torch.float32, None), ("llama", torch.bfloat16, torch.float32, None),
+    ("qwen2", torch.bfloat16, torch.float16, None), ("qwen3", torch.float32, torch.bfloat16, False),
+    ("qwen3", torch.bfloat16, torch.float32, False), ("gemma3", torch.bfloat16, torch.float32, None)])
+def test_float_models_replay_their_eager_bits(tiny_model, arch: str, weights: torch.dtype,
+                                              kv_dtype: torch.dtype, tie: bool | None, monkeypatch) -> None:
+    """A float checkpoint's layers (float32 weights, or bf16 weights under float32 activations: --dtype
+    auto on a CPU with bf16 matmuls) run from the C kernel's float kinds: the replay gives the eager bits,
+    the LM head (tied or not) is a node, and a recording serves the rows the kernel takes for such weights
+    (DENSE_MAX_ROWS: 8 for bf16), past which the eager step multiplies in torch."""
+    model = load_model(str(tiny_model(arch, tie_embeddings=tie) if tie is not None else tiny_model(arch)),
+                       torch.float32, "cpu", ops=resolve_ops("cpu", torch.float32, "cpu"))
+    model.pack_cpu_weights(weights)
+    layers = [m for m in model.modules() if hasattr(m, "dense") and m.dense is not None]
+    assert layers and all(m.dense.data.dtype == weights and m.quant is None for m in layers)
+    pool = Pool(model, num_slots=900, max_reqs=40, kv_dtype=kv_dtype)
+    assert cpu_graph_applies(EngineConfig(model="unused"), model, pool.kv)
+    graph = CpuStepGraph(model, pool.kv, max_batch=32, max_context=128)
+    assert graph.max_batch == (8 if weights == torch.bfloat16 else 32) and graph.logits is not None
+    lens = [3, 9, 14, 20, 6, 11, 2, 30, *range(4, 29)]
+    seqs, rows = _prefilled(model, pool, lens, seed=3, extra=6)
+    done = list(lens)
+    for size in (1, 8, 3, 5, min(20, graph.max_batch)):
+        batch = pool.batch([(rows[i], [seqs[i][done[i]]], done[i] + 1) for i in range(size)])
+        before = _kv(pool)
+        eager = model.forward(batch, pool.kv)
+        after_eager = _kv(pool)
+        for t, b in zip(pool.kv.k + pool.kv.v, before, strict=True):
+            t.copy_(b)
+        with monkeypatch.context() as m:
+            m.setattr(model, "compute_logits", lambda h: pytest.fail("the LM head should be a node"))
+            replayed = graph.run(batch)
+        assert torch.equal(replayed, eager), (size, (replayed - eager).abs().max())
+        assert all(torch.equal(a, b) for a, b in zip(_kv(pool), after_eager, strict=True))
+        for i in range(size):
+            done[i] += 1
+    too_many = pool.batch([(rows[i], [seqs[i][done[i]]], done[i] + 1) for i in range(graph.max_batch + 1)])
+    assert not graph.can_run(too_many)
 
 
 @pytest.mark.parametrize("arch,page_size,kv,int8", [("llama", 1, "auto", False), ("llama", 16, "auto", False),

@@ -52,12 +52,13 @@ def test_repacking_keeps_gguf_dequantization_exactly(qtype: str, n: int, k: int)
     assert torch.equal(dequantize(w), _gguf_dequant(raw, qtype, k))
 
 
-def _fma_chain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [rows, K] @ w [out, K].T as one float32 FMA chain per output over k in order, from 0, computed
-    without the kernel: each step's exact x * w + acc (x * w is exact in float64) summed in float64 rounded
-    to odd, which rounds to float32 as the exact sum would (a correctly rounded FMA)."""
+def _fma_chain(x: torch.Tensor, w: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
+    """x [rows, K] @ w [out, K].T as one float32 FMA chain per output over k in order, from 0 (or from
+    `start` [rows, out]), computed without the kernel: each step's exact x * w + acc (x * w is exact in
+    float64) summed in float64 rounded to odd, which rounds to float32 as the exact sum would (a correctly
+    rounded FMA)."""
     xs, ws = x.double().numpy(), w.double().numpy()
-    acc = np.zeros((xs.shape[0], ws.shape[0]))
+    acc = np.zeros((xs.shape[0], ws.shape[0])) if start is None else start.double().numpy().copy()
     for k in range(xs.shape[1]):
         p = xs[:, k, None] * ws[None, :, k]
         s = p + acc

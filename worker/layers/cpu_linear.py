@@ -14,6 +14,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# From this many rows a plain float32 weight goes through oneDNN (it reorders the weight per call: slow for
+# few rows).
+PLAIN_ONEDNN_MIN_ROWS = 16
+
 
 def packable(weight: torch.Tensor) -> bool:
     """Whether the worker packs this weight: float32 on a CPU with oneDNN (the measured case)."""
@@ -32,5 +36,18 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 
 def linear(x: torch.Tensor, weight: torch.Tensor | None, packed: torch.Tensor | None,
            bias: torch.Tensor | None = None) -> torch.Tensor:
-    """A layer's product: through its packed weight when it has one, else F.linear on the plain one."""
-    return F.linear(x, weight, bias) if packed is None else packed_linear(x, packed, bias)
+    """A layer's product: through its packed weight when it has one; a float32 CPU weight kept plain (for
+    the C kernel's few rows too: worker/layers/linear.py) through oneDNN all the same (measured above MKL's
+    F.linear from 16 rows, even with the packed copy from ~512); a bf16 weight under float32 activations with
+    x rounded to bf16 (oneDNN's AMX product, as llama.cpp rounds them for a BF16 weight), summed in float32
+    and returned in x's dtype; else F.linear."""
+    if packed is not None:
+        return packed_linear(x, packed, bias)
+    if weight is None:
+        raise RuntimeError("a linear layer without a weight (its product runs from blocks)")
+    if weight.dtype != x.dtype:
+        y = F.linear(x.to(weight.dtype), weight).to(x.dtype)
+        return y if bias is None else y.add_(bias)
+    if packable(weight) and x.device.type == "cpu" and x.dim() == 2 and x.shape[0] > PLAIN_ONEDNN_MIN_ROWS:
+        return packed_linear(x, weight, bias)
+    return F.linear(x, weight, bias)

@@ -9,7 +9,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.native.quant_linear import QuantWeight, pack, quant_linear
+from kernels.native import quant_linear as native_linear
+from kernels.native.quant_linear import QuantWeight, dense, dense_takes, pack, quant_linear
 from worker.gguf_weights import GGUFBlocks
 from worker.layers.cpu_linear import linear, pack_weight, packable
 
@@ -39,16 +40,29 @@ class VocabEmbedding(nn.Module):
     head_packed: torch.Tensor | None = None
     # The LM head from a GGUF file's blocks (kernels/cpu_quant_linear.py); the lookup keeps the float rows.
     head_quant: QuantWeight | None = None
+    # A float32 model's head as a float weight for the C kernel's few rows (the table itself, or its bf16
+    # copy under bf16 weights); torch multiplies with the same tensor for more rows.
+    head_dense: QuantWeight | None = None
     _head_blocks: GGUFBlocks | None = None
 
-    def pack_for_cpu(self, keep_weight: bool) -> None:
-        """The LM head's product through oneDNN (cpu_linear.py) on a packed copy of the weight, unless it
-        runs from quantized blocks; without keep_weight (a head that is not also the embedding) the plain
-        weight is freed."""
-        if self.weight is not None and packable(self.weight) and self.head_quant is None:
-            self.head_packed = pack_weight(self.weight)
-        if not keep_weight and (self.head_packed is not None or self.head_quant is not None):
-            self.weight = None
+    def pack_for_cpu(self, keep_weight: bool, weight_dtype: torch.dtype | None = None) -> None:
+        """The LM head of a float32 model on CPU, unless it runs from quantized blocks: its weight for the
+        C kernel (`head_dense`; in weight_dtype, a copy when the table is also the embedding, keep_weight),
+        or, without the C kernels, oneDNN's packed copy (cpu_linear.py). Without keep_weight (a head that
+        is not also the embedding) the float32 table is then freed."""
+        w = self.weight
+        if w is None or self.head_quant is not None or w.device.type != "cpu" or w.dtype != torch.float32:
+            if not keep_weight and self.head_quant is not None:
+                self.weight = None
+            return
+        if native_linear.available():
+            self.head_dense = dense(w.data if weight_dtype in (None, w.dtype) else w.data.to(weight_dtype))
+            if not keep_weight:
+                self.weight = None
+        elif packable(w):
+            self.head_packed = pack_weight(w)
+            if not keep_weight:
+                self.weight = None
 
     def load_weight(self, tensor: Any, shard: int = 0, param: str = "weight") -> None:
         n = self.end - self.start
@@ -85,6 +99,9 @@ class VocabEmbedding(nn.Module):
             local = quant_linear(h, self.head_quant, int8=self.int8_activations)
             if local.shape[1] < self.shard:  # the last rank's padding rows past the vocab: zero logits
                 local = torch.cat([local, local.new_zeros(local.shape[0], self.shard - local.shape[1])], dim=1)
+        elif self.head_dense is not None:
+            hd = self.head_dense
+            local = quant_linear(h, hd) if dense_takes(hd, h) else linear(h, hd.data, None).float()
         else:
             local = linear(h, self.weight, self.head_packed).float()
         if self.tp_size == 1:

@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kernels.native.quant_linear import QuantRows, QuantWeight, pack, quant_linear
+from kernels.native import quant_linear as native_linear
+from kernels.native.quant_linear import QuantRows, QuantWeight, dense, dense_takes, pack, quant_linear
 from worker.gguf_weights import GGUFBlocks
 from worker.layers.cpu_linear import linear, pack_weight, packable
 
@@ -32,13 +33,15 @@ def full_tensor(src: Any) -> torch.Tensor:
 
 
 class PackableLinear(nn.Module):
-    """A linear layer whose weight the worker may swap, once loaded, for oneDNN's packed copy on CPU
-    (cpu_linear.py), or that keeps a GGUF file's quantized blocks for the CPU kernel
-    (kernels/native/quant_linear.py); the plain weight is then freed and `weight` is None."""
+    """A linear layer whose weight, once loaded, runs on CPU from a GGUF file's quantized blocks (the C
+    kernel, kernels/native/quant_linear.py: `weight` is then None), or as a float weight the same kernel
+    takes for a few rows (`dense`, the very tensor torch multiplies with for more), or through oneDNN's
+    packed copy (cpu_linear.py) where the C kernels are not built."""
 
     weight: nn.Parameter | None
     packed: torch.Tensor | None = None
     quant: QuantWeight | QuantRows | None = None
+    dense: QuantWeight | None = None
     # the product from blocks takes int8 activations (the worker's Ops: --cpu-int8-activations)
     int8_activations: bool = False
     # rows offset -> that part's GGUF blocks, until finish_loading packs (or dequantizes) them
@@ -83,14 +86,27 @@ class PackableLinear(nn.Module):
         for o in order:
             self.weight.data[o : o + parts[o].shape[0]].copy_(parts[o].dequantize())
 
-    def pack_for_cpu(self) -> None:
-        if self.weight is not None and packable(self.weight):
-            self.packed = pack_weight(self.weight)
+    def pack_for_cpu(self, weight_dtype: torch.dtype | None = None) -> None:
+        """A float32 model's weight on CPU: cast to weight_dtype (bf16 weights under float32 activations,
+        worker/device.py), kept for the C kernel's few rows and torch's many; without the C kernel,
+        oneDNN's packed copy."""
+        w = self.weight
+        if w is None or w.device.type != "cpu" or w.dtype != torch.float32:
+            return
+        if weight_dtype is not None and weight_dtype != w.dtype:
+            self.weight = w = nn.Parameter(w.detach().to(weight_dtype), requires_grad=False)
+        if native_linear.available():
+            self.dense = dense(w.data)
+        elif packable(w):
+            self.packed = pack_weight(w)
             self.weight = None
 
     def product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.quant is not None:
             y = quant_linear(x, self.quant, int8=self.int8_activations)
+            return y if bias is None else y.add_(bias)
+        if self.dense is not None and dense_takes(self.dense, x):
+            y = quant_linear(x, self.dense)
             return y if bias is None else y.add_(bias)
         return linear(x, self.weight, self.packed, bias)
 

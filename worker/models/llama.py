@@ -196,16 +196,18 @@ class LlamaForCausalLM(nn.Module):
         """Every RoPE table the forward reads (the graphs grow them to the context before recording)."""
         return [self.rotary]
 
-    def pack_cpu_weights(self) -> None:
-        """On CPU in float32, swap every linear layer's weight and the LM head's for oneDNN's packed copy
-        (worker/layers/cpu_linear.py); elsewhere nothing changes. Call once, after load_weights."""
+    def pack_cpu_weights(self, weight_dtype: torch.dtype | None = None) -> None:
+        """On CPU in float32, every linear layer's float weight and the LM head's made ready for the C
+        kernel (in weight_dtype: bf16 weights under float32 activations, worker/device.py), or swapped for
+        oneDNN's packed copy without it (worker/layers/linear.py); elsewhere nothing changes. Call once,
+        after load_weights."""
         for module in self.modules():
             if isinstance(module, PackableLinear):
-                module.pack_for_cpu()
+                module.pack_for_cpu(weight_dtype)
         if self.lm_head is None:
-            self.model.embed_tokens.pack_for_cpu(keep_weight=True)  # tied: also the embedding
+            self.model.embed_tokens.pack_for_cpu(keep_weight=True, weight_dtype=weight_dtype)  # also the embedding
         else:
-            self.lm_head.pack_for_cpu(keep_weight=False)
+            self.lm_head.pack_for_cpu(keep_weight=False, weight_dtype=weight_dtype)
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """Load HF-named tensors (full, or lazy safetensors slices of which each layer reads only its
