@@ -250,3 +250,11 @@ def test_gguf_to_f32_keeps_every_key_and_the_dequantized_values(tiny_model, tmp_
     quant = dict(iter_gguf_weights(src, cfg, torch.float32))
     full = dict(iter_gguf_weights(dst, read_model_config(dst), torch.float32))
     assert quant.keys() == full.keys() and all(torch.equal(quant[k], full[k]) for k in quant)
+    half = to_f32(src, tmp_path / "bf16.gguf", bf16=True)  # what `--dtype auto` multiplies with on AMX
+    c = gguf.GGUFReader(half)
+    assert c.fields[gguf.Keys.General.FILE_TYPE].contents() == gguf.LlamaFileType.MOSTLY_BF16
+    assert {len(t.shape) > 1 for t in c.tensors if t.tensor_type == gguf.GGMLQuantizationType.BF16} == {True}
+    rounded = dict(iter_gguf_weights(half, read_model_config(half), torch.float32))
+    for k, w in full.items():  # matrices rounded (to nearest even, as torch rounds), vectors kept
+        assert torch.equal(rounded[k], w.to(torch.bfloat16).float() if w.dim() > 1 else w), k
+    assert any(not torch.equal(rounded[k], full[k]) for k in full)

@@ -86,6 +86,8 @@ class CpuStepGraph:
         max_batch = graph_batch(model, max_batch)
         self.model, self.kv, self.max_batch = model, kv, max_batch
         self.num_runs = 0  # decode steps run through here (the tests check that they were)
+        # [max_batch] int64: each row's argmax of the logits, the ARGMAX node's output (None: no such node)
+        self.greedy: torch.Tensor | None = None
         i64 = {"dtype": torch.int64}
         self.ids, self.positions, self.slots, self.rows, self.lens = (torch.zeros(max_batch, **i64) for _ in range(5))
         self.swa_slots = torch.zeros(max_batch, **i64)  # the step's slots in the sliding layers' own pool
@@ -104,6 +106,12 @@ class CpuStepGraph:
         """A pure decode batch whose every request wants its one logit row, within max_batch."""
         b = batch.batch_size
         return 0 < b <= self.max_batch and batch.all_decode and batch.logits_indices.numel() == b
+
+    def greedy_tokens(self, rows: int) -> torch.Tensor | None:
+        """After run: the last replay's argmax of each row's logits (torch.argmax's answer; a copy), or None
+        when the graph has no ARGMAX node (the LM head after the replay, or a model that transforms its
+        logits, as Gemma's softcap does)."""
+        return None if self.greedy is None else self.greedy[:rows].clone()
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """The batch's float32 logits [B, vocab], as model.forward(batch, kv) gives them."""
@@ -274,3 +282,7 @@ class CpuStepGraph:
         if hq is not None and head.tp_size == 1 and hq.out_features == head.shard:  # else compute_logits runs
             self.logits = self._buf(mb, hq.out_features)
             self._product(hq, head.int8_activations and head.head_quant is not None, self.final, self.logits, None)
+            if not m.transforms_logits:  # the tokens greedy sampling takes from these very logits
+                self.greedy = self._buf(mb, dtype=torch.int64)
+                self._node(sg.ARGMAX, sg.entry_points()["argmax"], self.logits.data_ptr(), self.logits.stride(0),
+                           hq.out_features, self.greedy.data_ptr())

@@ -27,7 +27,7 @@ from worker.penalties import process_logits
 from worker.pending_step import PendingStep, StepClock
 from worker.pooling import plan_pooling, pool_hidden
 from worker.request_state import RequestState
-from worker.sampler import sample
+from worker.sampler import greedy_row, sample
 from worker.spec_verify import (
     propose_drafts,
     record_drafts,
@@ -139,6 +139,7 @@ class ModelRunner:
         plp = plan_prompt_logprobs(so.scheduled, st)
         pool = plan_pooling(so.scheduled, st, self.cfg.pooling)
         batch = prepare_inputs(so.scheduled, st, self.kv, self.ops, plp, pool.hidden_indices if pool else None)
+        greedy = None  # the CPU step graph's argmax of each row's logits, when it has that node
         if pool is not None:  # the pooled tokens' hidden states follow the rows that need logits
             h = self.model.hidden_states(batch, self.kv)
             k = h.shape[0] - len(pool.hidden_indices)
@@ -146,6 +147,8 @@ class ModelRunner:
             logits = self.model.compute_logits(h[:k]) if k else h[:0].float()
         elif self.graphs is not None and self.graphs.can_run(batch):
             logits = self.graphs.run(batch)
+            if isinstance(self.graphs, CpuStepGraph):
+                greedy = self.graphs.greedy_tokens(batch.batch_size)
         else:
             logits = self.model.forward(batch, self.kv)
         rows = [s.req_pool_idx for s in so.scheduled if s.sample]
@@ -160,7 +163,7 @@ class ModelRunner:
             self._deferred = _Deferred(so, step, logits, rows, t0, start)
             self._current = None
             return None
-        return self._finish(so, step, logits, rows, t0, start)
+        return self._finish(so, step, logits, rows, t0, start, greedy)
 
     def _check_faults(self, so: SchedulerOutput) -> None:
         poisoned = self.poisoned.intersection(s.req_pool_idx for s in so.scheduled)
@@ -207,13 +210,13 @@ class ModelRunner:
 
     def _finish(
         self, so: SchedulerOutput, step: PendingStep, logits: torch.Tensor, rows: list[int], t0: float,
-        start: torch.cuda.Event | None,
+        start: torch.cuda.Event | None, greedy: torch.Tensor | None = None,
     ) -> PendingStep:
         tokens = None
         if any(s.num_drafts for s in so.scheduled):
             tokens, step.num_sampled, step.logprobs = sample_with_drafts(logits, so.scheduled, self.state, self._sample)
         elif rows:
-            tokens, step.logprobs = self._sample(logits, rows)
+            tokens, step.logprobs = self._sample(logits, rows, greedy)
         ops = self.ops
         advance_state(so.scheduled, self.state, ops, tokens if tokens is not None else [], step.num_sampled)
         if self.cfg.spec_tokens:  # the next step's drafts, from this step's real tokens, on the device
@@ -231,10 +234,11 @@ class ModelRunner:
         return step
 
     def _sample(
-        self, logits: torch.Tensor, rows: list[int]
+        self, logits: torch.Tensor, rows: list[int], greedy: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, list[Logprobs | None] | None]:
         """logits [len(rows), V] of the sampling rows (modified in place) -> tokens, and their logprobs
-        aligned with them when any row asked."""
+        aligned with them when any row asked. greedy: the argmax of these very logits (the CPU step graph's
+        node), taken when every row is greedy and nothing changes the logits first."""
         st = self.state
         lp_sel = [j for j, r in enumerate(rows) if r in st.logprob_rows] if st.logprob_rows else []
         rows_t, lp_sel_t = to_device([rows, lp_sel], logits.device)
@@ -243,10 +247,14 @@ class ModelRunner:
         if st.penalty_rows or st.min_tokens_rows:
             process_logits(logits, rows, st)
         gens = [st.seeded_generator(r) for r in rows]
-        tokens = sample(
-            logits, [st.temperature[r] for r in rows], [st.top_k[r] for r in rows],
-            [st.top_p[r] for r in rows], [st.min_p[r] for r in rows], gens, st.device_params(rows_t),
-        )
+        if (greedy is not None and greedy.shape[0] == len(rows) and not (st.penalty_rows or st.min_tokens_rows)
+                and all(greedy_row(st.temperature[r], st.top_k[r]) for r in rows)):
+            tokens = greedy
+        else:
+            tokens = sample(
+                logits, [st.temperature[r] for r in rows], [st.top_k[r] for r in rows],
+                [st.top_p[r] for r in rows], [st.min_p[r] for r in rows], gens, st.device_params(rows_t),
+            )
         if raw is None:
             return tokens, None
         lps: list[Logprobs | None] = [None] * len(rows)

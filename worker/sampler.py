@@ -73,10 +73,14 @@ def sampling_probs(
     return _probs(logits, _greedy_rows(temps, ks), temps, ks, ps, mps, None)[0]
 
 
+def greedy_row(temperature: float, top_k: int) -> bool:
+    """Whether a row samples greedily: top_k == 1 is greedy by definition; taking argmax also gets ties right
+    (lowest index)."""
+    return float(temperature) < GREEDY_BELOW_TEMPERATURE or int(top_k) == 1
+
+
 def _greedy_rows(temperature: torch.Tensor | Sequence[float], top_k: torch.Tensor | Sequence[int]) -> list[bool]:
-    # top_k == 1 is greedy by definition; taking argmax also gets ties right (lowest index).
-    return [float(t) < GREEDY_BELOW_TEMPERATURE or int(k) == 1
-            for t, k in zip(_as_list(temperature), _as_list(top_k), strict=True)]
+    return [greedy_row(t, k) for t, k in zip(_as_list(temperature), _as_list(top_k), strict=True)]
 
 
 def _probs(

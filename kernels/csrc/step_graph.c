@@ -40,6 +40,7 @@ enum {
     SILU_MUL = 7,  /* part, gate_up, ldg, n, out, ldo */
     MOE = 8,       /* fn, x, H, ldx, router, E, k, renorm, ids, wts, w13, kind13, N13, w2, kind2, I, y, ldy */
     GELU_MUL = 9,  /* as SILU_MUL, GELU (tanh form) */
+    ARGMAX = 10,   /* part, logits, ld, vocab, out (int64): greedy sampling's tokens (argmax.c) */
 };
 
 /* Elementwise nodes under this many elements run on one thread (norm_act.c's and rotary.c's rule). */
@@ -58,6 +59,7 @@ typedef int (*attention_part)(const float *, int64_t, int64_t, const void *, con
                               int64_t, const int64_t *, int64_t, int64_t, int64_t, float, float *, int64_t, float *,
                               int64_t, int64_t, int64_t, int64_t, int64_t);
 typedef void (*act_part)(const float *, int64_t, int64_t, int64_t, float *, int64_t, int64_t, int64_t);
+typedef void (*argmax_part)(const float *, int64_t, int64_t, int64_t, int64_t *, int64_t, int64_t);
 typedef int64_t (*moe_fn)(const float *, int64_t, int64_t, int64_t, const float *, int64_t, int64_t, int64_t,
                           int64_t *, float *, const void *, int64_t, int64_t, const void *, int64_t, int64_t, float *,
                           int64_t, int64_t);
@@ -243,6 +245,7 @@ static int64_t run_node(const int64_t *node, int64_t rows, int64_t t, int64_t nt
     case ATTENTION: return attention(a, rows, t, nt);
     case SILU_MUL:
     case GELU_MUL: act_mul(a, rows, t, nt); return 0; /* the part: the activation's */
+    case ARGMAX: P(0, argmax_part)(P(1, const float *), rows, a[3], a[2], P(4, int64_t *), t, nt); return 0;
     default: return 1;
     }
 }

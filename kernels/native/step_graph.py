@@ -15,13 +15,13 @@ from pathlib import Path
 
 import torch
 
+from kernels.native import argmax, moe, norm_act, paged_attention, quant_linear, rotary
 from kernels.native import build as native_build
-from kernels.native import moe, norm_act, paged_attention, quant_linear, rotary
 
 SOURCE = Path(__file__).parents[1] / "csrc" / "step_graph.c"
 NODE_ARGS = 24  # as in the .c file: each node is its kind then NODE_ARGS int64 arguments
 # Node kinds (the .c file's enum).
-EMBED, NORM, HEAD_NORM, QLINEAR, ROTARY, KV_WRITE, ATTENTION, SILU_MUL, MOE, GELU_MUL = range(10)
+EMBED, NORM, HEAD_NORM, QLINEAR, ROTARY, KV_WRITE, ATTENTION, SILU_MUL, MOE, GELU_MUL, ARGMAX = range(11)
 
 
 def build(compiler: str | None = None) -> Path:
@@ -41,7 +41,7 @@ def _library() -> ctypes.CDLL | None:
 
 def available() -> bool:
     return _library() is not None and all(
-        m.available() for m in (norm_act, paged_attention, quant_linear, rotary, moe))
+        m.available() for m in (norm_act, paged_attention, quant_linear, rotary, moe, argmax))
 
 
 @functools.cache
@@ -59,6 +59,7 @@ def entry_points() -> dict[str, int]:
         "rotary": (rotary._library(), "tandem_rotary_positions_part"),
         "paged_attention": (paged_attention._library(), "tandem_paged_decode_part"),
         "moe": (moe._library(), "tandem_moe_f32"),  # a whole call, between the replayer's regions
+        "argmax": (argmax._library(), "tandem_argmax_part"),
     }
     out = {}
     for name, (lib, symbol) in libs.items():

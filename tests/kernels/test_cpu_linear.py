@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from worker.layers import ColumnParallelLinear, RowParallelLinear, VocabEmbedding
 from kernels.native import quant_linear as native_linear
 from kernels.native.quant_linear import DENSE_MAX_ROWS
+from worker.layers import ColumnParallelLinear, RowParallelLinear, VocabEmbedding
 from worker.layers.cpu_linear import pack_weight, packable, packed_linear
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")

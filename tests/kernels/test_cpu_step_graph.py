@@ -86,6 +86,10 @@ def test_replay_equals_eager_bit_for_bit(gguf_model, arch: str, qtype: str, kv_d
         assert graph.can_run(batch)
         replayed = graph.run(batch)
         assert torch.equal(replayed, eager), (size, (replayed - eager).abs().max())
+        if arch != "gemma3":  # the argmax node: greedy tokens of these logits (Gemma's softcap comes after)
+            assert torch.equal(graph.greedy_tokens(size), eager.argmax(dim=-1))
+        else:
+            assert graph.greedy_tokens(size) is None
         for got, want in zip(pool.kv.k + pool.kv.v, after_eager, strict=True):
             assert torch.equal(got, want)  # the step's K/V where eager wrote them, no other slot touched
         for i in range(size):
@@ -221,6 +225,8 @@ def test_float_models_replay_their_eager_bits(tiny_model, arch: str, weights: to
             m.setattr(model, "compute_logits", lambda h: pytest.fail("the LM head should be a node"))
             replayed = graph.run(batch)
         assert torch.equal(replayed, eager), (size, (replayed - eager).abs().max())
+        greedy = graph.greedy_tokens(size)
+        assert (greedy is None) == (arch == "gemma3") and (greedy is None or torch.equal(greedy, eager.argmax(-1)))
         assert all(torch.equal(a, b) for a, b in zip(_kv(pool), after_eager, strict=True))
         for i in range(size):
             done[i] += 1
@@ -249,6 +255,39 @@ def test_worker_steps_through_the_graph_give_the_eager_tokens(gguf_model, arch: 
         assert runner.ops.int8_activations == int8
     assert outs[True] == outs[False]
     assert sum(map(len, outs[False].values())) == 3 * 12 + 2 * 9
+
+
+@pytest.mark.parametrize("arch,source", [("llama", "gguf"), ("qwen3", "dir"), ("gemma3", "dir")])
+def test_greedy_steps_take_the_replays_argmax(gguf_model, tiny_model, arch: str, source: str, monkeypatch) -> None:
+    """All-greedy decode steps through the graph take their tokens from its argmax node (the sampler is not
+    called for them) and give the eager tokens; Gemma's softcapped logits go through the sampler; float
+    directories at `--dtype auto` (bf16 weights where the CPU has bf16 matmuls) step through the graph too."""
+    import worker.model_runner as mr
+
+    path = str(gguf_model(arch) if source == "gguf" else tiny_model(arch))
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (5, 17, 40)]
+    params = [SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)]
+    outs, calls = {}, {}
+    real = mr.sample
+    for eager in (True, False):
+        count = [0]
+
+        def counted(*a, count=count, **k):
+            count[0] += 1
+            return real(*a, **k)
+
+        monkeypatch.setattr(mr, "sample", counted)
+        cfg = EngineConfig(model=path, kv_cache_tokens=4096, max_running_requests=8, enforce_eager=eager)
+        runner = ModelRunner(cfg, read_model_info(cfg.model))
+        outs[eager] = generate(cfg, read_model_info(cfg.model), runner, prompts, params)
+        assert isinstance(runner.graphs, CpuStepGraph) != eager and (eager or runner.graphs.num_runs >= 8)
+        calls[eager] = count[0]
+    assert outs[True] == outs[False] and sum(map(len, outs[False].values())) == 3 * 10
+    if arch == "gemma3":
+        assert calls[False] == calls[True]
+    else:  # only the steps that did not replay (prefills) sampled through torch
+        assert calls[False] <= calls[True] - 8
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe"])

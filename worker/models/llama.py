@@ -192,6 +192,12 @@ class LlamaForCausalLM(nn.Module):
         step graph's head node."""
         return logits
 
+    @property
+    def transforms_logits(self) -> bool:
+        """Whether finish_logits changes the head's output (the step graph's argmax node then cannot run on
+        it: it sits before finish_logits)."""
+        return type(self).finish_logits is not LlamaForCausalLM.finish_logits
+
     def rotaries(self) -> list[RotaryEmbedding]:
         """Every RoPE table the forward reads (the graphs grow them to the context before recording)."""
         return [self.rotary]
