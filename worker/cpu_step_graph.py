@@ -14,9 +14,11 @@ Each node calls the kernel the eager forward calls, with the arguments it would 
 eager forward's bits (tests hold them equal; K/V written to a float16 or bfloat16 pool are rounded as torch
 rounds them). It applies where every op of a step has a C kernel: CPU, a float32 model, the C kernels built,
 the `cpu` attention backend, one rank, every linear layer running from GGUF blocks or from a float32 or bf16
-weight the C kernel takes (for up to DENSE_MAX_ROWS rows: a recording then serves batches up to that), a Llama/Qwen2/Qwen3 or Gemma 3 decoder (its sliding layers: their
-window, RoPE table and, with a pool of their own, slots mapped into it), or an MoE one whose MoE layers are
-one C call each (kernels/native/moe.py; no shared expert). --enforce-eager turns it off.
+weight the C kernel takes (for up to DENSE_MAX_ROWS rows: a recording then serves batches up to that), a
+Llama/Qwen2/Qwen3 or Gemma 3 decoder (its sliding layers: their window, RoPE table and, with a pool of their
+own, slots mapped into it), or an MoE one whose MoE layers are one C call each (kernels/native/moe.py; no
+shared expert). Its last node is greedy sampling's argmax when the LM head is one and the model does not
+transform its logits. --enforce-eager turns it off.
 """
 
 from __future__ import annotations

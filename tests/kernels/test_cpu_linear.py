@@ -99,3 +99,32 @@ def test_float_weights_serve_the_c_kernel_and_torch_from_one_tensor(weights: tor
     untied = _layers()[2]
     untied.pack_for_cpu(keep_weight=False, weight_dtype=weights)
     assert untied.weight is None and untied.head_dense.data.dtype == weights
+
+
+@needs_onednn
+def test_ops_without_the_c_kernels_keep_float_layers_on_onednn(monkeypatch, tiny_model) -> None:
+    """TANDEM_NO_NATIVE=1 (the worker's ops run no C kernel): a float model's float32 layers pack for oneDNN,
+    bf16 weights stay plain for torch's products, and the CPU step graph does not apply."""
+    from kernels.ops import resolve_ops
+    from protocol.engine_config import EngineConfig
+    from tests.kv_pool import Pool
+    from worker.cpu_step_graph import cpu_graph_applies
+    from worker.layers.linear import PackableLinear
+    from worker.loader import load_model
+
+    monkeypatch.setenv("TANDEM_NO_NATIVE", "1")
+    ops = resolve_ops("cpu", torch.float32, "cpu")
+    assert not ops.native
+    for weights in (None, torch.bfloat16):
+        model = load_model(str(tiny_model("llama")), torch.float32, "cpu", ops=ops)
+        model.pack_cpu_weights(weights)
+        layers = [m for m in model.modules() if isinstance(m, PackableLinear)]
+        assert layers and all(m.dense is None for m in layers)
+        if weights is None:
+            assert all(m.packed is not None and m.weight is None for m in layers)
+        else:
+            assert all(m.packed is None and m.weight.dtype == torch.bfloat16 for m in layers)
+        assert model.model.embed_tokens.head_dense is None
+        assert not cpu_graph_applies(EngineConfig(model="unused"), model, Pool(model).kv)
+        x = torch.randint(0, 100, (5,))
+        assert model.model.embed_tokens(x).dtype == torch.float32

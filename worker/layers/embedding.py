@@ -28,6 +28,7 @@ class VocabEmbedding(nn.Module):
         super().__init__()
         # the head's product from blocks takes int8 activations (the worker's Ops: --cpu-int8-activations)
         self.int8_activations = ops is not None and ops.int8_activations
+        self.native = native_linear.available() if ops is None else ops.native  # as PackableLinear's
         self.vocab_size, self.tp_rank, self.tp_size = vocab_size, tp_rank, tp_size
         # Rounded up: the last rank's rows past the vocab are zero padding, cut from the logits.
         self.shard = -(-vocab_size // tp_size)
@@ -55,7 +56,7 @@ class VocabEmbedding(nn.Module):
             if not keep_weight and self.head_quant is not None:
                 self.weight = None
             return
-        if native_linear.available():
+        if self.native:
             self.head_dense = dense(w.data if weight_dtype in (None, w.dtype) else w.data.to(weight_dtype))
             if not keep_weight:
                 self.weight = None

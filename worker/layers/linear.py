@@ -44,11 +44,15 @@ class PackableLinear(nn.Module):
     dense: QuantWeight | None = None
     # the product from blocks takes int8 activations (the worker's Ops: --cpu-int8-activations)
     int8_activations: bool = False
+    native: bool = False
     # rows offset -> that part's GGUF blocks, until finish_loading packs (or dequantizes) them
     _blocks: dict[int, GGUFBlocks]
 
     def use_ops(self, ops: Ops | None) -> None:
         self.int8_activations = ops is not None and ops.int8_activations
+        # float weights go to the C kernel where the worker's ops run the C kernels (TANDEM_NO_NATIVE=1 and
+        # a failed build do not); a layer made without ops: where the kernel is built
+        self.native = native_linear.available() if ops is None else ops.native
 
     def take_blocks(self, blocks: GGUFBlocks, offset: int) -> None:
         if not hasattr(self, "_blocks"):
@@ -95,7 +99,7 @@ class PackableLinear(nn.Module):
             return
         if weight_dtype is not None and weight_dtype != w.dtype:
             self.weight = w = nn.Parameter(w.detach().to(weight_dtype), requires_grad=False)
-        if native_linear.available():
+        if self.native:
             self.dense = dense(w.data)
         elif packable(w):
             self.packed = pack_weight(w)
