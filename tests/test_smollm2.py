@@ -114,3 +114,31 @@ def test_greedy_parity_with_transformers(smol: Path, prompts, reference, dir_eng
     equal, near_ties = _check_parity(prompts, outs, ref)
     print(f"\nSmolLM2 parity: {equal}/{len(prompts)} identical, {near_ties} through a near-tie")
     check_idle_engine(dir_engine)
+
+
+def test_bf16_weights_keep_parity_under_the_bf16_rule(smol: Path, prompts, reference, monkeypatch) -> None:
+    """bf16 linear weights under float32 activations (what `--dtype auto` holds on a CPU with AMX or
+    AVX512-BF16, forced here on any CPU): the decode steps replay the step graph with the C kernel's bf16
+    products and greedy argmax, prefills go through torch, and every output is transformers' float32 greedy
+    continuation under the near-tie rule at bf16's precision."""
+    import torch
+
+    import worker.model_runner as mr
+    from protocol.engine_config import EngineConfig
+    from protocol.model_info import read_model_info
+    from tests.reference import NEAR_TIE_BF16
+    from tests.step_loop import generate
+    from worker.cpu_step_graph import CpuStepGraph
+
+    monkeypatch.setattr(mr, "resolve_weight_dtype", lambda *a, **k: torch.bfloat16)
+    cfg = EngineConfig(model=str(smol), kv_cache_tokens=24576, max_running_requests=8)
+    runner = mr.ModelRunner(cfg, read_model_info(cfg.model))
+    assert runner.dtype == torch.float32 and runner.weight_dtype == torch.bfloat16
+    picks = [1, 6, 8, 15, 20, 26, 29]
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    outs = generate(cfg, read_model_info(cfg.model), runner, [prompts[i] for i in picks], [params])
+    graphs = runner.graphs
+    assert isinstance(graphs, CpuStepGraph) and graphs.num_runs > 0 and graphs.greedy is not None
+    equal = sum(assert_greedy_parity(outs[f"r{j}"], reference[i], f"prompt {i}", NEAR_TIE_BF16)
+                for j, i in enumerate(picks))
+    print(f"\nSmolLM2 bf16-weight parity: {equal}/{len(picks)} identical")
