@@ -51,6 +51,30 @@ def _kv(pool: Pool) -> list[torch.Tensor]:
     return [t.clone() for t in pool.kv.k + pool.kv.v]
 
 
+def _step_both_ways(model, pool: Pool, graph: CpuStepGraph, batch, arch: str, head_node=None) -> None:
+    """One decode step eagerly, the pools put back, then replayed: the same logits bit for bit, the step's
+    K/V where eager wrote them (no other slot touched), and the argmax node's greedy tokens those of the
+    logits (no such node for Gemma, whose softcap comes after the head). head_node (a monkeypatch): the
+    replay must not call compute_logits."""
+    before = _kv(pool)
+    eager = model.forward(batch, pool.kv)
+    after_eager = _kv(pool)
+    for t, b in zip(pool.kv.k + pool.kv.v, before, strict=True):
+        t.copy_(b)
+    assert graph.can_run(batch)
+    if head_node is None:
+        replayed = graph.run(batch)
+    else:
+        with head_node.context() as m:
+            m.setattr(model, "compute_logits", lambda h: pytest.fail("the LM head should be a node"))
+            replayed = graph.run(batch)
+    size = batch.batch_size
+    assert torch.equal(replayed, eager), (size, (replayed - eager).abs().max())
+    greedy = graph.greedy_tokens(size)
+    assert (greedy is None) == (arch == "gemma3") and (greedy is None or torch.equal(greedy, eager.argmax(-1)))
+    assert all(torch.equal(a, b) for a, b in zip(_kv(pool), after_eager, strict=True))
+
+
 @pytest.mark.parametrize("arch,qtype,kv_dtype,int8,swa", [
     ("llama", "Q4_1", torch.float32, False, False), ("qwen2", "Q8_0", torch.float32, False, False),
     ("qwen3", "Q4_0", torch.float32, False, False), ("qwen2", "Q4_K_M", torch.float32, False, False),
@@ -77,21 +101,8 @@ def test_replay_equals_eager_bit_for_bit(gguf_model, arch: str, qtype: str, kv_d
     seqs, rows = _prefilled(model, pool, lens, seed=3, extra=12)
     done = list(lens)
     for size in (1, 7, 3, 8, 2, 5):  # down and up: rows a larger batch left in the buffers are not read
-        batch = pool.batch([(rows[i], [seqs[i][done[i]]], done[i] + 1) for i in range(size)])
-        before = _kv(pool)
-        eager = model.forward(batch, pool.kv)
-        after_eager = _kv(pool)
-        for t, b in zip(pool.kv.k + pool.kv.v, before, strict=True):
-            t.copy_(b)
-        assert graph.can_run(batch)
-        replayed = graph.run(batch)
-        assert torch.equal(replayed, eager), (size, (replayed - eager).abs().max())
-        if arch != "gemma3":  # the argmax node: greedy tokens of these logits (Gemma's softcap comes after)
-            assert torch.equal(graph.greedy_tokens(size), eager.argmax(dim=-1))
-        else:
-            assert graph.greedy_tokens(size) is None
-        for got, want in zip(pool.kv.k + pool.kv.v, after_eager, strict=True):
-            assert torch.equal(got, want)  # the step's K/V where eager wrote them, no other slot touched
+        _step_both_ways(model, pool, graph, pool.batch([(rows[i], [seqs[i][done[i]]], done[i] + 1)
+                                                        for i in range(size)]), arch)
         for i in range(size):
             done[i] += 1
     assert graph.num_runs == 6
@@ -215,19 +226,8 @@ def test_float_models_replay_their_eager_bits(tiny_model, arch: str, weights: to
     seqs, rows = _prefilled(model, pool, lens, seed=3, extra=6)
     done = list(lens)
     for size in (1, 8, 3, 5, min(20, graph.max_batch)):
-        batch = pool.batch([(rows[i], [seqs[i][done[i]]], done[i] + 1) for i in range(size)])
-        before = _kv(pool)
-        eager = model.forward(batch, pool.kv)
-        after_eager = _kv(pool)
-        for t, b in zip(pool.kv.k + pool.kv.v, before, strict=True):
-            t.copy_(b)
-        with monkeypatch.context() as m:
-            m.setattr(model, "compute_logits", lambda h: pytest.fail("the LM head should be a node"))
-            replayed = graph.run(batch)
-        assert torch.equal(replayed, eager), (size, (replayed - eager).abs().max())
-        greedy = graph.greedy_tokens(size)
-        assert (greedy is None) == (arch == "gemma3") and (greedy is None or torch.equal(greedy, eager.argmax(-1)))
-        assert all(torch.equal(a, b) for a, b in zip(_kv(pool), after_eager, strict=True))
+        _step_both_ways(model, pool, graph, pool.batch([(rows[i], [seqs[i][done[i]]], done[i] + 1)
+                                                        for i in range(size)]), arch, monkeypatch)
         for i in range(size):
             done[i] += 1
     too_many = pool.batch([(rows[i], [seqs[i][done[i]]], done[i] + 1) for i in range(graph.max_batch + 1)])
