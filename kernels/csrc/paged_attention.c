@@ -236,6 +236,51 @@ ALWAYS_INLINE void pass2(const int nv, const int kt, const float *s, float inv, 
 /* Keys per pass-2 chunk: their values stay in L1 while every query of the item sums them. */
 #define VCHUNK 32
 
+#ifdef __AVX512F__
+/* Elements d .. d+15 of a K/V row of type kt, as float32 (load8's conversions, 16 lanes). */
+ALWAYS_INLINE __m512 load16(const char *row, int64_t d, int kt) {
+    if (kt == KV_F32) return _mm512_loadu_ps((const float *)row + d);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + d));
+    if (kt == KV_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+/* pass2 for ng query heads that share their keys (a position's heads of one KV head) at once, 16 lanes a
+ * register: each value row is loaded once for all of them, and ng * nv independent FMA chains are in flight
+ * (one query's nv chains alone wait on the FMA latency). Each lane is pass2's: o += p * v over the keys in
+ * order, p = s[t] * inv, a zero p skipped; so the bits are pass2's. */
+ALWAYS_INLINE void pass2_heads(const int ng, const int nv, const int kt, const float *const *s, const float *inv,
+                               int64_t t0, int64_t t1, const char *v, int64_t row_bytes, const int64_t *sl,
+                               int64_t d, float *const *o) {
+    __m512 acc[4][4];
+    for (int h = 0; h < ng; h++)
+        for (int c = 0; c < nv; c++) acc[h][c] = _mm512_loadu_ps(o[h] + d + 16 * c);
+    for (int64_t t = t0; t < t1; t++) {
+        const char *vt = v + sl[t] * row_bytes;
+        __m512 vv[4];
+        for (int c = 0; c < nv; c++) vv[c] = load16(vt, d + 16 * c, kt);
+        for (int h = 0; h < ng; h++) {
+            const float p = s[h][t] * inv[h];
+            if (p == 0.0f) continue; /* a weight that underflowed */
+            const __m512 pv = _mm512_set1_ps(p);
+            for (int c = 0; c < nv; c++) acc[h][c] = _mm512_fmadd_ps(pv, vv[c], acc[h][c]);
+        }
+    }
+    for (int h = 0; h < ng; h++)
+        for (int c = 0; c < nv; c++) _mm512_storeu_ps(o[h] + d + 16 * c, acc[h][c]);
+}
+
+/* Query heads i0 .. i0+ng-1 (ng <= 4) over keys [t0, t1), their head dims 16 at a time, D a multiple of 16. */
+ALWAYS_INLINE void pass2_group(const int ng, const int kt, const float *const *s, const float *inv, int64_t t0,
+                               int64_t t1, const char *v, int64_t rb, const int64_t *sl, int64_t D,
+                               float *const *o) {
+    int64_t d = 0;
+    for (; d + 64 <= D; d += 64) pass2_heads(ng, 4, kt, s, inv, t0, t1, v, rb, sl, d, o);
+    for (; d + 32 <= D; d += 32) pass2_heads(ng, 2, kt, s, inv, t0, t1, v, rb, sl, d, o);
+    for (; d < D; d += 16) pass2_heads(ng, 1, kt, s, inv, t0, t1, v, rb, sl, d, o);
+}
+#endif
+
 /* The same results as the portable loops but for the order of the score's sums (see score1), with
  * eight keys (pass 1) or eight head dims (pass 2) per instruction. D a multiple of 8. */
 ALWAYS_INLINE void attend_item_avx2_t(const Item *it, const int kt) {
@@ -286,6 +331,30 @@ ALWAYS_INLINE void attend_item_avx2_t(const Item *it, const int kt) {
     /* pass 2, VCHUNK keys at a time for all the queries */
     for (int64_t c0 = k0; c0 < len; c0 += VCHUNK) {
         const int64_t c1 = c0 + VCHUNK < len ? c0 + VCHUNK : len;
+#ifdef __AVX512F__
+        if (D % 16 == 0) { /* a position's heads together (they share their keys) */
+            for (int64_t j = it->j0; j < it->j1; j++) {
+                const int64_t last = it->len - it->q_len + j, t1 = c1 < last + 1 ? c1 : last + 1;
+                const int64_t first = first_key(it, j), t0 = c0 > first ? c0 : first;
+                if (t0 >= t1) continue;
+                for (int64_t g = 0; g < it->group; g += 4) {
+                    const int64_t i0 = (j - it->j0) * it->group + g;
+                    const int ng = it->group - g >= 4 ? 4 : (int)(it->group - g);
+                    const float *s[4];
+                    for (int h = 0; h < ng; h++) s[h] = it->work + (i0 + h) * width - k0; /* indexed by key */
+                    const float *inv = invs + i0;
+                    float *const *o = it->ob + i0;
+                    switch (ng) {
+                    case 4: pass2_group(4, kt, s, inv, t0, t1, it->v, rb, it->sl, D, o); break;
+                    case 3: pass2_group(3, kt, s, inv, t0, t1, it->v, rb, it->sl, D, o); break;
+                    case 2: pass2_group(2, kt, s, inv, t0, t1, it->v, rb, it->sl, D, o); break;
+                    default: pass2_group(1, kt, s, inv, t0, t1, it->v, rb, it->sl, D, o); break;
+                    }
+                }
+            }
+            continue;
+        }
+#endif
         FOR_QUERIES(it, i, j) {
             const int64_t last = it->len - it->q_len + j, t1 = c1 < last + 1 ? c1 : last + 1;
             const int64_t first = first_key(it, j), t0 = c0 > first ? c0 : first;

@@ -18,7 +18,7 @@ from kernels.native.paged_attention import (
 )
 from kernels.ops import resolve_ops
 from kernels.reference.paged_attention import build_attention_plan, paged_attention_ref
-from tests.kernels.portable_build import portable_build, x86_only
+from tests.kernels.portable_build import march_build, portable_build, x86_only
 from tests.kernels.test_paged_attention import make_case, naive
 from tests.kv_pool import Pool
 from worker.attention_backend import CpuPlan, select_attention_backend
@@ -149,6 +149,36 @@ def test_portable_build_matches_the_reference_and_is_batch_invariant(tmp_path, m
     for dtype in (torch.float16, torch.bfloat16):
         test_a_half_pool_gives_the_bits_of_a_float32_pool_of_its_values(dtype, 64)
         test_every_half_value_is_read_exactly(dtype, 8)
+
+
+@needs_cc
+@x86_only
+def test_the_avx2_build_gives_this_cpus_bits(tmp_path, monkeypatch) -> None:
+    """Built for AVX2 only (haswell), the kernel gives this CPU's build's bits: on an AVX-512 CPU pass 2 sums
+    a position's query heads together, 16 head dims a register, each lane still its query's chain over the
+    keys in order. Mixed batches (prefills, chunks, verify rows, decodes), group sizes 1 to 7, head sizes
+    16 to 128 (and 40 and 24: a 16-lane path with an 8-lane tail), windows, float32 and half pools."""
+    cases = []
+    reqs = [(40, 1), (20, 20), (90, 5), (3, 1), (60, 17), (77, 5), (150, 1), (31, 3), (12, 12), (45, 1)]
+    for seed, (group, d) in enumerate([(3, 64), (1, 128), (5, 32), (7, 16), (2, 40), (4, 24)]):
+        c = make_case(reqs, hkv=2, group=group, seed=seed, d=d)
+        for dtype, window in ((torch.float32, 0), (torch.float16, 0), (torch.bfloat16, 0), (torch.float32, 24)):
+            k, v = c["k_pool"].to(dtype), c["v_pool"].to(dtype)
+            cases.append((c, k, v, window))
+
+    def run_all() -> list[torch.Tensor]:
+        out = []
+        for c, k, v, window in cases:
+            plan = plan_cpu_attention(c["req_to_token"], c["req_pool_indices"].tolist(), c["seq_lens"].tolist(),
+                                      c["extend_lens"].tolist(), window)
+            out.append(paged_attention_cpu(c["q"], k, v, plan, c["scale"]))
+        return out
+
+    native = run_all()
+    lib = cpu_paged_attention.bind(march_build(cpu_paged_attention.SOURCE, tmp_path, "haswell"))
+    monkeypatch.setattr(cpu_paged_attention, "_library", lambda: lib)
+    for a, b in zip(native, run_all(), strict=True):
+        assert torch.equal(a, b)
 
 
 @needs_cc
