@@ -18,8 +18,10 @@
  * A query's result depends only on itself and its own keys: not on the rest of the batch, on padding, on
  * threads, on how the queries are blocked, nor on whether it is a decode, a verify row or a prompt token
  * (a prompt attended whole, in chunks, or one token at a time gives the same bits). With AVX2 and FMA
- * (and a head size that is a multiple of 8) the passes run eight lanes per instruction; the portable loops
- * compute the same sums in the same order elsewhere (the exp's rounding may differ: FMAs there).
+ * (and a head size that is a multiple of 8) the passes run eight lanes per instruction (with AVX-512 and a
+ * head size that is a multiple of 16, pass 2 sixteen, a position's query heads together: the same sums);
+ * the portable loops compute the same sums in the same order elsewhere (the exp's rounding may differ:
+ * FMAs there).
  *
  * The AVX2 passes are written once for the three pool types (an always-inlined function of a constant type)
  * and instantiated per type, so the type is no branch in their inner loops; the portable loops widen each
