@@ -246,14 +246,14 @@ class ModelRunner:
         raw = logits[lp_sel_t] if lp_sel else None
         if st.penalty_rows or st.min_tokens_rows:
             process_logits(logits, rows, st)
-        gens = [st.seeded_generator(r) for r in rows]
         if (greedy is not None and greedy.shape[0] == len(rows) and not (st.penalty_rows or st.min_tokens_rows)
                 and all(greedy_row(st.temperature[r], st.top_k[r]) for r in rows)):
             tokens = greedy
         else:
             tokens = sample(
                 logits, [st.temperature[r] for r in rows], [st.top_k[r] for r in rows],
-                [st.top_p[r] for r in rows], [st.min_p[r] for r in rows], gens, st.device_params(rows_t),
+                [st.top_p[r] for r in rows], [st.min_p[r] for r in rows], [st.seeded_generator(r) for r in rows],
+                st.device_params(rows_t),
             )
         if raw is None:
             return tokens, None

@@ -48,6 +48,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor | None, packed: torch.Tensor | 
     if weight.dtype != x.dtype:
         y = F.linear(x.to(weight.dtype), weight).to(x.dtype)
         return y if bias is None else y.add_(bias)
-    if packable(weight) and x.device.type == "cpu" and x.dim() == 2 and x.shape[0] > PLAIN_ONEDNN_MIN_ROWS:
+    if packable(weight) and x.dim() == 2 and x.shape[0] > PLAIN_ONEDNN_MIN_ROWS:
         return packed_linear(x, weight, bias)
     return F.linear(x, weight, bias)
