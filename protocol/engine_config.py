@@ -60,7 +60,7 @@ class EngineConfig:
                           "AMX or AVX512-BF16, else fp32), float32, bfloat16, float16"},
     )
     kv_cache_dtype: str = field(
-        default="auto", metadata={"help": "the KV pools' element: auto (the model's dtype), float32, float16, "
+        default="auto", metadata={"help": "the KV pools' element: auto (the activations' dtype), float32, float16, "
                                   "bfloat16"}
     )
     attention_backend: str = field(
