@@ -16,6 +16,7 @@ from multiprocessing.process import BaseProcess
 import msgspec
 import zmq
 
+from launch.failure_report import first_death
 from launch.reaper import become_subreaper, reap_descendants, stop_resource_tracker
 from protocol.codec import encode, launcher_decoder
 from protocol.engine_config import EngineConfig
@@ -116,7 +117,7 @@ class Launcher:
                 msgs.append(self._decode(data))
             except msgspec.DecodeError:  # only our children write here; a bad frame is dropped, not fatal
                 continue
-        return next((p for p in self.procs if p.exitcode is not None), None), msgs
+        return first_death(self.procs), msgs
 
     def drain(self, reason: str) -> None:
         """The frontend refuses new requests from now on and says `Drained` once none is left."""

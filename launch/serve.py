@@ -11,8 +11,8 @@ import signal
 import socket
 import sys
 import threading
-from multiprocessing.process import BaseProcess
 
+from launch.failure_report import describe_death, describe_failure
 from launch.launcher import EngineStartError, Launcher
 from launch.serve_announcements import HTTP_PREFIX, PROCESS_PREFIX, READY_PREFIX
 from launch.stall_report import describe_stall
@@ -22,7 +22,7 @@ from protocol.engine_config import EngineConfig
 from protocol.errors import ErrorCode
 from protocol.messages import Ready
 from protocol.serve_config import ServeConfig
-from protocol.stop_messages import Drained, DrainRequested, Stalled
+from protocol.stop_messages import Drained, DrainRequested, Stalled, WorkerFailed
 
 
 class _Signals:
@@ -112,16 +112,14 @@ def _supervise(launcher: Launcher, cfg: EngineConfig, signals: _Signals) -> int:
                 _start_drain(launcher, plan)
             elif isinstance(msg, Drained):
                 plan.drained()
+            elif isinstance(msg, WorkerFailed) and plan.stop is None:
+                why = describe_failure(msg, launcher.procs)
+                print(f"tandem: {why}; stopping the engine", file=sys.stderr, flush=True)
+                plan.stop_now(f"the engine stopped: {why}", exit_code=1)
         if dead is not None and plan.stop is None:
-            why = _death(dead)
+            why = describe_death(dead)
             print(f"tandem: {why}; stopping the engine", file=sys.stderr, flush=True)
             plan.stop_now(f"the engine stopped: {why}", exit_code=1)
-
-
-def _death(p: BaseProcess) -> str:
-    code = p.exitcode or 0
-    how = f" ({signal.Signals(-code).name})" if code < 0 and -code in signal.valid_signals() else ""
-    return f"{p.name} (pid {p.pid}) exited with code {code}{how}"
 
 
 def _start_drain(launcher: Launcher, plan: StopPlan) -> None:

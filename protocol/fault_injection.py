@@ -1,8 +1,9 @@
 """Test-only fault injection: make one request's step raise, to test that it fails alone.
 
 TANDEM_INJECT_FAULT="SITE:TOKEN[,SITE:TOKEN...]" makes SITE raise InjectedFault for any request whose
-prompt contains token id TOKEN. Sites: "scheduler.commit" (committing a sampled token) and
-"worker.step" (the worker's step that prefills the request). Read once per process; unset, a check
+prompt contains token id TOKEN. Sites: "scheduler.commit" (committing a sampled token), "worker.step" (the
+worker's step that prefills the request) and "worker.fatal" (the worker's loop, before that step: a fault
+that ends the engine). Read once per process; unset, a check
 costs one dict lookup.
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 from collections.abc import Sequence
 
 ENV = "TANDEM_INJECT_FAULT"
-SITES = ("scheduler.commit", "worker.step")
+SITES = ("scheduler.commit", "worker.step", "worker.fatal")
 
 
 class InjectedFault(RuntimeError):

@@ -18,7 +18,7 @@ from protocol.embed_params import EmbedParams
 from protocol.final_info import FinalInfo, HasFinal
 from protocol.heap_sample import HeapSample
 from protocol.sampling_params import SamplingParams
-from protocol.stop_messages import Drain, Drained, DrainRequest, DrainRequested, Stalled
+from protocol.stop_messages import Drain, Drained, DrainRequest, DrainRequested, Stalled, WorkerFailed
 
 # A request's priority (--scheduling-policy priority): lower is served first, as in vLLM; 0 by default.
 Priority = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
@@ -397,4 +397,4 @@ class Failed(msgspec.Struct, tag="failed"):
     message: str
 
 
-LauncherMsg = Ready | Failed | Stalled | DrainRequested | Drained
+LauncherMsg = Ready | Failed | Stalled | DrainRequested | Drained | WorkerFailed

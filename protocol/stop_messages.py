@@ -1,6 +1,6 @@
 """The messages of an engine's stop: a drain asked for (a client), run (launcher -> frontend) and done
-(frontend -> launcher), and a stalled step reported (scheduler -> launcher). The unions they travel in are
-in protocol/messages.py."""
+(frontend -> launcher), a stalled step (scheduler -> launcher) and a worker's failure (worker -> launcher)
+reported. The unions they travel in are in protocol/messages.py."""
 from __future__ import annotations
 
 import msgspec
@@ -35,3 +35,11 @@ class Stalled(msgspec.Struct, tag="stalled"):
     step_id: int
     waited_s: float
     limit_s: float
+
+
+class WorkerFailed(msgspec.Struct, tag="worker_failed"):
+    """From a worker rank whose serving loop raised; the rank then waits to be stopped. The launcher names
+    the cause the waiting calls get: this, or another process's death that the failure only echoes."""
+
+    rank: int
+    message: str  # the exception's first line

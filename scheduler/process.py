@@ -30,6 +30,8 @@ from scheduler.step_driver import StepDriver
 from scheduler.step_watch import StepWatch
 from scheduler.structured import start_compiler
 
+STOP_WAIT_S = 30.0  # after a worker's failure, how long the launcher's stop may take before this process ends
+
 
 def run_scheduler(cfg_bytes: bytes, ep_bytes: bytes) -> None:
     cfg, ep, ctx, launcher = start_child(cfg_bytes, ep_bytes)
@@ -135,8 +137,12 @@ class SchedulerLoop:
                 return
             msg = self.decode_result(data)
             if isinstance(msg, WorkerFailure):
-                self._fail_all(f"worker failed: {msg.message.splitlines()[0]}")
-                print(f"scheduler: worker failed: {msg.message}", file=sys.stderr)
+                print(f"scheduler: worker failed: {msg.message}", file=sys.stderr, flush=True)
+                if self.launcher is not None:
+                    # The worker told the launcher too, which names the cause (it may be a peer's death
+                    # this failure only echoes) to every waiting call and stops the engine within a second.
+                    time.sleep(STOP_WAIT_S)
+                self._fail_all(f"worker failed: {msg.message}")  # nobody stopped us: say it ourselves
                 raise SystemExit(1)
             if isinstance(msg, StepFailed):
                 print(f"scheduler: step {msg.step_id} failed: {msg.message}", file=sys.stderr)

@@ -13,15 +13,17 @@ import pytest
 
 from frontend import Client
 from launch.serve_announcements import PROCESS_PREFIX, READY_PREFIX
-from protocol import EngineDeadError, SamplingParams
+from protocol import EngineDeadError, SamplingParams, fault_injection
 from worker.heap_keeper import HeapKeeper
 
+FATAL_MARK = 993
 
-def _serve(model, *flags: str) -> tuple[subprocess.Popen, str, dict[str, int]]:
+
+def _serve(model, *flags: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, dict[str, int]]:
     pids: dict[str, int] = {}
     proc = subprocess.Popen(
         [sys.executable, "-m", "launch.cli", "serve", "--model", str(model), "--kv-cache-tokens", "4096", "--no-http", *flags],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -91,21 +93,39 @@ def test_sigterm_stops_everything_with_no_orphans(tiny_model) -> None:
 
 
 def assert_killing_stops_engine(model, victim: str, *flags: str) -> None:
-    """Kill one engine process while a client waits: the client gets EngineDeadError within seconds,
-    the launcher exits non-zero, and no process is left behind."""
+    """Kill one engine process while a client waits: the client gets EngineDeadError within seconds, naming
+    the killed process (not a peer's echo of its death), the launcher exits non-zero, and no process is left
+    behind."""
     proc, endpoint, pids = _serve(model, *flags)
     kids = _children(proc.pid)
-    client = Client(endpoint)
-    t, errors = start_long_stream(client, 2000)
-    psutil.Process(pids[victim]).kill()
-    t.join(60)  # a hang guard, not a latency figure: the typed error below is what is asserted
-    assert not t.is_alive(), "client still waiting after a process died"
+    with Client(endpoint) as client:
+        t, errors = start_long_stream(client, 2000)
+        psutil.Process(pids[victim]).kill()
+        t.join(60)  # a hang guard, not a latency figure: the typed error below is what is asserted
+        assert not t.is_alive(), "client still waiting after a process died"
     assert errors and isinstance(errors[0], EngineDeadError), errors
     assert "lost the connection" not in str(errors[0]), "the typed reason was dropped on the way down"
     assert f"{victim} (pid {pids[victim]}) exited with code -9 (SIGKILL)" in str(errors[0]), errors[0]
     assert proc.wait(20) != 0
     assert_left_last(proc, kids)
-    client.close()
+
+
+def test_a_fatal_worker_fault_reaches_every_waiting_client(tiny_model) -> None:
+    """The worker's loop raises (an injected fault no step survives): the waiting calls and the one that
+    caused it get EngineDeadError naming the worker's exception, the launcher exits non-zero, nothing left."""
+    proc, endpoint, _ = _serve(tiny_model("llama"), env={fault_injection.ENV: f"worker.fatal:{FATAL_MARK}"})
+    kids = _children(proc.pid)
+    with Client(endpoint) as client:
+        t, errors = start_long_stream(client, 2000)
+        with pytest.raises(EngineDeadError) as e:
+            client.generate([5, FATAL_MARK, 6], SamplingParams(max_tokens=4))
+        t.join(60)
+        assert not t.is_alive(), "client still waiting after the worker failed"
+    why = "worker 0 failed: InjectedFault: injected fault at worker.fatal"
+    assert why in str(e.value), e.value
+    assert errors and isinstance(errors[0], EngineDeadError) and why in str(errors[0]), errors
+    assert proc.wait(20) != 0
+    assert_left_last(proc, kids)
 
 
 def test_killing_the_worker_fails_waiting_clients_and_launcher_exits_nonzero(tiny_model) -> None:

@@ -6,20 +6,35 @@ ranks (see worker/distributed.py), so all ranks run the same steps in the same o
 from __future__ import annotations
 
 import os
+import sys
+import time
 import traceback
 from collections import deque
 from typing import TYPE_CHECKING
 
 import zmq
 
+from protocol import fault_injection
 from protocol.child import reporting_startup, start_child
 from protocol.codec import encode, worker_in_decoder
 from protocol.heap_sample import HeapSample
 from protocol.ipc import make_socket
-from protocol.messages import ModelRunnerOutput, Ready, SampleStep, Shutdown, WorkerFailure, WorkerReady
+from protocol.messages import (
+    ModelRunnerOutput,
+    Ready,
+    SampleStep,
+    SchedulerOutput,
+    Shutdown,
+    WorkerFailure,
+    WorkerReady,
+)
 from protocol.model_info import read_model_info
+from protocol.stop_messages import WorkerFailed
 from worker.failed_step import FailedStep, survivable
 from worker.heap_keeper import HeapKeeper
+
+# A failed rank waits this long for the launcher's stop (it comes within about a second) before it exits.
+STOP_WAIT_S = 30.0
 
 if TYPE_CHECKING:
     from worker.distributed import Dist
@@ -75,9 +90,15 @@ def run_worker(cfg_bytes: bytes, ep_bytes: bytes, rank: int) -> None:
     decode = worker_in_decoder()
     try:
         serve_steps(runner, inbox, results, decode)
-    except Exception as e:  # tell the scheduler why before dying
+    except Exception as e:
+        # The scheduler stops sending steps; the launcher names the cause (this, or a peer's death this
+        # only echoes) and stops the engine. Exiting now would race the report with this rank's own death.
+        first = f"{type(e).__name__}: {e}".splitlines()[0]
+        print(f"worker {rank} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         if results is not None:
-            results.send(encode(WorkerFailure(f"worker {rank}: {e}\n{traceback.format_exc()}")))
+            results.send(encode(WorkerFailure(f"worker {rank}: {first}")))
+        launcher.send(encode(WorkerFailed(rank, first)))
+        time.sleep(STOP_WAIT_S)
         raise SystemExit(1) from e
     if dist is not None:
         dist.close()  # after a clean Shutdown only: with a dead peer this could block
@@ -120,6 +141,9 @@ def serve_steps(
         msg = decode(inbox.recv())
         if isinstance(msg, Shutdown):
             return
+        if isinstance(msg, SchedulerOutput):
+            for r in msg.new_reqs:  # test-only: a fault no step survives (unset, a dict lookup)
+                fault_injection.check("worker.fatal", r.token_ids[: r.num_prompt])
         try:
             step = runner.sample_deferred(msg) if isinstance(msg, SampleStep) else runner.launch(msg)
         except Exception as e:
