@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import subprocess
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -18,7 +19,14 @@ import msgspec
 import zmq
 from tqdm import tqdm
 
-from frontend.client.connection import DeathWatch, decode_msg, encode_msg, engine_exit_reason, open_dealer
+from frontend.client.connection import (
+    DeathWatch,
+    decode_msg,
+    encode_msg,
+    engine_exit_reason,
+    open_dealer,
+    release,
+)
 from frontend.client.engine_process import start_engine_process, stop_engine_process
 from frontend.client.request_encoding import (
     Params,
@@ -65,6 +73,9 @@ class AsyncClient:
         self._engine = engine
         self._ctx = zmq.Context()
         self._sock, self._monitor = open_dealer(self._ctx, endpoint)
+        # By close(), or when this client is collected unclosed (a caller who forgot it): never by the collector.
+        self._release = weakref.finalize(self, release, self._ctx, self._sock, self._monitor)
+        self._release.atexit = False  # at exit the process frees it all; nothing to stop or close
         self._death = DeathWatch()
         self._router = Router()
         self._loop: asyncio.AbstractEventLoop | None = None  # set when the first call starts the I/O
@@ -193,9 +204,7 @@ class AsyncClient:
                 self._loop.remove_reader(self._sock.FD)
                 self._loop.remove_reader(self._monitor.FD)
             self._router.fail_all(CLOSED)
-            self._monitor.close(0)
-            self._sock.close(0)
-            self._ctx.term()
+            self._release()
         if self._engine is not None:
             await asyncio.to_thread(stop_engine_process, self._engine)
             self._engine = None

@@ -13,6 +13,7 @@ import concurrent.futures
 import contextlib
 import subprocess
 import threading
+import weakref
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -37,6 +38,9 @@ class Client:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tandem-client-io", daemon=True)
         self._thread.start()
+        # A client collected unclosed stops its thread; the AsyncClient, then collected too, closes its sockets.
+        self._stop_loop = weakref.finalize(self, _stop_loop, self._loop)
+        self._stop_loop.atexit = False  # at exit the process frees it all; nothing to stop or close
         self._lock = threading.Lock()  # orders "hand the loop a call" against "close": no call is stranded
         self._closed = False
         # Its sockets belong to the loop.
@@ -121,6 +125,7 @@ class Client:
             if self._closed:
                 return
             self._closed = True
+        self._stop_loop.detach()
         asyncio.run_coroutine_threadsafe(_shut_down(self._async), self._loop).result()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
@@ -157,3 +162,8 @@ async def _shut_down(client: AsyncClient) -> None:
     await asyncio.get_running_loop().shutdown_asyncgens()  # streams left suspended: no abort, nothing runs
     others = asyncio.all_tasks() - {asyncio.current_task()}
     await asyncio.gather(*others, return_exceptions=True)
+
+
+def _stop_loop(loop: asyncio.AbstractEventLoop) -> None:
+    with contextlib.suppress(RuntimeError):  # closed already (interpreter exit)
+        loop.call_soon_threadsafe(loop.stop)

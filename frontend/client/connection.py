@@ -29,6 +29,16 @@ def open_dealer(ctx: zmq.Context, endpoint: str) -> tuple[zmq.Socket, zmq.Socket
     return sock, monitor
 
 
+def release(ctx: zmq.Context, sock: zmq.Socket, monitor: zmq.Socket) -> None:
+    """Close the sockets (what is unsent is dropped), then their context. A client runs this itself, never
+    the garbage collector: a context collected in one cycle with its sockets deadlocks, as the collector
+    clears the context's weak set of sockets before its destroy() runs, which then waits for sockets it
+    no longer sees."""
+    monitor.close(0)
+    sock.close(0)
+    ctx.term()
+
+
 class DeathWatch:
     """Reads the dealer's monitor events: the frontend's end is gone once a connection that was made is
     lost (DISCONNECTED or CLOSED after a CONNECTED) or the monitor stops. A CLOSED before any CONNECTED is
