@@ -149,6 +149,24 @@ def test_int8_agreement_benchmark_compares_greedy_runs(tiny_model, tmp_path: Pat
     assert "3 prompts x 6 greedy tokens" in out and "of 18 positions" in out
 
 
+@needs_cc
+def test_step_graph_nodes_times_every_kind_of_a_quantized_step(tiny_model, tmp_path: Path, capsys) -> None:
+    from benchmarks import step_graph_nodes
+    from tests.gguf_files import write_gguf
+
+    path = write_gguf(tiny_model("llama"), tmp_path / "q.gguf", "Q4_1")
+    res = step_graph_nodes.main(["--model", str(path), "--cpu-int8-activations", "--context", "12", "--reps", "3",
+                                 "--kv-cache-dtype", "float16"])
+    _positive(res, "step_ms", "replay_ms", "all_nodes_ms", "linear_alone_ms", "attention_alone_ms")
+    assert res["replay_ms"] < res["step_ms"]
+    kinds = {"embed", "norm", "linear", "rotary", "kv_write", "attention", "silu_mul", "argmax"}
+    assert {k.removesuffix("_in_step_ms") for k in res if k.endswith("_in_step_ms")} == kinds
+    out = capsys.readouterr().out
+    assert out.startswith("CPU: ") and "context 12, kv torch.float16, int8 activations True" in out
+    with pytest.raises(SystemExit):
+        step_graph_nodes.main(["--model", str(path), "--context", "1"])
+
+
 def test_attention_step_times_each_backend_on_each_kv_dtype(tiny_model, capsys) -> None:
     from benchmarks import attention_step
 
