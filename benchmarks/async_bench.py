@@ -7,14 +7,13 @@ import dataclasses
 import time
 from typing import Any
 
-from benchmarks.workload import random_prompts, stats_delta
-from protocol.engine_config import EngineConfig
+from tandem.benchmarks.workload import random_prompts, stats_delta
+from tandem.protocol.engine_config import EngineConfig
 
 
 def _run_mode(cfg: EngineConfig, batches: list[int], prompt_len: tuple[int, int], output_len: int,
               seed: int) -> dict[int, dict[str, float]]:
-    from frontend import Client
-    from protocol import SamplingParams
+    from tandem import Client, SamplingParams
 
     opts = cfg.options()
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)

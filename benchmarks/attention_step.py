@@ -8,9 +8,9 @@ prefill of every prompt. `--kv-dtypes` runs each backend on a pool of each KV dt
 rounded), as `--kv-cache-dtype` stores it. Backends and pools run in turn, repeatedly, and the fastest
 repeat of each is reported, so a noisy neighbour on a shared machine hits them alike.
 
-    python -m benchmarks.attention_step --model models/bench-llama [--batch 64 --decoded 64]
-    python -m benchmarks.attention_step --model models/bench-llama --batch 8 --decoded 0 --new-tokens 512
-    python -m benchmarks.attention_step --model models/bench-llama --backends cpu --kv-dtypes float32,float16
+    python -m tandem.benchmarks.attention_step --model models/bench-llama [--batch 64 --decoded 64]
+    python -m tandem.benchmarks.attention_step --model models/bench-llama --batch 8 --decoded 0 --new-tokens 512
+    python -m tandem.benchmarks.attention_step --model models/bench-llama --backends cpu --kv-dtypes float32,float16
 """
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ import time
 
 import torch
 
-from benchmarks.roofline import ModelDims
-from kernels.native.cpu_caps import cpu_caps
-from kernels.ops import resolve_ops
-from worker.attention_backend import AttentionBackend, select_attention_backend
-from worker.forward_batch import ForwardBatch
-from worker.kv_cache import KVCache
+from tandem.benchmarks.roofline import ModelDims
+from tandem.kernels.native.cpu_caps import cpu_caps
+from tandem.kernels.ops import resolve_ops
+from tandem.worker.attention_backend import AttentionBackend, select_attention_backend
+from tandem.worker.forward_batch import ForwardBatch
+from tandem.worker.kv_cache import KVCache
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""`tandem bench offline|latency|prefix|async|structured|spec|soak`: workload flags plus every engine flag (from launch.cli_options).
+"""`tandem bench offline|latency|prefix|async|structured|spec|soak|abuse|serve`: workload flags plus every engine flag (from launch.cli_options).
 
 `--seed` is the engine's seed flag; the benchmarks also seed their random prompts with it.
 """
@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.soak import ENGINE_DEFAULTS as SOAK_ENGINE_DEFAULTS
-from launch.cli_options import add_engine_flags, config_from_args
-from protocol.serve_config import ServeConfig
+from tandem.benchmarks.soak import ENGINE_DEFAULTS as SOAK_ENGINE_DEFAULTS
+from tandem.launch.cli_options import add_engine_flags, config_from_args
+from tandem.protocol.serve_config import ServeConfig
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -133,9 +133,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve_main(args: argparse.Namespace) -> int:
-    from benchmarks.serve_bench import run as run_serve
-    from benchmarks.serve_dataset import load_tokenizer, make_requests
-    from benchmarks.workload import parse_range
+    from tandem.benchmarks.serve_bench import run as run_serve
+    from tandem.benchmarks.serve_dataset import load_tokenizer, make_requests
+    from tandem.benchmarks.workload import parse_range
 
     try:
         rates = [float(r) for r in args.request_rate.split(",") if r]
@@ -150,8 +150,8 @@ def _serve_main(args: argparse.Namespace) -> int:
     results = run_serve(args.base_url, args.model, reqs, rates, args.max_concurrency, args.seed, args.api_key,
                         args.slo_ttft_ms, args.slo_tpot_ms)
     if args.llama_cpp is not None:
-        from benchmarks.llama_cpp import llama_server, ratio_line, tpot_median
-        from kernels.native.cpu_caps import usable_cores
+        from tandem.benchmarks.llama_cpp import llama_server, ratio_line, tpot_median
+        from tandem.kernels.native.cpu_caps import usable_cores
 
         gguf = args.llama_cpp_model or args.tokenizer
         slots = args.max_concurrency or args.num_prompts
@@ -166,7 +166,7 @@ def _serve_main(args: argparse.Namespace) -> int:
                              higher_is_better=False))
         print(ratio_line("TPOT p50 ms (median over rates)", tpot_median(results), tpot_median(theirs), False))
     if args.result_dir is not None:
-        from benchmarks.serve_plots import plot
+        from tandem.benchmarks.serve_plots import plot
 
         args.result_dir.mkdir(parents=True, exist_ok=True)
         config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "api_key"}
@@ -198,12 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.bench == "serve":
         return _serve_main(args)
     if args.bench == "abuse":
-        from benchmarks.soak.abuse import run as run_abuse
+        from tandem.benchmarks.soak.abuse import run as run_abuse
 
         return run_abuse(config_from_args(args), args.max_concurrent_requests, args.streams, args.stream_tokens,
                          args.body_mb, args.grammars, args.result_dir, args.label)
     if args.bench == "soak":
-        from benchmarks.soak.run import run as run_soak
+        from tandem.benchmarks.soak.run import run as run_soak
 
         if args.minutes <= 0 or args.zmq_threads < 1 or args.http_clients < 1 or args.sample_s <= 0:
             raise SystemExit("tandem bench soak: --minutes, --zmq-threads, --http-clients and --sample-s must be > 0")
@@ -214,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_from_args(args)
     result: dict[str, Any]
     if args.bench == "offline":
-        from benchmarks.offline import run as run_offline
-        from benchmarks.workload import parse_range
+        from tandem.benchmarks.offline import run as run_offline
+        from tandem.benchmarks.workload import parse_range
 
         try:
             input_len = parse_range(args.input_len)
@@ -224,23 +224,23 @@ def main(argv: list[str] | None = None) -> int:
         result = run_offline(cfg, args.num_requests, input_len, args.output_len, cfg.seed,
                              args.hf_batch_size, args.skip_baseline)
     elif args.bench == "async":
-        from benchmarks.async_bench import run as run_async
-        from benchmarks.workload import parse_range
+        from tandem.benchmarks.async_bench import run as run_async
+        from tandem.benchmarks.workload import parse_range
 
         batches = [int(b) for b in args.batches.split(",") if b]
         result = run_async(cfg, batches, parse_range(args.input_len), args.output_len, cfg.seed)
     elif args.bench == "spec":
-        from benchmarks.spec_bench import run as run_spec
+        from tandem.benchmarks.spec_bench import run as run_spec
 
         batches = [int(b) for b in args.batches.split(",") if b]
         result = run_spec(cfg, batches, cfg.num_speculative_tokens, args.output_len, cfg.seed)
     elif args.bench == "structured":
-        from benchmarks.structured_bench import run as run_structured
+        from tandem.benchmarks.structured_bench import run as run_structured
 
         result = run_structured(cfg, args.num_requests, args.output_len, cfg.seed)
     elif args.bench == "prefix":
-        from benchmarks.prefix_ttft import run as run_prefix
-        from benchmarks.workload import parse_range
+        from tandem.benchmarks.prefix_ttft import run as run_prefix
+        from tandem.benchmarks.workload import parse_range
 
         multiturn = cfg.host_tier
         try:
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             raise SystemExit(f"--system-len/--question-len: {e}") from e
         if multiturn:
-            from benchmarks.multiturn_host import run as run_multiturn
+            from tandem.benchmarks.multiturn_host import run as run_multiturn
 
             if min(args.conversations, args.turns, args.concurrency) < 1:
                 raise SystemExit("--conversations, --turns and --concurrency must be >= 1")
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit("the shared-prefix benchmark takes one --system-len and one --question-len")
             result = run_prefix(cfg, args.num_requests, system[0], question[0], cfg.seed)
     else:
-        from benchmarks.latency import run as run_latency
+        from tandem.benchmarks.latency import run as run_latency
 
         result = run_latency(cfg, args.prompt_len, args.output_len, args.num_requests, cfg.seed,
                              args.skip_baseline, args.llama_cpp, tuple(shlex.split(args.llama_cpp_args)),

@@ -4,7 +4,7 @@ q and k (kernels/native/rotary.py), at a decode step's few rows and a prefill's 
 The two run alternately, best of `--reps` rounds of `--calls` calls each, so a noisy neighbour hits both
 alike. Prints the CPU beside the times.
 
-    python -m benchmarks.cpu_ops [--hidden 576 --intermediate 1536 --heads 9 --kv-heads 3 --head-dim 64]
+    python -m tandem.benchmarks.cpu_ops [--hidden 576 --intermediate 1536 --heads 9 --kv-heads 3 --head-dim 64]
 """
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from collections.abc import Callable
 
 import torch
 
-from kernels.native import norm_act as cpu_norm_act
-from kernels.native import rotary as cpu_rotary
-from kernels.native.cpu_caps import cpu_caps
-from kernels.reference import norm_act as ref_norm_act
-from kernels.reference.rotary import apply_rotary_ref
-from worker.layers.rotary import RotaryEmbedding
+from tandem.kernels.native import norm_act as cpu_norm_act
+from tandem.kernels.native import rotary as cpu_rotary
+from tandem.kernels.native.cpu_caps import cpu_caps
+from tandem.kernels.reference import norm_act as ref_norm_act
+from tandem.kernels.reference.rotary import apply_rotary_ref
+from tandem.worker.layers.rotary import RotaryEmbedding
 
 
 def best_us(fs: dict[str, Callable[[], object]], reps: int, calls: int) -> dict[str, float]:
@@ -51,7 +51,7 @@ def _ops(
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.cpu_ops", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m tandem.benchmarks.cpu_ops", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hidden", type=int, default=576)
     ap.add_argument("--intermediate", type=int, default=1536)

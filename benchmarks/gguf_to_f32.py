@@ -1,4 +1,4 @@
-"""`python -m benchmarks.gguf_to_f32 IN.gguf OUT.gguf [--bf16]`: the same model with every tensor dequantized
+"""`python -m tandem.benchmarks.gguf_to_f32 IN.gguf OUT.gguf [--bf16]`: the same model with every tensor dequantized
 to float32, every metadata key kept (file type set to all-F32); with --bf16 the matrices then rounded to
 bfloat16 (the vectors stay float32, as llama.cpp's converter leaves them; file type mostly-BF16).
 

@@ -1,7 +1,7 @@
 """What the HTTP door costs one stream: the same requests through the ZMQ client and through `/v1/completions`
 (streamed), alternated in one engine, with the CPU time each process spends per output token.
 
-    python -m benchmarks.http_door --model M.gguf [--rounds 4] [--output-len 128] [--prompt-len 64]
+    python -m tandem.benchmarks.http_door --model M.gguf [--rounds 4] [--output-len 128] [--prompt-len 64]
 
 Wall TPOT moves with whatever else runs on the machine; the per-token CPU seconds of the HTTP and frontend
 processes (beyond each one's idle rate, measured first) move much less, so both are printed. The door's share of a step = (HTTP TPOT - ZMQ TPOT) / ZMQ TPOT.
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import psutil
 
-from frontend.client.client import Client
-from launch.cli_options import add_engine_flags, config_from_args
-from launch.launcher import Launcher
-from protocol.serve_config import ServeConfig
-from protocol.tokenizer_loader import load_tokenizer
+from tandem.frontend.client.client import Client
+from tandem.launch.cli_options import add_engine_flags, config_from_args
+from tandem.launch.launcher import Launcher
+from tandem.protocol.serve_config import ServeConfig
+from tandem.protocol.tokenizer_loader import load_tokenizer
 
 
 def _tpot(token_times: list[float]) -> float:
@@ -73,7 +73,7 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.http_door", description=__doc__, allow_abbrev=False)
+    p = argparse.ArgumentParser(prog="python -m tandem.benchmarks.http_door", description=__doc__, allow_abbrev=False)
     add_engine_flags(p)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--prompt-len", type=int, default=64)

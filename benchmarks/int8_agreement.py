@@ -1,7 +1,7 @@
 """Greedy agreement of --cpu-int8-activations with the float32 path on a GGUF model: the same prompts, greedy,
 through an engine each way; how many sequences come out identical and where the others first diverge.
 
-    python -m benchmarks.int8_agreement --model M.gguf [--prompts 32 --tokens 64]
+    python -m tandem.benchmarks.int8_agreement --model M.gguf [--prompts 32 --tokens 64]
 
 The prompts are short English instructions in the model's chat template (varied topics), so the
 continuations are the model's ordinary text, not noise. Then, teacher-forced on the float32 path's
@@ -16,10 +16,9 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from frontend import Client
-from kernels.native.cpu_caps import cpu_caps
-from protocol import SamplingParams
-from protocol.tokenizer_loader import load_tokenizer
+from tandem import Client, SamplingParams
+from tandem.kernels.native.cpu_caps import cpu_caps
+from tandem.protocol.tokenizer_loader import load_tokenizer
 
 TOPICS = ("the moon", "bread", "a bicycle", "rain", "Python lists", "the French revolution", "volcanoes",
           "chess openings", "photosynthesis", "a lighthouse", "coffee", "prime numbers", "the ocean", "trains",
@@ -41,7 +40,7 @@ def prompts(model: str, n: int) -> list[list[int]]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.int8_agreement")
+    ap = argparse.ArgumentParser(prog="python -m tandem.benchmarks.int8_agreement")
     ap.add_argument("--model", required=True, help="a .gguf file")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=64)

@@ -8,17 +8,17 @@ from typing import Any
 
 import torch
 
-from benchmarks import roofline
-from benchmarks.llama_cpp import llama_bench
-from benchmarks.workload import format_stats, load_hf_model, random_prompts, stats_delta
-from kernels.native.cpu_caps import usable_cores
-from protocol.engine_config import EngineConfig
-from protocol.gguf_metadata import is_gguf
-from protocol.sampling_params import SamplingParams
+from tandem.benchmarks import roofline
+from tandem.benchmarks.llama_cpp import llama_bench
+from tandem.benchmarks.workload import format_stats, load_hf_model, random_prompts, stats_delta
+from tandem.kernels.native.cpu_caps import usable_cores
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.gguf_metadata import is_gguf
+from tandem.protocol.sampling_params import SamplingParams
 
 
 def run_engine(cfg: EngineConfig, prompts: list[list[int]], output_len: int) -> dict[str, Any]:
-    from frontend import Client
+    from tandem import Client
 
     opts = cfg.options()
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)

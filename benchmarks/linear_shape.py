@@ -3,7 +3,7 @@
 every linear layer of a model shape (each layer's own weights, so they stream from memory as in a decode
 step) and over its LM head. Prints the CPU beside the times.
 
-    python -m benchmarks.linear_shape [--layers 30 --hidden 576 --intermediate 1536 --q-heads 9 \
+    python -m tandem.benchmarks.linear_shape [--layers 30 --hidden 576 --intermediate 1536 --q-heads 9 \
         --kv-heads 3 --head-dim 64 --vocab 49152 --threads N]     (defaults: SmolLM2-135M)
 """
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kernels.native.cpu_caps import cpu_caps, usable_cores
-from worker.layers.cpu_linear import pack_weight, packed_linear
+from tandem.kernels.native.cpu_caps import cpu_caps, usable_cores
+from tandem.worker.layers.cpu_linear import pack_weight, packed_linear
 
 
 def median_ms(f: Callable[[], object], reps: int) -> float:
@@ -36,7 +36,7 @@ def _transposed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.linear_shape")
+    ap = argparse.ArgumentParser(prog="python -m tandem.benchmarks.linear_shape")
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--hidden", type=int, default=576)
     ap.add_argument("--intermediate", type=int, default=1536)

@@ -1,7 +1,7 @@
 """One MoE layer on CPU (kernels/csrc/moe.c: router, top-k, the routed experts) against the dense SwiGLU MLP of
 the same active size through oneDNN, as the engine runs each in float32, at several row counts.
 
-    python -m benchmarks.moe_layer [--hidden 512 --moe-intermediate 768 --experts 8 --top-k 2]
+    python -m tandem.benchmarks.moe_layer [--hidden 512 --moe-intermediate 768 --experts 8 --top-k 2]
                                    [--rows 1,16,64,512] [--threads 1] [--reps 40]
 
 The two alternate call by call and the fastest of each is kept (other processes' bursts only slow a call).
@@ -14,12 +14,12 @@ import time
 
 import torch
 
-from kernels.native import moe, norm_act
-from worker.layers.cpu_linear import pack_weight, packed_linear
+from tandem.kernels.native import moe, norm_act
+from tandem.worker.layers.cpu_linear import pack_weight, packed_linear
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.moe_layer", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tandem.benchmarks.moe_layer", description=__doc__.split("\n")[0])
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--moe-intermediate", type=int, default=768)
     p.add_argument("--experts", type=int, default=8)

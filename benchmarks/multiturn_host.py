@@ -19,7 +19,7 @@ import statistics
 import time
 from typing import Any
 
-from protocol.engine_config import EngineConfig
+from tandem.protocol.engine_config import EngineConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +49,7 @@ def _summary(ttfts: list[float]) -> dict[str, float]:
 
 
 def _measure(cfg: EngineConfig, convs: list[Conversation], answer_len: int, concurrency: int) -> dict[str, Any]:
-    from frontend import AsyncClient
-    from protocol import SamplingParams
+    from tandem import AsyncClient, SamplingParams
 
     params = SamplingParams(max_tokens=answer_len, temperature=0.0, ignore_eos=True)
     turns = len(convs[0].questions)
@@ -113,8 +112,8 @@ def run(cfg: EngineConfig, conversations: int, turns: int, system_len: tuple[int
         question_len: tuple[int, int], answer_len: int, concurrency: int, seed: int) -> dict[str, Any]:
     import torch
 
-    from kernels.native.cpu_caps import cpu_caps, usable_cores
-    from protocol.model_info import read_model_info
+    from tandem.kernels.native.cpu_caps import cpu_caps, usable_cores
+    from tandem.protocol.model_info import read_model_info
 
     convs = make_conversations(read_model_info(cfg.model).vocab_size, conversations, turns, system_len,
                                question_len, seed)

@@ -6,16 +6,16 @@ from typing import Any
 
 import torch
 
-from benchmarks import roofline
-from benchmarks.workload import format_stats, load_hf_model, random_prompts, stats_delta
-from protocol.engine_config import EngineConfig
-from protocol.sampling_params import SamplingParams
+from tandem.benchmarks import roofline
+from tandem.benchmarks.workload import format_stats, load_hf_model, random_prompts, stats_delta
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.sampling_params import SamplingParams
 
 DECODE_BATCH = 64  # the roofline's decode group: at most this many requests decode together
 
 
 def run_engine(cfg: EngineConfig, prompts: list[list[int]], output_len: int) -> dict[str, Any]:
-    from frontend import Client
+    from tandem import Client
 
     opts = cfg.options()
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)

@@ -13,11 +13,11 @@ import statistics
 import time
 from typing import Any
 
-from protocol.engine_config import EngineConfig
+from tandem.protocol.engine_config import EngineConfig
 
 
 async def _ttfts(client: Any, prompts: list[list[int]]) -> list[float]:
-    from protocol import SamplingParams
+    from tandem import SamplingParams
 
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 
@@ -32,7 +32,7 @@ async def _ttfts(client: Any, prompts: list[list[int]]) -> list[float]:
 
 
 def _measure(cfg: EngineConfig, system: list[int], prompts: list[list[int]]) -> dict[str, float]:
-    from frontend import AsyncClient
+    from tandem import AsyncClient
 
     async def go() -> dict[str, float]:
         opts = cfg.options()
@@ -52,7 +52,7 @@ def _measure(cfg: EngineConfig, system: list[int], prompts: list[list[int]]) -> 
 
 
 def run(cfg: EngineConfig, num_requests: int, system_len: int, question_len: int, seed: int) -> dict[str, Any]:
-    from protocol.model_info import read_model_info
+    from tandem.protocol.model_info import read_model_info
 
     vocab = read_model_info(cfg.model).vocab_size
     rng = random.Random(seed)

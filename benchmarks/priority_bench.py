@@ -1,7 +1,7 @@
 """Priorities under KV pressure: the same mixed-priority burst served with --scheduling-policy fcfs and then
 priority, on a KV pool a quarter of what the requests need together.
 
-    python -m benchmarks.priority_bench --model M [engine flags] [--num-requests 48] [--high-share 0.25]
+    python -m tandem.benchmarks.priority_bench --model M [engine flags] [--num-requests 48] [--high-share 0.25]
 
 A share of the requests is high priority (0), the rest low (1), shuffled; every request is sent at once
 (or `--interval-ms` apart). The pool (--kv-cache-tokens, default: a quarter of the sum of prompt and
@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from launch.cli_options import add_engine_flags, config_from_args
-from protocol.engine_config import EngineConfig
+from tandem.launch.cli_options import add_engine_flags, config_from_args
+from tandem.protocol.engine_config import EngineConfig
 
 HIGH, LOW = 0, 1
 
@@ -39,7 +39,7 @@ def make_workload(vocab: int, n: int, input_len: tuple[int, int], high_share: fl
 
 def _measure(cfg: EngineConfig, work: list[tuple[list[int], int]], output_len: int,
              interval_ms: float) -> dict[str, Any]:
-    from frontend import AsyncClient
+    from tandem import AsyncClient
 
     params = {"max_tokens": output_len, "temperature": 0.0, "ignore_eos": True}
 
@@ -70,7 +70,7 @@ def _measure(cfg: EngineConfig, work: list[tuple[list[int], int]], output_len: i
 
 def run(cfg: EngineConfig, n: int, input_len: tuple[int, int], output_len: int, high_share: float,
         interval_ms: float, seed: int) -> dict[str, Any]:
-    from protocol.model_info import read_model_info
+    from tandem.protocol.model_info import read_model_info
 
     work = make_workload(read_model_info(cfg.model).vocab_size, n, input_len, high_share, seed)
     demand = sum(len(p) + output_len for p, _ in work)
@@ -102,7 +102,7 @@ def run(cfg: EngineConfig, n: int, input_len: tuple[int, int], output_len: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.priority_bench", description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="python -m tandem.benchmarks.priority_bench", description=__doc__.splitlines()[0],
                                 allow_abbrev=False)
     add_engine_flags(p)
     p.add_argument("--num-requests", type=int, default=48)
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval-ms", type=float, default=0.0, help="between sends (0: all at once)")
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    from benchmarks.workload import parse_range
+    from tandem.benchmarks.workload import parse_range
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.num_requests < 2 or not 0 < args.high_share < 1:

@@ -4,14 +4,14 @@ oneDNN on the dequantized float32 weights (worker/layers/cpu_linear.py, what it 
 directory). Every decoder layer's own weights, so they stream from memory as in a step, and the LM head;
 checks both give the same products first. Prints the CPU beside the times.
 
-    python -m benchmarks.quant_linear --model M.gguf [--rows 1,2,4,8,16,64,256,1024 --reps 7 --threads N]
+    python -m tandem.benchmarks.quant_linear --model M.gguf [--rows 1,2,4,8,16,64,256,1024 --reps 7 --threads N]
         [--int8]   (also the kernel with int8 activations, --cpu-int8-activations, against the float32 one)
 
 With --types instead of --model: the kernel on random blocks of each type, `--layers` weights of one
 shape per type (distinct weights, so a pass streams them), timed round-robin (so load on a shared
 machine falls on every type alike) and reported against the first type:
 
-    python -m benchmarks.quant_linear --types Q4_1,Q4_0,Q5_0,Q5_1,Q8_0,Q4_K,Q5_K,Q6_K [--shape 4096x4096
+    python -m tandem.benchmarks.quant_linear --types Q4_1,Q4_0,Q5_0,Q5_1,Q8_0,Q4_K,Q5_K,Q6_K [--shape 4096x4096
         --layers 4 --rows 1 --reps 15]
 """
 from __future__ import annotations
@@ -23,11 +23,11 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.linear_shape import median_ms
-from kernels.native.cpu_caps import cpu_caps, usable_cores
-from kernels.native.quant_linear import GGUF_BLOCKS, available, dequantize, pack, quant_linear
-from protocol.gguf_metadata import open_gguf
-from worker.layers.cpu_linear import pack_weight, packed_linear
+from tandem.benchmarks.linear_shape import median_ms
+from tandem.kernels.native.cpu_caps import cpu_caps, usable_cores
+from tandem.kernels.native.quant_linear import GGUF_BLOCKS, available, dequantize, pack, quant_linear
+from tandem.protocol.gguf_metadata import open_gguf
+from tandem.worker.layers.cpu_linear import pack_weight, packed_linear
 
 # Byte offsets of each type's float16 scales in its GGUF block: set to small finite values in random blocks
 # (any other bytes make a valid block).
@@ -74,7 +74,7 @@ def by_type(types: list[str], shape: str, layers: int, rows: list[int], reps: in
 
 
 def main(argv: list[str] | None = None) -> dict[int, tuple[float, float, float, float]] | dict[int, dict[str, float]]:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.quant_linear")
+    ap = argparse.ArgumentParser(prog="python -m tandem.benchmarks.quant_linear")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="a .gguf file")
     src.add_argument("--types", help="GGUF types, comma-separated: random blocks of each (the first is the base)")

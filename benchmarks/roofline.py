@@ -14,14 +14,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kernels.native.cpu_caps import cpu_caps, usable_cores
-from kernels.ops import resolve_ops
-from protocol.engine_config import EngineConfig
-from protocol.gguf_metadata import is_gguf, open_gguf
-from protocol.model_config import read_model_config
-from worker.device import resolve_device, resolve_weight_dtype
-from worker.layers.cpu_linear import pack_weight, packable, packed_linear
-from worker.loader import quantized_types
+from tandem.kernels.native.cpu_caps import cpu_caps, usable_cores
+from tandem.kernels.ops import resolve_ops
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.gguf_metadata import is_gguf, open_gguf
+from tandem.protocol.model_config import read_model_config
+from tandem.worker.device import resolve_device, resolve_weight_dtype
+from tandem.worker.layers.cpu_linear import pack_weight, packable, packed_linear
+from tandem.worker.loader import quantized_types
 
 
 def engine_dtype(cfg: EngineConfig) -> torch.dtype:

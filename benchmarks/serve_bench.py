@@ -13,8 +13,8 @@ import aiohttp
 import numpy as np
 from tqdm import tqdm
 
-from benchmarks.serve_client import RequestResult, send
-from benchmarks.serve_dataset import BenchRequest
+from tandem.benchmarks.serve_client import RequestResult, send
+from tandem.benchmarks.serve_dataset import BenchRequest
 
 
 async def _run_rate(url: str, model: str, reqs: Sequence[BenchRequest], rate: float, max_concurrency: int | None,

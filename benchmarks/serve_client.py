@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from benchmarks.serve_dataset import BenchRequest
+from tandem.benchmarks.serve_dataset import BenchRequest
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Several `tandem bench serve` results side by side: one PNG (output tok/s, median TTFT and TPOT against
 request rate, one line per server) and a markdown table of the figures.
 
-    python -m benchmarks.serve_compare --out DIR/compare.png A.json B.json ...   # the table on stdout
+    python -m tandem.benchmarks.serve_compare --out DIR/compare.png A.json B.json ...   # the table on stdout
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def plot(runs: list[tuple[str, list[dict[str, Any]]]], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.serve_compare", allow_abbrev=False)
+    p = argparse.ArgumentParser(prog="python -m tandem.benchmarks.serve_compare", allow_abbrev=False)
     p.add_argument("--out", type=Path, required=True, help="the comparison PNG")
     p.add_argument("results", type=Path, nargs="+", help="LABEL.json files of `tandem bench serve`")
     args = p.parse_args(argv)

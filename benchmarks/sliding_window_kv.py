@@ -8,7 +8,7 @@ full slot holds one position's K and V in each layer that keeps it there (all la
 global ones with it), a sliding slot in each sliding layer. Reports the peak and the end of the request, and
 checks that both runs gave the same tokens.
 
-    python -m benchmarks.sliding_window_kv --model models/gemma3-270m [--prompt-tokens 4000] [--json out.json]
+    python -m tandem.benchmarks.sliding_window_kv --model models/gemma3-270m [--prompt-tokens 4000] [--json out.json]
 """
 from __future__ import annotations
 
@@ -20,21 +20,21 @@ from typing import Any
 
 import torch
 
-from kernels.native.cpu_caps import cpu_caps
-from protocol.engine_config import EngineConfig
-from protocol.messages import TokenBatch, TokenizedRequest
-from protocol.model_config import read_model_config
-from protocol.model_info import read_model_info
-from protocol.sampling_params import SamplingParams
-from scheduler.scheduler import Scheduler
-from worker.memory import kv_bytes_per_token
-from worker.model_runner import ModelRunner
+from tandem.kernels.native.cpu_caps import cpu_caps
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.messages import TokenBatch, TokenizedRequest
+from tandem.protocol.model_config import read_model_config
+from tandem.protocol.model_info import read_model_info
+from tandem.protocol.sampling_params import SamplingParams
+from tandem.scheduler.scheduler import Scheduler
+from tandem.worker.memory import kv_bytes_per_token
+from tandem.worker.model_runner import ModelRunner
 
 
 def prompt_ids(model: str, n: int) -> list[int]:
     """n tokens of the corpus the repo ships (repeated as needed), BOS first when the tokenizer adds one."""
-    from launch.tokenizer_maker import CORPUS_PATH
-    from protocol.tokenizer_loader import load_tokenizer
+    from tandem.launch.tokenizer_maker import CORPUS_PATH
+    from tandem.protocol.tokenizer_loader import load_tokenizer
 
     ids = load_tokenizer(model)(CORPUS_PATH.read_text(encoding="utf-8")[: 8 * n]).input_ids  # ~n tokens or more
     while len(ids) < n:

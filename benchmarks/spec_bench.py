@@ -15,9 +15,9 @@ import random
 import time
 from typing import Any
 
-from benchmarks.workload import random_prompts
-from kernels.native.cpu_caps import cpu_caps
-from protocol.engine_config import EngineConfig
+from tandem.benchmarks.workload import random_prompts
+from tandem.kernels.native.cpu_caps import cpu_caps
+from tandem.protocol.engine_config import EngineConfig
 
 _WORDS = ("alpha beta gamma delta value total count index result buffer name item list map key "
           "score limit offset width height price amount").split()
@@ -78,7 +78,7 @@ def open_prompts(n: int, seed: int) -> list[str]:
 def as_chat(model: str, asks: list[str]) -> list[str]:
     """Each ask as a user turn in the model's chat template (an instruct model answers it; the
     repetitive asks are copied only then), or as plain text when the model has no template."""
-    from protocol.tokenizer_loader import load_tokenizer
+    from tandem.protocol.tokenizer_loader import load_tokenizer
 
     tok = load_tokenizer(model)
     if not getattr(tok, "chat_template", None):
@@ -97,7 +97,7 @@ def num_requests(batch: int) -> int:
 
 
 def _measure(client: Any, prompts: list, batch: int, output_len: int) -> dict[str, Any]:
-    from protocol import SamplingParams
+    from tandem import SamplingParams
 
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     before = client.stats()
@@ -118,8 +118,7 @@ def _measure(client: Any, prompts: list, batch: int, output_len: int) -> dict[st
 
 
 def run(cfg: EngineConfig, batches: list[int], k: int, output_len: int, seed: int) -> dict[str, Any]:
-    from frontend import Client
-    from protocol import SamplingParams
+    from tandem import Client, SamplingParams
 
     n = {b: num_requests(b) for b in batches}  # requests per batch size, run `b` at a time
     workloads = {

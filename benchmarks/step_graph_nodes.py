@@ -7,13 +7,13 @@ One request decodes in-process (the real Scheduler and ModelRunner, no processes
 request's last inputs, and subsets of the recorded nodes are replayed over them, each the median of
 `--reps` runs. A kind's nodes replayed alone keep their order; nothing is checked, only timed.
 
-    python -m benchmarks.step_graph_nodes --model model.gguf [--cpu-int8-activations] \
+    python -m tandem.benchmarks.step_graph_nodes --model model.gguf [--cpu-int8-activations] \
         [--kv-cache-dtype float16] [--context 128] [--reps 200]
 """
 from __future__ import annotations
 
 # Before torch allocates anything: the worker process does the same at start (see worker/malloc_tuning).
-from worker.malloc_tuning import keep_freed_memory
+from tandem.worker.malloc_tuning import keep_freed_memory
 
 keep_freed_memory()
 
@@ -23,14 +23,14 @@ import time  # noqa: E402
 
 import torch  # noqa: E402
 
-from benchmarks.worker_step import run_workload  # noqa: E402
-from kernels.native import step_graph as sg  # noqa: E402
-from kernels.native.cpu_caps import cpu_caps  # noqa: E402
-from protocol.engine_config import EngineConfig  # noqa: E402
-from protocol.model_info import read_model_info  # noqa: E402
-from scheduler.scheduler import Scheduler  # noqa: E402
-from worker.cpu_step_graph import CpuStepGraph  # noqa: E402
-from worker.model_runner import ModelRunner  # noqa: E402
+from tandem.benchmarks.worker_step import run_workload  # noqa: E402
+from tandem.kernels.native import step_graph as sg  # noqa: E402
+from tandem.kernels.native.cpu_caps import cpu_caps  # noqa: E402
+from tandem.protocol.engine_config import EngineConfig  # noqa: E402
+from tandem.protocol.model_info import read_model_info  # noqa: E402
+from tandem.scheduler.scheduler import Scheduler  # noqa: E402
+from tandem.worker.cpu_step_graph import CpuStepGraph  # noqa: E402
+from tandem.worker.model_runner import ModelRunner  # noqa: E402
 
 KINDS = {sg.EMBED: "embed", sg.NORM: "norm", sg.HEAD_NORM: "head_norm", sg.QLINEAR: "linear", sg.ROTARY: "rotary",
          sg.KV_WRITE: "kv_write", sg.ATTENTION: "attention", sg.SILU_MUL: "silu_mul", sg.MOE: "moe",

@@ -7,8 +7,8 @@ import json
 import time
 from typing import Any
 
-from benchmarks.workload import random_prompts
-from protocol.engine_config import EngineConfig
+from tandem.benchmarks.workload import random_prompts
+from tandem.protocol.engine_config import EngineConfig
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -35,8 +35,7 @@ def _valid(text: str) -> bool:
 
 
 def _run_mode(cfg: EngineConfig, n: int, fractions: list[float], output_len: int, seed: int) -> dict[str, Any]:
-    from frontend import Client
-    from protocol import SamplingParams
+    from tandem import Client, SamplingParams
 
     opts = cfg.options()
     prompts = random_prompts(cfg.model, n, (16, 64), seed)

@@ -7,7 +7,7 @@ not seen but as big ("new schema": its grammar compiles on a loaded compiler). f
 arrival to first step (a constrained request waits there for the compiler and its grammar). With --cold-cache the on-disk TokenizerInfo cache is emptied
 before each launch (what a first start on a machine sees).
 
-    python -m benchmarks.structured_start --model models/smollm2-135m-instruct/model.gguf --runs 3
+    python -m tandem.benchmarks.structured_start --model models/smollm2-135m-instruct/model.gguf --runs 3
 """
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def _timed(client: Any, params: dict[str, Any]) -> tuple[float, float]:
 
 
 def run_once(model: str, cold_cache: bool, warm_repeats: int = 3, **engine: object) -> dict[str, float]:
-    from frontend import Client
-    from protocol.gguf_metadata import cache_root
+    from tandem import Client
+    from tandem.protocol.gguf_metadata import cache_root
 
     if cold_cache:
         shutil.rmtree(cache_root() / "xgrammar", ignore_errors=True)

@@ -6,12 +6,12 @@ prefill-step time and tok/s, the mean decode-step time at full batch and the bat
 `--attention-backend torch,cpu` runs the workload once per backend in the same process (in
 turn, so a noisy neighbour hits both alike) and prints each.
 
-    python -m benchmarks.worker_step --model models/bench-llama [--profile] [--attention-backend A,B]
+    python -m tandem.benchmarks.worker_step --model models/bench-llama [--profile] [--attention-backend A,B]
 """
 from __future__ import annotations
 
 # Before torch allocates anything: the worker process does the same at start (see worker/malloc_tuning).
-from worker.malloc_tuning import keep_freed_memory
+from tandem.worker.malloc_tuning import keep_freed_memory
 
 keep_freed_memory()
 
@@ -21,16 +21,16 @@ import time  # noqa: E402
 
 import torch  # noqa: E402
 
-from benchmarks.workload import parse_range, random_prompts  # noqa: E402
-from kernels.native.cpu_caps import cpu_caps  # noqa: E402
-from kernels.ops import resolve_ops  # noqa: E402
-from protocol.engine_config import EngineConfig  # noqa: E402
-from protocol.messages import TokenizedRequest  # noqa: E402
-from protocol.model_info import read_model_info  # noqa: E402
-from protocol.sampling_params import SamplingParams  # noqa: E402
-from scheduler.scheduler import Scheduler  # noqa: E402
-from worker.attention_backend import select_attention_backend  # noqa: E402
-from worker.model_runner import ModelRunner  # noqa: E402
+from tandem.benchmarks.workload import parse_range, random_prompts  # noqa: E402
+from tandem.kernels.native.cpu_caps import cpu_caps  # noqa: E402
+from tandem.kernels.ops import resolve_ops  # noqa: E402
+from tandem.protocol.engine_config import EngineConfig  # noqa: E402
+from tandem.protocol.messages import TokenizedRequest  # noqa: E402
+from tandem.protocol.model_info import read_model_info  # noqa: E402
+from tandem.protocol.sampling_params import SamplingParams  # noqa: E402
+from tandem.scheduler.scheduler import Scheduler  # noqa: E402
+from tandem.worker.attention_backend import select_attention_backend  # noqa: E402
+from tandem.worker.model_runner import ModelRunner  # noqa: E402
 
 
 def run_workload(

@@ -6,11 +6,11 @@ import random
 from pathlib import Path
 from typing import Any
 
-from kernels.native.cpu_caps import usable_cores
-from protocol.gguf_metadata import is_gguf
-from protocol.messages import EngineStats
-from protocol.model_config import metadata_dir
-from protocol.model_info import read_model_info
+from tandem.kernels.native.cpu_caps import usable_cores
+from tandem.protocol.gguf_metadata import is_gguf
+from tandem.protocol.messages import EngineStats
+from tandem.protocol.model_config import metadata_dir
+from tandem.protocol.model_info import read_model_info
 
 
 def parse_range(text: str) -> tuple[int, int]:

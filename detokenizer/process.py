@@ -6,12 +6,12 @@ import os
 import zmq
 from tokenizers import Tokenizer
 
-from detokenizer.incremental import IncrementalDecoder
-from detokenizer.stop_holdback import StopHoldBack
-from protocol.child import reporting_startup, start_child
-from protocol.codec import detok_in_decoder, encode
-from protocol.ipc import make_socket
-from protocol.messages import (
+from tandem.detokenizer.incremental import IncrementalDecoder
+from tandem.detokenizer.stop_holdback import StopHoldBack
+from tandem.protocol.child import reporting_startup, start_child
+from tandem.protocol.codec import detok_in_decoder, encode
+from tandem.protocol.ipc import make_socket
+from tandem.protocol.messages import (
     DetokRegister,
     EmbeddingBatch,
     EngineStats,
@@ -22,7 +22,7 @@ from protocol.messages import (
     SessionReply,
     TokenBatch,
 )
-from protocol.tokenizer_loader import load_fast_tokenizer
+from tandem.protocol.tokenizer_loader import load_fast_tokenizer
 
 
 class _Stream:

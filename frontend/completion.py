@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from frontend.reasoning_parser import split_reasoning
-from protocol.final_info import FinalInfo, HasFinal
-from protocol.messages import EngineLoad, Logprobs, RequestOutput
+from tandem.frontend.reasoning_parser import split_reasoning
+from tandem.protocol.final_info import FinalInfo, HasFinal
+from tandem.protocol.messages import EngineLoad, Logprobs, RequestOutput
 
 
 @dataclass

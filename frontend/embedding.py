@@ -6,8 +6,8 @@ import base64
 from array import array
 from dataclasses import dataclass
 
-from protocol.final_info import FinalInfo, HasFinal
-from protocol.messages import EmbeddingOutput, EngineLoad
+from tandem.protocol.final_info import FinalInfo, HasFinal
+from tandem.protocol.messages import EmbeddingOutput, EngineLoad
 
 
 @dataclass

@@ -5,7 +5,7 @@ import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from protocol.errors import ErrorCode, InvalidRequestError
+from tandem.protocol.errors import ErrorCode, InvalidRequestError
 
 
 def encode_text(tokenizer: Any, text: str, add_special_tokens: bool = True) -> list[int]:

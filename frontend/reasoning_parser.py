@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocol.serve_config import REASONING_PARSERS as CHOICES  # the styles, and `auto`
+from tandem.protocol.serve_config import REASONING_PARSERS as CHOICES  # the styles, and `auto`
 
 OPEN, CLOSE = "<think>", "</think>"
 STYLES = tuple(c for c in CHOICES if c != "auto")

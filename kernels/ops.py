@@ -16,19 +16,19 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.native import moe, norm_act, paged_attention, quant_linear, rotary
-from kernels.reference import bitmask as ref_bitmask
-from kernels.reference import input_prep as ref_input_prep
-from kernels.reference import moe as ref_moe
-from kernels.reference import ngram_propose as ref_ngram
-from kernels.reference import norm_act as ref_norm_act
-from kernels.reference import rotary as ref_rotary
-from kernels.reference import sample_writeback as ref_writeback
-from kernels.triton import bitmask as tri_bitmask
-from kernels.triton import input_prep as tri_input_prep
-from kernels.triton import moe as tri_moe
-from kernels.triton import ngram_propose as tri_ngram
-from kernels.triton import sample_writeback as tri_writeback
+from tandem.kernels.native import moe, norm_act, paged_attention, quant_linear, rotary
+from tandem.kernels.reference import bitmask as ref_bitmask
+from tandem.kernels.reference import input_prep as ref_input_prep
+from tandem.kernels.reference import moe as ref_moe
+from tandem.kernels.reference import ngram_propose as ref_ngram
+from tandem.kernels.reference import norm_act as ref_norm_act
+from tandem.kernels.reference import rotary as ref_rotary
+from tandem.kernels.reference import sample_writeback as ref_writeback
+from tandem.kernels.triton import bitmask as tri_bitmask
+from tandem.kernels.triton import input_prep as tri_input_prep
+from tandem.kernels.triton import moe as tri_moe
+from tandem.kernels.triton import ngram_propose as tri_ngram
+from tandem.kernels.triton import sample_writeback as tri_writeback
 
 log = logging.getLogger(__name__)
 

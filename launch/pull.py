@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launch.convert import convert
-from launch.known_models import KNOWN_MODELS, KnownModel
+from tandem.launch.convert import convert
+from tandem.launch.known_models import KNOWN_MODELS, KnownModel
 
 
 def find_gguf(m: KnownModel) -> Path | None:

@@ -12,17 +12,17 @@ import socket
 import sys
 import threading
 
-from launch.failure_report import describe_death, describe_failure
-from launch.launcher import EngineStartError, Launcher
-from launch.serve_announcements import HTTP_PREFIX, PROCESS_PREFIX, READY_PREFIX
-from launch.stall_report import describe_stall
-from launch.stop_plan import StopPlan
-from protocol.codec import encode
-from protocol.engine_config import EngineConfig
-from protocol.errors import ErrorCode
-from protocol.messages import Ready
-from protocol.serve_config import ServeConfig
-from protocol.stop_messages import Drained, DrainRequested, Stalled, WorkerFailed
+from tandem.launch.failure_report import describe_death, describe_failure
+from tandem.launch.launcher import EngineStartError, Launcher
+from tandem.launch.serve_announcements import HTTP_PREFIX, PROCESS_PREFIX, READY_PREFIX
+from tandem.launch.stall_report import describe_stall
+from tandem.launch.stop_plan import StopPlan
+from tandem.protocol.codec import encode
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.errors import ErrorCode
+from tandem.protocol.messages import Ready
+from tandem.protocol.serve_config import ServeConfig
+from tandem.protocol.stop_messages import Drained, DrainRequested, Stalled, WorkerFailed
 
 
 class _Signals:

@@ -10,7 +10,7 @@ from multiprocessing.process import BaseProcess
 
 import psutil
 
-from protocol.stop_messages import Stalled
+from tandem.protocol.stop_messages import Stalled
 
 WORKER = "tandem-worker"
 BUSY_SAMPLE_S = 0.3  # CPU time is sampled over this long to tell a spinning rank from a waiting one

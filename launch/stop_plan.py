@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from protocol.errors import ErrorCode
+from tandem.protocol.errors import ErrorCode
 
 
 @dataclass(frozen=True)

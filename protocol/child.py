@@ -8,11 +8,11 @@ from contextlib import contextmanager
 
 import zmq
 
-from protocol.codec import encode
-from protocol.engine_config import EngineConfig
-from protocol.errors import ModelLoadError
-from protocol.ipc import Endpoints, exit_with_parent, make_socket
-from protocol.messages import Failed
+from tandem.protocol.codec import encode
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.errors import ModelLoadError
+from tandem.protocol.ipc import Endpoints, exit_with_parent, make_socket
+from tandem.protocol.messages import Failed
 
 
 def start_child(cfg_bytes: bytes, ep_bytes: bytes) -> tuple[EngineConfig, Endpoints, zmq.Context, zmq.Socket]:

@@ -5,7 +5,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from protocol import messages as m
+from tandem.protocol import messages as m
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from protocol.time_stats import TimeStats
+from tandem.protocol.time_stats import TimeStats
 
 
 class FinalInfo(msgspec.Struct, array_like=True):

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from protocol.errors import ModelLoadError
+from tandem.protocol.errors import ModelLoadError
 
 if TYPE_CHECKING:
     from gguf import GGUFReader

@@ -14,11 +14,11 @@ from typing import Annotated
 
 import msgspec
 
-from protocol.embed_params import EmbedParams
-from protocol.final_info import FinalInfo, HasFinal
-from protocol.heap_sample import HeapSample
-from protocol.sampling_params import SamplingParams
-from protocol.stop_messages import Drain, Drained, DrainRequest, DrainRequested, Stalled, WorkerFailed
+from tandem.protocol.embed_params import EmbedParams
+from tandem.protocol.final_info import FinalInfo, HasFinal
+from tandem.protocol.heap_sample import HeapSample
+from tandem.protocol.sampling_params import SamplingParams
+from tandem.protocol.stop_messages import Drain, Drained, DrainRequest, DrainRequested, Stalled, WorkerFailed
 
 # A request's priority (--scheduling-policy priority): lower is served first, as in vLLM; 0 by default.
 Priority = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from protocol.errors import ModelLoadError
-from protocol.gguf_metadata import is_gguf
-from protocol.gguf_metadata import metadata_dir as gguf_metadata_dir
+from tandem.protocol.errors import ModelLoadError
+from tandem.protocol.gguf_metadata import is_gguf
+from tandem.protocol.gguf_metadata import metadata_dir as gguf_metadata_dir
 
 DEFAULT_MAX_POSITIONS = 2048  # what transformers assumes for a Llama config without max_position_embeddings
 # RoPE variants worker/layers/rotary.py computes; any other is refused while the config is read.

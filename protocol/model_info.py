@@ -6,7 +6,7 @@ from pathlib import Path
 
 import msgspec
 
-from protocol.model_config import ModelConfig, metadata_dir, read_hf_config
+from tandem.protocol.model_config import ModelConfig, metadata_dir, read_hf_config
 
 
 class ModelInfo(msgspec.Struct, frozen=True):

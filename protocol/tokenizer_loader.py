@@ -8,7 +8,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from protocol.model_config import metadata_dir
+from tandem.protocol.model_config import metadata_dir
 
 # Classes that are the plain `tokenizer.json` tokenizer: loaded as that class directly. AutoTokenizer would
 # resolve them to the same class, but its import pulls in torch (via transformers' config machinery): ~2 s

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from scheduler.kv_cache import KVCacheManager
-from scheduler.priority_policy import SchedulingPolicy
-from scheduler.req import Req
-from scheduler.spec_decode import Speculation
-from scheduler.step_plan import StepPlan
+from tandem.scheduler.kv_cache import KVCacheManager
+from tandem.scheduler.priority_policy import SchedulingPolicy
+from tandem.scheduler.req import Req
+from tandem.scheduler.spec_decode import Speculation
+from tandem.scheduler.step_plan import StepPlan
 
 
 def schedule_running(

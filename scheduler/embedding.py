@@ -3,11 +3,11 @@ worker pools the hidden states and sends the vector with the step that computed 
 and the commit of that step ends the request (its KV released with it)."""
 from __future__ import annotations
 
-from protocol.final_info import FinalInfo
-from protocol.messages import EmbeddingBatch, EmbeddingOutput, EngineLoad
-from scheduler.finish import FinishReason
-from scheduler.req import Req
-from scheduler.step_plan import InflightStep
+from tandem.protocol.final_info import FinalInfo
+from tandem.protocol.messages import EmbeddingBatch, EmbeddingOutput, EngineLoad
+from tandem.scheduler.finish import FinishReason
+from tandem.scheduler.req import Req
+from tandem.scheduler.step_plan import InflightStep
 
 
 def take_embeddings(step: InflightStep, by_row: dict[int, bytes]) -> None:

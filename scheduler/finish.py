@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocol.errors import ErrorCode
+from tandem.protocol.errors import ErrorCode
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from scheduler.grammar_spec import GrammarBusy, GrammarError, GrammarSpec, choice_ebnf
-from scheduler.schema_rewrite import rewrite_schema_text
-from scheduler.tokenizer_info_cache import load_or_build
-from scheduler.utf8_guard import ACCEPT, REJECT, Utf8Guard
+from tandem.scheduler.grammar_spec import GrammarBusy, GrammarError, GrammarSpec, choice_ebnf
+from tandem.scheduler.schema_rewrite import rewrite_schema_text
+from tandem.scheduler.tokenizer_info_cache import load_or_build
+from tandem.scheduler.utf8_guard import ACCEPT, REJECT, Utf8Guard
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -83,7 +83,7 @@ def build_tokenizer_info(
 
 
 def _model_eos_ids(model_dir: str) -> list[int] | None:
-    from protocol.model_info import read_model_info
+    from tandem.protocol.model_info import read_model_info
 
     try:
         return read_model_info(model_dir).eos_token_ids or None
@@ -165,7 +165,7 @@ class GrammarCompilerService:
 
     def _build_info(self) -> xgr.TokenizerInfo:
         if self._tokenizer is None:
-            from protocol.tokenizer_loader import load_tokenizer
+            from tandem.protocol.tokenizer_loader import load_tokenizer
 
             self._tokenizer = load_tokenizer(self.model_dir)
         return build_tokenizer_info(self._tokenizer, self.vocab_size, self.stop_token_ids)

@@ -16,11 +16,11 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING
 
-from scheduler.kv_allocator import KVAllocator
-from scheduler.tree_node import TreeNode
+from tandem.scheduler.kv_allocator import KVAllocator
+from tandem.scheduler.tree_node import TreeNode
 
 if TYPE_CHECKING:
-    from scheduler.radix_cache import RadixCache
+    from tandem.scheduler.radix_cache import RadixCache
 
 
 class NoHostTier:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from scheduler.kv_allocator import KVAllocator
+from tandem.scheduler.kv_allocator import KVAllocator
 
 
 class HybridAllocator(KVAllocator):

@@ -14,16 +14,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from protocol.messages import KVCopies
-from scheduler.host_tier import POLICIES
-from scheduler.hybrid_allocator import HybridAllocator
-from scheduler.kv_allocator import KVAllocator
-from scheduler.no_prefix_cache import NoPrefixCache
-from scheduler.prefix_cache import PrefixHandle
-from scheduler.radix_cache import RadixCache
-from scheduler.req import Req
-from scheduler.req_table import ReqToTokenPool
-from scheduler.tree_node import TreeNode
+from tandem.protocol.messages import KVCopies
+from tandem.scheduler.host_tier import POLICIES
+from tandem.scheduler.hybrid_allocator import HybridAllocator
+from tandem.scheduler.kv_allocator import KVAllocator
+from tandem.scheduler.no_prefix_cache import NoPrefixCache
+from tandem.scheduler.prefix_cache import PrefixHandle
+from tandem.scheduler.radix_cache import RadixCache
+from tandem.scheduler.req import Req
+from tandem.scheduler.req_table import ReqToTokenPool
+from tandem.scheduler.tree_node import TreeNode
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from protocol.messages import KVCopies
-from scheduler.prefix_cache import PrefixHandle
-from scheduler.tree_node import TreeNode
+from tandem.protocol.messages import KVCopies
+from tandem.scheduler.prefix_cache import PrefixHandle
+from tandem.scheduler.tree_node import TreeNode
 
 
 class NoPrefixCache:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.tree_node import TreeNode
+from tandem.scheduler.tree_node import TreeNode
 
 
 @dataclass

@@ -15,7 +15,7 @@ import bisect
 from collections import deque
 from collections.abc import Iterator
 
-from scheduler.req import Req
+from tandem.scheduler.req import Req
 
 POLICIES = ("fcfs", "priority")
 

@@ -8,12 +8,12 @@ import time
 
 import zmq
 
-from protocol.child import reporting_startup, start_child
-from protocol.codec import encode, scheduler_in_decoder, worker_out_decoder
-from protocol.engine_config import EngineConfig
-from protocol.errors import ErrorCode
-from protocol.ipc import make_socket
-from protocol.messages import (
+from tandem.protocol.child import reporting_startup, start_child
+from tandem.protocol.codec import encode, scheduler_in_decoder, worker_out_decoder
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.errors import ErrorCode
+from tandem.protocol.ipc import make_socket
+from tandem.protocol.messages import (
     ModelRunnerOutput,
     Ready,
     RequestError,
@@ -23,12 +23,12 @@ from protocol.messages import (
     WorkerFailure,
     WorkerReady,
 )
-from protocol.model_info import read_model_info
-from protocol.stop_messages import Stalled
-from scheduler.scheduler import Scheduler
-from scheduler.step_driver import StepDriver
-from scheduler.step_watch import StepWatch
-from scheduler.structured import start_compiler
+from tandem.protocol.model_info import read_model_info
+from tandem.protocol.stop_messages import Stalled
+from tandem.scheduler.scheduler import Scheduler
+from tandem.scheduler.step_driver import StepDriver
+from tandem.scheduler.step_watch import StepWatch
+from tandem.scheduler.structured import start_compiler
 
 STOP_WAIT_S = 30.0  # after a worker's failure, how long the launcher's stop may take before this process ends
 

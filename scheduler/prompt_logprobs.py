@@ -2,9 +2,9 @@
 retracted request computes its prompt again."""
 from __future__ import annotations
 
-from protocol.messages import Logprobs
-from scheduler.req import Req
-from scheduler.step_plan import InflightStep
+from tandem.protocol.messages import Logprobs
+from tandem.scheduler.req import Req
+from tandem.scheduler.step_plan import InflightStep
 
 
 def new_prompt_logprobs(step: InflightStep, by_row: dict[int, Logprobs]) -> list[tuple[Req, Logprobs]]:

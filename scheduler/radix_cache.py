@@ -20,10 +20,10 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterator, Sequence
 
-from protocol.messages import KVCopies
-from scheduler.host_tier import HostTier, NoHostTier
-from scheduler.prefix_cache import PrefixHandle
-from scheduler.tree_node import ChildKey, TreeNode
+from tandem.protocol.messages import KVCopies
+from tandem.scheduler.host_tier import HostTier, NoHostTier
+from tandem.scheduler.prefix_cache import PrefixHandle
+from tandem.scheduler.tree_node import ChildKey, TreeNode
 
 
 def _check(cond: bool, msg: str) -> None:

@@ -7,12 +7,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from protocol.embed_params import EmbedParams
-from protocol.sampling_params import SamplingParams
-from protocol.time_stats import TimeStats
-from scheduler.finish import FinishReason
-from scheduler.prefix_cache import PrefixHandle
-from scheduler.stop_checker import StopMatch
+from tandem.protocol.embed_params import EmbedParams
+from tandem.protocol.sampling_params import SamplingParams
+from tandem.protocol.time_stats import TimeStats
+from tandem.scheduler.finish import FinishReason
+from tandem.scheduler.prefix_cache import PrefixHandle
+from tandem.scheduler.stop_checker import StopMatch
 
 
 class KVPopError(RuntimeError):

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import msgspec
 
-from protocol import fault_injection
-from protocol.engine_config import EngineConfig
-from protocol.errors import ErrorCode
-from protocol.final_info import FinalInfo
-from protocol.messages import (
+from tandem.protocol import fault_injection
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.errors import ErrorCode
+from tandem.protocol.final_info import FinalInfo
+from tandem.protocol.messages import (
     DetokRegister,
     EngineLoad,
     Logprobs,
@@ -28,20 +28,20 @@ from protocol.messages import (
     TokenDelta,
     TokenizedRequest,
 )
-from protocol.model_info import ModelInfo
-from scheduler.decode import schedule_running
-from scheduler.embedding import EmbeddingOutbox, take_embeddings
-from scheduler.finish import FinishReason
-from scheduler.kv_cache import KVCacheManager
-from scheduler.prefill import admit_waiting
-from scheduler.priority_policy import make_policy
-from scheduler.prompt_logprobs import new_prompt_logprobs
-from scheduler.req import Req
-from scheduler.sessions import SessionError, SessionStore
-from scheduler.spec_decode import SpecStats, Speculation
-from scheduler.step_plan import InflightStep, StepPlan, to_output
-from scheduler.stop_checker import StopChecker, StopMatch
-from scheduler.structured import StructuredOutput
+from tandem.protocol.model_info import ModelInfo
+from tandem.scheduler.decode import schedule_running
+from tandem.scheduler.embedding import EmbeddingOutbox, take_embeddings
+from tandem.scheduler.finish import FinishReason
+from tandem.scheduler.kv_cache import KVCacheManager
+from tandem.scheduler.prefill import admit_waiting
+from tandem.scheduler.priority_policy import make_policy
+from tandem.scheduler.prompt_logprobs import new_prompt_logprobs
+from tandem.scheduler.req import Req
+from tandem.scheduler.sessions import SessionError, SessionStore
+from tandem.scheduler.spec_decode import SpecStats, Speculation
+from tandem.scheduler.step_plan import InflightStep, StepPlan, to_output
+from tandem.scheduler.stop_checker import StopChecker, StopMatch
+from tandem.scheduler.structured import StructuredOutput
 
 
 @dataclass

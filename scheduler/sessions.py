@@ -25,11 +25,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from protocol.errors import ErrorCode
-from protocol.messages import CloseSession, OpenSession, RequestError, SessionParams, SessionReply
-from scheduler.kv_cache import Hold, KVCacheManager
-from scheduler.req import Req
-from scheduler.tree_node import TreeNode
+from tandem.protocol.errors import ErrorCode
+from tandem.protocol.messages import CloseSession, OpenSession, RequestError, SessionParams, SessionReply
+from tandem.scheduler.kv_cache import Hold, KVCacheManager
+from tandem.scheduler.req import Req
+from tandem.scheduler.tree_node import TreeNode
 
 MAX_TURNS = 64  # turns a session remembers (to branch from); the oldest go first
 MAX_TIMEOUT_S = 7 * 24 * 3600.0

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scheduler.kv_cache import KVCacheManager
-from scheduler.req import Req
+from tandem.scheduler.kv_cache import KVCacheManager
+from tandem.scheduler.req import Req
 
 
 @dataclass

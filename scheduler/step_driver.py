@@ -12,7 +12,7 @@ import time
 
 import msgspec
 
-from protocol.messages import (
+from tandem.protocol.messages import (
     AbortReq,
     CloseSession,
     EngineStats,
@@ -26,8 +26,8 @@ from protocol.messages import (
     StepFailed,
     TokenizedRequest,
 )
-from scheduler.scheduler import Scheduler
-from scheduler.step_stats import StepStats
+from tandem.scheduler.scheduler import Scheduler
+from tandem.scheduler.step_stats import StepStats
 
 
 class StepDriver:

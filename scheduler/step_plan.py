@@ -4,8 +4,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from protocol.messages import NewReqData, ScheduledReq, SchedulerOutput
-from scheduler.req import Req
+from tandem.protocol.messages import NewReqData, ScheduledReq, SchedulerOutput
+from tandem.scheduler.req import Req
 
 
 @dataclass

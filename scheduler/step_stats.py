@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocol.heap_sample import HeapSample
-from protocol.messages import ModelRunnerOutput
+from tandem.protocol.heap_sample import HeapSample
+from tandem.protocol.messages import ModelRunnerOutput
 
 
 @dataclass

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
-from protocol.sampling_params import SamplingParams
-from protocol.tokenizer_loader import load_fast_tokenizer
+from tandem.protocol.sampling_params import SamplingParams
+from tandem.protocol.tokenizer_loader import load_fast_tokenizer
 
 CONTEXT_TOKENS = 4  # left context before the window: enough to settle a leading space or a split char
 REPLACEMENT = "\ufffd"  # what the decoder puts for the bytes of an incomplete character

@@ -20,11 +20,11 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
-from protocol.errors import ErrorCode
-from protocol.messages import SampleStep
-from protocol.sampling_params import SamplingParams
-from scheduler.req import Req
-from scheduler.step_plan import InflightStep
+from tandem.protocol.errors import ErrorCode
+from tandem.protocol.messages import SampleStep
+from tandem.protocol.sampling_params import SamplingParams
+from tandem.scheduler.req import Req
+from tandem.scheduler.step_plan import InflightStep
 
 COMPILE_THREADS = 2  # distinct grammars compile in parallel; a slow one does not hold up the rest
 
@@ -35,7 +35,7 @@ def start_compiler(model_dir: str, vocab_size: int) -> Future:
 
     def build() -> None:
         try:
-            from scheduler.grammar import GrammarCompilerService
+            from tandem.scheduler.grammar import GrammarCompilerService
 
             # Compact JSON: a weak model could otherwise loop on whitespace forever.
             svc = GrammarCompilerService(model_dir, vocab_size, max_workers=COMPILE_THREADS, any_whitespace=False)
@@ -90,7 +90,7 @@ class StructuredOutput:
                 pass  # built here instead: its compilations report why it fails
             self._starting = None
         if self._service is None:
-            from scheduler.grammar import GrammarCompilerService
+            from tandem.scheduler.grammar import GrammarCompilerService
 
             self._service = GrammarCompilerService(
                 self.model_dir, self.vocab_size, max_workers=COMPILE_THREADS, any_whitespace=False
@@ -103,7 +103,7 @@ class StructuredOutput:
         return self._service.cached_bytes if self._service is not None else 0
 
     def submit(self, req: Req) -> None:
-        from scheduler.grammar_spec import GrammarSpec
+        from tandem.scheduler.grammar_spec import GrammarSpec
 
         try:
             fut = self._submit_spec(GrammarSpec.from_params(req.params))
@@ -139,7 +139,7 @@ class StructuredOutput:
 
     def poll(self) -> tuple[list[Req], list[tuple[Req, ErrorCode, str]]]:
         """Requests whose grammar is ready, and those that failed: (req, error code, message)."""
-        from scheduler.grammar_spec import GrammarBusy, GrammarError
+        from tandem.scheduler.grammar_spec import GrammarBusy, GrammarError
 
         ready: list[Req] = []
         failed: list[tuple[Req, ErrorCode, str]] = []
@@ -166,7 +166,7 @@ class StructuredOutput:
 
     def sample_step(self, step: InflightStep) -> tuple[SampleStep, list[tuple[Req, str]]]:
         """The step's bitmask, and the requests whose matcher raised (their rows are left unmasked)."""
-        from scheduler.grammar import allocate_bitmask
+        from tandem.scheduler.grammar import allocate_bitmask
 
         rows = [j for j, i in enumerate(step.samplers)
                 if step.reqs[i].grammar is not None and not step.reqs[i].finished()

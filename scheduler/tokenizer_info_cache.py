@@ -13,9 +13,9 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from protocol.errors import ModelLoadError
-from protocol.gguf_metadata import cache_root
-from protocol.model_config import metadata_dir
+from tandem.protocol.errors import ModelLoadError
+from tandem.protocol.gguf_metadata import cache_root
+from tandem.protocol.model_config import metadata_dir
 
 if TYPE_CHECKING:
     import xgrammar as xgr

@@ -34,7 +34,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def gguf_metadata_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """GGUF metadata files (protocol/gguf_metadata.py) go to a session directory, not the user's cache,
     unless TANDEM_CACHE_DIR is set. Engines started by the tests inherit the variable."""
-    from protocol.gguf_metadata import CACHE_ENV
+    from tandem.protocol.gguf_metadata import CACHE_ENV
 
     if not os.environ.get(CACHE_ENV):
         os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("tandem-cache"))
@@ -46,7 +46,7 @@ def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _model(root: Path, arch: str, size: str = "tiny", **kw: object) -> Path:
-    from launch.make_model import make_model
+    from tandem.launch.make_model import make_model
 
     name = f"{arch}-{size}" + "".join(f"-{k}{v}" for k, v in sorted(kw.items()))
     out = root / name
@@ -82,7 +82,7 @@ def check_idle_engine(client) -> None:
 
 @pytest.fixture
 def launch_client() -> Iterator:
-    from frontend import Client
+    from tandem import Client
 
     clients: list = []
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from protocol.messages import ModelRunnerOutput, SchedulerOutput, StepFailed
+from tandem.protocol.messages import ModelRunnerOutput, SchedulerOutput, StepFailed
 
 VOCAB = 97
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from worker.forward_batch import ForwardBatch
-from worker.kv_cache import KVCache
+from tandem.worker.forward_batch import ForwardBatch
+from tandem.worker.kv_cache import KVCache
 
 
 class Pool:

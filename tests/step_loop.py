@@ -1,11 +1,11 @@
 """A worker's steps driven in-process by a scheduler, no sockets: the tokens each request got."""
 from __future__ import annotations
 
-from protocol import SamplingParams
-from protocol.engine_config import EngineConfig
-from protocol.messages import TokenBatch, TokenizedRequest
-from protocol.model_info import ModelInfo
-from scheduler.scheduler import Scheduler
+from tandem import SamplingParams
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.messages import TokenBatch, TokenizedRequest
+from tandem.protocol.model_info import ModelInfo
+from tandem.scheduler.scheduler import Scheduler
 
 
 def generate(cfg: EngineConfig, info: ModelInfo, runner, prompts: list[list[int]],

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cli import main
-from benchmarks.spec_bench import num_requests
+from tandem.benchmarks.cli import main
+from tandem.benchmarks.spec_bench import num_requests
 from tests.kernels.test_cpu_paged_attention import needs_cc
 
 
@@ -79,7 +79,7 @@ def test_multiturn_host_tier_benchmark_reports(tiny_model, tmp_path: Path) -> No
 
 
 def test_priority_benchmark_reports(tiny_model, tmp_path: Path) -> None:
-    from benchmarks import priority_bench
+    from tandem.benchmarks import priority_bench
 
     out = tmp_path / "priority.json"
     rc = priority_bench.main(["--model", str(tiny_model("llama")), "--dtype", "float32", "--num-requests", "8",
@@ -114,7 +114,7 @@ def test_spec_benchmark_reports(tiny_model, tmp_path: Path) -> None:
 
 
 def test_attention_step_times_every_cpu_backend_and_checks_they_agree(tiny_model, capsys) -> None:
-    from benchmarks import attention_step
+    from tandem.benchmarks import attention_step
 
     names = ["torch", "cpu"]
     best = attention_step.main(["--model", str(tiny_model("llama")), "--batch", "3", "--input-len", "8:40",
@@ -126,7 +126,7 @@ def test_attention_step_times_every_cpu_backend_and_checks_they_agree(tiny_model
 
 @needs_cc
 def test_quant_linear_benchmark_checks_and_times_a_gguf(tiny_model, tmp_path: Path, capsys) -> None:
-    from benchmarks import quant_linear
+    from tandem.benchmarks import quant_linear
     from tests.gguf_files import write_gguf
 
     path = write_gguf(tiny_model("qwen3"), tmp_path / "q.gguf", "Q4_1")
@@ -139,7 +139,7 @@ def test_quant_linear_benchmark_checks_and_times_a_gguf(tiny_model, tmp_path: Pa
 
 @needs_cc
 def test_int8_agreement_benchmark_compares_greedy_runs(tiny_model, tmp_path: Path, capsys) -> None:
-    from benchmarks import int8_agreement
+    from tandem.benchmarks import int8_agreement
     from tests.gguf_files import write_gguf
 
     path = write_gguf(tiny_model("llama"), tmp_path / "q.gguf", "Q4_1")
@@ -151,7 +151,7 @@ def test_int8_agreement_benchmark_compares_greedy_runs(tiny_model, tmp_path: Pat
 
 @needs_cc
 def test_step_graph_nodes_times_every_kind_of_a_quantized_step(tiny_model, tmp_path: Path, capsys) -> None:
-    from benchmarks import step_graph_nodes
+    from tandem.benchmarks import step_graph_nodes
     from tests.gguf_files import write_gguf
 
     path = write_gguf(tiny_model("llama"), tmp_path / "q.gguf", "Q4_1")
@@ -168,7 +168,7 @@ def test_step_graph_nodes_times_every_kind_of_a_quantized_step(tiny_model, tmp_p
 
 
 def test_attention_step_times_each_backend_on_each_kv_dtype(tiny_model, capsys) -> None:
-    from benchmarks import attention_step
+    from tandem.benchmarks import attention_step
 
     best = attention_step.main(["--model", str(tiny_model("llama")), "--batch", "3", "--input-len", "8:40",
                                 "--decoded", "5", "--repeats", "1", "--backends", "torch,cpu",
@@ -180,7 +180,7 @@ def test_attention_step_times_each_backend_on_each_kv_dtype(tiny_model, capsys) 
 
 @needs_cc
 def test_quant_linear_benchmark_times_each_type_against_the_first(capsys) -> None:
-    from benchmarks import quant_linear
+    from tandem.benchmarks import quant_linear
 
     res = quant_linear.main(["--types", "Q4_1,Q5_0,Q6_K", "--shape", "40x256", "--layers", "2", "--rows", "1,3",
                              "--reps", "1", "--threads", "1"])
@@ -192,7 +192,7 @@ def test_quant_linear_benchmark_times_each_type_against_the_first(capsys) -> Non
 
 @needs_cc
 def test_attention_step_times_a_prefill_too(tiny_model, capsys) -> None:
-    from benchmarks import attention_step
+    from tandem.benchmarks import attention_step
 
     best = attention_step.main(["--model", str(tiny_model("llama")), "--batch", "2", "--input-len", "8:40",
                                 "--decoded", "0", "--new-tokens", "40", "--repeats", "1", "--backends", "torch,cpu"])
@@ -202,7 +202,7 @@ def test_attention_step_times_a_prefill_too(tiny_model, capsys) -> None:
 
 @needs_cc
 def test_cpu_ops_benchmark_times_each_kernel_against_torch(capsys) -> None:
-    from benchmarks import cpu_ops
+    from tandem.benchmarks import cpu_ops
 
     res = cpu_ops.main(["--hidden", "64", "--intermediate", "96", "--heads", "4", "--kv-heads", "2",
                         "--head-dim", "16", "--rows", "1,3", "--reps", "1", "--calls", "2"])
@@ -212,7 +212,7 @@ def test_cpu_ops_benchmark_times_each_kernel_against_torch(capsys) -> None:
 
 @needs_cc
 def test_moe_layer_benchmark_times_the_layer_against_the_dense_mlp(capsys) -> None:
-    from benchmarks import moe_layer
+    from tandem.benchmarks import moe_layer
 
     moe_layer.main(["--hidden", "64", "--moe-intermediate", "32", "--experts", "4", "--rows", "1,20", "--reps", "2"])
     out = capsys.readouterr().out
@@ -220,7 +220,7 @@ def test_moe_layer_benchmark_times_the_layer_against_the_dense_mlp(capsys) -> No
 
 
 def test_serve_client_reads_only_sse_data_lines() -> None:
-    from benchmarks.serve_client import _data
+    from tandem.benchmarks.serve_client import _data
 
     assert _data(b": keep-alive") == b""  # a comment: no data
     assert _data(b"event: delta\r\ndata: {\"a\": 1}") == b'{"a": 1}'
@@ -230,7 +230,7 @@ def test_serve_client_reads_only_sse_data_lines() -> None:
 
 def test_sliding_window_kv_benchmark_compares_the_two_pools(tiny_model, tmp_path: Path, capsys) -> None:
     """A request well past the window holds less KV with the sliding layers' own pool, for the same tokens."""
-    from benchmarks.sliding_window_kv import main as sliding_main
+    from tandem.benchmarks.sliding_window_kv import main as sliding_main
 
     out = tmp_path / "swkv.json"
     rc = sliding_main(["--model", str(tiny_model("gemma3")), "--prompt-tokens", "200", "--max-tokens", "8",
@@ -251,10 +251,10 @@ def test_gguf_to_f32_keeps_every_key_and_the_dequantized_values(tiny_model, tmp_
     import gguf
     import torch
 
-    from benchmarks.gguf_to_f32 import to_f32
-    from protocol.model_config import read_model_config
+    from tandem.benchmarks.gguf_to_f32 import to_f32
+    from tandem.protocol.model_config import read_model_config
+    from tandem.worker.gguf_weights import iter_gguf_weights
     from tests.gguf_files import write_gguf
-    from worker.gguf_weights import iter_gguf_weights
 
     src = write_gguf(tiny_model("llama"), tmp_path / "q.gguf", "Q4_1")
     dst = to_f32(src, tmp_path / "f32.gguf")

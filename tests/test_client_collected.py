@@ -12,8 +12,8 @@ from pathlib import Path
 SCRIPT = textwrap.dedent("""
     import gc, sys, threading, time, weakref
     import zmq
-    from frontend import Client
-    from protocol import EngineDeadError, SamplingParams
+    from tandem import Client
+    from tandem import EngineDeadError, SamplingParams
 
     ctx = zmq.Context()
     frontend = ctx.socket(zmq.ROUTER)

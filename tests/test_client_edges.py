@@ -12,10 +12,9 @@ import msgspec
 import pytest
 import zmq
 
-from frontend import AsyncClient, Client
-from frontend.client.request_encoding import build_request
-from protocol import EngineDeadError, InvalidRequestError, SamplingParams
-from protocol.codec import encode
+from tandem import AsyncClient, Client, EngineDeadError, InvalidRequestError, SamplingParams
+from tandem.frontend.client.request_encoding import build_request
+from tandem.protocol.codec import encode
 from tests.conftest import check_idle_engine
 from tests.reference import assert_equal_or_near_tie
 from tests.test_e2e_scheduling import GREEDY

@@ -9,10 +9,9 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from frontend import Client
-from frontend.client.request_encoding import build_request
-from protocol import SamplingParams
-from protocol.codec import encode
+from tandem import Client, SamplingParams
+from tandem.frontend.client.request_encoding import build_request
+from tandem.protocol.codec import encode
 from tests.conftest import check_idle_engine
 from tests.reference import assert_equal_or_near_tie
 from tests.test_e2e_scheduling import GREEDY

@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from frontend.client.request_encoding import build_request
-from frontend.client.router import Router
-from frontend.server.client_frames import MAX_RID_LEN, BadFrames, ClientFrames
-from protocol.codec import encode
-from protocol.errors import EngineDeadError, InvalidRequestError, RequestFailedError
-from protocol.final_info import FinalInfo
-from protocol.messages import (
+from tandem.frontend.client.request_encoding import build_request
+from tandem.frontend.client.router import Router
+from tandem.frontend.server.client_frames import MAX_RID_LEN, BadFrames, ClientFrames
+from tandem.protocol.codec import encode
+from tandem.protocol.errors import EngineDeadError, InvalidRequestError, RequestFailedError
+from tandem.protocol.final_info import FinalInfo
+from tandem.protocol.messages import (
     AbortRequest,
     EngineStats,
     GenerateRequest,

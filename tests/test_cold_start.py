@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.demo import _show, _Stream
+from tandem.launch.demo import _show, _Stream
 
 
 def test_demo_prints_a_stream_as_it_arrives(capsys: pytest.CaptureFixture[str]) -> None:
@@ -45,7 +45,7 @@ def test_demo_shows_a_failed_stream_in_its_place(capsys: pytest.CaptureFixture[s
 
 
 def test_structured_start_benchmark_reports(tiny_model, tmp_path: Path) -> None:
-    from benchmarks.structured_start import main
+    from tandem.benchmarks.structured_start import main
 
     out = tmp_path / "start.json"
     assert main(["--model", str(tiny_model("llama")), "--runs", "1", "--cold-cache", "--json", str(out)]) == 0

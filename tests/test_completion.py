@@ -2,12 +2,12 @@
 which crosses the sockets as it was made."""
 from __future__ import annotations
 
-from frontend.client.connection import decode_msg
-from frontend.completion import Completion, to_delta
-from protocol.codec import encode
-from protocol.final_info import FinalInfo
-from protocol.messages import OutputBatch, RequestOutput
-from protocol.time_stats import TimeStats
+from tandem.frontend.client.connection import decode_msg
+from tandem.frontend.completion import Completion, to_delta
+from tandem.protocol.codec import encode
+from tandem.protocol.final_info import FinalInfo
+from tandem.protocol.messages import OutputBatch, RequestOutput
+from tandem.protocol.time_stats import TimeStats
 
 
 def _final() -> FinalInfo:

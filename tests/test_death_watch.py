@@ -7,7 +7,7 @@ import time
 
 import zmq
 
-from frontend.client.connection import DeathWatch, open_dealer
+from tandem.frontend.client.connection import DeathWatch, open_dealer
 
 
 def _events(monitor: zmq.Socket, watch: DeathWatch, wait_s: float) -> list[bool]:

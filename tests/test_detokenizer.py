@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from detokenizer.incremental import REPLACEMENT, IncrementalDecoder
+from tandem.detokenizer.incremental import REPLACEMENT, IncrementalDecoder
 
 EOS = "<|endoftext|>"
 SENTENCES = [

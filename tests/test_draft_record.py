@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.draft_record import ROW_COST, DraftRecord
+from tandem.worker.draft_record import ROW_COST, DraftRecord
 
 
 def test_prior_verifies_every_match_at_batch_1_and_fewer_as_the_batch_grows() -> None:

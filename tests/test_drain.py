@@ -10,9 +10,8 @@ import time
 import httpx2 as httpx
 import pytest
 
-from frontend import Client
-from protocol import EngineDeadError, SamplingParams
-from protocol.errors import ErrorCode
+from tandem import Client, EngineDeadError, SamplingParams
+from tandem.protocol.errors import ErrorCode
 from tests.served import Served
 from tests.test_lifecycle import _children, _serve, assert_left_last
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from protocol import SamplingParams
+from tandem import SamplingParams
 from tests.conftest import check_idle_engine
 from tests.reference import assert_equal_or_near_tie
 
@@ -32,7 +32,7 @@ def _workload(vocab: int) -> tuple[list[list[int]], list[SamplingParams]]:
 
 @pytest.fixture(scope="module")
 def engines(tiny_model, request):
-    from frontend import Client
+    from tandem import Client
 
     model = tiny_model("llama")
     prompts, _ = _workload(1000)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from protocol import SamplingParams
+from tandem import SamplingParams
 from tests.conftest import check_idle_engine
 from tests.reference import assert_equal_or_near_tie, assert_greedy_parity, greedy
 

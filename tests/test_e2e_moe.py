@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from protocol import SamplingParams
+from tandem import SamplingParams
 from tests.conftest import check_idle_engine
 from tests.reference import assert_greedy_parity, greedy
 

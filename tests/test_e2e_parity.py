@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from protocol import SamplingParams
+from tandem import SamplingParams
 from tests.conftest import ARCHS, check_idle_engine
 from tests.reference import NEAR_TIE_BF16, NEAR_TIE_KV_F16, assert_greedy_parity, greedy
 

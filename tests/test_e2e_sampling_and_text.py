@@ -6,14 +6,13 @@ import asyncio
 import pytest
 from transformers import AutoTokenizer
 
-from frontend import AsyncClient
-from protocol import InvalidRequestError, SamplingParams
+from tandem import AsyncClient, InvalidRequestError, SamplingParams
 from tests.conftest import check_idle_engine
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model, request):
-    from frontend import Client
+    from tandem import Client
 
     model = tiny_model("qwen3")
     client = Client.launch(str(model), dtype="float32", kv_cache_tokens=8192, max_running_requests=32)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from protocol import SamplingParams
+from tandem import SamplingParams
 from tests.conftest import check_idle_engine
 from tests.reference import assert_equal_or_near_tie, hf_model
 
@@ -77,7 +77,7 @@ def _token_texts(tok, ids: list[int]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def qwen3_engine(tiny_model, request):
-    from frontend import Client
+    from tandem import Client
 
     model = tiny_model("qwen3")
     client = Client.launch(str(model), dtype="float32", kv_cache_tokens=8192, debug_integrity=True)
@@ -148,7 +148,7 @@ def test_min_tokens_holds_back_eos(tiny_model, tmp_path, launch_client) -> None:
 def test_abort_while_queued_prefilling_and_decoding(tiny_model, launch_client) -> None:
     import asyncio
 
-    from frontend import AsyncClient
+    from tandem import AsyncClient
 
     engine = launch_client(tiny_model("llama"), max_running_requests=1, max_num_batched_tokens=16,
                            debug_integrity=True)

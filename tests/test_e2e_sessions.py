@@ -10,9 +10,9 @@ import httpx2 as httpx
 import openai
 import pytest
 
-from frontend import AsyncClient, Client
-from protocol.errors import ErrorCode, InvalidRequestError
-from protocol.messages import SessionParams
+from tandem import AsyncClient, Client
+from tandem.protocol.errors import ErrorCode, InvalidRequestError
+from tandem.protocol.messages import SessionParams
 from tests.conftest import check_idle_engine
 from tests.reference import assert_equal_or_near_tie
 from tests.served import Served

@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 from safetensors.torch import load_file, save_file
 
-from protocol import SamplingParams
+from tandem import SamplingParams
 from tests.conftest import check_idle_engine
 from tests.test_e2e_parity import prompts
 
@@ -40,7 +40,7 @@ def models(tiny_model, tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def engines(models, request):
     """(model, mode) -> a client; mode: off, async or sync (speculation on)."""
-    from frontend import Client
+    from tandem import Client
 
     made: dict = {}
 

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
-from protocol import InvalidRequestError, SamplingParams
+from tandem import InvalidRequestError, SamplingParams
 from tests.conftest import check_idle_engine
 
 
@@ -50,7 +50,7 @@ def _valid(text: str, schema: dict) -> bool:
 
 @pytest.fixture(scope="module")
 def engines(tiny_model, request):
-    from frontend import Client
+    from tandem import Client
 
     out = {}
     for mode in (True, False):

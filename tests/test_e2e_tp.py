@@ -10,8 +10,7 @@ import sys
 
 import pytest
 
-from frontend import Client
-from protocol import SamplingParams
+from tandem import Client, SamplingParams
 from tests.conftest import check_idle_engine
 from tests.reference import assert_greedy_parity, greedy
 from tests.test_lifecycle import _serve, assert_killing_stops_engine
@@ -46,7 +45,7 @@ def test_two_nodes_over_tcp_on_loopback(tiny_model) -> None:
     common = ["--dtype", "float32", "--tp-size", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{port}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     node1 = subprocess.Popen(
-        [sys.executable, "-m", "launch.cli", "serve", "--model", model, "--kv-cache-tokens", "4096", *common,
+        [sys.executable, "-m", "tandem.launch.cli", "serve", "--model", model, "--kv-cache-tokens", "4096", *common,
          "--node-rank", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
     )
     node0: subprocess.Popen | None = None

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from protocol import EmbedParams, SamplingParams
-from protocol.engine_config import EngineConfig
-from protocol.messages import EmbeddingBatch, EmbeddingOutput, TokenBatch, TokenizedRequest
-from protocol.model_info import read_model_info
-from scheduler.scheduler import Scheduler
+from tandem import EmbedParams, SamplingParams
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.messages import EmbeddingBatch, EmbeddingOutput, TokenBatch, TokenizedRequest
+from tandem.protocol.model_info import read_model_info
+from tandem.scheduler.scheduler import Scheduler
+from tandem.worker.model_runner import ModelRunner
 from tests.reference import hf_model
-from worker.model_runner import ModelRunner
 
 ATOL = 1e-5
 # Lengths that cross the 5-token chunks unevenly; 1 is a prompt that is its own last token.
@@ -167,7 +167,7 @@ def test_embeddings_wait_in_the_priority_order(tiny_model) -> None:
 def test_pooling_option() -> None:
     import argparse
 
-    from launch.cli_options import add_engine_flags, config_from_args
+    from tandem.launch.cli_options import add_engine_flags, config_from_args
 
     ap = argparse.ArgumentParser()
     add_engine_flags(ap)

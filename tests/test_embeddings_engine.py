@@ -9,9 +9,8 @@ import shutil
 import pytest
 import torch
 
-from frontend import AsyncClient, Embedding
-from protocol import InvalidRequestError
-from protocol.errors import ErrorCode
+from tandem import AsyncClient, Embedding, InvalidRequestError
+from tandem.protocol.errors import ErrorCode
 from tests.conftest import check_idle_engine
 
 GREEDY = {"max_tokens": 16, "temperature": 0.0, "ignore_eos": True}
@@ -27,7 +26,7 @@ def _vec(e: Embedding) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):
-    from frontend import Client
+    from tandem import Client
 
     # A pool of 320 slots for up to 32 running requests of up to ~100 tokens: the cache is evicted, and
     # generations growing beside admitted prompts retract others (as arrivals fall).

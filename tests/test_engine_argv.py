@@ -2,10 +2,10 @@
 they must parse back to the very config, or a launched engine would run with other options."""
 from __future__ import annotations
 
-from frontend.client.engine_process import config_to_argv
-from launch.cli import _parser
-from launch.cli_options import config_from_args
-from protocol.engine_config import EngineConfig
+from tandem.frontend.client.engine_process import config_to_argv
+from tandem.launch.cli import _parser
+from tandem.launch.cli_options import config_from_args
+from tandem.protocol.engine_config import EngineConfig
 
 
 def test_flags_parse_back_to_the_config() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from launch.failure_report import describe_death, describe_failure, first_death
-from protocol.stop_messages import WorkerFailed
+from tandem.launch.failure_report import describe_death, describe_failure, first_death
+from tandem.protocol.stop_messages import WorkerFailed
 
 
 @dataclass

@@ -5,20 +5,20 @@ from __future__ import annotations
 import msgspec
 import zmq
 
-from frontend.client.request_encoding import build_request
-from frontend.server.client_frames import ClientFrames
-from frontend.server.process import Frontend
-from protocol.codec import encode
-from protocol.final_info import FinalInfo
-from protocol.messages import (
+from tandem.frontend.client.request_encoding import build_request
+from tandem.frontend.server.client_frames import ClientFrames
+from tandem.frontend.server.process import Frontend
+from tandem.protocol.codec import encode
+from tandem.protocol.final_info import FinalInfo
+from tandem.protocol.messages import (
     AbortRequest,
     EngineStopping,
     OutputBatch,
     RequestError,
     RequestOutput,
 )
-from protocol.model_info import ModelInfo
-from protocol.stop_messages import Drain, DrainRequest
+from tandem.protocol.model_info import ModelInfo
+from tandem.protocol.stop_messages import Drain, DrainRequest
 
 
 class _Sock:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from protocol import SamplingParams
-from protocol.errors import ModelLoadError
-from protocol.model_info import read_model_info
+from tandem import SamplingParams
+from tandem.protocol.errors import ModelLoadError
+from tandem.protocol.model_info import read_model_info
 from tests.conftest import check_idle_engine
 from tests.gguf_files import write_gguf
 from tests.reference import assert_greedy_parity, greedy_batched
@@ -106,8 +106,8 @@ def test_gguf_file_is_its_directorys_model(tiny_model, tmp_path) -> None:
     CPU step graph in tests/kernels/test_cpu_step_graph.py, and Gemma 3 270M's in tests/test_gemma3_270m.py.)"""
     import torch
 
+    from tandem.worker.loader import load_model
     from tests.kv_pool import Pool
-    from worker.loader import load_model
 
     model = tiny_model("gemma3")
     f32 = write_gguf(model, tmp_path / "g-f32.gguf", "F32")
@@ -169,7 +169,7 @@ def test_bad_config_is_a_model_load_error_naming_the_field(which: str, tiny_mode
 def test_serve_reports_a_bad_config_in_one_line(which: str, tiny_model, tmp_path) -> None:
     change, message = BAD_CONFIGS[which]
     bad = _bad_copy(tiny_model("gemma3"), tmp_path / which, change)
-    r = subprocess.run([sys.executable, "-m", "launch.cli", "serve", "--model", str(bad)],
+    r = subprocess.run([sys.executable, "-m", "tandem.launch.cli", "serve", "--model", str(bad)],
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 1
     lines = [line for line in r.stderr.splitlines() if line.strip()]

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from launch.tokenizer_maker import CORPUS_PATH
-from protocol import SamplingParams
-from protocol.errors import InvalidRequestError
+from tandem import SamplingParams
+from tandem.launch.tokenizer_maker import CORPUS_PATH
+from tandem.protocol.errors import InvalidRequestError
 from tests.conftest import check_idle_engine
 from tests.pulled_models import pulled_model
 from tests.reference import assert_greedy_parity, greedy_batched
@@ -49,7 +49,7 @@ def prompts(gemma: Path) -> list[list[int]]:
     """24 prompts: 20 short texts (English, code, Chinese, emoji, French, German), corpus excerpts of 60 and
     120 tokens, the 120 one's continuation (a prefix-cache hit), and 1,500 corpus tokens (three windows).
     Short on purpose: two engines and transformers run all of them on a CPU."""
-    from protocol.tokenizer_loader import load_tokenizer
+    from tandem.protocol.tokenizer_loader import load_tokenizer
 
     tok = load_tokenizer(gemma)
     corpus = tok(CORPUS_PATH.read_text(encoding="utf-8")[:12000]).input_ids  # BOS first, as every prompt
@@ -77,7 +77,7 @@ def _check(prompts: list[list[int]], outs: list, ref: list, what: str) -> int:
 
 @pytest.fixture(scope="module")
 def dir_engine(gemma: Path) -> Iterator:
-    from frontend import Client
+    from tandem import Client
 
     with Client.launch(str(gemma), **ENGINE) as client:
         yield client
@@ -107,7 +107,7 @@ def test_chat_without_a_template_is_a_typed_error(dir_engine) -> None:
 
 
 def test_gguf_file_runs_quantized_with_parity(gemma: Path, prompts, reference) -> None:
-    from frontend import Client
+    from tandem import Client
 
     with Client.launch(str(gemma / "model.gguf"), **ENGINE) as client:
         outs = client.generate_batch(prompts, GREEDY, progress=False)

@@ -14,20 +14,20 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.native.quant_linear import QuantRows, QuantWeight, dequantize
-from protocol import SamplingParams
-from protocol.errors import ModelLoadError
-from protocol.model_config import read_model_config
-from protocol.model_info import read_model_info
-from protocol.tokenizer_loader import load_fast_tokenizer, load_tokenizer
+from tandem import SamplingParams
+from tandem.kernels.native.quant_linear import QuantRows, QuantWeight, dequantize
+from tandem.protocol.errors import ModelLoadError
+from tandem.protocol.model_config import read_model_config
+from tandem.protocol.model_info import read_model_info
+from tandem.protocol.tokenizer_loader import load_fast_tokenizer, load_tokenizer
+from tandem.worker import loader
+from tandem.worker.gguf_weights import iter_gguf_weights
+from tandem.worker.layers import PackableLinear
+from tandem.worker.loader import load_model
 from tests.conftest import ARCHS, check_idle_engine
 from tests.gguf_files import K_QUANTS, QTYPES, llamacpp_permute, write_gguf
 from tests.kernels.test_cpu_paged_attention import HAS_CC, needs_cc
 from tests.kv_pool import Pool
-from worker import loader
-from worker.gguf_weights import iter_gguf_weights
-from worker.layers import PackableLinear
-from worker.loader import load_model
 
 
 @pytest.fixture(scope="module")
@@ -218,14 +218,14 @@ def test_serve_reports_a_bad_gguf_in_one_line(which: str, tiny_model, gguf_file,
         bad = write_gguf(tiny_model("llama"), tmp_path / "i8.gguf",
                          override={"blk.0.attn_v.weight": np.ones((32, 64), np.int8)})
         expect = "has type I8, which cannot be dequantized"
-    r = subprocess.run([sys.executable, "-m", "launch.cli", "serve", "--model", str(bad)],
+    r = subprocess.run([sys.executable, "-m", "tandem.launch.cli", "serve", "--model", str(bad)],
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 1
     assert expect in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_pull_unknown_name_lists_the_known_ones(capsys) -> None:
-    from launch.cli import main
+    from tandem.launch.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(["pull", "gpt-5"])

@@ -16,22 +16,22 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.native.moe import F32_KIND
-from kernels.native.quant_pack import GGUF_BLOCKS
-from launch.convert import convert
-from protocol import SamplingParams
-from protocol.errors import ModelLoadError
-from protocol.model_config import read_model_config
-from protocol.model_info import read_model_info
+from tandem import SamplingParams
+from tandem.kernels.native.moe import F32_KIND
+from tandem.kernels.native.quant_pack import GGUF_BLOCKS
+from tandem.launch.convert import convert
+from tandem.protocol.errors import ModelLoadError
+from tandem.protocol.model_config import read_model_config
+from tandem.protocol.model_info import read_model_info
+from tandem.worker import loader
+from tandem.worker.gguf_weights import iter_gguf_weights
+from tandem.worker.layers.moe import FusedMoE
+from tandem.worker.loader import load_model
 from tests.conftest import check_idle_engine
 from tests.gguf_files import write_gguf
 from tests.kernels.test_cpu_paged_attention import HAS_CC
 from tests.kv_pool import Pool
 from tests.reference import assert_greedy_parity, greedy
-from worker import loader
-from worker.gguf_weights import iter_gguf_weights
-from worker.layers.moe import FusedMoE
-from worker.loader import load_model
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +139,7 @@ def test_expert_count_that_does_not_match_the_tensors_is_a_one_line_error(tiny_m
     expect = "qwen3moe.expert_count = 6 does not match tensor blk.0.ffn_gate_exps.weight (shape [64, 64, 8])"
     with pytest.raises(ModelLoadError, match=re.escape(expect)):
         read_model_info(bad)
-    r = subprocess.run([sys.executable, "-m", "launch.cli", "serve", "--model", str(bad)],
+    r = subprocess.run([sys.executable, "-m", "tandem.launch.cli", "serve", "--model", str(bad)],
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 1
     lines = [line for line in r.stderr.splitlines() if line.strip()]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cli import _parser as bench_parser
-from launch.cli_options import config_from_args
-from launch.make_model import build_parser as make_model_parser
+from tandem.benchmarks.cli import _parser as bench_parser
+from tandem.launch.cli_options import config_from_args
+from tandem.launch.make_model import build_parser as make_model_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
@@ -24,7 +24,7 @@ def _commands() -> list[list[str]]:
     text = SCRIPT.read_text().replace("\\\n", " ")
     out = []
     for line in text.splitlines():
-        m = re.search(r"python3 -m (launch\.cli|launch\.make_model|pytest)\b([^|&;]*)", line)
+        m = re.search(r"python3 -m (tandem\.launch\.cli|tandem\.launch\.make_model|pytest)\b([^|&;]*)", line)
         if m:
             rest = re.split(r"\s\d?>", m.group(2))[0]  # up to a redirection
             words = shlex.split(rest.replace("$OUT", "/tmp/out").replace("$flag", "--enforce-eager"))
@@ -38,12 +38,12 @@ def test_the_script_parses() -> None:
 
 def test_every_command_takes_its_options() -> None:
     cmds = _commands()
-    benches = [c[2:] for c in cmds if c[0] == "launch.cli" and c[1] == "bench"]
+    benches = [c[2:] for c in cmds if c[0] == "tandem.launch.cli" and c[1] == "bench"]
     assert {b[0] for b in benches} >= {"async", "offline", "latency"}, cmds
     for argv in benches:
         args = bench_parser().parse_args(argv)  # exits (SystemExit) on an unknown or malformed option
         config_from_args(args)  # and the engine options must make a valid config
-    makes = [c[1:] for c in cmds if c[0] == "launch.make_model"]
+    makes = [c[1:] for c in cmds if c[0] == "tandem.launch.make_model"]
     assert makes
     for argv in makes:
         make_model_parser().parse_args(argv)

@@ -14,8 +14,8 @@ import jsonschema
 import pytest
 import torch
 
-from protocol.model_info import read_model_info
-from scheduler.grammar import (
+from tandem.protocol.model_info import read_model_info
+from tandem.scheduler.grammar import (
     GrammarCompilerService,
     GrammarError,
     GrammarSpec,
@@ -266,7 +266,7 @@ def test_choice_forced_text(service: GrammarCompilerService, tokenizer) -> None:
 
 
 def test_spec_from_params() -> None:
-    from protocol.sampling_params import SamplingParams
+    from tandem.protocol.sampling_params import SamplingParams
 
     assert GrammarSpec.from_params(SamplingParams()) is None
     assert GrammarSpec.from_params(SamplingParams(regex="a+")) == GrammarSpec("regex", "a+")

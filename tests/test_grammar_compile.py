@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from protocol.engine_config import EngineConfig
-from protocol.errors import OverloadedError, error_from_code
-from protocol.messages import RequestError, TokenBatch, TokenizedRequest
-from protocol.model_info import ModelInfo, read_model_info
-from protocol.sampling_params import SamplingParams
-from scheduler.scheduler import Scheduler
-from scheduler.structured import COMPILE_THREADS
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.errors import OverloadedError, error_from_code
+from tandem.protocol.messages import RequestError, TokenBatch, TokenizedRequest
+from tandem.protocol.model_info import ModelInfo, read_model_info
+from tandem.protocol.sampling_params import SamplingParams
+from tandem.scheduler.scheduler import Scheduler
+from tandem.scheduler.structured import COMPILE_THREADS
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
@@ -138,7 +138,7 @@ def test_distinct_grammars_waiting_to_compile_are_bounded_typed(tiny_model) -> N
 
 
 def test_the_compiled_grammar_cache_is_bounded_by_count_and_bytes(tiny_model) -> None:
-    from scheduler.grammar import GrammarCompilerService, GrammarSpec
+    from tandem.scheduler.grammar import GrammarCompilerService, GrammarSpec
 
     model = tiny_model("llama")
     svc = GrammarCompilerService(str(model), read_model_info(model).vocab_size, cache_size=1000)

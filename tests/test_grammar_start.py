@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from protocol.engine_config import EngineConfig
-from protocol.messages import RequestError, TokenBatch, TokenizedRequest
-from protocol.model_info import read_model_info
-from protocol.sampling_params import SamplingParams
-from scheduler.grammar import GrammarCompilerService, GrammarSpec, allocate_bitmask
-from scheduler.scheduler import Scheduler
-from scheduler.structured import start_compiler
-from scheduler.tokenizer_info_cache import cache_path
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.messages import RequestError, TokenBatch, TokenizedRequest
+from tandem.protocol.model_info import read_model_info
+from tandem.protocol.sampling_params import SamplingParams
+from tandem.scheduler.grammar import GrammarCompilerService, GrammarSpec, allocate_bitmask
+from tandem.scheduler.scheduler import Scheduler
+from tandem.scheduler.structured import start_compiler
+from tandem.scheduler.tokenizer_info_cache import cache_path
 from tests.fake_worker import FakeWorker
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}

@@ -9,15 +9,15 @@ import sys
 
 import pytest
 
-from worker.heap_keeper import HeapKeeper
+from tandem.worker.heap_keeper import HeapKeeper
 
 pytestmark = pytest.mark.skipif(not HeapKeeper(1.0).available, reason="glibc's mallinfo2/malloc_trim only")
 
 # In a fresh process (the tuning is process-wide): hold 64 MB, free a 256 MB peak, then trim.
 _SCRIPT = """
 import json, torch
-from worker.malloc_tuning import keep_freed_memory
-from worker.heap_keeper import HeapKeeper, _rss_bytes
+from tandem.worker.malloc_tuning import keep_freed_memory
+from tandem.worker.heap_keeper import HeapKeeper, _rss_bytes
 assert keep_freed_memory()
 keeper = HeapKeeper(30.0)
 held = torch.ones(16 << 20)  # 64 MB

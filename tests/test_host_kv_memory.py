@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from launch.cli_options import add_engine_flags, config_from_args
-from protocol.engine_config import EngineConfig
-from protocol.model_config import read_model_config
+from tandem.launch.cli_options import add_engine_flags, config_from_args
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.model_config import read_model_config
+from tandem.worker.memory import host_pool_tokens, kv_bytes_per_token
 from tests.conftest import check_idle_engine
-from worker.memory import host_pool_tokens, kv_bytes_per_token
 
 
 def test_tokens_follow_the_kv_bytes_per_token_dtype_and_page(tiny_model) -> None:

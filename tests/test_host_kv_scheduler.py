@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from protocol.engine_config import EngineConfig
-from protocol.model_info import ModelInfo
-from scheduler.scheduler import Scheduler
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.model_info import ModelInfo
+from tandem.scheduler.scheduler import Scheduler
 from tests.fake_worker import VOCAB, FakeWorker, expected_output
 from tests.test_scheduler_core import req, run
 

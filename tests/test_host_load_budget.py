@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from protocol.messages import SchedulerOutput
-from scheduler.prefill import HOST_LOAD_DIVISOR
-from scheduler.scheduler import Scheduler
+from tandem.protocol.messages import SchedulerOutput
+from tandem.scheduler.prefill import HOST_LOAD_DIVISOR
+from tandem.scheduler.scheduler import Scheduler
 from tests.fake_worker import VOCAB, FakeWorker, expected_output
 from tests.test_host_kv_scheduler import idle_accounting, make
 from tests.test_scheduler_core import req, run

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from scheduler.host_tier import WriteBack, WriteThrough
-from scheduler.kv_allocator import KVAllocator
-from scheduler.radix_cache import RadixCache
+from tandem.scheduler.host_tier import WriteBack, WriteThrough
+from tandem.scheduler.kv_allocator import KVAllocator
+from tandem.scheduler.radix_cache import RadixCache
 
 
 class Pools:

@@ -9,8 +9,8 @@ import json
 import anthropic
 import pytest
 
-from protocol.errors import InvalidRequestError
-from protocol.tokenizer_loader import load_tokenizer
+from tandem.protocol.errors import InvalidRequestError
+from tandem.protocol.tokenizer_loader import load_tokenizer
 from tests.scripted_engine import KEY, NAME, Reply, scripted_app, transport
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

@@ -33,7 +33,7 @@ def served(tiny_model):
 
 @pytest.fixture(scope="module")
 def engine(served):
-    from frontend import Client
+    from tandem import Client
 
     c = Client(served.endpoint, reasoning_parser="qwen3")
     yield c
@@ -51,7 +51,7 @@ def claude(served):
 
 
 def test_chat_reasoning_streamed_whole_and_in_the_python_client(oai, engine, tiny_model) -> None:
-    from protocol.tokenizer_loader import load_tokenizer
+    from tandem.protocol.tokenizer_loader import load_tokenizer
 
     assert len(load_tokenizer(tiny_model("qwen3")).encode("<think>")) > 1  # markers span tokens here
     msgs = [{"role": "user", "content": "think first"}]

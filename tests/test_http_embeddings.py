@@ -30,7 +30,7 @@ def oai(served):
 
 @pytest.fixture(scope="module")
 def engine(served):
-    from frontend import Client
+    from tandem import Client
 
     c = Client(served.endpoint)
     yield c

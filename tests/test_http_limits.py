@@ -14,13 +14,13 @@ import httpx2 as httpx
 import psutil
 import pytest
 
-from frontend.completion import CompletionDelta
-from frontend.http import choices
-from frontend.http.choices import ChoiceRun
-from frontend.http.limits import DoorLimits
-from frontend.http.metrics import Metrics
-from protocol.errors import ErrorCode, RequestFailedError
-from protocol.final_info import FinalInfo
+from tandem.frontend.completion import CompletionDelta
+from tandem.frontend.http import choices
+from tandem.frontend.http.choices import ChoiceRun
+from tandem.frontend.http.limits import DoorLimits
+from tandem.frontend.http.metrics import Metrics
+from tandem.protocol.errors import ErrorCode, RequestFailedError
+from tandem.protocol.final_info import FinalInfo
 from tests.served import Served
 
 
@@ -123,7 +123,7 @@ def _raw_stream_request(port: int, body: dict) -> socket.socket:
 
 
 def test_many_unread_streams_and_huge_bodies_leave_memory_bounded_and_the_engine_serving(tiny_model) -> None:
-    from frontend import Client
+    from tandem import Client
     from tests.conftest import check_idle_engine
 
     streams, cap = 200, 16  # scaled down from 10,000 and the default 512

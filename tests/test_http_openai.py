@@ -33,7 +33,7 @@ def oai(served):
 
 @pytest.fixture(scope="module")
 def engine(served):
-    from frontend import Client
+    from tandem import Client
 
     c = Client(served.endpoint)
     yield c
@@ -345,7 +345,7 @@ def test_disconnect_aborts(served, engine) -> None:
 
 
 def test_bench_serve_against_the_server(served, tmp_path, tiny_model, capsys) -> None:
-    from benchmarks.cli import main as bench_main
+    from tandem.benchmarks.cli import main as bench_main
 
     out = tmp_path / "res"
     assert bench_main(["serve", "--base-url", served.url, "--model", NAME, "--api-key", KEY,
@@ -362,7 +362,7 @@ def test_bench_serve_against_the_server(served, tmp_path, tiny_model, capsys) ->
         assert sum(r["output_throughput_timeline"]) == pytest.approx(r["total_output_tokens"])
     assert sorted(p.name for p in out.glob("*.png")) == ["t_latency.png", "t_throughput.png", "t_timeline.png"]
     # Runs side by side: one PNG and a markdown table, a row per server and rate; other rates are refused.
-    from benchmarks import serve_compare
+    from tandem.benchmarks import serve_compare
 
     capsys.readouterr()
     assert serve_compare.main(["--out", str(out / "cmp.png"), str(out / "t.json"), str(out / "t.json")]) == 0

@@ -31,7 +31,7 @@ def _wait(cond, what: str) -> None:
 
 
 def test_overload_is_503_then_serving_goes_on(served) -> None:
-    from frontend import Client
+    from tandem import Client
 
     engine = Client(served.endpoint)
     oai = openai.OpenAI(base_url=served.url + "/v1", api_key="none", max_retries=0, timeout=60)

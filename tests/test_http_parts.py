@@ -8,17 +8,17 @@ import sys
 import httpx2 as httpx
 import pytest
 
-from protocol.serve_config import ServeConfig
+from tandem.protocol.serve_config import ServeConfig
 
 
 def test_dead_engine_is_503(tiny_model) -> None:
     from transformers import AutoTokenizer
 
-    from frontend.client.async_client import AsyncClient
-    from frontend.http.app import create_app
-    from frontend.http.metrics import Metrics
-    from frontend.http.state import ServerState
-    from protocol.model_info import read_model_info
+    from tandem.frontend.client.async_client import AsyncClient
+    from tandem.frontend.http.app import create_app
+    from tandem.frontend.http.metrics import Metrics
+    from tandem.frontend.http.state import ServerState
+    from tandem.protocol.model_info import read_model_info
 
     model = str(tiny_model("llama"))
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -40,8 +40,8 @@ def test_dead_engine_is_503(tiny_model) -> None:
 
 
 def test_serve_options() -> None:
-    from launch.cli import _parser
-    from launch.cli_options import config_from_args
+    from tandem.launch.cli import _parser
+    from tandem.launch.cli_options import config_from_args
 
     args = _parser().parse_args(["serve", "--model", "m", "--no-http", "--port", "9000", "--api-key", "k"])
     assert config_from_args(args, ServeConfig) == ServeConfig(http=False, port=9000, api_key="k")

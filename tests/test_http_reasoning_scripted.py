@@ -8,7 +8,7 @@ import json
 import openai
 import pytest
 
-from protocol.tokenizer_loader import load_tokenizer
+from tandem.protocol.tokenizer_loader import load_tokenizer
 from tests.scripted_engine import KEY, NAME, Reply, scripted_app, transport
 
 REPLY = "<think>\nThe user says hi.\nI answer.\n</think>\n\nHello there!"

@@ -10,19 +10,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.native.quant_linear import quant_linear
-from kernels.ops import resolve_ops
-from kernels.reference.quant_int8 import int8_linear_ref
-from launch.cli import _parser
-from launch.cli_options import config_from_args
-from protocol import SamplingParams
-from protocol.engine_config import EngineConfig
+from tandem import SamplingParams
+from tandem.kernels.native.quant_linear import quant_linear
+from tandem.kernels.ops import resolve_ops
+from tandem.kernels.reference.quant_int8 import int8_linear_ref
+from tandem.launch.cli import _parser
+from tandem.launch.cli_options import config_from_args
+from tandem.protocol.engine_config import EngineConfig
+from tandem.worker.layers import embedding, linear
+from tandem.worker.loader import load_model
 from tests.conftest import check_idle_engine
 from tests.gguf_files import write_gguf
 from tests.kernels.test_cpu_paged_attention import needs_cc
 from tests.kv_pool import Pool
-from worker.layers import embedding, linear
-from worker.loader import load_model
 
 
 @pytest.fixture(scope="module")

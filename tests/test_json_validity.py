@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.grammar import GrammarCompilerService, GrammarSpec, allocate_bitmask
-from scheduler.schema_rewrite import rewrite_schema_text
-from scheduler.utf8_guard import ACCEPT, NUM_STATES, REJECT, Utf8Guard, advance
+from tandem.scheduler.grammar import GrammarCompilerService, GrammarSpec, allocate_bitmask
+from tandem.scheduler.schema_rewrite import rewrite_schema_text
+from tandem.scheduler.utf8_guard import ACCEPT, NUM_STATES, REJECT, Utf8Guard, advance
 from tests.test_grammar import allowed_ids, model_dir, service, tokenizer  # noqa: F401 - fixtures shared
 
 

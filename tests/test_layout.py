@@ -56,13 +56,19 @@ def _engine_files() -> list[Path]:
     return sorted(p for top in ENGINE for p in (ROOT / top).rglob("*.py"))
 
 
+def _engine_top(module: str) -> str:
+    """The engine folder a module name lies in (`tandem.worker.x` -> `worker`)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "tandem" and len(parts) > 1 else parts[0]
+
+
 def _imported_tops(path: Path) -> set[str]:
     tops: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            tops.update(a.name.split(".")[0] for a in node.names)
+            tops.update(_engine_top(a.name) for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            tops.add(node.module.split(".")[0])
+            tops.add(_engine_top(node.module))
     return tops & set(ENGINE)
 
 

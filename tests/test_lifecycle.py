@@ -11,10 +11,10 @@ import time
 import psutil
 import pytest
 
-from frontend import Client
-from launch.serve_announcements import PROCESS_PREFIX, READY_PREFIX
-from protocol import EngineDeadError, SamplingParams, fault_injection
-from worker.heap_keeper import HeapKeeper
+from tandem import Client, EngineDeadError, SamplingParams
+from tandem.launch.serve_announcements import PROCESS_PREFIX, READY_PREFIX
+from tandem.protocol import fault_injection
+from tandem.worker.heap_keeper import HeapKeeper
 
 FATAL_MARK = 993
 
@@ -22,7 +22,7 @@ FATAL_MARK = 993
 def _serve(model, *flags: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, dict[str, int]]:
     pids: dict[str, int] = {}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launch.cli", "serve", "--model", str(model), "--kv-cache-tokens", "4096", "--no-http", *flags],
+        [sys.executable, "-m", "tandem.launch.cli", "serve", "--model", str(model), "--kv-cache-tokens", "4096", "--no-http", *flags],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     assert proc.stdout is not None
@@ -136,7 +136,7 @@ def test_unknown_engine_option_is_an_error(tiny_model) -> None:
     with pytest.raises(TypeError, match="unknown engine option"):
         Client.launch(str(tiny_model("llama")), kv_cache_tokenz=100)
     r = subprocess.run(
-        [sys.executable, "-m", "launch.cli", "serve", "--model", str(tiny_model("llama")), "--no-such-flag"],
+        [sys.executable, "-m", "tandem.launch.cli", "serve", "--model", str(tiny_model("llama")), "--no-such-flag"],
         capture_output=True, text=True, timeout=60,
     )
     assert r.returncode != 0 and "unrecognized arguments" in r.stderr

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cli import main
-from benchmarks.llama_cpp import find_binary, llama_bench, ratio_line
+from tandem.benchmarks.cli import main
+from tandem.benchmarks.llama_cpp import find_binary, llama_bench, ratio_line
 from tests.gguf_files import write_gguf
 
 FAKE_TG = 40.0

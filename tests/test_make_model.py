@@ -17,8 +17,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from launch import tokenizer_maker
-from launch.make_model import SIZES, build_config, main, make_model
+from tandem.launch import tokenizer_maker
+from tandem.launch.make_model import SIZES, build_config, main, make_model
 
 ARCHS = ("llama", "qwen2", "qwen3")
 TIED = {"llama": False, "qwen2": False, "qwen3": True}

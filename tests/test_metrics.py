@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from frontend.http.metrics import Metrics
-from protocol.messages import EngineLoad
+from tandem.frontend.http.metrics import Metrics
+from tandem.protocol.messages import EngineLoad
 
 
 def samples(m: Metrics) -> dict[tuple[str, str | None], float]:

@@ -15,10 +15,10 @@ if not torch.cuda.is_available():
 
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
-from kernels.ops import ATTENTION_BACKENDS, resolve_ops
+from tandem.kernels.ops import ATTENTION_BACKENDS, resolve_ops
+from tandem.worker.loader import load_model
 from tests.kernels.ops_variants import cpu_triton
 from tests.kv_pool import Pool
-from worker.loader import load_model
 
 VOCAB = 512
 COMMON = dict(

@@ -19,16 +19,16 @@ if not torch.cuda.is_available():
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
-from kernels.ops import resolve_ops
-from kernels.reference.moe import experts_ref
-from kernels.triton.moe import experts_triton
-from launch.make_model import init_weights, make_model
+from tandem.kernels.ops import resolve_ops
+from tandem.kernels.reference.moe import experts_ref
+from tandem.kernels.triton.moe import experts_triton
+from tandem.launch.make_model import init_weights, make_model
+from tandem.worker.layers.moe import FusedMoE
+from tandem.worker.loader import load_model
+from tandem.worker.models.llama import LlamaMLP
 from tests.kernels.ops_variants import cpu_triton, switches
 from tests.kv_pool import Pool
 from tests.test_model_parity import COMMON, _randomize
-from worker.layers.moe import FusedMoE
-from worker.loader import load_model
-from worker.models.llama import LlamaMLP
 
 # name -> make_model's arguments
 MADE = {

@@ -12,7 +12,7 @@ from tests.test_lifecycle import _children, _serve, _wait_gone
 
 _OWNER = """
 import sys, threading, time
-from frontend import Client
+from tandem import Client
 
 box = {}
 # Launched from a thread that ends at once: the engine must follow the owner process, not that thread.

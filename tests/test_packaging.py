@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+ENGINE_FOLDERS = ("frontend", "scheduler", "worker", "detokenizer", "protocol", "kernels", "launch", "benchmarks")
 
 
 _EVERYWHERE = shutil.ignore_patterns("*.egg-info", "__pycache__", ".*_cache", ".hypothesis")
@@ -56,6 +57,21 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
+def test_the_wheel_installs_one_top_level_name(installed: tuple[Path, Path]) -> None:
+    """Our folders' names (`kernels`, `scheduler`, ...) are other distributions' too: installed, only
+    `tandem` is ours."""
+    wheel, _ = installed
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        (top_level,) = [n for n in names if n.endswith(".dist-info/top_level.txt")]
+        declared = z.read(top_level).decode().split()
+    tops = {n.split("/")[0] for n in names if ".dist-info/" not in n}
+    assert tops == {"tandem"} and declared == ["tandem"], (tops, declared)
+    for folder in ENGINE_FOLDERS:
+        assert any(n.startswith(f"tandem/{folder}/") for n in names), folder
+    assert "tandem/kernels/csrc/paged_attention.c" in names and "tandem/launch/data/corpus.txt" in names
+
+
 def test_every_module_imports_from_the_wheel(installed: tuple[Path, Path], tmp_path: Path) -> None:
     wheel, venv = installed
     with zipfile.ZipFile(wheel) as z:
@@ -63,7 +79,12 @@ def test_every_module_imports_from_the_wheel(installed: tuple[Path, Path], tmp_p
             n[:-3].replace("/", ".").removesuffix(".__init__")
             for n in z.namelist() if n.endswith(".py") and ".dist-info" not in n
         )
-    assert "worker.layers.linear" in modules and "worker.models.llama" in modules
+    assert "tandem.worker.layers.linear" in modules and "tandem.worker.models.llama" in modules
+    sources = sorted(
+        ".".join(["tandem", *p.relative_to(REPO).with_suffix("").parts]).removesuffix(".__init__")
+        for folder in ENGINE_FOLDERS for p in (REPO / folder).rglob("*.py") if "__pycache__" not in p.parts
+    )
+    assert set(sources) <= set(modules), sorted(set(sources) - set(modules))
     script = (
         "import importlib, sys\n"
         f"for m in {modules!r}:\n"
@@ -71,8 +92,11 @@ def test_every_module_imports_from_the_wheel(installed: tuple[Path, Path], tmp_p
         "    assert 'site-packages' in mod.__file__, (m, mod.__file__)\n"
         # The C kernels ship as source (with the headers they share; moe.c includes quant_linear.c) and build from
         # the installed copy.
-        "from kernels.native import build as native_build, moe, norm_act, paged_attention, quant_linear, rotary\n"
+        "from tandem.kernels.native import build as native_build, moe, norm_act, paged_attention, quant_linear, rotary\n"
         "has_cc = native_build.find_compiler() is not None\n"
+        # Hugging Face's `kernels` (a transformers dependency) sits beside the wheel, unshadowed.
+        "import kernels, transformers.models.llama.modeling_llama\n"
+        "assert hasattr(kernels, 'CUDAProperties') and 'site-packages' in kernels.__file__, kernels.__file__\n"
         "for k in (norm_act, paged_attention, quant_linear, rotary, moe):\n"
         "    assert 'site-packages' in str(k.SOURCE) and k.available() == has_cc, k\n"
     )

@@ -7,13 +7,13 @@ import random
 
 import pytest
 
-from protocol.engine_config import EngineConfig
-from protocol.messages import TokenizedRequest
-from protocol.model_info import ModelInfo
-from protocol.sampling_params import SamplingParams
-from scheduler.priority_policy import FcfsPolicy, PriorityPolicy, make_policy
-from scheduler.req import Req
-from scheduler.scheduler import Scheduler
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.messages import TokenizedRequest
+from tandem.protocol.model_info import ModelInfo
+from tandem.protocol.sampling_params import SamplingParams
+from tandem.scheduler.priority_policy import FcfsPolicy, PriorityPolicy, make_policy
+from tandem.scheduler.req import Req
+from tandem.scheduler.scheduler import Scheduler
 from tests.fake_worker import VOCAB, FakeWorker, expected_output
 from tests.test_scheduler_core import run
 

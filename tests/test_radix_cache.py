@@ -8,10 +8,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from scheduler.kv_allocator import KVAllocator
-from scheduler.no_prefix_cache import NoPrefixCache
-from scheduler.radix_cache import RadixCache
-from scheduler.tree_node import TreeNode
+from tandem.scheduler.kv_allocator import KVAllocator
+from tandem.scheduler.no_prefix_cache import NoPrefixCache
+from tandem.scheduler.radix_cache import RadixCache
+from tandem.scheduler.tree_node import TreeNode
 
 
 def make(page_size: int = 1) -> tuple[RadixCache, list[list[int]]]:

@@ -11,7 +11,7 @@ import psutil
 _SCRIPT = """
 import os, subprocess, sys
 import psutil
-from launch.reaper import become_subreaper, reap_descendants
+from tandem.launch.reaper import become_subreaper, reap_descendants
 
 become_subreaper()
 sleeper = "import time; time.sleep(600)"

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from frontend.reasoning_parser import (
+from tandem.frontend.reasoning_parser import (
     CLOSE,
     OPEN,
     ReasoningParser,
@@ -104,8 +104,8 @@ def test_auto_style_and_prompt_opened() -> None:
 
 
 def test_completion_reasoning_text_and_the_client_option() -> None:
-    from frontend import Client
-    from frontend.completion import Completion
+    from tandem import Client
+    from tandem.frontend.completion import Completion
 
     c = Completion("r", text="<think>\nwhy\n</think>\n\nbecause", reasoning_style="qwen3")
     assert (c.reasoning_text, c.content) == ("why", "because")

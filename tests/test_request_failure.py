@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-from protocol import fault_injection
-from protocol.errors import RequestFailedError
-from protocol.messages import TokenizedRequest
-from protocol.sampling_params import SamplingParams
+from tandem.protocol import fault_injection
+from tandem.protocol.errors import RequestFailedError
+from tandem.protocol.messages import TokenizedRequest
+from tandem.protocol.sampling_params import SamplingParams
 from tests.conftest import check_idle_engine
 from tests.fake_worker import FaultyWorker, expected_output
 from tests.test_scheduler_core import make, run
@@ -109,7 +109,7 @@ WORKER_MARK, SCHED_MARK = 991, 992
 
 
 def test_engine_survives_injected_faults(tiny_model, launch_client, monkeypatch: pytest.MonkeyPatch) -> None:
-    from frontend import Client
+    from tandem import Client
 
     monkeypatch.setenv(fault_injection.ENV, f"worker.step:{WORKER_MARK},scheduler.commit:{SCHED_MARK}")
     client = launch_client(tiny_model("llama"), chunked_prefill_tokens=32)

@@ -7,12 +7,12 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from kernels.ops import resolve_ops
-from protocol.messages import NewReqData, ScheduledReq, WorkerSampling
-from worker.input_prep import advance_state
-from worker.penalties import process_logits
-from worker.request_state import RequestState
-from worker.sampler import _top_k_top_p, compute_logprobs, sample, sampling_probs
+from tandem.kernels.ops import resolve_ops
+from tandem.protocol.messages import NewReqData, ScheduledReq, WorkerSampling
+from tandem.worker.input_prep import advance_state
+from tandem.worker.penalties import process_logits
+from tandem.worker.request_state import RequestState
+from tandem.worker.sampler import _top_k_top_p, compute_logprobs, sample, sampling_probs
 
 V = 100
 
@@ -74,7 +74,7 @@ def test_plain_sampling_frequencies_follow_softmax() -> None:
 @pytest.fixture(params=[4, 1024], ids=["partial-topk", "full-sort"])
 def candidates(request, monkeypatch: pytest.MonkeyPatch) -> int:
     """Run top-k/top-p tests both through the partial top-k path and the full-sort path."""
-    monkeypatch.setattr("worker.sampler.TOP_CANDIDATES", request.param)
+    monkeypatch.setattr("tandem.worker.sampler.TOP_CANDIDATES", request.param)
     return request.param
 
 
@@ -118,7 +118,7 @@ def test_partial_and_full_filtering_agree(monkeypatch: pytest.MonkeyPatch) -> No
     ps = [float(p) for p in torch.rand(32, generator=g) * 0.4 + 0.5]
     ps = [1.0 if i % 4 == 1 and ks[i] < vocab else p for i, p in enumerate(ps)]  # every row filters
     partial = torch.isfinite(_top_k_top_p(x, ks, ps))
-    monkeypatch.setattr("worker.sampler.TOP_CANDIDATES", vocab)
+    monkeypatch.setattr("tandem.worker.sampler.TOP_CANDIDATES", vocab)
     assert torch.equal(partial, torch.isfinite(_top_k_top_p(x, ks, ps)))
 
 

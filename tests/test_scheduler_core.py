@@ -6,13 +6,13 @@ import random
 
 import pytest
 
-from protocol.engine_config import EngineConfig
-from protocol.messages import RequestError, SampleStep, TokenBatch, TokenizedRequest
-from protocol.model_info import ModelInfo
-from protocol.sampling_params import SamplingParams
-from scheduler.req import KVPopError
-from scheduler.scheduler import Scheduler
-from scheduler.step_driver import StepDriver
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.messages import RequestError, SampleStep, TokenBatch, TokenizedRequest
+from tandem.protocol.model_info import ModelInfo
+from tandem.protocol.sampling_params import SamplingParams
+from tandem.scheduler.req import KVPopError
+from tandem.scheduler.scheduler import Scheduler
+from tandem.scheduler.step_driver import StepDriver
 from tests.fake_worker import VOCAB, FakeWorker, expected_output, true_drafts
 
 

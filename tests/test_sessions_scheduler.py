@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from protocol.engine_config import EngineConfig
-from protocol.errors import ErrorCode
-from protocol.messages import (
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.errors import ErrorCode
+from tandem.protocol.messages import (
     CloseSession,
     OpenSession,
     RequestError,
@@ -20,10 +20,10 @@ from protocol.messages import (
     TokenBatch,
     TokenizedRequest,
 )
-from protocol.model_info import ModelInfo
-from protocol.sampling_params import SamplingParams
-from scheduler.scheduler import Scheduler
-from scheduler.step_driver import StepDriver
+from tandem.protocol.model_info import ModelInfo
+from tandem.protocol.sampling_params import SamplingParams
+from tandem.scheduler.scheduler import Scheduler
+from tandem.scheduler.step_driver import StepDriver
 from tests.fake_worker import VOCAB, FakeWorker, expected_output
 
 

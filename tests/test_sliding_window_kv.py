@@ -9,11 +9,11 @@ import random
 
 import pytest
 
-from protocol.engine_config import EngineConfig
-from protocol.messages import ModelRunnerOutput, SchedulerOutput
-from protocol.model_info import ModelInfo
-from scheduler.hybrid_allocator import HybridAllocator
-from scheduler.scheduler import Scheduler
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.messages import ModelRunnerOutput, SchedulerOutput
+from tandem.protocol.model_info import ModelInfo
+from tandem.scheduler.hybrid_allocator import HybridAllocator
+from tandem.scheduler.scheduler import Scheduler
 from tests.fake_worker import VOCAB, FakeWorker, expected_output
 from tests.test_scheduler_core import req, run
 
@@ -193,8 +193,8 @@ def test_pool_sizes_give_the_memory_past_the_sliding_cap_to_the_full_pool(monkey
     the global layers use. Without the pool (off, or a host tier) every layer shares one."""
     import torch
 
-    from protocol.model_config import ModelConfig
-    from worker import memory
+    from tandem.protocol.model_config import ModelConfig
+    from tandem.worker import memory
 
     hf = {"architectures": ["Gemma3ForCausalLM"], "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 3,
           "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": 128,

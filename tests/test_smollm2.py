@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from launch.tokenizer_maker import CORPUS_PATH
-from protocol import SamplingParams
+from tandem import SamplingParams
+from tandem.launch.tokenizer_maker import CORPUS_PATH
 from tests.conftest import check_idle_engine
 from tests.pulled_models import pulled_model
 from tests.reference import assert_greedy_parity, greedy_batched
@@ -44,7 +44,7 @@ def smol(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def prompts(smol: Path) -> list[list[int]]:
     """32 prompts of 1 to 600 tokens: plain and chat; English, code, Chinese, emoji."""
-    from protocol.tokenizer_loader import load_tokenizer
+    from tandem.protocol.tokenizer_loader import load_tokenizer
 
     tok = load_tokenizer(smol)
     corpus = tok(CORPUS_PATH.read_text(encoding="utf-8")[:5000]).input_ids
@@ -64,7 +64,7 @@ def prompts(smol: Path) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def dir_engine(smol: Path) -> Iterator:
-    from frontend import Client
+    from tandem import Client
 
     client = Client.launch(str(smol), **ENGINE)
     yield client
@@ -90,7 +90,7 @@ def test_gguf_file_runs_quantized_with_parity(smol: Path, prompts, reference) ->
     """The .gguf served directly: on CPU its Q4_1/Q8_0 weights stay quantized (kernels/cpu_quant_linear.py),
     computing with the same weights as the converted directory in another summation order, so it keeps
     parity with transformers on that directory under the same near-tie rule."""
-    from frontend import Client
+    from tandem import Client
 
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     picks = [1, 6, 8, 15, 20, 26, 29]
@@ -123,12 +123,12 @@ def test_bf16_weights_keep_parity_under_the_bf16_rule(smol: Path, prompts, refer
     continuation under the near-tie rule at bf16's precision."""
     import torch
 
-    import worker.model_runner as mr
-    from protocol.engine_config import EngineConfig
-    from protocol.model_info import read_model_info
+    import tandem.worker.model_runner as mr
+    from tandem.protocol.engine_config import EngineConfig
+    from tandem.protocol.model_info import read_model_info
+    from tandem.worker.cpu_step_graph import CpuStepGraph
     from tests.reference import NEAR_TIE_BF16
     from tests.step_loop import generate
-    from worker.cpu_step_graph import CpuStepGraph
 
     monkeypatch.setattr(mr, "resolve_weight_dtype", lambda *a, **k: torch.bfloat16)
     cfg = EngineConfig(model=str(smol), kv_cache_tokens=24576, max_running_requests=8)

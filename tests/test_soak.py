@@ -10,7 +10,7 @@ import json
 import subprocess
 import sys
 
-from worker.heap_keeper import HeapKeeper
+from tandem.worker.heap_keeper import HeapKeeper
 
 CORRECTNESS = {
     "traffic threads all returned", "every request ended", "no request ended twice",
@@ -24,7 +24,7 @@ HEAP = "worker heap in use flat after warm-up"  # present with enough heap sampl
 
 
 def test_a_short_soak_ends_every_request_once_and_leaves_the_engine_whole(tiny_model, tmp_path) -> None:
-    cmd = [sys.executable, "-m", "launch.cli", "bench", "soak", "--model", str(tiny_model("llama")),
+    cmd = [sys.executable, "-m", "tandem.launch.cli", "bench", "soak", "--model", str(tiny_model("llama")),
            "--dtype", "float32", "--minutes", "0.75", "--sample-s", "5", "--zmq-threads", "4", "--http-clients", "4",
            "--speculative-method", "ngram", "--grammar-compile-timeout-s", "0.1", "--heap-trim-period-s", "5",
            "--result-dir", str(tmp_path)]

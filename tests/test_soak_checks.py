@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from types import SimpleNamespace
 
-from benchmarks.soak.checks import engine_checks, growth_checks, ledger_checks, tpot_check
-from benchmarks.soak.ledger import Ledger
+from tandem.benchmarks.soak.checks import engine_checks, growth_checks, ledger_checks, tpot_check
+from tandem.benchmarks.soak.ledger import Ledger
 
 
 def _verdicts(checks) -> dict[str, bool]:

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from scheduler import spec_decode
-from scheduler.req import Req
-from scheduler.scheduler import Scheduler
+from tandem.scheduler import spec_decode
+from tandem.scheduler.req import Req
+from tandem.scheduler.scheduler import Scheduler
 from tests.fake_worker import VOCAB, expected_output, true_drafts
 from tests.test_scheduler_core import abort_long_at, make, req, run
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from protocol.engine_config import EngineConfig
-from protocol.messages import ModelRunnerOutput, SchedulerOutput, TokenizedRequest
-from protocol.model_info import read_model_info
-from protocol.sampling_params import SamplingParams
-from scheduler.scheduler import Scheduler
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.messages import ModelRunnerOutput, SchedulerOutput, TokenizedRequest
+from tandem.protocol.model_info import read_model_info
+from tandem.protocol.sampling_params import SamplingParams
+from tandem.scheduler.scheduler import Scheduler
+from tandem.worker.model_runner import ModelRunner
 from tests.test_scheduler_core import run
-from worker.model_runner import ModelRunner
 
 K = 4
 

@@ -8,9 +8,8 @@ import os
 import signal
 import time
 
-from frontend import Client
-from protocol import EngineDeadError, SamplingParams
-from protocol.errors import ErrorCode
+from tandem import Client, EngineDeadError, SamplingParams
+from tandem.protocol.errors import ErrorCode
 from tests.test_lifecycle import _children, _serve, assert_left_last, start_long_stream
 
 STEP_TIMEOUT_S = 3.0

@@ -1,7 +1,7 @@
 """The stall detector's policy, driven with a fake clock: when a step in flight counts as stalled."""
 from __future__ import annotations
 
-from scheduler.step_watch import FLOOR_S, STEP_FACTOR, StepWatch
+from tandem.scheduler.step_watch import FLOOR_S, STEP_FACTOR, StepWatch
 
 
 def test_a_configured_timeout_is_the_limit_and_the_stall_is_reported_once() -> None:

@@ -1,8 +1,8 @@
 """When `tandem serve` stops, why, and with which error: the StopPlan driven with a fake clock."""
 from __future__ import annotations
 
-from launch.stop_plan import Stop, StopPlan
-from protocol.errors import ErrorCode
+from tandem.launch.stop_plan import Stop, StopPlan
+from tandem.protocol.errors import ErrorCode
 
 
 class _Clock:

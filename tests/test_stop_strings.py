@@ -11,13 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from detokenizer.process import Detokenizer
-from detokenizer.stop_holdback import StopHoldBack
-from protocol.engine_config import EngineConfig
-from protocol.messages import DetokRegister, TokenBatch, TokenizedRequest
-from protocol.model_info import ModelInfo
-from protocol.sampling_params import SamplingParams
-from scheduler.scheduler import Scheduler
+from tandem.detokenizer.process import Detokenizer
+from tandem.detokenizer.stop_holdback import StopHoldBack
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.messages import DetokRegister, TokenBatch, TokenizedRequest
+from tandem.protocol.model_info import ModelInfo
+from tandem.protocol.sampling_params import SamplingParams
+from tandem.scheduler.scheduler import Scheduler
 from tests.fake_worker import FakeWorker
 from tests.test_detokenizer import SENTENCES
 from tests.test_detokenizer import tokenizer as byte_level_tokenizer

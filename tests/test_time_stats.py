@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import random
 
-from protocol.messages import TokenBatch, TokenDelta
+from tandem.protocol.messages import TokenBatch, TokenDelta
 from tests.fake_worker import VOCAB
 from tests.test_scheduler_core import make, req, run
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.tokenizer_loader import load_tokenizer
+from tandem.protocol.tokenizer_loader import load_tokenizer
 
 TEXTS = ["Hello world", "  leading spaces and\ttabs\n", "中文和 emoji 🙂", "<|im_start|>user\nhi<|im_end|>"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from frontend.http.tool_calls import ParsedDelta, ToolCallParser
+from tandem.frontend.http.tool_calls import ParsedDelta, ToolCallParser
 
 HERMES = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "when": ["now", '
           '{"x": "a \\"}\\" b"}]}}\n</tool_call>\n<tool_call>{"arguments": {"q": 1}, "name": "later"}</tool_call>\n')

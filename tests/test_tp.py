@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from protocol.engine_config import EngineConfig
-from protocol.ipc import Endpoints
-from worker.forward_batch import ForwardBatch
-from worker.kv_cache import KVCache
-from worker.loader import load_model
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.ipc import Endpoints
+from tandem.worker.forward_batch import ForwardBatch
+from tandem.worker.kv_cache import KVCache
+from tandem.worker.loader import load_model
 
 TP = 2
 # (name, arch, num_kv_heads): untied llama, qwen2 with q/k/v bias, tied qwen3 with q/k norm, qwen3 with a
@@ -60,7 +60,7 @@ def run_steps(model_dir: str, tp_rank: int = 0, tp_size: int = 1) -> list[torch.
 
 def _rank_main(rank: int, root: str, dirs: list[str], out_dir: str) -> None:
     torch.set_num_threads(1)
-    from worker.distributed import init_distributed
+    from tandem.worker.distributed import init_distributed
 
     d = init_distributed(EngineConfig(model=dirs[0], tp_size=TP, device="cpu"), Endpoints(root), rank)
     assert d is not None
@@ -75,7 +75,7 @@ def _rank_main(rank: int, root: str, dirs: list[str], out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory) -> list[str]:
-    from launch.make_model import make_model
+    from tandem.launch.make_model import make_model
 
     base = tmp_path_factory.mktemp("tp-models")
     return [str(make_model(arch, "tiny", base / name, num_kv_heads=kv)) for name, arch, kv in VARIANTS]

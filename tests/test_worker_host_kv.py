@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from protocol.messages import KVCopies
-from worker.kv_cache import KVCache, host_runs
+from tandem.protocol.messages import KVCopies
+from tandem.worker.kv_cache import KVCache, host_runs
 
 
 def test_host_runs_split_on_gaps() -> None:

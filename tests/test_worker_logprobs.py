@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from protocol.engine_config import EngineConfig
-from protocol.messages import Logprobs, NewReqData, ScheduledReq, SchedulerOutput, WorkerSampling
-from protocol.model_info import read_model_info
-from worker.model_runner import ModelRunner
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.messages import Logprobs, NewReqData, ScheduledReq, SchedulerOutput, WorkerSampling
+from tandem.protocol.model_info import read_model_info
+from tandem.worker.model_runner import ModelRunner
 
 ATOL = 1e-4
 

@@ -27,12 +27,12 @@ from typing import Any
 
 import torch
 
-from kernels.native import paged_attention as cpu_paged_attention
-from kernels.ops import Ops
-from kernels.reference.paged_attention import AttentionPlan, build_attention_plan, paged_attention_ref
-from kernels.triton.paged_attention import paged_attention_triton
-from worker.forward_batch import ForwardBatch
-from worker.kv_cache import KVCache
+from tandem.kernels.native import paged_attention as cpu_paged_attention
+from tandem.kernels.ops import Ops
+from tandem.kernels.reference.paged_attention import AttentionPlan, build_attention_plan, paged_attention_ref
+from tandem.kernels.triton.paged_attention import paged_attention_triton
+from tandem.worker.forward_batch import ForwardBatch
+from tandem.worker.kv_cache import KVCache
 
 
 class AttentionBackend(ABC):

@@ -27,18 +27,18 @@ import logging
 
 import torch
 
-from kernels.native import paged_attention, quant_linear
-from kernels.native import step_graph as sg
-from kernels.native.paged_attention import KV_TYPES
-from kernels.native.quant_linear import QuantRows
-from kernels.native.quant_pack import QuantWeight
-from protocol.engine_config import EngineConfig
-from worker.attention_backend import CpuBackend
-from worker.forward_batch import ForwardBatch
-from worker.kv_cache import KVCache
-from worker.layers.linear import PackableLinear
-from worker.layers.moe import FusedMoE
-from worker.models.gemma3 import Gemma3ForCausalLM
+from tandem.kernels.native import paged_attention, quant_linear
+from tandem.kernels.native import step_graph as sg
+from tandem.kernels.native.paged_attention import KV_TYPES
+from tandem.kernels.native.quant_linear import QuantRows
+from tandem.kernels.native.quant_pack import QuantWeight
+from tandem.protocol.engine_config import EngineConfig
+from tandem.worker.attention_backend import CpuBackend
+from tandem.worker.forward_batch import ForwardBatch
+from tandem.worker.kv_cache import KVCache
+from tandem.worker.layers.linear import PackableLinear
+from tandem.worker.layers.moe import FusedMoE
+from tandem.worker.models.gemma3 import Gemma3ForCausalLM
 
 log = logging.getLogger(__name__)
 

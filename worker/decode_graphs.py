@@ -25,10 +25,10 @@ import logging
 
 import torch
 
-from protocol.engine_config import EngineConfig
-from worker.attention_backend import AttentionBackend, TritonBackend
-from worker.forward_batch import ForwardBatch
-from worker.kv_cache import KVCache
+from tandem.protocol.engine_config import EngineConfig
+from tandem.worker.attention_backend import AttentionBackend, TritonBackend
+from tandem.worker.forward_batch import ForwardBatch
+from tandem.worker.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.native.cpu_caps import CpuCaps, cpu_caps
+from tandem.kernels.native.cpu_caps import CpuCaps, cpu_caps
 
 
 def resolve_device(name: str) -> torch.device:

@@ -12,8 +12,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from protocol.engine_config import EngineConfig
-from protocol.ipc import Endpoints
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.ipc import Endpoints
 
 # A dead peer must not hang a model collective (or startup) forever.
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from protocol.errors import ErrorCode
-from protocol.fault_injection import InjectedFault
-from protocol.messages import StepFailed
+from tandem.protocol.errors import ErrorCode
+from tandem.protocol.fault_injection import InjectedFault
+from tandem.protocol.messages import StepFailed
 
 
 class RequestFault(RuntimeError):

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from protocol.errors import ModelLoadError
-from protocol.gguf_metadata import gguf_architecture, open_gguf
-from protocol.model_config import ModelConfig
+from tandem.protocol.errors import ModelLoadError
+from tandem.protocol.gguf_metadata import gguf_architecture, open_gguf
+from tandem.protocol.model_config import ModelConfig
 
 # Every HF module name of the llama family (Qwen3's q/k norms included); gguf's own name map turns each
 # into its GGUF name.

@@ -17,8 +17,8 @@ import os
 import time
 from collections.abc import Callable
 
-from protocol.heap_sample import HeapSample
-from worker.malloc_tuning import libc
+from tandem.protocol.heap_sample import HeapSample
+from tandem.worker.malloc_tuning import libc
 
 
 class _Mallinfo2(ctypes.Structure):

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.ops import Ops
-from protocol.messages import ScheduledReq
-from worker.forward_batch import ForwardBatch
-from worker.host_to_device import to_device
-from worker.kv_cache import KVCache
-from worker.request_state import RequestState
+from tandem.kernels.ops import Ops
+from tandem.protocol.messages import ScheduledReq
+from tandem.worker.forward_batch import ForwardBatch
+from tandem.worker.host_to_device import to_device
+from tandem.worker.kv_cache import KVCache
+from tandem.worker.request_state import RequestState
 
 
 @dataclass

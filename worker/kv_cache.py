@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from protocol.messages import KVCopies
+from tandem.protocol.messages import KVCopies
 
 
 def host_runs(host_slots: list[int]) -> list[tuple[int, int, int]]:

@@ -13,12 +13,12 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from kernels.native.quant_linear import GGUF_BLOCKS
-from kernels.ops import Ops, resolve_ops
-from protocol.gguf_metadata import is_gguf
-from protocol.model_config import ModelConfig, read_hf_config
-from worker.gguf_weights import iter_gguf_weights
-from worker.models import CausalLM, get_model_class
+from tandem.kernels.native.quant_linear import GGUF_BLOCKS
+from tandem.kernels.ops import Ops, resolve_ops
+from tandem.protocol.gguf_metadata import is_gguf
+from tandem.protocol.model_config import ModelConfig, read_hf_config
+from tandem.worker.gguf_weights import iter_gguf_weights
+from tandem.worker.models import CausalLM, get_model_class
 
 
 def safetensors_files(model_dir: str) -> list[str]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from protocol.messages import Logprobs
-from worker.input_prep import PromptLogprobsPlan
+from tandem.protocol.messages import Logprobs
+from tandem.worker.input_prep import PromptLogprobsPlan
 
 
 def log_softmax_(x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ from typing import Any
 import psutil
 import torch
 
-from protocol.engine_config import EngineConfig
+from tandem.protocol.engine_config import EngineConfig
 
 
 def kv_bytes_per_token(model_config: Any, dtype: torch.dtype, tp_size: int = 1, layers: int | None = None) -> int:

@@ -5,30 +5,30 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.ops import resolve_ops
-from protocol import fault_injection
-from protocol.engine_config import EngineConfig
-from protocol.errors import ErrorCode
-from protocol.gguf_metadata import is_gguf
-from protocol.messages import Logprobs, ModelRunnerOutput, SampleStep, SchedulerOutput
-from protocol.model_info import ModelInfo
-from worker.cpu_step_graph import CpuStepGraph, cpu_graph_applies
-from worker.decode_graphs import MAX_GRAPH_BATCH, DecodeGraphs, graphs_apply
-from worker.device import resolve_device, resolve_dtype, resolve_weight_dtype
-from worker.distributed import Dist, local_rank
-from worker.failed_step import FailedStep, RequestFault, describe
-from worker.host_to_device import to_device
-from worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs
-from worker.kv_cache import KVCache
-from worker.loader import load_model
-from worker.logprobs import prompt_logprobs, sampled_logprobs
-from worker.memory import host_pool_tokens, kv_pool_sizes
-from worker.penalties import process_logits
-from worker.pending_step import PendingStep, StepClock
-from worker.pooling import plan_pooling, pool_hidden
-from worker.request_state import RequestState
-from worker.sampler import greedy_row, sample
-from worker.spec_verify import (
+from tandem.kernels.ops import resolve_ops
+from tandem.protocol import fault_injection
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.errors import ErrorCode
+from tandem.protocol.gguf_metadata import is_gguf
+from tandem.protocol.messages import Logprobs, ModelRunnerOutput, SampleStep, SchedulerOutput
+from tandem.protocol.model_info import ModelInfo
+from tandem.worker.cpu_step_graph import CpuStepGraph, cpu_graph_applies
+from tandem.worker.decode_graphs import MAX_GRAPH_BATCH, DecodeGraphs, graphs_apply
+from tandem.worker.device import resolve_device, resolve_dtype, resolve_weight_dtype
+from tandem.worker.distributed import Dist, local_rank
+from tandem.worker.failed_step import FailedStep, RequestFault, describe
+from tandem.worker.host_to_device import to_device
+from tandem.worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs
+from tandem.worker.kv_cache import KVCache
+from tandem.worker.loader import load_model
+from tandem.worker.logprobs import prompt_logprobs, sampled_logprobs
+from tandem.worker.memory import host_pool_tokens, kv_pool_sizes
+from tandem.worker.penalties import process_logits
+from tandem.worker.pending_step import PendingStep, StepClock
+from tandem.worker.pooling import plan_pooling, pool_hidden
+from tandem.worker.request_state import RequestState
+from tandem.worker.sampler import greedy_row, sample
+from tandem.worker.spec_verify import (
     propose_drafts,
     record_drafts,
     sample_with_drafts,

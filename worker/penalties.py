@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from worker.host_to_device import to_device
-from worker.request_state import RequestState
+from tandem.worker.host_to_device import to_device
+from tandem.worker.request_state import RequestState
 
 
 def apply_penalties_(

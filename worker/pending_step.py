@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from protocol.messages import Logprobs, ModelRunnerOutput
+from tandem.protocol.messages import Logprobs, ModelRunnerOutput
 
 
 @dataclass

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from protocol.messages import ScheduledReq
-from worker.request_state import RequestState
+from tandem.protocol.messages import ScheduledReq
+from tandem.worker.request_state import RequestState
 
 
 @dataclass

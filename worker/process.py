@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from protocol import fault_injection
-from protocol.child import reporting_startup, start_child
-from protocol.codec import encode, worker_in_decoder
-from protocol.heap_sample import HeapSample
-from protocol.ipc import make_socket
-from protocol.messages import (
+from tandem.protocol import fault_injection
+from tandem.protocol.child import reporting_startup, start_child
+from tandem.protocol.codec import encode, worker_in_decoder
+from tandem.protocol.heap_sample import HeapSample
+from tandem.protocol.ipc import make_socket
+from tandem.protocol.messages import (
     ModelRunnerOutput,
     Ready,
     SampleStep,
@@ -28,17 +28,17 @@ from protocol.messages import (
     WorkerFailure,
     WorkerReady,
 )
-from protocol.model_info import read_model_info
-from protocol.stop_messages import WorkerFailed
-from worker.failed_step import FailedStep, survivable
-from worker.heap_keeper import HeapKeeper
+from tandem.protocol.model_info import read_model_info
+from tandem.protocol.stop_messages import WorkerFailed
+from tandem.worker.failed_step import FailedStep, survivable
+from tandem.worker.heap_keeper import HeapKeeper
 
 # A failed rank waits this long for the launcher's stop (it comes within about a second) before it exits.
 STOP_WAIT_S = 30.0
 
 if TYPE_CHECKING:
-    from worker.distributed import Dist
-    from worker.pending_step import PendingStep
+    from tandem.worker.distributed import Dist
+    from tandem.worker.pending_step import PendingStep
 
 
 class ControlInbox:
@@ -59,18 +59,18 @@ class ControlInbox:
 def run_worker(cfg_bytes: bytes, ep_bytes: bytes, rank: int) -> None:
     cfg, ep, ctx, launcher = start_child(cfg_bytes, ep_bytes)
     with reporting_startup(launcher, f"worker{rank}"):
-        from worker.malloc_tuning import keep_freed_memory
+        from tandem.worker.malloc_tuning import keep_freed_memory
 
         keep_freed_memory()
         import torch
 
-        from kernels.native.cpu_caps import usable_cores
+        from tandem.kernels.native.cpu_caps import usable_cores
 
         # The cores this process may use, shared by this node's ranks: the scheduler, frontend and
         # detokenizer sleep in their polls while the worker computes.
         torch.set_num_threads(cfg.torch_threads or max(1, usable_cores() // (cfg.tp_size // cfg.nnodes)))
-        from worker.distributed import init_distributed
-        from worker.model_runner import ModelRunner
+        from tandem.worker.distributed import init_distributed
+        from tandem.worker.model_runner import ModelRunner
 
         dist = init_distributed(cfg, ep, rank)  # None with tp_size == 1
         info = read_model_info(cfg.model, cfg.max_model_len)

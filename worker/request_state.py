@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from protocol.embed_params import EmbedParams
-from protocol.messages import NewReqData
-from worker.draft_record import DraftRecord
-from worker.host_to_device import to_device
-from worker.sampler import DeviceParams
+from tandem.protocol.embed_params import EmbedParams
+from tandem.protocol.messages import NewReqData
+from tandem.worker.draft_record import DraftRecord
+from tandem.worker.host_to_device import to_device
+from tandem.worker.sampler import DeviceParams
 
 _GOLDEN = 0x9E3779B97F4A7C15
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from protocol.sampling_params import GREEDY_BELOW_TEMPERATURE
+from tandem.protocol.sampling_params import GREEDY_BELOW_TEMPERATURE
 
 # Partial top-k size tried before falling back to a full sort of the vocabulary for top-k / top-p.
 TOP_CANDIDATES = 1024

@@ -15,12 +15,12 @@ from collections.abc import Callable, Sequence
 import msgspec
 import torch
 
-from kernels.ops import Ops
-from protocol.messages import Logprobs, ScheduledReq, SchedulerOutput
-from protocol.sampling_params import GREEDY_BELOW_TEMPERATURE
-from worker.host_to_device import to_device
-from worker.request_state import RequestState
-from worker.sampler import sampling_probs
+from tandem.kernels.ops import Ops
+from tandem.protocol.messages import Logprobs, ScheduledReq, SchedulerOutput
+from tandem.protocol.sampling_params import GREEDY_BELOW_TEMPERATURE
+from tandem.worker.host_to_device import to_device
+from tandem.worker.request_state import RequestState
+from tandem.worker.sampler import sampling_probs
 
 
 def verify(

@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.soak.engine import ServedEngine
-from frontend import AsyncClient, Client
-from frontend.client.engine_process import config_to_argv
-from protocol.engine_config import EngineConfig
-from protocol.errors import TandemError
+from tandem import AsyncClient, Client
+from tandem.benchmarks.soak.engine import ServedEngine
+from tandem.frontend.client.engine_process import config_to_argv
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.errors import TandemError
 
 NAME = "abuse"
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.soak.ledger import Record
-from scheduler.grammar import CACHE_BYTES
+from tandem.benchmarks.soak.ledger import Record
+from tandem.scheduler.grammar import CACHE_BYTES
 
 RSS_TOLERANCE_MB = 16.0
 RSS_TOLERANCE_SHARE = 0.02

@@ -9,13 +9,13 @@ from collections import deque
 
 import psutil
 
-from launch.serve_announcements import wait_for_http
+from tandem.launch.serve_announcements import wait_for_http
 
 
 class ServedEngine:
     def __init__(self, argv: list[str]) -> None:
         """argv: the `tandem serve` flags (model, engine options, --port ...)."""
-        cmd = [sys.executable, "-m", "launch.cli", "serve", *argv]
+        cmd = [sys.executable, "-m", "tandem.launch.cli", "serve", *argv]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.err: deque[str] = deque(maxlen=200)

@@ -11,8 +11,8 @@ from typing import Any
 
 import aiohttp
 
-from benchmarks.soak.kinds import Shape, bad_http, text_prompt
-from benchmarks.soak.ledger import Ledger, Record
+from tandem.benchmarks.soak.kinds import Shape, bad_http, text_prompt
+from tandem.benchmarks.soak.ledger import Ledger, Record
 
 KINDS = (("completion", 3), ("chat_stream", 3), ("stream_left", 2), ("json", 1), ("echo_logprobs", 1), ("bad", 2),
          ("health", 0.5))

@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.errors import ErrorCode
+from tandem.protocol.errors import ErrorCode
 
 WORDS = ("the river stone light window morning paper garden silver engine winter music table orange cloud "
          "letter bridge forest quiet number yellow market simple travel mountain story dinner station").split()

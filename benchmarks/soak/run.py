@@ -20,20 +20,20 @@ from typing import Any
 
 import psutil
 
-from benchmarks.soak.checks import Check, engine_checks, growth_checks, ledger_checks, tpot_check
-from benchmarks.soak.engine import ServedEngine
-from benchmarks.soak.http_traffic import HttpTraffic
-from benchmarks.soak.kinds import CHOICES, SCHEMAS, SLOW_FACTOR, Shape
-from benchmarks.soak.ledger import Ledger
-from benchmarks.soak.plot import plot
-from benchmarks.soak.sampler import Sampler
-from benchmarks.soak.zmq_traffic import ZmqTraffic
-from benchmarks.workload import usable_token_ids
-from frontend import Client
-from frontend.client.engine_process import config_to_argv
-from protocol.engine_config import EngineConfig
-from protocol.errors import ErrorCode, TandemError
-from protocol.model_info import read_model_info
+from tandem import Client
+from tandem.benchmarks.soak.checks import Check, engine_checks, growth_checks, ledger_checks, tpot_check
+from tandem.benchmarks.soak.engine import ServedEngine
+from tandem.benchmarks.soak.http_traffic import HttpTraffic
+from tandem.benchmarks.soak.kinds import CHOICES, SCHEMAS, SLOW_FACTOR, Shape
+from tandem.benchmarks.soak.ledger import Ledger
+from tandem.benchmarks.soak.plot import plot
+from tandem.benchmarks.soak.sampler import Sampler
+from tandem.benchmarks.soak.zmq_traffic import ZmqTraffic
+from tandem.benchmarks.workload import usable_token_ids
+from tandem.frontend.client.engine_process import config_to_argv
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.errors import ErrorCode, TandemError
+from tandem.protocol.model_info import read_model_info
 
 SERVED_NAME = "soak"
 

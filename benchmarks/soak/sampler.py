@@ -12,9 +12,9 @@ import msgspec
 import numpy as np
 import psutil
 
-from benchmarks.soak.engine import ServedEngine
-from benchmarks.soak.ledger import Ledger
-from frontend import Client
+from tandem import Client
+from tandem.benchmarks.soak.engine import ServedEngine
+from tandem.benchmarks.soak.ledger import Ledger
 
 
 def _pct(xs: list[float], q: float) -> float | None:

@@ -11,12 +11,12 @@ from typing import Any
 import msgspec
 import zmq
 
-from benchmarks.soak.kinds import CHOICES, SCHEMAS, Shape, bad_zmq, id_prompt, slow_schema, text_prompt
-from benchmarks.soak.ledger import Ledger, Record
-from frontend import AsyncClient, Client
-from protocol.codec import encode, frontend_decoder
-from protocol.errors import ErrorCode, TandemError
-from protocol.messages import GenerateRequest, RequestError
+from tandem import AsyncClient, Client
+from tandem.benchmarks.soak.kinds import CHOICES, SCHEMAS, Shape, bad_zmq, id_prompt, slow_schema, text_prompt
+from tandem.benchmarks.soak.ledger import Ledger, Record
+from tandem.protocol.codec import encode, frontend_decoder
+from tandem.protocol.errors import ErrorCode, TandemError
+from tandem.protocol.messages import GenerateRequest, RequestError
 
 KINDS = (("generate", 4), ("stream", 3), ("stream_left", 2), ("chat", 1), ("logprobs", 1), ("json", 1),
          ("choice", 1), ("bad", 2), ("bad_grammar", 0.3), ("duplicate_rid", 0.3))

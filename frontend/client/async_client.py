@@ -19,7 +19,7 @@ import msgspec
 import zmq
 from tqdm import tqdm
 
-from frontend.client.connection import (
+from tandem.frontend.client.connection import (
     DeathWatch,
     decode_msg,
     encode_msg,
@@ -27,8 +27,8 @@ from frontend.client.connection import (
     open_dealer,
     release,
 )
-from frontend.client.engine_process import start_engine_process, stop_engine_process
-from frontend.client.request_encoding import (
+from tandem.frontend.client.engine_process import start_engine_process, stop_engine_process
+from tandem.frontend.client.request_encoding import (
     Params,
     Prompt,
     build_embed_request,
@@ -36,13 +36,13 @@ from frontend.client.request_encoding import (
     new_rid,
     params_per_prompt,
 )
-from frontend.client.router import Item, Router
-from frontend.completion import Completion, CompletionDelta, to_delta
-from frontend.embedding import Embedding
-from frontend.reasoning_parser import check_style
-from protocol.embed_params import EmbedParams
-from protocol.errors import EngineDeadError, InvalidRequestError, TandemError
-from protocol.messages import (
+from tandem.frontend.client.router import Item, Router
+from tandem.frontend.completion import Completion, CompletionDelta, to_delta
+from tandem.frontend.embedding import Embedding
+from tandem.frontend.reasoning_parser import check_style
+from tandem.protocol.embed_params import EmbedParams
+from tandem.protocol.errors import EngineDeadError, InvalidRequestError, TandemError
+from tandem.protocol.messages import (
     AbortRequest,
     CloseSession,
     EmbeddingOutput,
@@ -53,10 +53,10 @@ from protocol.messages import (
     SessionReply,
     StatsRequest,
 )
-from protocol.stop_messages import DrainRequest
+from tandem.protocol.stop_messages import DrainRequest
 
 if TYPE_CHECKING:
-    from frontend.client.session import AsyncSession
+    from tandem.frontend.client.session import AsyncSession
 
 log = logging.getLogger("tandem.client")
 
@@ -177,7 +177,7 @@ class AsyncClient:
         """A session: requests through it continue a turn's full context from the KV the engine holds
         for it (up to capacity_tokens), until it is closed or idle for timeout_s. Use it as a context
         manager to close it."""
-        from frontend.client.session import AsyncSession
+        from tandem.frontend.client.session import AsyncSession
 
         rid = new_rid()
         reply = await self._query(rid, OpenSession(rid, capacity_tokens, timeout_s))

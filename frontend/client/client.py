@@ -17,15 +17,15 @@ import weakref
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
-from frontend.client.async_client import CLOSED, SESSION_TIMEOUT_S, AsyncClient
-from frontend.client.engine_process import start_engine_process
-from frontend.client.request_encoding import Params, Prompt
-from frontend.client.session import Session
-from frontend.completion import Completion, CompletionDelta
-from frontend.embedding import Embedding
-from frontend.reasoning_parser import check_style
-from protocol.errors import EngineDeadError
-from protocol.messages import EngineStats, SessionParams
+from tandem.frontend.client.async_client import CLOSED, SESSION_TIMEOUT_S, AsyncClient
+from tandem.frontend.client.engine_process import start_engine_process
+from tandem.frontend.client.request_encoding import Params, Prompt
+from tandem.frontend.client.session import Session
+from tandem.frontend.completion import Completion, CompletionDelta
+from tandem.frontend.embedding import Embedding
+from tandem.frontend.reasoning_parser import check_style
+from tandem.protocol.errors import EngineDeadError
+from tandem.protocol.messages import EngineStats, SessionParams
 
 T = TypeVar("T")
 

@@ -10,8 +10,8 @@ import subprocess
 import zmq
 import zmq.utils.monitor
 
-from protocol.codec import encode, frontend_decoder
-from protocol.messages import ClientMsg, FrontendMsg
+from tandem.protocol.codec import encode, frontend_decoder
+from tandem.protocol.messages import ClientMsg, FrontendMsg
 
 _DEAD_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED | zmq.EVENT_MONITOR_STOPPED
 # The client's I/O loop reads whatever arrives; this only bounds what a stalled client process buffers

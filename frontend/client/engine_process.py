@@ -13,9 +13,9 @@ import sys
 import threading
 from collections import deque
 
-from protocol.codec import launcher_decoder
-from protocol.engine_config import EngineConfig
-from protocol.messages import Ready
+from tandem.protocol.codec import launcher_decoder
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.messages import Ready
 
 _owners: dict[int, socket.socket] = {}  # engine pid -> our end of its owner socket, held while we own it
 
@@ -36,7 +36,7 @@ def start_engine_process(model: str, **options: object) -> tuple[subprocess.Pope
     cfg = EngineConfig.from_options(model, **options)  # unknown options fail here, in the caller
     ours, theirs = socket.socketpair()
     # The client talks ZMQ: no HTTP server (it would also contend for the default port).
-    cmd = [sys.executable, "-m", "launch.cli", "serve", *config_to_argv(cfg), "--no-http",
+    cmd = [sys.executable, "-m", "tandem.launch.cli", "serve", *config_to_argv(cfg), "--no-http",
            "--owner-fd", str(theirs.fileno())]
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

@@ -7,10 +7,10 @@ from typing import Any
 
 import msgspec
 
-from protocol.embed_params import EmbedParams
-from protocol.errors import ErrorCode, InvalidRequestError
-from protocol.messages import ChatMessage, EmbedRequest, GenerateRequest, SessionParams
-from protocol.sampling_params import SamplingParams
+from tandem.protocol.embed_params import EmbedParams
+from tandem.protocol.errors import ErrorCode, InvalidRequestError
+from tandem.protocol.messages import ChatMessage, EmbedRequest, GenerateRequest, SessionParams
+from tandem.protocol.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]] | Sequence[ChatMessage]
 Params = SamplingParams | Mapping[str, Any] | None

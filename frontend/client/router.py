@@ -9,8 +9,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from protocol.errors import EngineDeadError, ErrorCode, InvalidRequestError, TandemError, error_from_code
-from protocol.messages import (
+from tandem.protocol.errors import (
+    EngineDeadError,
+    ErrorCode,
+    InvalidRequestError,
+    TandemError,
+    error_from_code,
+)
+from tandem.protocol.messages import (
     EmbeddingBatch,
     EmbeddingOutput,
     EngineStats,

@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
 
-from frontend.client.request_encoding import Params, Prompt
-from frontend.completion import Completion, CompletionDelta
-from protocol.messages import SessionParams
+from tandem.frontend.client.request_encoding import Params, Prompt
+from tandem.frontend.completion import Completion, CompletionDelta
+from tandem.protocol.messages import SessionParams
 
 if TYPE_CHECKING:
-    from frontend.client.async_client import AsyncClient
-    from frontend.client.client import Client
+    from tandem.frontend.client.async_client import AsyncClient
+    from tandem.frontend.client.client import Client
 
 
 class AsyncSession:

@@ -15,9 +15,9 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from frontend.completion import CompletionDelta
-from frontend.http.anthropic_output import MessageBuilder
-from frontend.http.anthropic_schema import (
+from tandem.frontend.completion import CompletionDelta
+from tandem.frontend.http.anthropic_output import MessageBuilder
+from tandem.frontend.http.anthropic_schema import (
     CountTokensRequest,
     MessagesRequest,
     TextBlock,
@@ -25,15 +25,15 @@ from frontend.http.anthropic_schema import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from frontend.http.chat import ToolSetup, render_chat
-from frontend.http.choices import ChoiceRun
-from frontend.http.errors import APIError, anthropic_error_body
-from frontend.http.reply import ReplyParser
-from frontend.http.sampling import with_tools
-from frontend.http.schemas import ChatMessage, FunctionCall, FunctionDef, ToolCall
-from frontend.http.state import ServerState
-from frontend.http.streaming import sse, stream_response, until_disconnect
-from frontend.http.usage import Usage
+from tandem.frontend.http.chat import ToolSetup, render_chat
+from tandem.frontend.http.choices import ChoiceRun
+from tandem.frontend.http.errors import APIError, anthropic_error_body
+from tandem.frontend.http.reply import ReplyParser
+from tandem.frontend.http.sampling import with_tools
+from tandem.frontend.http.schemas import ChatMessage, FunctionCall, FunctionDef, ToolCall
+from tandem.frontend.http.state import ServerState
+from tandem.frontend.http.streaming import sse, stream_response, until_disconnect
+from tandem.frontend.http.usage import Usage
 
 
 def _joined(content: str | list[TextBlock]) -> str:

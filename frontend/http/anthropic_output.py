@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from frontend.http.reply import ReplyDelta
+from tandem.frontend.http.reply import ReplyDelta
 
 Event = dict[str, Any]
 _DELTA = {"thinking": ("thinking_delta", "thinking"), "text": ("text_delta", "text")}

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag
 
-from frontend.http.schemas import Body
+from tandem.frontend.http.schemas import Body
 
 CacheControl = dict[str, Any] | None
 

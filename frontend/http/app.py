@@ -9,25 +9,25 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from frontend.http import errors
-from frontend.http.anthropic_messages import count_message_tokens, create_message
-from frontend.http.anthropic_schema import CountTokensRequest, MessagesRequest
-from frontend.http.chat import render_chat
-from frontend.http.chat_completions import create_chat_completion
-from frontend.http.completions import create_completion
-from frontend.http.embeddings import EmbeddingRequest, create_embedding
-from frontend.http.responses import create_response, stored_response
-from frontend.http.responses_schema import ResponsesRequest
-from frontend.http.schemas import (
+from tandem.frontend.http import errors
+from tandem.frontend.http.anthropic_messages import count_message_tokens, create_message
+from tandem.frontend.http.anthropic_schema import CountTokensRequest, MessagesRequest
+from tandem.frontend.http.chat import render_chat
+from tandem.frontend.http.chat_completions import create_chat_completion
+from tandem.frontend.http.completions import create_completion
+from tandem.frontend.http.embeddings import EmbeddingRequest, create_embedding
+from tandem.frontend.http.responses import create_response, stored_response
+from tandem.frontend.http.responses_schema import ResponsesRequest
+from tandem.frontend.http.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from frontend.http.sessions import add_session_routes
-from frontend.http.state import ServerState
-from frontend.prompt_tokens import encode_text
-from protocol.errors import TandemError
+from tandem.frontend.http.sessions import add_session_routes
+from tandem.frontend.http.state import ServerState
+from tandem.frontend.prompt_tokens import encode_text
+from tandem.protocol.errors import TandemError
 
 HEALTH_TIMEOUT_S = 5.0
 

@@ -11,11 +11,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from frontend import prompt_tokens
-from frontend.http.errors import APIError
-from frontend.http.schemas import ChatCompletionRequest, ChatMessage, FunctionDef, NamedToolChoice
-from frontend.http.tool_calls import ToolCallParser
-from protocol.errors import InvalidRequestError
+from tandem.frontend import prompt_tokens
+from tandem.frontend.http.errors import APIError
+from tandem.frontend.http.schemas import ChatCompletionRequest, ChatMessage, FunctionDef, NamedToolChoice
+from tandem.frontend.http.tool_calls import ToolCallParser
+from tandem.protocol.errors import InvalidRequestError
 
 
 def _text(m: ChatMessage) -> str:

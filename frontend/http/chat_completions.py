@@ -12,17 +12,17 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from frontend.completion import CompletionDelta
-from frontend.http.chat import chat_tools, render_chat
-from frontend.http.choices import ChoiceRun
-from frontend.http.logprobs import chat_logprobs
-from frontend.http.reply import ReplyDelta, ReplyParser
-from frontend.http.sampling import chat_params, per_choice
-from frontend.http.schemas import ChatCompletionRequest
-from frontend.http.sessions import session_of
-from frontend.http.state import ServerState
-from frontend.http.streaming import sse, stream_response, until_disconnect
-from frontend.http.usage import Usage
+from tandem.frontend.completion import CompletionDelta
+from tandem.frontend.http.chat import chat_tools, render_chat
+from tandem.frontend.http.choices import ChoiceRun
+from tandem.frontend.http.logprobs import chat_logprobs
+from tandem.frontend.http.reply import ReplyDelta, ReplyParser
+from tandem.frontend.http.sampling import chat_params, per_choice
+from tandem.frontend.http.schemas import ChatCompletionRequest
+from tandem.frontend.http.sessions import session_of
+from tandem.frontend.http.state import ServerState
+from tandem.frontend.http.streaming import sse, stream_response, until_disconnect
+from tandem.frontend.http.usage import Usage
 
 
 class _Choice:

@@ -14,12 +14,12 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from frontend.client.async_client import AsyncClient
-from frontend.client.request_encoding import Prompt
-from frontend.completion import CompletionDelta
-from frontend.http.metrics import Metrics
-from protocol.errors import ErrorCode, RequestFailedError, TandemError
-from protocol.messages import SessionParams
+from tandem.frontend.client.async_client import AsyncClient
+from tandem.frontend.client.request_encoding import Prompt
+from tandem.frontend.completion import CompletionDelta
+from tandem.frontend.http.metrics import Metrics
+from tandem.protocol.errors import ErrorCode, RequestFailedError, TandemError
+from tandem.protocol.messages import SessionParams
 
 MAX_UNREAD_OUTPUTS = 1024  # per HTTP request, all its choices together
 

@@ -8,16 +8,16 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from frontend.completion import CompletionDelta
-from frontend.http.choices import ChoiceRun
-from frontend.http.logprobs import CompletionLogprobs
-from frontend.http.sampling import completion_params, per_choice
-from frontend.http.schemas import CompletionRequest
-from frontend.http.sessions import session_of
-from frontend.http.state import ServerState
-from frontend.http.streaming import sse, stream_response, until_disconnect
-from frontend.http.usage import Usage
-from frontend.prompt_tokens import encode_text
+from tandem.frontend.completion import CompletionDelta
+from tandem.frontend.http.choices import ChoiceRun
+from tandem.frontend.http.logprobs import CompletionLogprobs
+from tandem.frontend.http.sampling import completion_params, per_choice
+from tandem.frontend.http.schemas import CompletionRequest
+from tandem.frontend.http.sessions import session_of
+from tandem.frontend.http.state import ServerState
+from tandem.frontend.http.streaming import sse, stream_response, until_disconnect
+from tandem.frontend.http.usage import Usage
+from tandem.frontend.prompt_tokens import encode_text
 
 
 def _prompts(st: ServerState, body: CompletionRequest) -> tuple[list[str | None], list[list[int]]]:

@@ -7,11 +7,11 @@ from typing import Annotated, Literal
 from fastapi import Request
 from pydantic import Field
 
-from frontend.http.errors import APIError
-from frontend.http.schemas import Body
-from frontend.http.state import ServerState
-from frontend.http.streaming import until_disconnect
-from protocol.errors import ErrorCode, InvalidRequestError
+from tandem.frontend.http.errors import APIError
+from tandem.frontend.http.schemas import Body
+from tandem.frontend.http.state import ServerState
+from tandem.frontend.http.streaming import until_disconnect
+from tandem.protocol.errors import ErrorCode, InvalidRequestError
 
 MAX_INPUTS = 2048  # OpenAI's limit per request
 

@@ -8,8 +8,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from protocol.errors import EngineDeadError, ErrorCode, InvalidRequestError, OverloadedError, TandemError
-from protocol.messages import EngineStats
+from tandem.protocol.errors import (
+    EngineDeadError,
+    ErrorCode,
+    InvalidRequestError,
+    OverloadedError,
+    TandemError,
+)
+from tandem.protocol.messages import EngineStats
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           413: "invalid_request_error", 503: "service_unavailable", 500: "internal_error"}

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from frontend.http.errors import APIError
-from protocol.errors import ErrorCode
+from tandem.frontend.http.errors import APIError
+from tandem.protocol.errors import ErrorCode
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -1,8 +1,8 @@
 """Logprobs in OpenAI's two shapes: completions (columns of tokens) and chat (a list of entries)."""
 from __future__ import annotations
 
-from frontend.http.state import ServerState
-from protocol.messages import Logprobs
+from tandem.frontend.http.state import ServerState
+from tandem.protocol.messages import Logprobs
 
 
 def chat_logprobs(st: ServerState, lp: Logprobs) -> list[dict]:

@@ -10,9 +10,9 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from frontend.completion import CompletionDelta
-from protocol.final_info import HasFinal
-from protocol.messages import EngineLoad
+from tandem.frontend.completion import CompletionDelta
+from tandem.protocol.final_info import HasFinal
+from tandem.protocol.messages import EngineLoad
 
 _LATENCY = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
             20.0, 40.0, 80.0)

@@ -9,10 +9,10 @@ import os
 import signal
 import socket
 
-from protocol.child import reporting_startup, start_child
-from protocol.codec import encode
-from protocol.messages import Ready
-from protocol.serve_config import ServeConfig
+from tandem.protocol.child import reporting_startup, start_child
+from tandem.protocol.codec import encode
+from tandem.protocol.messages import Ready
+from tandem.protocol.serve_config import ServeConfig
 
 GRACEFUL_SHUTDOWN_S = 2
 
@@ -25,15 +25,15 @@ def run_http(cfg_bytes: bytes, ep_bytes: bytes, serve_bytes: bytes) -> None:
         import uvicorn
         import uvloop
 
-        from frontend.client.async_client import AsyncClient
-        from frontend.http.app import create_app
-        from frontend.http.limits import DoorLimits
-        from frontend.http.metrics import Metrics
-        from frontend.http.response_store import ResponseStore
-        from frontend.http.state import ServerState
-        from frontend.reasoning_parser import template_style
-        from protocol.model_info import read_model_info
-        from protocol.tokenizer_loader import load_tokenizer
+        from tandem.frontend.client.async_client import AsyncClient
+        from tandem.frontend.http.app import create_app
+        from tandem.frontend.http.limits import DoorLimits
+        from tandem.frontend.http.metrics import Metrics
+        from tandem.frontend.http.response_store import ResponseStore
+        from tandem.frontend.http.state import ServerState
+        from tandem.frontend.reasoning_parser import template_style
+        from tandem.protocol.model_info import read_model_info
+        from tandem.protocol.tokenizer_loader import load_tokenizer
 
         tokenizer = load_tokenizer(model)
         info = read_model_info(model, cfg.max_model_len)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from frontend.completion import CompletionDelta
-from frontend.http.tool_calls import ToolCall, ToolCallParser
-from frontend.reasoning_parser import ReasoningParser
-from protocol.final_info import FinalInfo
+from tandem.frontend.completion import CompletionDelta
+from tandem.frontend.http.tool_calls import ToolCall, ToolCallParser
+from tandem.frontend.reasoning_parser import ReasoningParser
+from tandem.protocol.final_info import FinalInfo
 
 
 @dataclass

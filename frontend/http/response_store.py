@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from frontend.http.schemas import ChatMessage
+from tandem.frontend.http.schemas import ChatMessage
 
 DEFAULT_CAPACITY = 256
 

@@ -14,14 +14,14 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from frontend.completion import CompletionDelta
-from frontend.http.chat import ToolSetup, render_chat
-from frontend.http.choices import ChoiceRun
-from frontend.http.errors import APIError
-from frontend.http.reply import ReplyParser
-from frontend.http.response_store import StoredResponse
-from frontend.http.responses_output import ResponseBuilder
-from frontend.http.responses_schema import (
+from tandem.frontend.completion import CompletionDelta
+from tandem.frontend.http.chat import ToolSetup, render_chat
+from tandem.frontend.http.choices import ChoiceRun
+from tandem.frontend.http.errors import APIError
+from tandem.frontend.http.reply import ReplyParser
+from tandem.frontend.http.response_store import StoredResponse
+from tandem.frontend.http.responses_output import ResponseBuilder
+from tandem.frontend.http.responses_schema import (
     FunctionCallItem,
     FunctionCallOutputItem,
     InputText,
@@ -29,11 +29,11 @@ from frontend.http.responses_schema import (
     NamedFunctionChoice,
     ResponsesRequest,
 )
-from frontend.http.sampling import with_tools
-from frontend.http.schemas import ChatMessage, FunctionCall, FunctionDef, ToolCall
-from frontend.http.state import ServerState
-from frontend.http.streaming import sse, stream_response, until_disconnect
-from frontend.http.usage import Usage
+from tandem.frontend.http.sampling import with_tools
+from tandem.frontend.http.schemas import ChatMessage, FunctionCall, FunctionDef, ToolCall
+from tandem.frontend.http.state import ServerState
+from tandem.frontend.http.streaming import sse, stream_response, until_disconnect
+from tandem.frontend.http.usage import Usage
 
 
 def _text(content: str | list[InputText]) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from frontend.http.reply import ReplyDelta, ReplyParser
+from tandem.frontend.http.reply import ReplyDelta, ReplyParser
 
 Event = dict[str, Any]
 

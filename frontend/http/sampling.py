@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from frontend.http.chat import ToolSetup, chat_tools
-from frontend.http.errors import APIError
-from frontend.http.schemas import ChatCompletionRequest, CompletionRequest, SamplingBody
+from tandem.frontend.http.chat import ToolSetup, chat_tools
+from tandem.frontend.http.errors import APIError
+from tandem.frontend.http.schemas import ChatCompletionRequest, CompletionRequest, SamplingBody
 
 
 def _common(body: SamplingBody) -> dict[str, Any]:

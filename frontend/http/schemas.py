@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from protocol.sampling_params import MAX_LOGPROBS
+from tandem.protocol.sampling_params import MAX_LOGPROBS
 
 # SGLang's extensions at their defaults: sent by sglang-router, meaning "not asked for".
 _UNASKED = {"no_stop_trim": False, "skip_special_tokens": True, "return_hidden_states": False,

@@ -7,11 +7,11 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from frontend.client.async_client import SESSION_TIMEOUT_S
-from frontend.http.errors import APIError
-from frontend.http.schemas import CloseSessionRequest, OpenSessionRequest, SamplingBody
-from frontend.http.state import ServerState
-from protocol.messages import SessionParams
+from tandem.frontend.client.async_client import SESSION_TIMEOUT_S
+from tandem.frontend.http.errors import APIError
+from tandem.frontend.http.schemas import CloseSessionRequest, OpenSessionRequest, SamplingBody
+from tandem.frontend.http.state import ServerState
+from tandem.protocol.messages import SessionParams
 
 
 def session_of(body: SamplingBody, num_requests: int) -> SessionParams | None:

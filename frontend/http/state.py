@@ -9,12 +9,12 @@ from typing import Any
 
 from fastapi import Request
 
-from frontend.client.async_client import AsyncClient
-from frontend.http.errors import APIError
-from frontend.http.metrics import Metrics
-from frontend.http.response_store import ResponseStore
-from frontend.reasoning_parser import ReasoningParser, opens_reasoning
-from protocol.model_info import ModelInfo
+from tandem.frontend.client.async_client import AsyncClient
+from tandem.frontend.http.errors import APIError
+from tandem.frontend.http.metrics import Metrics
+from tandem.frontend.http.response_store import ResponseStore
+from tandem.frontend.reasoning_parser import ReasoningParser, opens_reasoning
+from tandem.protocol.model_info import ModelInfo
 
 PROMPT_TAIL = 32  # tokens of the prompt's end that show whether the template opened a think block
 

@@ -9,10 +9,10 @@ from typing import TypeVar
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from frontend.completion import CompletionDelta
-from frontend.http.choices import ChoiceRun
-from frontend.http.errors import APIError, from_engine
-from protocol.errors import TandemError
+from tandem.frontend.completion import CompletionDelta
+from tandem.frontend.http.choices import ChoiceRun
+from tandem.frontend.http.errors import APIError, from_engine
+from tandem.protocol.errors import TandemError
 
 T = TypeVar("T")
 DONE = b"data: [DONE]\n\n"

@@ -1,7 +1,7 @@
 """The `usage` object: the prompt counted once per prompt (not per choice), every choice's outputs."""
 from __future__ import annotations
 
-from frontend.completion import CompletionDelta
+from tandem.frontend.completion import CompletionDelta
 
 
 class Usage:

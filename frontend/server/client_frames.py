@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from protocol.codec import Decoder, client_decoder
-from protocol.errors import ErrorCode
-from protocol.messages import ClientMsg
+from tandem.protocol.codec import Decoder, client_decoder
+from tandem.protocol.errors import ErrorCode
+from tandem.protocol.messages import ClientMsg
 
 MAX_RID_LEN = 256
 

@@ -13,19 +13,19 @@ from collections import defaultdict
 
 import zmq
 
-from frontend.server.client_frames import BadFrames, ClientFrames
-from frontend.server.validation import (
+from tandem.frontend.server.client_frames import BadFrames, ClientFrames
+from tandem.frontend.server.validation import (
     check_embed,
     check_prompt,
     decode_embed_params,
     decode_params,
     tokenize_prompt,
 )
-from protocol.child import reporting_startup, start_child
-from protocol.codec import encode, frontend_in_decoder
-from protocol.errors import ErrorCode, InvalidRequestError
-from protocol.ipc import make_socket
-from protocol.messages import (
+from tandem.protocol.child import reporting_startup, start_child
+from tandem.protocol.codec import encode, frontend_in_decoder
+from tandem.protocol.errors import ErrorCode, InvalidRequestError
+from tandem.protocol.ipc import make_socket
+from tandem.protocol.messages import (
     AbortReq,
     AbortRequest,
     ClientMsg,
@@ -44,10 +44,10 @@ from protocol.messages import (
     StatsRequest,
     TokenizedRequest,
 )
-from protocol.model_info import read_model_info
-from protocol.sampling_params import SamplingParams
-from protocol.stop_messages import Drain, Drained, DrainRequest, DrainRequested
-from protocol.tokenizer_loader import load_tokenizer
+from tandem.protocol.model_info import read_model_info
+from tandem.protocol.sampling_params import SamplingParams
+from tandem.protocol.stop_messages import Drain, Drained, DrainRequest, DrainRequested
+from tandem.protocol.tokenizer_loader import load_tokenizer
 
 log = logging.getLogger("tandem.frontend")
 

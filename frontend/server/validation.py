@@ -5,12 +5,12 @@ from typing import Any
 
 import msgspec
 
-from frontend.prompt_tokens import encode_text, render_chat
-from protocol.embed_params import EmbedParams
-from protocol.errors import ErrorCode, InvalidRequestError
-from protocol.messages import EmbedRequest, GenerateRequest
-from protocol.model_info import ModelInfo
-from protocol.sampling_params import SamplingParams
+from tandem.frontend.prompt_tokens import encode_text, render_chat
+from tandem.protocol.embed_params import EmbedParams
+from tandem.protocol.errors import ErrorCode, InvalidRequestError
+from tandem.protocol.messages import EmbedRequest, GenerateRequest
+from tandem.protocol.model_info import ModelInfo
+from tandem.protocol.sampling_params import SamplingParams
 
 _params_decoder = msgspec.msgpack.Decoder(SamplingParams)
 _embed_decoder = msgspec.msgpack.Decoder(EmbedParams)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.native import build as native_build
+from tandem.kernels.native import build as native_build
 
 SOURCE = Path(__file__).parents[1] / "csrc" / "argmax.c"
 

@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from kernels.native.cpu_caps import cpu_caps
+from tandem.kernels.native.cpu_caps import cpu_caps
 
 log = logging.getLogger(__name__)
 

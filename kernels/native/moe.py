@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from kernels.native import build as native_build
-from kernels.native.quant_pack import PANEL, QuantWeight
-from kernels.native.quant_pack import dequantize as dequantize_blocks
+from tandem.kernels.native import build as native_build
+from tandem.kernels.native.quant_pack import PANEL, QuantWeight
+from tandem.kernels.native.quant_pack import dequantize as dequantize_blocks
 
 SOURCE = Path(__file__).parents[1] / "csrc" / "moe.c"
 F32_KIND = 100  # float32 panels (moe.c's KIND_F32)

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from kernels.native import build as native_build
-from kernels.workspace import WORKSPACE
+from tandem.kernels.native import build as native_build
+from tandem.kernels.workspace import WORKSPACE
 
 SOURCE = Path(__file__).parents[1] / "csrc" / "paged_attention.c"
 # Below this many key reads per call (key-query pairs x KV heads), one thread: waking another costs more

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from kernels.native import build as native_build
-from kernels.native.quant_pack import GGUF_BLOCKS, QuantRows, QuantWeight, dense, dequantize, pack
+from tandem.kernels.native import build as native_build
+from tandem.kernels.native.quant_pack import GGUF_BLOCKS, QuantRows, QuantWeight, dense, dequantize, pack
 
 __all__ = ["DENSE_MAX_ROWS", "GGUF_BLOCKS", "QuantRows", "QuantWeight", "available", "build", "dense",
            "dense_takes", "dequantize", "pack", "quant_linear"]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from kernels.native import argmax, moe, norm_act, paged_attention, quant_linear, rotary
-from kernels.native import build as native_build
+from tandem.kernels.native import argmax, moe, norm_act, paged_attention, quant_linear, rotary
+from tandem.kernels.native import build as native_build
 
 SOURCE = Path(__file__).parents[1] / "csrc" / "step_graph.c"
 NODE_ARGS = 24  # as in the .c file: each node is its kind then NODE_ARGS int64 arguments

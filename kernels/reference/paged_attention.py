@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from kernels.workspace import WORKSPACE
+from tandem.kernels.workspace import WORKSPACE
 
 # Gathered K+V per decode chunk: well inside a server L3, so SDPA re-reads it from cache, not DRAM.
 DECODE_CHUNK_BYTES = 8 << 20

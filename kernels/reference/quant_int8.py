@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels.native.quant_pack import KBLK, OFFSETS, QuantRows, QuantWeight, unpack
+from tandem.kernels.native.quant_pack import KBLK, OFFSETS, QuantRows, QuantWeight, unpack
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from kernels.reference.bitmask import check_bitmask
+from tandem.kernels.reference.bitmask import check_bitmask
 
 BLOCK = 1024  # vocab entries per program; a 150k vocab is ~150 programs per row
 

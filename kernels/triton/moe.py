@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from kernels.reference.moe import sort_by_expert
-from kernels.reference.norm_act import silu_mul_ref
+from tandem.kernels.reference.moe import sort_by_expert
+from tandem.kernels.reference.norm_act import silu_mul_ref
 
 BLOCK_M = 16  # pairs per program (tl.dot's least tile side): decode batches route few tokens to an expert
 BLOCK_N = 64

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from kernels.ops import Ops, resolve_ops
+from tandem.kernels.ops import Ops, resolve_ops
 
 # The switches resolve_ops reads, in every combination that can pick another implementation.
 _SWITCHES = {

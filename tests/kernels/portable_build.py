@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels.native import build as native_build
+from tandem.kernels.native import build as native_build
 
 x86_only = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the SIMD path is x86's AVX2")
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.native import argmax as native_argmax
-from kernels.native.argmax import argmax
+from tandem.kernels.native import argmax as native_argmax
+from tandem.kernels.native.argmax import argmax
 
 pytestmark = pytest.mark.skipif(not native_argmax.available(), reason="needs a C compiler for the CPU kernels")
 

@@ -10,11 +10,11 @@ import random
 import pytest
 import torch
 
-from kernels.reference.paged_attention import paged_attention_ref
+from tandem.kernels.reference.paged_attention import paged_attention_ref
+from tandem.worker.attention_backend import AttentionBackend, CpuBackend, select_attention_backend
+from tandem.worker.forward_batch import ForwardBatch
+from tandem.worker.kv_cache import KVCache
 from tests.kernels.ops_variants import ops_variants
-from worker.attention_backend import AttentionBackend, CpuBackend, select_attention_backend
-from worker.forward_batch import ForwardBatch
-from worker.kv_cache import KVCache
 
 HKV, D, SLOTS, ROWS, CTX = 2, 16, 4096, 10, 400
 # Per backend: how close to the reference (which gathers every key) it must come in float32.

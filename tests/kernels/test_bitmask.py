@@ -7,8 +7,8 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from kernels.reference.bitmask import apply_bitmask_ref
-from kernels.triton.bitmask import apply_bitmask_triton
+from tandem.kernels.reference.bitmask import apply_bitmask_ref
+from tandem.kernels.triton.bitmask import apply_bitmask_triton
 from tests.kernels.ops_variants import cpu_triton, ops_variants
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.native.cpu_caps import cpu_caps, parse_cpuinfo
-from kernels.ops import resolve_ops
-from protocol.engine_config import EngineConfig
-from worker.attention_backend import select_attention_backend
-from worker.device import resolve_dtype, resolve_weight_dtype
+from tandem.kernels.native.cpu_caps import cpu_caps, parse_cpuinfo
+from tandem.kernels.ops import resolve_ops
+from tandem.protocol.engine_config import EngineConfig
+from tandem.worker.attention_backend import select_attention_backend
+from tandem.worker.device import resolve_dtype, resolve_weight_dtype
 
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel

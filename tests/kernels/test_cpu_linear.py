@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.native import quant_linear as native_linear
-from kernels.native.quant_linear import DENSE_MAX_ROWS
-from worker.layers import ColumnParallelLinear, RowParallelLinear, VocabEmbedding
-from worker.layers.cpu_linear import pack_weight, packable, packed_linear
+from tandem.kernels.native import quant_linear as native_linear
+from tandem.kernels.native.quant_linear import DENSE_MAX_ROWS
+from tandem.worker.layers import ColumnParallelLinear, RowParallelLinear, VocabEmbedding
+from tandem.worker.layers.cpu_linear import pack_weight, packable, packed_linear
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
@@ -105,12 +105,12 @@ def test_float_weights_serve_the_c_kernel_and_torch_from_one_tensor(weights: tor
 def test_ops_without_the_c_kernels_keep_float_layers_on_onednn(monkeypatch, tiny_model) -> None:
     """TANDEM_NO_NATIVE=1 (the worker's ops run no C kernel): a float model's float32 layers pack for oneDNN,
     bf16 weights stay plain for torch's products, and the CPU step graph does not apply."""
-    from kernels.ops import resolve_ops
-    from protocol.engine_config import EngineConfig
+    from tandem.kernels.ops import resolve_ops
+    from tandem.protocol.engine_config import EngineConfig
+    from tandem.worker.cpu_step_graph import cpu_graph_applies
+    from tandem.worker.layers.linear import PackableLinear
+    from tandem.worker.loader import load_model
     from tests.kv_pool import Pool
-    from worker.cpu_step_graph import cpu_graph_applies
-    from worker.layers.linear import PackableLinear
-    from worker.loader import load_model
 
     monkeypatch.setenv("TANDEM_NO_NATIVE", "1")
     ops = resolve_ops("cpu", torch.float32, "cpu")

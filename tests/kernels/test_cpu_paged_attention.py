@@ -8,21 +8,21 @@ import ctypes
 import pytest
 import torch
 
-from kernels.native import build as native_build
-from kernels.native import paged_attention as cpu_paged_attention
-from kernels.native.paged_attention import (
+from tandem.kernels.native import build as native_build
+from tandem.kernels.native import paged_attention as cpu_paged_attention
+from tandem.kernels.native.paged_attention import (
     build,
     paged_attention,
     paged_attention_cpu,
     plan_cpu_attention,
 )
-from kernels.ops import resolve_ops
-from kernels.reference.paged_attention import build_attention_plan, paged_attention_ref
+from tandem.kernels.ops import resolve_ops
+from tandem.kernels.reference.paged_attention import build_attention_plan, paged_attention_ref
+from tandem.worker.attention_backend import CpuPlan, select_attention_backend
+from tandem.worker.forward_batch import ForwardBatch
 from tests.kernels.portable_build import march_build, portable_build, x86_only
 from tests.kernels.test_paged_attention import make_case, naive
 from tests.kv_pool import Pool
-from worker.attention_backend import CpuPlan, select_attention_backend
-from worker.forward_batch import ForwardBatch
 
 HAS_CC = native_build.find_compiler() is not None
 

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.native import paged_attention, step_graph
-from kernels.ops import resolve_ops
-from protocol import SamplingParams
-from protocol.engine_config import EngineConfig
-from protocol.model_info import read_model_info
+from tandem import SamplingParams
+from tandem.kernels.native import paged_attention, step_graph
+from tandem.kernels.ops import resolve_ops
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.model_info import read_model_info
+from tandem.worker.cpu_step_graph import CpuStepGraph, cpu_graph_applies
+from tandem.worker.loader import load_model
+from tandem.worker.model_runner import ModelRunner
 from tests.gguf_files import write_gguf
 from tests.kv_pool import Pool
 from tests.step_loop import generate
-from worker.cpu_step_graph import CpuStepGraph, cpu_graph_applies
-from worker.loader import load_model
-from worker.model_runner import ModelRunner
 
 pytestmark = pytest.mark.skipif(not step_graph.available(), reason="needs a C compiler for the CPU kernels")
 
@@ -262,7 +262,7 @@ def test_greedy_steps_take_the_replays_argmax(gguf_model, tiny_model, arch: str,
     """All-greedy decode steps through the graph take their tokens from its argmax node (the sampler is not
     called for them) and give the eager tokens; Gemma's softcapped logits go through the sampler; float
     directories at `--dtype auto` (bf16 weights where the CPU has bf16 matmuls) step through the graph too."""
-    import worker.model_runner as mr
+    import tandem.worker.model_runner as mr
 
     path = str(gguf_model(arch) if source == "gguf" else tiny_model(arch))
     g = torch.Generator().manual_seed(7)

@@ -7,18 +7,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.ops import resolve_ops
-from protocol import SamplingParams
-from protocol.engine_config import EngineConfig
-from protocol.model_info import read_model_info
+from tandem import SamplingParams
+from tandem.kernels.ops import resolve_ops
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.model_info import read_model_info
+from tandem.worker.attention_backend import select_attention_backend
+from tandem.worker.decode_graphs import DecodeGraphs, decode_buckets, graphs_apply
+from tandem.worker.forward_batch import ForwardBatch
+from tandem.worker.loader import load_model
+from tandem.worker.model_runner import ModelRunner
 from tests.kernels.ops_variants import cpu_triton
 from tests.kv_pool import Pool
 from tests.step_loop import generate
-from worker.attention_backend import select_attention_backend
-from worker.decode_graphs import DecodeGraphs, decode_buckets, graphs_apply
-from worker.forward_batch import ForwardBatch
-from worker.loader import load_model
-from worker.model_runner import ModelRunner
 
 
 @pytest.mark.parametrize("max_batch", [1, 2, 3, 8, 9, 16, 17, 100, 256])

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.native import quant_linear as cpu_quant_linear
-from kernels.native.quant_linear import dense, dequantize, quant_linear
+from tandem.kernels.native import quant_linear as cpu_quant_linear
+from tandem.kernels.native.quant_linear import dense, dequantize, quant_linear
 from tests.kernels.portable_build import march_build, portable_build, x86_only
 from tests.kernels.test_cpu_paged_attention import needs_cc
 from tests.kernels.test_quant_linear import _fma_chain

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from protocol import SamplingParams
+from tandem import SamplingParams
 from tests.conftest import check_idle_engine
 from tests.reference import NEAR_TIE_BF16, assert_greedy_parity, greedy
 
@@ -26,10 +26,10 @@ def test_triton_is_not_interpreted() -> None:
 
 
 def test_triton_input_prep_kernels_equal_references_on_cuda() -> None:
-    from kernels.reference.input_prep import prepare_inputs_ref, update_table_ref
-    from kernels.reference.sample_writeback import write_sampled_ref
-    from kernels.triton.input_prep import prepare_inputs_triton, update_table_triton
-    from kernels.triton.sample_writeback import write_sampled_triton
+    from tandem.kernels.reference.input_prep import prepare_inputs_ref, update_table_ref
+    from tandem.kernels.reference.sample_writeback import write_sampled_ref
+    from tandem.kernels.triton.input_prep import prepare_inputs_triton, update_table_triton
+    from tandem.kernels.triton.sample_writeback import write_sampled_triton
 
     g = torch.Generator().manual_seed(0)
     dev = torch.device("cuda")
@@ -99,8 +99,8 @@ ATTN_CASES = {
 @pytest.mark.parametrize("case", sorted(ATTN_CASES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_paged_attention_equals_reference_on_cuda(case: str, dtype: torch.dtype) -> None:
-    from kernels.reference.paged_attention import paged_attention_ref
-    from kernels.triton.paged_attention import paged_attention_triton
+    from tandem.kernels.reference.paged_attention import paged_attention_ref
+    from tandem.kernels.triton.paged_attention import paged_attention_triton
     from tests.kernels.test_paged_attention import make_case
 
     c = make_case(ATTN_CASES[case], hkv=2, group=4, seed=1, d=64)
@@ -120,7 +120,7 @@ def test_triton_paged_attention_equals_reference_on_cuda(case: str, dtype: torch
 def test_triton_sliding_window_attention_equals_dense_on_cuda(window: int, mapped: bool) -> None:
     """Its CPU twin (interpreted): tests/kernels/test_sliding_window_attention.py, whose cases these are (slots
     before each window poisoned; the sliding layers' own pool read through its slot map)."""
-    from kernels.triton.paged_attention import paged_attention_triton
+    from tandem.kernels.triton.paged_attention import paged_attention_triton
     from tests.kernels.test_sliding_window_attention import CASES, _split_pool, windowed_case
 
     c = windowed_case(CASES["mixed"], window, group=2, seed=window + mapped)
@@ -156,8 +156,8 @@ def test_cuda_gemma3_greedy_parity_with_transformers(eager: bool, tiny_model, la
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("t", "e", "k"), [(1, 8, 2), (37, 8, 8), (300, 64, 4)])
 def test_triton_moe_experts_equal_reference_on_cuda(t: int, e: int, k: int, dtype: torch.dtype) -> None:
-    from kernels.reference.moe import experts_ref, route_ref
-    from kernels.triton.moe import experts_triton
+    from tandem.kernels.reference.moe import experts_ref, route_ref
+    from tandem.kernels.triton.moe import experts_triton
 
     g = torch.Generator().manual_seed(t)
     x = torch.randn(t, 256, generator=g).cuda().to(dtype)
@@ -200,8 +200,8 @@ def test_cuda_async_equals_sync(tiny_model, launch_client) -> None:
 def test_host_kv_tier_copies_round_trip_on_cuda() -> None:
     """Pinned host pool, async DMA per run of host slots: device -> host -> other device slots keeps
     the KV bit for bit, and a step's to_host copies run before its loads."""
-    from protocol.messages import KVCopies
-    from worker.kv_cache import KVCache
+    from tandem.protocol.messages import KVCopies
+    from tandem.worker.kv_cache import KVCache
 
     kv = KVCache(3, 256, 2, 8, torch.bfloat16, "cuda", max_reqs=4, max_context=64, host_slots=128)
     assert kv.host_k[0].is_pinned()
@@ -241,10 +241,10 @@ def test_host_kv_tier_on_cuda_matches_a_large_pool(tiny_model, launch_client) ->
 
 
 def _runner_and_scheduler(model, **opts):
-    from protocol.engine_config import EngineConfig
-    from protocol.model_info import read_model_info
-    from scheduler.scheduler import Scheduler
-    from worker.model_runner import ModelRunner
+    from tandem.protocol.engine_config import EngineConfig
+    from tandem.protocol.model_info import read_model_info
+    from tandem.scheduler.scheduler import Scheduler
+    from tandem.worker.model_runner import ModelRunner
 
     cfg = EngineConfig(model=str(model), device="cuda", kv_cache_tokens=8192, max_running_requests=32, **opts)
     info = read_model_info(cfg.model)
@@ -255,7 +255,7 @@ def _runner_and_scheduler(model, **opts):
 def test_step_launch_never_waits_for_the_device(tiny_model) -> None:
     """A step's launch (new requests with every sampling feature but logprobs, input prep, attention or
     a decode graph's replay, penalties, sampling, write-back) queues work without one host-device sync."""
-    from protocol.messages import TokenizedRequest
+    from tandem.protocol.messages import TokenizedRequest
 
     runner, sched = _runner_and_scheduler(tiny_model("llama"), dtype="bfloat16")
     rng = random.Random(2)

@@ -8,17 +8,17 @@ import random
 import pytest
 import torch
 
-from kernels.ops import resolve_ops
-from kernels.reference.input_prep import prepare_inputs_ref, update_table_ref
-from kernels.reference.sample_writeback import write_sampled_ref
-from kernels.triton.input_prep import PREP_BLOCK, prepare_inputs_triton, update_table_triton
-from kernels.triton.sample_writeback import write_sampled_triton
-from protocol.messages import ScheduledReq
+from tandem.kernels.ops import resolve_ops
+from tandem.kernels.reference.input_prep import prepare_inputs_ref, update_table_ref
+from tandem.kernels.reference.sample_writeback import write_sampled_ref
+from tandem.kernels.triton.input_prep import PREP_BLOCK, prepare_inputs_triton, update_table_triton
+from tandem.kernels.triton.sample_writeback import write_sampled_triton
+from tandem.protocol.messages import ScheduledReq
+from tandem.worker.forward_batch import ForwardBatch
+from tandem.worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs
+from tandem.worker.kv_cache import KVCache
+from tandem.worker.request_state import RequestState
 from tests.kernels.ops_variants import cpu_triton
-from worker.forward_batch import ForwardBatch
-from worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs
-from worker.kv_cache import KVCache
-from worker.request_state import RequestState
 
 pytestmark = cpu_triton
 MAX_REQS, MAX_CTX = 8, 2 * PREP_BLOCK + 40  # long enough for a chunk that spans three blocks

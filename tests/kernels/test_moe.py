@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.native import build as native_build
-from kernels.native import moe as cpu_moe
-from kernels.native.cpu_caps import cpu_caps
-from kernels.native.quant_pack import pack
-from kernels.ops import resolve_ops
-from kernels.reference.moe import experts_ref, route_ref, sort_by_expert
-from kernels.triton.moe import experts_triton
+from tandem.kernels.native import build as native_build
+from tandem.kernels.native import moe as cpu_moe
+from tandem.kernels.native.cpu_caps import cpu_caps
+from tandem.kernels.native.quant_pack import pack
+from tandem.kernels.ops import resolve_ops
+from tandem.kernels.reference.moe import experts_ref, route_ref, sort_by_expert
+from tandem.kernels.triton.moe import experts_triton
 from tests.gguf_files import K_QUANTS, QTYPES, k_quant_blocks
 from tests.kernels.ops_variants import cpu_triton, switches
 from tests.kernels.portable_build import march_build, portable_build, x86_only

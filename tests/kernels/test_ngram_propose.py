@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 
-from kernels.ops import Ops
-from kernels.reference.ngram_propose import propose_ngram_ref
-from kernels.triton.ngram_propose import BLOCK
+from tandem.kernels.ops import Ops
+from tandem.kernels.reference.ngram_propose import propose_ngram_ref
+from tandem.kernels.triton.ngram_propose import BLOCK
 from tests.kernels.ops_variants import ops_params
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.native import build as native_build
-from kernels.native import norm_act as cpu_norm_act
-from kernels.native.norm_act import add_rms_norm, gelu_mul, silu_mul
-from kernels.ops import Ops, resolve_ops
-from kernels.reference.norm_act import gelu_mul_ref, rms_norm_ref, silu_mul_ref
+from tandem.kernels.native import build as native_build
+from tandem.kernels.native import norm_act as cpu_norm_act
+from tandem.kernels.native.norm_act import add_rms_norm, gelu_mul, silu_mul
+from tandem.kernels.ops import Ops, resolve_ops
+from tandem.kernels.reference.norm_act import gelu_mul_ref, rms_norm_ref, silu_mul_ref
 from tests.kernels.ops_variants import ops_params
 from tests.kernels.portable_build import portable_build, x86_only
 
@@ -99,7 +99,7 @@ def test_portable_build_matches_the_reference(tmp_path, monkeypatch) -> None:
 
 
 def test_layers_use_the_kernels_on_cpu_float32_and_torch_otherwise() -> None:
-    from worker.layers import RMSNorm
+    from tandem.worker.layers import RMSNorm
 
     norm = RMSNorm(64, 1e-5, torch.float32, "cpu", resolve_ops("cpu", torch.float32))
     norm.weight.data.normal_()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.reference.paged_attention import build_attention_plan, paged_attention_ref
+from tandem.kernels.reference.paged_attention import build_attention_plan, paged_attention_ref
 
 D = 16
 NUM_SLOTS = 1024
@@ -114,7 +114,7 @@ def test_random_batches() -> None:
 
 def test_chunked_decode_gather(monkeypatch: pytest.MonkeyPatch) -> None:
     # A tiny chunk budget makes every decode group run in several gather chunks.
-    monkeypatch.setattr("kernels.reference.paged_attention.DECODE_CHUNK_BYTES", 1)
+    monkeypatch.setattr("tandem.kernels.reference.paged_attention.DECODE_CHUNK_BYTES", 1)
     run_case(CASES["mixed"], hkv=2, group=2, seed=11)
     run_case(CASES["decodes-one-group"], hkv=1, group=4, seed=12)
     run_case(CASES["verify"], hkv=2, group=3, seed=13)

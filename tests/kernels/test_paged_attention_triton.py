@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.reference.paged_attention import paged_attention_ref
-from kernels.triton.paged_attention import BLOCK_M, BLOCK_N, paged_attention_triton
+from tandem.kernels.reference.paged_attention import paged_attention_ref
+from tandem.kernels.triton.paged_attention import BLOCK_M, BLOCK_N, paged_attention_triton
 from tests.kernels.ops_variants import cpu_triton
 from tests.kernels.test_paged_attention import make_case
 

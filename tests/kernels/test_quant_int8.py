@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.native import quant_linear as cpu_quant_linear
-from kernels.native.cpu_caps import cpu_caps
-from kernels.native.quant_linear import GGUF_BLOCKS, QuantRows, dequantize, pack, quant_linear
-from kernels.reference.quant_int8 import int8_linear_ref, quantize_activations
+from tandem.kernels.native import quant_linear as cpu_quant_linear
+from tandem.kernels.native.cpu_caps import cpu_caps
+from tandem.kernels.native.quant_linear import GGUF_BLOCKS, QuantRows, dequantize, pack, quant_linear
+from tandem.kernels.reference.quant_int8 import int8_linear_ref, quantize_activations
 from tests.kernels.portable_build import march_build, portable_build, x86_only
 from tests.kernels.test_cpu_paged_attention import needs_cc
 from tests.kernels.test_quant_linear import _blocks, _fit
@@ -152,7 +152,7 @@ def test_a_fused_layer_of_several_types_takes_each_parts_path() -> None:
 def _extreme(qtype: str, n: int, k: int) -> np.ndarray:
     """Blocks whose every q is its type's largest (Q8_0: -128), the scales kept: the widest integer sums,
     where 16-bit partial sums would overflow first."""
-    from benchmarks.quant_linear import _SCALES
+    from tandem.benchmarks.quant_linear import _SCALES
 
     raw = _blocks(qtype, n, k, seed=7)
     _, elems, size = GGUF_BLOCKS[qtype]

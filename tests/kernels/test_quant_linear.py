@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.native import quant_linear as cpu_quant_linear
-from kernels.native.quant_linear import GGUF_BLOCKS, QuantRows, dequantize, pack, quant_linear
+from tandem.kernels.native import quant_linear as cpu_quant_linear
+from tandem.kernels.native.quant_linear import GGUF_BLOCKS, QuantRows, dequantize, pack, quant_linear
+from tandem.worker.gguf_weights import GGUFBlocks
+from tandem.worker.layers import ColumnParallelLinear
 from tests.gguf_files import K_QUANTS, k_quant_blocks
 from tests.kernels.portable_build import portable_build, x86_only
 from tests.kernels.test_cpu_paged_attention import HAS_CC, needs_cc
-from worker.gguf_weights import GGUFBlocks
-from worker.layers import ColumnParallelLinear
 
 
 def _fit(qtype: str, k: int) -> int:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.native import rotary as cpu_rotary
-from kernels.ops import Ops, resolve_ops
-from kernels.reference.rotary import apply_rotary_ref
+from tandem.kernels.native import rotary as cpu_rotary
+from tandem.kernels.ops import Ops, resolve_ops
+from tandem.kernels.reference.rotary import apply_rotary_ref
+from tandem.worker.layers.rotary import RotaryEmbedding
 from tests.kernels.ops_variants import ops_params
 from tests.kernels.portable_build import portable_build, x86_only
 from tests.kernels.test_cpu_paged_attention import needs_cc
-from worker.layers.rotary import RotaryEmbedding
 
 
 def _case(t: int, heads: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

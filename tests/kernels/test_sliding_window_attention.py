@@ -10,9 +10,9 @@ import os
 import pytest
 import torch
 
-from kernels.native import build as native_build
-from kernels.native.paged_attention import paged_attention, paged_attention_cpu, plan_cpu_attention
-from kernels.reference.paged_attention import build_attention_plan, paged_attention_ref
+from tandem.kernels.native import build as native_build
+from tandem.kernels.native.paged_attention import paged_attention, paged_attention_cpu, plan_cpu_attention
+from tandem.kernels.reference.paged_attention import build_attention_plan, paged_attention_ref
 from tests.kernels.ops_variants import cpu_triton
 from tests.kernels.test_paged_attention import NUM_SLOTS, make_case
 
@@ -140,7 +140,7 @@ def test_a_pool_of_its_own_read_through_the_slot_map(window: int) -> None:
 @pytest.mark.parametrize("case", ["mixed", "decodes-equal"])
 def test_triton_matches_the_reference(case: str, window: int, mapped: bool) -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
-    from kernels.triton.paged_attention import paged_attention_triton
+    from tandem.kernels.triton.paged_attention import paged_attention_triton
 
     c = windowed_case(CASES[case], window, group=2, seed=window + mapped)
     k, v, slot_map = c["k_pool"], c["v_pool"], None

@@ -7,8 +7,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from tandem.worker.spec_verify import verify
 from tests.reference import hf_model
-from worker.spec_verify import verify
 
 N_DRAWS = 20_000
 

@@ -6,7 +6,7 @@ one-core GEMV), 100-130 ms for 2-16 rows, and jumped by up to 1.6x between neigh
 (16 rows 73 ms, 19 rows 120 ms, as `weight @ x.T`). oneDNN's inner product on a weight reordered
 once into its blocked layout is smooth in the row count and faster at every size measured: 1 row 34-47 ms,
 16 rows 57-73, 128 rows 1.3x under F.linear, prefill chunks of 2,048 rows even.
-`python -m benchmarks.linear_shape` measures both on the machine at hand.
+`python -m tandem.benchmarks.linear_shape` measures both on the machine at hand.
 """
 
 from __future__ import annotations

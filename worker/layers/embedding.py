@@ -9,13 +9,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.native import quant_linear as native_linear
-from kernels.native.quant_linear import QuantWeight, dense, dense_takes, pack, quant_linear
-from worker.gguf_weights import GGUFBlocks
-from worker.layers.cpu_linear import linear, pack_weight, packable
+from tandem.kernels.native import quant_linear as native_linear
+from tandem.kernels.native.quant_linear import QuantWeight, dense, dense_takes, pack, quant_linear
+from tandem.worker.gguf_weights import GGUFBlocks
+from tandem.worker.layers.cpu_linear import linear, pack_weight, packable
 
 if TYPE_CHECKING:
-    from kernels.ops import Ops
+    from tandem.kernels.ops import Ops
 
 
 class VocabEmbedding(nn.Module):
@@ -39,7 +39,7 @@ class VocabEmbedding(nn.Module):
         )
 
     head_packed: torch.Tensor | None = None
-    # The LM head from a GGUF file's blocks (kernels/cpu_quant_linear.py); the lookup keeps the float rows.
+    # The LM head from a GGUF file's blocks (kernels/native/quant_linear.py); the lookup keeps the float rows.
     head_quant: QuantWeight | None = None
     # A float32 model's head as a float weight for the C kernel's few rows (the table itself, or its bf16
     # copy under bf16 weights); torch multiplies with the same tensor for more rows.

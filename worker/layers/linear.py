@@ -14,13 +14,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kernels.native import quant_linear as native_linear
-from kernels.native.quant_linear import QuantRows, QuantWeight, dense, dense_takes, pack, quant_linear
-from worker.gguf_weights import GGUFBlocks
-from worker.layers.cpu_linear import linear, pack_weight, packable
+from tandem.kernels.native import quant_linear as native_linear
+from tandem.kernels.native.quant_linear import QuantRows, QuantWeight, dense, dense_takes, pack, quant_linear
+from tandem.worker.gguf_weights import GGUFBlocks
+from tandem.worker.layers.cpu_linear import linear, pack_weight, packable
 
 if TYPE_CHECKING:
-    from kernels.ops import Ops
+    from tandem.kernels.ops import Ops
 
 
 def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:

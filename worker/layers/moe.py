@@ -25,15 +25,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.native import moe as native_moe
-from kernels.native.quant_linear import pack
-from kernels.reference.moe import route_ref
-from protocol.model_config import ModelConfig
-from worker.gguf_weights import GGUFBlocks
-from worker.layers.linear import ColumnParallelLinear, RowParallelLinear, full_tensor
+from tandem.kernels.native import moe as native_moe
+from tandem.kernels.native.quant_linear import pack
+from tandem.kernels.reference.moe import route_ref
+from tandem.protocol.model_config import ModelConfig
+from tandem.worker.gguf_weights import GGUFBlocks
+from tandem.worker.layers.linear import ColumnParallelLinear, RowParallelLinear, full_tensor
 
 if TYPE_CHECKING:
-    from kernels.ops import Ops
+    from tandem.kernels.ops import Ops
 
 # A checkpoint's expert weight: per expert (Qwen's gate/up/down_proj, Mixtral's w1/w3/w2) or all experts in
 # one [E, ...] tensor (transformers 5's fused gate_up_proj / down_proj).

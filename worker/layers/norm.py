@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels.ops import Ops
-from worker.layers.linear import full_tensor
+from tandem.kernels.ops import Ops
+from tandem.worker.layers.linear import full_tensor
 
 
 class RMSNorm(nn.Module):

@@ -12,12 +12,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels.ops import Ops
-from protocol.model_config import ModelConfig
-from worker.attention_backend import AttentionBackend, select_attention_backend
-from worker.forward_batch import ForwardBatch
-from worker.kv_cache import KVCache
-from worker.layers import (
+from tandem.kernels.ops import Ops
+from tandem.protocol.model_config import ModelConfig
+from tandem.worker.attention_backend import AttentionBackend, select_attention_backend
+from tandem.worker.forward_batch import ForwardBatch
+from tandem.worker.kv_cache import KVCache
+from tandem.worker.layers import (
     ColumnParallelLinear,
     PackableLinear,
     QKVParallelLinear,

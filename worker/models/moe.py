@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels.ops import Ops
-from protocol.model_config import ModelConfig
-from worker.layers.moe import EXPERT_ALIASES, EXPERT_WEIGHT, FusedMoE
-from worker.models.llama import LlamaForCausalLM, LlamaMLP
+from tandem.kernels.ops import Ops
+from tandem.protocol.model_config import ModelConfig
+from tandem.worker.layers.moe import EXPERT_ALIASES, EXPERT_WEIGHT, FusedMoE
+from tandem.worker.models.llama import LlamaForCausalLM, LlamaMLP
 
 
 class MoEForCausalLM(LlamaForCausalLM):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from worker.models.gemma3 import Gemma3ForCausalLM
-from worker.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
-from worker.models.moe import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
+from tandem.worker.models.gemma3 import Gemma3ForCausalLM
+from tandem.worker.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+from tandem.worker.models.moe import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
