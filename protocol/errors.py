@@ -42,6 +42,7 @@ class ErrorCode(str, Enum):
     DRAINING = "engine_dead.draining"  # the engine is draining (SIGTERM, POST /drain): no new requests
     DRAIN_TIMEOUT = "engine_dead.drain_timeout"  # still running when --drain-timeout-s ran out
     STALLED = "engine_dead.stalled"  # a step did not come back within --step-timeout-s
+    UNREACHABLE = "engine_dead.unreachable"  # no engine answered at the client's endpoint within its bound
 
     def __str__(self) -> str:  # the wire string in logs and f-strings, not "ErrorCode.X"
         return self.value

@@ -23,7 +23,7 @@ def test_attempts_before_the_bind_are_not_death_and_a_lost_peer_is(tmp_path) -> 
     ctx = zmq.Context()
     endpoint = f"ipc://{tmp_path}/frontend"
     sock, monitor = open_dealer(ctx, endpoint)
-    watch = DeathWatch()
+    watch = DeathWatch(endpoint)
     try:
         early = _events(monitor, watch, 0.6)  # nobody listens: each retried attempt ends in CLOSED
         assert early and not any(early) and not watch.connected

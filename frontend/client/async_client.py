@@ -9,6 +9,7 @@ the engine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import subprocess
 import weakref
@@ -20,6 +21,7 @@ import zmq
 from tqdm import tqdm
 
 from tandem.frontend.client.connection import (
+    CONNECT_TIMEOUT_S,
     DeathWatch,
     decode_msg,
     encode_msg,
@@ -41,8 +43,9 @@ from tandem.frontend.completion import Completion, CompletionDelta, to_delta
 from tandem.frontend.embedding import Embedding
 from tandem.frontend.reasoning_parser import check_style
 from tandem.protocol.embed_params import EmbedParams
-from tandem.protocol.errors import EngineDeadError, InvalidRequestError, TandemError
+from tandem.protocol.errors import EngineDeadError, ErrorCode, InvalidRequestError, TandemError
 from tandem.protocol.messages import (
+    MAX_SESSION_TOKENS,
     AbortRequest,
     CloseSession,
     EmbeddingOutput,
@@ -65,9 +68,14 @@ SESSION_TIMEOUT_S = 600.0  # an open session's default idle timeout
 
 
 class AsyncClient:
+    """`connect_timeout_s`: an engine must answer at `endpoint` within this many seconds of the client's
+    creation, else every call raises EngineDeadError (code engine_dead.unreachable) naming the endpoint;
+    None waits as long as it takes. Once connected, the connection is the liveness signal (see README)."""
+
     def __init__(self, endpoint: str, *, engine: subprocess.Popen | None = None,
-                 reasoning_parser: str | None = None) -> None:
+                 reasoning_parser: str | None = None, connect_timeout_s: float | None = CONNECT_TIMEOUT_S) -> None:
         check_style(reasoning_parser, allow_auto=False)  # the client has no chat template to read `auto` from
+        self._death = DeathWatch(endpoint, connect_timeout_s)  # first: a bad bound fails before any socket
         self.endpoint = endpoint
         self.reasoning_parser = reasoning_parser
         self._engine = engine
@@ -76,19 +84,19 @@ class AsyncClient:
         # By close(), or when this client is collected unclosed (a caller who forgot it): never by the collector.
         self._release = weakref.finalize(self, release, self._ctx, self._sock, self._monitor)
         self._release.atexit = False  # at exit the process frees it all; nothing to stop or close
-        self._death = DeathWatch()
         self._router = Router()
         self._loop: asyncio.AbstractEventLoop | None = None  # set when the first call starts the I/O
         self._tasks: list[asyncio.Task] = []
         self._closed = False
 
     @classmethod
-    def launch(cls, model: str, *, reasoning_parser: str | None = None, **engine_options: object) -> AsyncClient:
+    def launch(cls, model: str, *, reasoning_parser: str | None = None,
+               connect_timeout_s: float | None = CONNECT_TIMEOUT_S, **engine_options: object) -> AsyncClient:
         """Start an engine this client owns; it stops on close(), at the end of a `with` block, or when
         this process dies."""
         check_style(reasoning_parser, allow_auto=False)
         proc, endpoint = start_engine_process(model, **engine_options)
-        return cls(endpoint, engine=proc, reasoning_parser=reasoning_parser)
+        return cls(endpoint, engine=proc, reasoning_parser=reasoning_parser, connect_timeout_s=connect_timeout_s)
 
     async def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None, *,
                        priority: int = 0, session: SessionParams | None = None) -> Completion:
@@ -179,6 +187,10 @@ class AsyncClient:
         manager to close it."""
         from tandem.frontend.client.session import AsyncSession
 
+        if isinstance(capacity_tokens, bool) or not isinstance(capacity_tokens, int) \
+                or not 1 <= capacity_tokens <= MAX_SESSION_TOKENS:  # past it the message cannot even be encoded
+            raise InvalidRequestError(f"capacity_tokens must be an int in [1, {MAX_SESSION_TOKENS}], got "
+                                      f"{capacity_tokens!r}", ErrorCode.SESSION)
         rid = new_rid()
         reply = await self._query(rid, OpenSession(rid, capacity_tokens, timeout_s))
         assert isinstance(reply, SessionReply)
@@ -258,6 +270,8 @@ class AsyncClient:
         loop.add_reader(self._sock.FD, self._on_readable)
         loop.add_reader(self._monitor.FD, self._on_readable)
         self._tasks = [loop.create_task(self._watch())]
+        if self._death.deadline is not None and not self._death.connected:  # look again when it passes
+            loop.call_later(max(0.0, self._death.deadline - self._death.clock()) + 0.01, self._on_readable)
 
     async def _outputs(self, rid: str, items: asyncio.Queue[Item]) -> AsyncIterator[RequestOutput | EmbeddingOutput]:
         done = False
@@ -278,10 +292,12 @@ class AsyncClient:
     def _check_alive(self) -> None:
         if self._closed:
             raise EngineDeadError(CLOSED)
+        if self._router.dead is None:
+            self._watch_connection()
         why = self._router.dead or engine_exit_reason(self._engine)
         if why is not None:
             self._router.fail_all(why)
-            raise EngineDeadError(why)
+            raise EngineDeadError(self._router.dead or why, self._router.dead_code)
 
     def _on_readable(self) -> None:
         if self._router.dead is not None or self._closed:
@@ -291,11 +307,20 @@ class AsyncClient:
                 self._loop.remove_reader(self._monitor.FD)
             return
         self._receive()
-        # After draining the socket, so a typed reason the frontend sent on its way down wins.
+        self._watch_connection()  # after draining the socket, so a typed reason the frontend sent on its way down wins
+
+    def _watch_connection(self) -> None:
+        """The monitor's events, then the connect deadline: the engine lost, or never reached in time."""
         while self._monitor.get(zmq.EVENTS) & zmq.POLLIN:
             if self._death.is_dead(self._monitor.recv_multipart(zmq.NOBLOCK)):
                 self._router.fail_all("lost the connection to the engine")
                 return
+        why = self._death.unreachable()
+        if why is not None:
+            # What was sent waits in the socket's queue: dropped, so an engine that comes up later never runs it.
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.disconnect(self.endpoint)
+            self._router.fail_all(why, ErrorCode.UNREACHABLE)
 
     async def _watch(self) -> None:
         """Twice a second: the owned engine process still alive (and, belt and braces, nothing left unread)."""

@@ -18,6 +18,7 @@ from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from tandem.frontend.client.async_client import CLOSED, SESSION_TIMEOUT_S, AsyncClient
+from tandem.frontend.client.connection import CONNECT_TIMEOUT_S
 from tandem.frontend.client.engine_process import start_engine_process
 from tandem.frontend.client.request_encoding import Params, Prompt
 from tandem.frontend.client.session import Session
@@ -31,8 +32,11 @@ T = TypeVar("T")
 
 
 class Client:
+    """`connect_timeout_s`: as AsyncClient's (an engine must answer within it, else calls raise
+    EngineDeadError, code engine_dead.unreachable)."""
+
     def __init__(self, endpoint: str, *, engine: subprocess.Popen | None = None,
-                 reasoning_parser: str | None = None) -> None:
+                 reasoning_parser: str | None = None, connect_timeout_s: float | None = CONNECT_TIMEOUT_S) -> None:
         check_style(reasoning_parser, allow_auto=False)
         self.endpoint = endpoint
         self._loop = asyncio.new_event_loop()
@@ -44,16 +48,21 @@ class Client:
         self._lock = threading.Lock()  # orders "hand the loop a call" against "close": no call is stranded
         self._closed = False
         # Its sockets belong to the loop.
-        self._async: AsyncClient = self._run(_on_loop(endpoint, engine, reasoning_parser))
+        try:
+            self._async: AsyncClient = self._run(_on_loop(endpoint, engine, reasoning_parser, connect_timeout_s))
+        except BaseException:
+            self._stop_loop()
+            raise
 
     @classmethod
-    def launch(cls, model: str, *, reasoning_parser: str | None = None, **engine_options: object) -> Client:
+    def launch(cls, model: str, *, reasoning_parser: str | None = None,
+               connect_timeout_s: float | None = CONNECT_TIMEOUT_S, **engine_options: object) -> Client:
         """Start an engine this client owns; it stops on close(), at the end of a `with` block, or when
         this process dies. `reasoning_parser` (qwen3 or deepseek-r1) splits each Completion's
         `reasoning_text` from its `content`."""
         check_style(reasoning_parser, allow_auto=False)
         proc, endpoint = start_engine_process(model, **engine_options)
-        return cls(endpoint, engine=proc, reasoning_parser=reasoning_parser)
+        return cls(endpoint, engine=proc, reasoning_parser=reasoning_parser, connect_timeout_s=connect_timeout_s)
 
     def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None, *,
                  priority: int = 0, session: SessionParams | None = None) -> Completion:
@@ -152,8 +161,9 @@ class Client:
             fut.cancel()  # a no-op once done; interrupted (Ctrl-C): the call stops, and aborts, on the loop
 
 
-async def _on_loop(endpoint: str, engine: subprocess.Popen | None, reasoning_parser: str | None) -> AsyncClient:
-    return AsyncClient(endpoint, engine=engine, reasoning_parser=reasoning_parser)
+async def _on_loop(endpoint: str, engine: subprocess.Popen | None, reasoning_parser: str | None,
+                   connect_timeout_s: float | None) -> AsyncClient:
+    return AsyncClient(endpoint, engine=engine, reasoning_parser=reasoning_parser, connect_timeout_s=connect_timeout_s)
 
 
 async def _shut_down(client: AsyncClient) -> None:

@@ -16,7 +16,9 @@ from collections import deque
 from tandem.protocol.codec import launcher_decoder
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.messages import Ready
+from tandem.protocol.model_fit import check_model_fits
 
+READY_MARGIN_S = 30.0  # past the child's own startup timeout: its imports and its launcher's teardown
 _owners: dict[int, socket.socket] = {}  # engine pid -> our end of its owner socket, held while we own it
 
 
@@ -34,6 +36,7 @@ def config_to_argv(cfg: EngineConfig) -> list[str]:
 
 def start_engine_process(model: str, **options: object) -> tuple[subprocess.Popen, str]:
     cfg = EngineConfig.from_options(model, **options)  # unknown options fail here, in the caller
+    check_model_fits(cfg)  # so does a configuration the model cannot run (ConfigError), before any spawn
     ours, theirs = socket.socketpair()
     # The client talks ZMQ: no HTTP server (it would also contend for the default port).
     cmd = [sys.executable, "-m", "tandem.launch.cli", "serve", *config_to_argv(cfg), "--no-http",
@@ -51,8 +54,15 @@ def start_engine_process(model: str, **options: object) -> tuple[subprocess.Pope
     # Drain stderr in the background so a chatty engine never blocks on a full pipe.
     drain = threading.Thread(target=lambda: err_tail.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
     drain.start()
+    # The child's launcher gives up after its startup timeout and exits (closing its end); a child stuck
+    # before that point is bounded here, a little later.
+    ours.settimeout(cfg.startup_timeout_s + READY_MARGIN_S)
     try:
         record = b"".join(iter(lambda: ours.recv(65536), b""))  # the engine shuts its side once it has written
+    except TimeoutError:
+        stop_engine_process(proc)
+        raise RuntimeError(f"engine not ready after {cfg.startup_timeout_s + READY_MARGIN_S:g} s "
+                           "(--startup-timeout-s and a margin); stopped") from None
     except BaseException:  # interrupted while it starts: it must not outlive the call
         stop_engine_process(proc)
         raise

@@ -43,6 +43,7 @@ class Router:
     def __init__(self) -> None:
         self._open: dict[str, _Entry] = {}
         self.dead: str | None = None  # why the engine is gone, once it is
+        self.dead_code: str = ErrorCode.ENGINE_DEAD
 
     def __len__(self) -> int:
         return len(self._open)
@@ -50,7 +51,7 @@ class Router:
     def open(self, rid: str, sink: Sink, is_request: bool = True) -> bool:
         """Register a call before its message is sent; False (and the sink told why) when it must not be."""
         if self.dead is not None:
-            sink(EngineDeadError(self.dead))
+            sink(EngineDeadError(self.dead, self.dead_code))
             return False
         if rid in self._open:  # this client's own calls; across clients the frontend checks
             sink(InvalidRequestError(f"request id {rid!r} is already in flight", ErrorCode.DUPLICATE_RID))
@@ -80,10 +81,10 @@ class Router:
             else:  # e.g. a frame the frontend could not decode: no request to fail
                 log.warning("engine error for no open request (%r): %s: %s", msg.rid, msg.code, msg.message)
 
-    def fail_all(self, why: str) -> None:
+    def fail_all(self, why: str, code: str = ErrorCode.ENGINE_DEAD) -> None:
         """The engine is gone (or the client closed): every open call ends with EngineDeadError."""
         if self.dead is None:
-            self.dead = why
+            self.dead, self.dead_code = why, code
         entries, self._open = self._open, {}
         for entry in entries.values():
-            entry.sink(EngineDeadError(self.dead))
+            entry.sink(EngineDeadError(self.dead, self.dead_code))

@@ -45,12 +45,13 @@ def run_http(cfg_bytes: bytes, ep_bytes: bytes, serve_bytes: bytes) -> None:
     host = f"[{scfg.host}]" if ":" in scfg.host else scfg.host
 
     async def main() -> None:
-        client = AsyncClient(ep.client)
+        # Started beside the engine's processes, so the frontend may bind late: the launcher's own bound.
+        client = AsyncClient(ep.client, connect_timeout_s=cfg.startup_timeout_s)
         reasoning = scfg.reasoning_parser
         if reasoning == "auto":
             reasoning = template_style(getattr(tokenizer, "chat_template", None))
         st = ServerState(client, tokenizer, info, model, name, Metrics(name), scfg.api_key, reasoning,
-                         ResponseStore(scfg.response_store))
+                         ResponseStore(scfg.response_store), admin_api_key=scfg.admin_api_key)
         app = DoorLimits(create_app(st), cfg.max_request_bytes, scfg.max_concurrent_requests)
         server = _server_class()(uvicorn.Config(
             app, log_level="warning", access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
