@@ -23,7 +23,7 @@ from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.errors import ErrorCode
 from tandem.protocol.ipc import Endpoints, make_socket
 from tandem.protocol.messages import EngineStopping, Failed, LauncherMsg, Ready
-from tandem.protocol.model_info import read_model_info
+from tandem.protocol.model_fit import ConfigError, check_model_fits
 from tandem.protocol.serve_config import ServeConfig
 from tandem.protocol.stop_messages import Drain
 
@@ -54,9 +54,12 @@ class Launcher:
         from tandem.worker.process import run_worker
 
         try:
-            # Checked here once, before any child starts: a bad --model is one clear line, and a GGUF's
-            # metadata files are written to the cache before the processes that read them race for them.
-            read_model_info(self.cfg.model, self.cfg.max_model_len)
+            # Checked here once, before any child starts: a bad --model or a configuration the model cannot
+            # run is one clear line, and a GGUF's metadata files are written to the cache before the
+            # processes that read them race for them.
+            check_model_fits(self.cfg)
+        except ConfigError as e:
+            raise EngineStartError(str(e)) from None
         except (ValueError, KeyError, NotImplementedError) as e:  # ModelLoadError is a ValueError
             raise EngineStartError(f"cannot load model {self.cfg.model}: {e}") from None
         become_subreaper()  # a worker's own children, orphaned by its death, come back here to be reaped
