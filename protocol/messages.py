@@ -64,6 +64,10 @@ class AbortRequest(msgspec.Struct, tag="abort"):
     rid: str
 
 
+MAX_SESSION_TIMEOUT_S = 7 * 24 * 3600.0  # a session idle longer than a week is closed anyway
+MAX_SESSION_TOKENS = 2**31 - 1  # far past any KV pool; bounds what crosses the socket
+
+
 class OpenSession(msgspec.Struct, tag="open_session"):
     """Open a session that holds the KV of its turns, up to capacity_tokens, until closed or idle for
     timeout_s; answered with SessionReply (its id) or RequestError. rid names this call only."""

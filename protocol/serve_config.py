@@ -18,6 +18,9 @@ class ServeConfig:
     host: str = field(default="127.0.0.1", metadata={"help": "HTTP bind address"})
     port: int = field(default=8000, metadata={"help": "HTTP port (0: any free port)"})
     api_key: str | None = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY'"})
+    admin_api_key: str | None = field(default=None, metadata={
+        "help": "serve the operator routes (POST /drain) behind 'Authorization: Bearer KEY', a key other than "
+                "--api-key's; without it they are not served (404). SIGTERM drains either way"})
     served_model_name: str | None = field(
         default=None, metadata={"help": "model name clients send; default: the model directory's name"}
     )
@@ -38,6 +41,11 @@ class ServeConfig:
             raise ValueError(f"invalid serve option max_concurrent_requests={self.max_concurrent_requests}: must be >= 1")
         if self.api_key == "":
             raise ValueError("invalid serve option api_key='': give a key or leave the option out")
+        if self.admin_api_key == "":
+            raise ValueError("invalid serve option admin_api_key='': give a key or leave the option out")
+        if self.admin_api_key is not None and self.admin_api_key == self.api_key:
+            raise ValueError("invalid serve option admin_api_key: must differ from api_key (the inference key "
+                             "must not reach the operator routes)")
         if self.reasoning_parser not in (None, *REASONING_PARSERS):
             raise ValueError(f"invalid serve option reasoning_parser={self.reasoning_parser!r}: "
                              f"choose from {', '.join(REASONING_PARSERS)}")

@@ -26,13 +26,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tandem.protocol.errors import ErrorCode
-from tandem.protocol.messages import CloseSession, OpenSession, RequestError, SessionParams, SessionReply
+from tandem.protocol.messages import (
+    MAX_SESSION_TIMEOUT_S,
+    CloseSession,
+    OpenSession,
+    RequestError,
+    SessionParams,
+    SessionReply,
+)
 from tandem.scheduler.kv_cache import Hold, KVCacheManager
 from tandem.scheduler.req import Req
 from tandem.scheduler.tree_node import TreeNode
 
 MAX_TURNS = 64  # turns a session remembers (to branch from); the oldest go first
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
 REMEMBER_CLOSED = 4096  # ids of closed sessions kept to tell "closed" from "unknown"
 
 
@@ -115,8 +121,8 @@ class SessionStore:
             raise SessionError(ErrorCode.SESSION, self.unavailable)
         if capacity < 1:
             raise SessionError(ErrorCode.SESSION, f"capacity_tokens must be >= 1, got {capacity}")
-        if not (0 < timeout_s <= MAX_TIMEOUT_S) or math.isnan(timeout_s):
-            raise SessionError(ErrorCode.SESSION, f"timeout must be in (0, {MAX_TIMEOUT_S:.0f}] s, got {timeout_s}")
+        if not (0 < timeout_s <= MAX_SESSION_TIMEOUT_S) or math.isnan(timeout_s):
+            raise SessionError(ErrorCode.SESSION, f"timeout must be in (0, {MAX_SESSION_TIMEOUT_S:.0f}] s, got {timeout_s}")
         if self.reserved + capacity > self.cap:
             raise SessionError(ErrorCode.SESSION_CAPACITY,
                                f"a session of {capacity} tokens is over the engine's cap: {self.reserved} of "

@@ -88,8 +88,8 @@ def test_the_drain_timeout_aborts_what_still_runs(tiny_model) -> None:
     client.close()
 
 
-def test_post_drain_behind_the_api_key_and_what_http_clients_see(tiny_model) -> None:
-    served = Served(tiny_model("llama"), "--api-key", "k", "--drain-timeout-s", "120",
+def test_post_drain_behind_the_admin_key_and_what_http_clients_see(tiny_model) -> None:
+    served = Served(tiny_model("llama"), "--api-key", "k", "--admin-api-key", "admin", "--drain-timeout-s", "120",
                     "--served-model-name", "tiny").ready()
     auth = {"Authorization": "Bearer k"}
     try:
@@ -99,8 +99,11 @@ def test_post_drain_behind_the_api_key_and_what_http_clients_see(tiny_model) -> 
             lines = running.iter_lines()
             next(lines)  # running
             assert httpx.post(served.url + "/drain").status_code == 401  # not without the key
+            for refused in (auth, {"x-api-key": "k"}, {"Authorization": "Bearer admin2"}):  # nor the inference key
+                r = httpx.post(served.url + "/drain", headers=refused)
+                assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_admin_key", r.text
             assert httpx.get(served.url + "/health").status_code == 200
-            r = httpx.post(served.url + "/drain", headers=auth)
+            r = httpx.post(served.url + "/drain", headers={"Authorization": "Bearer admin"})
             assert r.status_code == 202 and r.json()["status"] == "draining" and r.json()["running"] == 1, r.text
             health = httpx.get(served.url + "/health")
             assert health.status_code == 503 and health.json()["error"]["code"] == ErrorCode.DRAINING

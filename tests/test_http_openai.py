@@ -261,6 +261,18 @@ def test_errors_in_openai_shape(served, oai) -> None:
     assert oai.completions.create(model=NAME, prompt="still serving", max_tokens=2).choices[0].text is not None
 
 
+def test_no_operator_route_without_an_admin_key(served, oai) -> None:
+    """Served without --admin-api-key: POST /drain is no route at all, whoever asks (the inference key too),
+    and the server keeps serving; the OpenAPI document does not list it."""
+    for headers in ({}, {"Authorization": f"Bearer {KEY}"}, {"x-api-key": KEY}):
+        r = httpx.post(served.url + "/drain", headers=headers)
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", r.text
+    assert "/drain" not in httpx.get(served.url + "/openapi.json").json()["paths"]
+    assert httpx.get(served.url + "/health").status_code == 200
+    out = oai.completions.create(model=NAME, prompt="still serving", max_tokens=2, extra_body={"ignore_eos": True})
+    assert out.usage.completion_tokens == 2
+
+
 def test_tokenize_detokenize_models_version_health(served, oai, engine) -> None:
     h = {"Authorization": f"Bearer {KEY}"}
     t = httpx.post(served.url + "/tokenize", json={"model": NAME, "prompt": "hello world"}, headers=h).json()

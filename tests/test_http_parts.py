@@ -57,3 +57,15 @@ def test_serve_options() -> None:
         ServeConfig(reasoning_parser="qwen4")
     with pytest.raises(ValueError, match="response_store"):
         ServeConfig(response_store=-1)
+
+
+def test_the_admin_key_is_its_own() -> None:
+    from tandem.launch.cli import _parser
+    from tandem.launch.cli_options import config_from_args
+
+    args = _parser().parse_args(["serve", "--model", "m", "--api-key", "k", "--admin-api-key", "a"])
+    assert config_from_args(args, ServeConfig) == ServeConfig(api_key="k", admin_api_key="a")
+    with pytest.raises(ValueError, match="admin_api_key: must differ from api_key"):
+        ServeConfig(api_key="k", admin_api_key="k")
+    with pytest.raises(ValueError, match="admin_api_key=''"):
+        ServeConfig(admin_api_key="")

@@ -6,16 +6,17 @@ import asyncio
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from tandem.frontend.http import errors
+from tandem.frontend.http import errors, openapi
 from tandem.frontend.http.anthropic_messages import count_message_tokens, create_message
 from tandem.frontend.http.anthropic_schema import CountTokensRequest, MessagesRequest
 from tandem.frontend.http.chat import render_chat
 from tandem.frontend.http.chat_completions import create_chat_completion
 from tandem.frontend.http.completions import create_completion
 from tandem.frontend.http.embeddings import EmbeddingRequest, create_embedding
+from tandem.frontend.http.openapi import BODY, ENGINE, answers
 from tandem.frontend.http.responses import create_response, stored_response
 from tandem.frontend.http.responses_schema import ResponsesRequest
 from tandem.frontend.http.schemas import (
@@ -42,50 +43,54 @@ def _version() -> str:
 def create_app(st: ServerState) -> FastAPI:
     app = FastAPI(title="tandem", version=_version(), docs_url=None, redoc_url=None)
     errors.install(app)
+    openapi.install(app)
 
     def check_key(request: Request) -> None:
         st.check_key(request)
 
     authed = [Depends(check_key)]
 
-    @app.post("/v1/completions", dependencies=authed)
+    generation = answers(*BODY, 401, 404, *ENGINE, stream=True)
+
+    @app.post("/v1/completions", dependencies=authed, responses=generation)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await create_completion(st, body, request)
 
-    @app.post("/v1/chat/completions", dependencies=authed)
+    @app.post("/v1/chat/completions", dependencies=authed, responses=generation)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await create_chat_completion(st, body, request)
 
     add_session_routes(app, st, authed)
 
-    @app.post("/v1/responses", dependencies=authed)
+    @app.post("/v1/responses", dependencies=authed, responses=generation)
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         return await create_response(st, body, request)
 
-    @app.get("/v1/responses/{response_id}", dependencies=authed)
+    @app.get("/v1/responses/{response_id}", dependencies=authed, responses=answers(401, 404))
     async def get_response(response_id: str) -> dict:
         return stored_response(st, response_id)
 
-    @app.post("/v1/messages", dependencies=authed)
+    @app.post("/v1/messages", dependencies=authed,
+              responses=answers(*BODY, 401, 404, *ENGINE, anthropic=True, stream=True))
     async def messages(body: MessagesRequest, request: Request) -> Response:
         return await create_message(st, body, request)
 
-    @app.post("/v1/messages/count_tokens", dependencies=authed)
+    @app.post("/v1/messages/count_tokens", dependencies=authed, responses=answers(*BODY, 401, 404, anthropic=True))
     async def count_tokens(body: CountTokensRequest) -> dict:
         return count_message_tokens(st, body)
 
-    @app.post("/v1/embeddings", dependencies=authed)
+    @app.post("/v1/embeddings", dependencies=authed, responses=answers(*BODY, 401, 404, *ENGINE))
     async def embeddings(body: EmbeddingRequest, request: Request) -> dict:
         return await create_embedding(st, body, request)
 
-    @app.get("/v1/models", dependencies=authed)
+    @app.get("/v1/models", dependencies=authed, responses=answers(401))
     async def models() -> dict:
         return {"object": "list", "data": [{
             "id": st.model_name, "object": "model", "created": st.created, "owned_by": "tandem",
             "root": st.model_path, "parent": None, "max_model_len": st.info.max_model_len,
         }]}
 
-    @app.post("/tokenize", dependencies=authed)
+    @app.post("/tokenize", dependencies=authed, responses=answers(*BODY, 401, 404))
     async def tokenize(body: TokenizeRequest) -> dict:
         st.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
@@ -97,7 +102,7 @@ def create_app(st: ServerState) -> FastAPI:
             ids = encode_text(st.tokenizer, body.prompt, body.add_special_tokens)
         return {"tokens": ids, "count": len(ids), "max_model_len": st.info.max_model_len}
 
-    @app.post("/detokenize", dependencies=authed)
+    @app.post("/detokenize", dependencies=authed, responses=answers(*BODY, 401, 404))
     async def detokenize(body: DetokenizeRequest) -> dict:
         st.check_model(body.model)
         bad = [t for t in body.tokens if not 0 <= t < st.info.vocab_size]
@@ -106,7 +111,7 @@ def create_app(st: ServerState) -> FastAPI:
                                   "tokens")
         return {"prompt": st.tokenizer.decode(body.tokens)}
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response, responses={200: {"description": "serving"}, **answers(503)})
     async def health() -> Response:
         # A round trip through frontend and scheduler: 200 only when the engine answers and takes requests.
         try:
@@ -117,19 +122,24 @@ def create_app(st: ServerState) -> FastAPI:
             return errors.draining(stats).response()
         return Response(status_code=200)
 
-    @app.post("/drain", dependencies=authed)
-    async def drain() -> Response:
-        """As SIGTERM: running requests finish (within --drain-timeout-s), new ones get 503, then the engine
-        stops (for Kubernetes' preStop hook)."""
-        stats = await st.client.drain("POST /drain")
-        return JSONResponse({"status": "draining", "reason": stats.draining, "running": stats.running,
-                             "waiting": stats.waiting}, status_code=202)
+    if st.admin_api_key is not None:  # operator routes: only when the operator asked, behind their own key
+        def check_admin_key(request: Request) -> None:
+            st.check_admin_key(request)
+
+        @app.post("/drain", dependencies=[Depends(check_admin_key)], status_code=202,
+                  responses=answers(401, *ENGINE))
+        async def drain() -> Response:
+            """As SIGTERM: running requests finish (within --drain-timeout-s), new ones get 503, then the
+            engine stops (for Kubernetes' preStop hook; needs --admin-api-key's key)."""
+            stats = await st.client.drain("POST /drain")
+            return JSONResponse({"status": "draining", "reason": stats.draining, "running": stats.running,
+                                 "waiting": stats.waiting}, status_code=202)
 
     @app.get("/version")
     async def version_() -> dict:
         return {"version": _version()}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         return Response(st.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

@@ -18,7 +18,8 @@ from tandem.protocol.errors import (
 from tandem.protocol.messages import EngineStats
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          413: "invalid_request_error", 503: "service_unavailable", 500: "internal_error"}
+          405: "invalid_request_error", 413: "invalid_request_error", 503: "service_unavailable",
+          500: "internal_error"}
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                     404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
                     429: "rate_limit_error"}
@@ -79,4 +80,6 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
-        return APIError(e.status_code, str(e.detail)).response(request.url.path)
+        response = APIError(e.status_code, str(e.detail)).response(request.url.path)
+        response.headers.update(e.headers or {})  # e.g. a 405's Allow: the methods the route takes
+        return response

@@ -6,19 +6,35 @@ forwards a request).
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tandem.protocol.sampling_params import MAX_LOGPROBS
+from tandem.protocol.messages import MAX_SESSION_TIMEOUT_S, MAX_SESSION_TOKENS
+from tandem.protocol.sampling_params import (
+    MAX_LOGPROBS,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+)
 
 # SGLang's extensions at their defaults: sent by sglang-router, meaning "not asked for".
 _UNASKED = {"no_stop_trim": False, "skip_special_tokens": True, "return_hidden_states": False,
             "separate_reasoning": True, "stream_reasoning": True, "continue_final_message": False}
+TokenId = Annotated[int, Field(ge=0)]
+
+
+def _document_extras(schema: dict[str, Any], cls: type[Body]) -> None:
+    """The document says what is taken: other keys only as null, and the SGLang extensions at their defaults."""
+    schema["additionalProperties"] = {"type": "null"}
+    for k, v in cls.unasked.items():
+        schema.setdefault("properties", {})[k] = {"const": v}
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # strict: a number given as a string (or a bool as a number) is refused, as OpenAI's own server does.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True, json_schema_extra=_document_extras)
+    unasked: ClassVar[dict[str, Any]] = {}  # keys dropped when they hold these values
 
     @model_validator(mode="before")
     @classmethod
@@ -27,7 +43,10 @@ class Body(BaseModel):
             return data
         known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
         return {k: v for k, v in data.items()
-                if k in known or not (v is None or (k in _UNASKED and v == _UNASKED[k]))}
+                if k in known or not (v is None or (k in cls.unasked and v == cls.unasked[k]))}
+
+
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
 
 
 class StreamOptions(Body):
@@ -55,15 +74,17 @@ class SessionParamsBody(Body):
 
 
 class SamplingBody(Body):
-    """Fields both completions and chat completions take."""
+    """Fields both completions and chat completions take (bounds as SamplingParams')."""
+
+    unasked: ClassVar[dict[str, Any]] = _UNASKED
 
     model: str
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     n: Annotated[int, Field(ge=1, le=128)] = 1
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
     response_format: ResponseFormat | None = None
@@ -71,21 +92,21 @@ class SamplingBody(Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     # tandem's own (vLLM's names), sent by the openai client as extra_body.
-    top_k: int = -1
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    min_tokens: int = 0
+    top_k: Annotated[int, Field(ge=-1)] = -1  # 0 is refused too (SamplingParams.validate)
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
+    min_tokens: Annotated[int, Field(ge=0)] = 0
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     regex: str | None = None
-    choice: list[str] | None = None
+    choice: Annotated[list[str], Field(min_length=1)] | None = None
     grammar: str | None = None
     priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = 0  # lower first (--scheduling-policy priority)
     session_params: SessionParamsBody | None = None
 
 
 class CompletionRequest(SamplingBody):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
 
@@ -148,8 +169,8 @@ class ChatCompletionRequest(SamplingBody):
 
 
 class OpenSessionRequest(Body):
-    capacity_tokens: Annotated[int, Field(ge=1)]
-    timeout: Annotated[float, Field(gt=0)] | None = None  # idle seconds; default: the client's
+    capacity_tokens: Annotated[int, Field(ge=1, le=MAX_SESSION_TOKENS)]
+    timeout: Annotated[float, Field(gt=0, le=MAX_SESSION_TIMEOUT_S)] | None = None  # idle seconds; default: the client's
 
 
 class CloseSessionRequest(Body):
@@ -167,4 +188,4 @@ class TokenizeRequest(Body):
 
 class DetokenizeRequest(Body):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from tandem.frontend.client.async_client import SESSION_TIMEOUT_S
 from tandem.frontend.http.errors import APIError
+from tandem.frontend.http.openapi import BODY, ENGINE, answers
 from tandem.frontend.http.schemas import CloseSessionRequest, OpenSessionRequest, SamplingBody
 from tandem.frontend.http.state import ServerState
 from tandem.protocol.messages import SessionParams
@@ -25,12 +26,12 @@ def session_of(body: SamplingBody, num_requests: int) -> SessionParams | None:
 
 
 def add_session_routes(app: FastAPI, st: ServerState, dependencies: list[Any]) -> None:
-    @app.post("/open_session", dependencies=dependencies)
+    @app.post("/open_session", dependencies=dependencies, responses=answers(*BODY, 401, *ENGINE))
     async def open_session(body: OpenSessionRequest) -> str:
         session = await st.client.open_session(body.capacity_tokens, body.timeout or SESSION_TIMEOUT_S)
         return session.id
 
-    @app.post("/close_session", dependencies=dependencies)
+    @app.post("/close_session", dependencies=dependencies, responses=answers(*BODY, 401, *ENGINE))
     async def close_session(body: CloseSessionRequest) -> dict:
         await st.client.close_session(body.session_id)
         return {"session_id": body.session_id, "closed": True}

@@ -31,6 +31,7 @@ class ServerState:
     reasoning: str | None = None  # the reasoning parser's style (auto already resolved), or None
     responses: ResponseStore = field(default_factory=ResponseStore)
     created: int = field(default_factory=lambda: int(time.time()))
+    admin_api_key: str | None = None  # the operator routes exist only with one (see create_app)
     _texts: dict[int, str] = field(default_factory=dict)
 
     def token_text(self, tid: int) -> str:
@@ -52,11 +53,18 @@ class ServerState:
         return ReasoningParser(self.reasoning, opens_reasoning(self.tokenizer.decode(prompt_ids[-PROMPT_TAIL:])))
 
     def check_key(self, request: Request) -> None:
-        if self.api_key is None:
-            return
-        # OpenAI's clients send a bearer token, Anthropic's an x-api-key header: the same key either way.
-        auth = request.headers.get("authorization", "")
-        given = auth[7:] if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
-        # Constant time: how much of a guess matches must not show in the response time.
-        if not hmac.compare_digest(given.encode(), self.api_key.encode()):
+        if self.api_key is not None and not _key_matches(request, self.api_key):
             raise APIError(401, "Incorrect API key provided.", None, "invalid_api_key")
+
+    def check_admin_key(self, request: Request) -> None:
+        """Operator routes: the admin key only (the inference key is just another wrong key here)."""
+        if self.admin_api_key is None or not _key_matches(request, self.admin_api_key):
+            raise APIError(401, "Incorrect admin key provided.", None, "invalid_admin_key")
+
+
+def _key_matches(request: Request, key: str) -> bool:
+    # OpenAI's clients send a bearer token, Anthropic's an x-api-key header: the same key either way.
+    auth = request.headers.get("authorization", "")
+    given = auth[7:] if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
+    # Constant time: how much of a guess matches must not show in the response time.
+    return hmac.compare_digest(given.encode(), key.encode())

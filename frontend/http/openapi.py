@@ -1,0 +1,65 @@
+"""What the OpenAPI document (`GET /openapi.json`) says each route answers, so that it is true: every error
+status a route gives, with its body's schema (OpenAI's error object, or Anthropic's on the Messages API),
+the event stream beside JSON where a route streams, and no 422 (validation errors are 400s here).
+
+Each route states its answers beside its decorator (`responses=answers(...)`); `install` drops the 422
+FastAPI adds to every route that validates a body."""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+
+_OPENAI_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {
+        "type": "object",
+        "required": ["message", "type", "param", "code"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}},
+    }},
+}
+_ANTHROPIC_ERROR = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {"type": {"const": "error"}, "error": {
+        "type": "object", "required": ["type", "message"],
+        "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+    }},
+}
+_WHY = {400: "invalid request (the field is named)", 401: "missing or wrong key", 404: "unknown model or id",
+        413: "request body over --max-request-bytes", 500: "the engine failed the request",
+        503: "engine dead, draining or overloaded"}
+# A route that takes a JSON body can always answer these (the door's size limit, a body that is no JSON).
+BODY = (400, 413)
+ENGINE = (500, 503)  # a route that asks the engine
+
+
+def answers(*statuses: int, anthropic: bool = False, stream: bool = False) -> dict[int | str, dict[str, Any]]:
+    """The `responses=` of a route: its error statuses with their body schema; `stream`: its 200 may also be
+    a `text/event-stream`."""
+    schema = _ANTHROPIC_ERROR if anthropic else _OPENAI_ERROR
+    out: dict[int | str, dict[str, Any]] = {
+        s: {"description": _WHY[s], "content": {"application/json": {"schema": schema}}} for s in sorted(set(statuses))
+    }
+    if stream:
+        out[200] = {"content": {"text/event-stream": {"schema": {"type": "string"}}}}
+    return out
+
+
+def install(app: FastAPI) -> None:
+    make = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = make()
+            for ops in doc.get("paths", {}).values():
+                for op in ops.values():
+                    op.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                doc.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
