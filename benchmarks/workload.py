@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from tandem.kernels.native.cpu_caps import usable_cores
+from tandem.protocol.engine_stats import EngineStats
 from tandem.protocol.gguf_metadata import is_gguf
-from tandem.protocol.messages import EngineStats
 from tandem.protocol.model_config import metadata_dir
 from tandem.protocol.model_info import read_model_info
 

@@ -25,8 +25,9 @@ from tandem.frontend.client.session import Session
 from tandem.frontend.completion import Completion, CompletionDelta
 from tandem.frontend.embedding import Embedding
 from tandem.frontend.reasoning_parser import check_style
+from tandem.protocol.engine_stats import EngineStats
 from tandem.protocol.errors import EngineDeadError
-from tandem.protocol.messages import EngineStats, SessionParams
+from tandem.protocol.messages import SessionParams
 
 T = TypeVar("T")
 

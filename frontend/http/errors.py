@@ -8,6 +8,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tandem.protocol.engine_stats import EngineStats
 from tandem.protocol.errors import (
     EngineDeadError,
     ErrorCode,
@@ -15,7 +16,6 @@ from tandem.protocol.errors import (
     OverloadedError,
     TandemError,
 )
-from tandem.protocol.messages import EngineStats
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           405: "invalid_request_error", 413: "invalid_request_error", 503: "service_unavailable",

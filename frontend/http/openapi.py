@@ -48,7 +48,8 @@ def answers(*statuses: int, anthropic: bool = False, stream: bool = False) -> di
     return out
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, model_names: list[str]) -> None:
+    """`model_names`: what a request's `model` may be (any other is a 404), written into every body's schema."""
     make = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -57,9 +58,20 @@ def install(app: FastAPI) -> None:
             for ops in doc.get("paths", {}).values():
                 for op in ops.values():
                     op.get("responses", {}).pop("422", None)
+            schemas = doc.get("components", {}).get("schemas", {})
             for name in ("HTTPValidationError", "ValidationError"):
-                doc.get("components", {}).get("schemas", {}).pop(name, None)
+                schemas.pop(name, None)
+            for schema in schemas.values():
+                _name_models(schema.get("properties", {}).get("model"), model_names)
             app.openapi_schema = doc
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _name_models(prop: dict[str, Any] | None, names: list[str]) -> None:
+    if prop is None:
+        return
+    for branch in prop.get("anyOf", [prop]):  # an optional model: the string branch of string-or-null
+        if branch.get("type") == "string":
+            branch["enum"] = list(names)
