@@ -17,7 +17,6 @@ from tandem.frontend.http.metrics import Metrics
 from tandem.frontend.http.response_store import ResponseStore
 from tandem.frontend.http.state import ServerState
 from tandem.frontend.reasoning_parser import template_style
-from tandem.protocol.errors import TandemError
 from tandem.protocol.final_info import FinalInfo
 from tandem.protocol.model_info import read_model_info
 from tandem.protocol.tokenizer_loader import load_tokenizer
@@ -32,7 +31,7 @@ class Reply:
     finish_reason: str = "stop"
     matched_stop: int | str | None = None
     cached_tokens: int = 0
-    error: TandemError | None = None  # raised before any output, as the engine reports a bad request
+    error: Exception | None = None  # raised before any output, as the engine reports a bad request (or a fault)
 
 
 @dataclass

@@ -11,7 +11,7 @@ import pytest
 from tandem import AsyncClient, InvalidRequestError
 from tandem.protocol.errors import ErrorCode
 from tandem.protocol.messages import MAX_SESSION_TIMEOUT_S
-from tests.scripted_engine import KEY, NAME, scripted_app, transport
+from tests.scripted_engine import KEY, NAME, Reply, scripted_app, transport
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
@@ -42,6 +42,9 @@ def test_the_document_lists_every_answer(app) -> None:
     assert "/drain" not in doc["paths"]  # the scripted server has no admin key
     chat = doc["paths"]["/v1/chat/completions"]["post"]["responses"]
     assert {"200", "401", "404", "503"} <= set(chat) and "text/event-stream" in chat["200"]["content"]
+    # A stream is documented by one event's schema (the fuzzer checks each event against it): `data` a string.
+    event = chat["200"]["content"]["text/event-stream"]["schema"]
+    assert event["required"] == ["data"] and event["properties"]["data"]["type"] == "string"
     anthropic = doc["paths"]["/v1/messages"]["post"]["responses"]["400"]["content"]["application/json"]["schema"]
     assert anthropic["properties"]["type"] == {"const": "error"}
     assert list(doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
@@ -91,3 +94,52 @@ def test_the_client_refuses_a_capacity_it_cannot_send(tmp_path) -> None:
             await client.close()
 
     asyncio.run(main())
+
+
+def test_an_empty_prompt_with_echo_and_logprobs_is_a_400(app) -> None:
+    # The fuzzer's 500 (IndexError): echo's logprobs read the first token of a prompt that had none.
+    for prompt in ("", [], [[]], [[1], []]):
+        r = _call(app, "POST", "/v1/completions", {"model": NAME, "prompt": prompt, "echo": True, "logprobs": 1})
+        assert r.status_code == 400, (prompt, r.text)
+        assert r.json()["error"]["code"] == ErrorCode.EMPTY_PROMPT, (prompt, r.text)
+
+
+def test_token_ids_past_the_vocabulary_are_refused_and_documented(app) -> None:
+    # The fuzzer's hang: a prompt id past 64 bits could not be encoded for the engine, the choice's task died
+    # and the response waited forever. The schema bounds ids; the document says the model's own bound.
+    doc = _call(app, "GET", "/openapi.json").json()
+    ids = doc["components"]["schemas"]["DetokenizeRequest"]["properties"]["tokens"]["items"]
+    assert ids["minimum"] == 0 and ids["maximum"] == 1023 and "x-token-id" not in ids
+    for body in ({"model": NAME, "prompt": [2**70, 0]}, {"model": NAME, "prompt": "x", "stop_token_ids": [2**70]},
+                 {"model": NAME, "input": [2**70]}):
+        path = "/v1/embeddings" if "input" in body else "/v1/completions"
+        r = _call(app, "POST", path, body)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", (body, r.text)
+
+
+def test_the_client_refuses_what_the_wire_cannot_carry(tmp_path) -> None:
+    async def main() -> None:
+        client = AsyncClient(f"ipc://{tmp_path}/nobody")  # refused before anything is sent: no engine needed
+        try:
+            with pytest.raises(InvalidRequestError, match="cannot be encoded"):
+                await client.generate([2**70, 0], {"max_tokens": 2})
+            with pytest.raises(InvalidRequestError, match="cannot be encoded") as e:
+                await client.generate([1], {"stop_token_ids": [2**70]})
+            assert e.value.code == ErrorCode.PARAMS
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_a_fault_of_ours_ends_the_response_with_a_typed_500(tiny_model) -> None:
+    # Any exception a choice's stream raises ends the response (before: only the engine's typed errors did,
+    # and any other left it waiting forever); the body keeps the API's shape, streamed or not.
+    engine, app = scripted_app(tiny_model("llama"), None)
+    engine.script(Reply([], error=RuntimeError("boom")))
+    r = _call(app, "POST", "/v1/completions", {"model": NAME, "prompt": "x", "max_tokens": 2})
+    assert r.status_code == 500 and r.json()["error"]["code"] == ErrorCode.FAILED_INTERNAL, r.text
+    assert "boom" in r.json()["error"]["message"]
+    engine.script(["a", "b"])  # and the door serves on
+    r = _call(app, "POST", "/v1/completions", {"model": NAME, "prompt": "x", "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "ab", r.text

@@ -11,10 +11,12 @@ import subprocess
 import time
 from collections.abc import Callable
 
+import msgspec
 import zmq
 import zmq.utils.monitor
 
 from tandem.protocol.codec import encode, frontend_decoder
+from tandem.protocol.errors import InvalidRequestError
 from tandem.protocol.messages import ClientMsg, FrontendMsg
 
 _DEAD_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED | zmq.EVENT_MONITOR_STOPPED
@@ -96,7 +98,12 @@ _decode = frontend_decoder()
 
 
 def encode_msg(msg: ClientMsg) -> bytes:
-    return encode(msg)
+    """A message the wire cannot carry (an integer past 64 bits, an object msgpack does not know) is the
+    caller's error, typed, raised before anything is sent."""
+    try:
+        return encode(msg)
+    except (OverflowError, TypeError, msgspec.EncodeError) as e:
+        raise InvalidRequestError(f"the request cannot be encoded: {e}") from None
 
 
 def decode_msg(data: bytes) -> FrontendMsg:

@@ -20,6 +20,13 @@ def new_rid() -> str:
     return uuid.uuid4().hex
 
 
+def _packed(params: object) -> msgspec.Raw:
+    try:
+        return msgspec.Raw(msgspec.msgpack.encode(params))
+    except (OverflowError, TypeError, msgspec.EncodeError) as e:  # e.g. a stop token id past 64 bits
+        raise InvalidRequestError(f"the parameters cannot be encoded: {e}", ErrorCode.PARAMS) from None
+
+
 def build_request(prompt: Prompt, params: Params, rid: str | None = None, priority: int = 0,
                   session: SessionParams | None = None) -> GenerateRequest:
     req = _build(prompt, params, rid or new_rid())
@@ -29,7 +36,7 @@ def build_request(prompt: Prompt, params: Params, rid: str | None = None, priori
 
 def _build(prompt: Prompt, params: Params, rid: str) -> GenerateRequest:
     # Parameters travel raw: the frontend decodes and validates them, so bad ones are one typed error.
-    raw = msgspec.Raw(msgspec.msgpack.encode(params if params is not None else {}))
+    raw = _packed(params if params is not None else {})
     if isinstance(prompt, str):
         return GenerateRequest(rid, text=prompt, params=raw)
     if not isinstance(prompt, Sequence):
@@ -51,7 +58,7 @@ def _build(prompt: Prompt, params: Params, rid: str) -> GenerateRequest:
 def build_embed_request(input: str | Sequence[int], params: EmbedParams, rid: str | None = None,
                         priority: int = 0) -> EmbedRequest:
     rid = rid or new_rid()
-    raw = msgspec.Raw(msgspec.msgpack.encode(params))
+    raw = _packed(params)
     if isinstance(input, str):
         return EmbedRequest(rid, text=input, params=raw, priority=priority)
     if isinstance(input, Sequence) and all(isinstance(t, int) and not isinstance(t, bool) for t in input):

@@ -43,7 +43,7 @@ def _version() -> str:
 def create_app(st: ServerState) -> FastAPI:
     app = FastAPI(title="tandem", version=_version(), docs_url=None, redoc_url=None)
     errors.install(app)
-    openapi.install(app, [st.model_name])
+    openapi.install(app, [st.model_name], st.info.vocab_size)
 
     def check_key(request: Request) -> None:
         st.check_key(request)

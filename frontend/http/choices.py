@@ -10,6 +10,7 @@ would let them pile up, so past MAX_UNREAD_OUTPUTS the run is aborted, typed (do
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from tandem.frontend.http.metrics import Metrics
 from tandem.protocol.errors import ErrorCode, RequestFailedError, TandemError
 from tandem.protocol.messages import SessionParams
 
+logger = logging.getLogger(__name__)
 MAX_UNREAD_OUTPUTS = 1024  # per HTTP request, all its choices together
 
 
@@ -62,6 +64,10 @@ class ChoiceRun:
         except TandemError as e:
             self._unfinished.discard(self.rids[i])  # the engine ended it already
             await self._queue.put((i, e))
+        except Exception as e:  # a fault of ours: the response still ends (a typed 500), never waits forever
+            logger.exception("choice %s of a request failed", i)
+            await self._queue.put((i, RequestFailedError(f"internal error: {type(e).__name__}: {e}",
+                                                         ErrorCode.FAILED_INTERNAL)))
 
     async def __aiter__(self) -> AsyncIterator[tuple[int, CompletionDelta]]:
         done = 0

@@ -18,6 +18,7 @@ from tandem.frontend.http.state import ServerState
 from tandem.frontend.http.streaming import sse, stream_response, until_disconnect
 from tandem.frontend.http.usage import Usage
 from tandem.frontend.prompt_tokens import encode_text
+from tandem.protocol.errors import ErrorCode, InvalidRequestError
 
 
 def _prompts(st: ServerState, body: CompletionRequest) -> tuple[list[str | None], list[list[int]]]:
@@ -27,6 +28,8 @@ def _prompts(st: ServerState, body: CompletionRequest) -> tuple[list[str | None]
         p = [p]  # type: ignore[list-item]
     texts = [x if isinstance(x, str) else None for x in p]
     ids = [encode_text(st.tokenizer, x) if isinstance(x, str) else list(x) for x in p]
+    if not ids or not all(ids):  # as the engine says it, before echo reads a first token that is not there
+        raise InvalidRequestError("the prompt is empty", ErrorCode.EMPTY_PROMPT)
     return texts, ids
 
 

@@ -8,7 +8,7 @@ from fastapi import Request
 from pydantic import Field
 
 from tandem.frontend.http.errors import APIError
-from tandem.frontend.http.schemas import Body
+from tandem.frontend.http.schemas import Body, TokenId
 from tandem.frontend.http.state import ServerState
 from tandem.frontend.http.streaming import until_disconnect
 from tandem.protocol.errors import ErrorCode, InvalidRequestError
@@ -18,7 +18,7 @@ MAX_INPUTS = 2048  # OpenAI's limit per request
 
 class EmbeddingRequest(Body):
     model: str
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | list[str] | list[TokenId] | list[list[TokenId]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Field(ge=1)] | None = None
     user: str | None = None

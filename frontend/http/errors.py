@@ -78,6 +78,13 @@ def install(app: FastAPI) -> None:
         message = "; ".join(f"{p}: {m}" if p else m for p, m in found)
         return APIError(400, message, found[0][0] or None, "invalid_value").response(request.url.path)
 
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, e: Exception) -> JSONResponse:
+        # A fault of ours still answers in the API's shape (starlette's default is a plain-text 500); it is
+        # logged with its traceback by the server error middleware that calls this.
+        return APIError(500, f"internal error: {type(e).__name__}", None, ErrorCode.INTERNAL).response(
+            request.url.path)
+
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
         response = APIError(e.status_code, str(e.detail)).response(request.url.path)

@@ -28,6 +28,13 @@ _ANTHROPIC_ERROR = {
         "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
     }},
 }
+# One server-sent event (OpenAPI 3.1 documents a stream by its event's schema): `data` is a JSON object, or
+# `[DONE]` where an OpenAI stream ends; `event` names it on the Responses and Messages APIs.
+_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string", "contentMediaType": "application/json"}, "event": {"type": "string"}},
+}
 _WHY = {400: "invalid request (the field is named)", 401: "missing or wrong key", 404: "unknown model or id",
         413: "request body over --max-request-bytes", 500: "the engine failed the request",
         503: "engine dead, draining or overloaded"}
@@ -44,12 +51,13 @@ def answers(*statuses: int, anthropic: bool = False, stream: bool = False) -> di
         s: {"description": _WHY[s], "content": {"application/json": {"schema": schema}}} for s in sorted(set(statuses))
     }
     if stream:
-        out[200] = {"content": {"text/event-stream": {"schema": {"type": "string"}}}}
+        out[200] = {"content": {"text/event-stream": {"schema": _EVENT}}}
     return out
 
 
-def install(app: FastAPI, model_names: list[str]) -> None:
-    """`model_names`: what a request's `model` may be (any other is a 404), written into every body's schema."""
+def install(app: FastAPI, model_names: list[str], vocab_size: int) -> None:
+    """`model_names`: what a request's `model` may be (any other is a 404), written into every body's schema;
+    `vocab_size`: the bound of every token id (schemas.TokenId)."""
     make = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -63,6 +71,7 @@ def install(app: FastAPI, model_names: list[str]) -> None:
                 schemas.pop(name, None)
             for schema in schemas.values():
                 _name_models(schema.get("properties", {}).get("model"), model_names)
+            _bound_token_ids(schemas, vocab_size)
             app.openapi_schema = doc
         return app.openapi_schema
 
@@ -75,3 +84,14 @@ def _name_models(prop: dict[str, Any] | None, names: list[str]) -> None:
     for branch in prop.get("anyOf", [prop]):  # an optional model: the string branch of string-or-null
         if branch.get("type") == "string":
             branch["enum"] = list(names)
+
+
+def _bound_token_ids(node: Any, vocab_size: int) -> None:
+    if isinstance(node, dict):
+        if node.pop("x-token-id", False):
+            node["maximum"] = vocab_size - 1
+        for v in node.values():
+            _bound_token_ids(v, vocab_size)
+    elif isinstance(node, list):
+        for v in node:
+            _bound_token_ids(v, vocab_size)

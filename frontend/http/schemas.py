@@ -21,7 +21,9 @@ from tandem.protocol.sampling_params import (
 # SGLang's extensions at their defaults: sent by sglang-router, meaning "not asked for".
 _UNASKED = {"no_stop_trim": False, "skip_special_tokens": True, "return_hidden_states": False,
             "separate_reasoning": True, "stream_reasoning": True, "continue_final_message": False}
-TokenId = Annotated[int, Field(ge=0)]
+# No vocabulary is larger than 2**31; the OpenAPI document says the served model's own bound (openapi.py reads
+# the mark), which the engine enforces.
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1, json_schema_extra={"x-token-id": True})]
 
 
 def _document_extras(schema: dict[str, Any], cls: type[Body]) -> None:
