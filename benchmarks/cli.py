@@ -1,4 +1,4 @@
-"""`tandem bench offline|latency|prefix|async|structured|spec|soak|abuse|serve`: workload flags plus every engine flag (from launch.cli_options).
+"""`tandem bench offline|latency|prefix|async|structured|spec|soak|abuse|serve`: workload flags plus every engine flag (from tandem.launch.cli_options).
 
 `--seed` is the engine's seed flag; the benchmarks also seed their random prompts with it.
 """

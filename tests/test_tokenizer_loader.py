@@ -32,7 +32,7 @@ def test_plain_class_loads_like_autotokenizer(tiny_model, arch: str) -> None:
 
 def test_plain_class_does_not_import_torch(tiny_model) -> None:
     """The frontend and HTTP processes need no torch: importing it cost ~2 s of every engine start."""
-    code = ("import sys; from protocol.tokenizer_loader import load_tokenizer; "
+    code = ("import sys; from tandem.protocol.tokenizer_loader import load_tokenizer; "
             f"load_tokenizer({str(tiny_model('llama'))!r}); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).parents[1])
@@ -50,3 +50,15 @@ def test_other_classes_go_through_autotokenizer(tiny_model, tmp_path: Path) -> N
     tok = load_tokenizer(tmp_path)
     assert type(tok).__name__ == "GPT2Tokenizer"
     assert tok("Hello world").input_ids == load_tokenizer(src)("Hello world").input_ids
+
+
+def test_the_launcher_and_its_spawn_targets_import_no_torch() -> None:
+    """The launcher imports each process's entry function to spawn it: none may pull in torch, transformers
+    or xgrammar (the worker's failed-step module once did, ~1 s before any process started)."""
+    code = ("import sys; import tandem.launch.serve, tandem.launch.launcher; "
+            "from tandem.worker.process import run_worker; from tandem.scheduler.process import run_scheduler; "
+            "from tandem.frontend.server.process import run_frontend; from tandem.frontend.http.process import run_http; "
+            "from tandem.detokenizer.process import run_detokenizer; "
+            "print(sorted(m for m in ('torch', 'transformers', 'xgrammar') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

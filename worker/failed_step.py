@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-
 from tandem.protocol.errors import ErrorCode
 from tandem.protocol.fault_injection import InjectedFault
 from tandem.protocol.messages import StepFailed
@@ -43,6 +41,8 @@ class FailedStep:
 def describe(step_id: int, e: Exception) -> FailedStep:
     if isinstance(e, RequestFault):
         return FailedStep(step_id, e.rows, e.code, str(e))
+    import torch  # here, not above: the launcher imports the worker's process module, and never torch
+
     if isinstance(e, torch.OutOfMemoryError):
         return FailedStep(step_id, [], ErrorCode.OUT_OF_MEMORY, f"step ran out of memory: {e}")
     return FailedStep(step_id, [], ErrorCode.FAILED_INTERNAL, f"step failed: {type(e).__name__}: {e}")
