@@ -56,7 +56,10 @@ def open_gguf(path: str | Path) -> GGUFReader:
 
 
 def gguf_architecture(reader: GGUFReader, path: str | Path) -> str:
-    arch = _field(reader, "general.architecture")
+    return checked_architecture(_field(reader, "general.architecture"), path)
+
+
+def checked_architecture(arch: Any, path: str | Path) -> str:
     if arch not in GGUF_ARCHITECTURES:
         raise ModelLoadError(
             f"{path}: unsupported GGUF architecture {arch!r}; supported: {', '.join(sorted(GGUF_ARCHITECTURES))}"
@@ -237,6 +240,9 @@ def write_metadata(path: str | Path, out: str | Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
     (out / "generation_config.json").write_text(json.dumps(generation_config(reader), indent=2) + "\n")
+    from tandem.protocol.gguf_tensor_index import write_tensor_index
+
+    write_tensor_index(reader, out)  # the worker's start then needs no parse of its own
     del reader  # its memory map: the tokenizer below reads the file again
     try:
         tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)

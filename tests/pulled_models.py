@@ -17,6 +17,8 @@ import pytest
 
 from tandem.launch.known_models import KNOWN_MODELS
 from tandem.launch.pull import find_gguf
+from tandem.protocol.gguf_metadata import METADATA_FILES, metadata_cache_path
+from tandem.protocol.gguf_tensor_index import INDEX_FILE
 from tests.conftest import slow_cache_dir
 
 ENGINE_PACKAGES = {"frontend", "scheduler", "worker", "detokenizer", "protocol", "kernels", "launch"}
@@ -58,6 +60,9 @@ def pulled_model(name: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
         part = out.with_name(f".{out.name}-{os.getpid()}")
         shutil.rmtree(part, ignore_errors=True)
         pull(name, part)
+        index = metadata_cache_path(src) / INDEX_FILE  # written by the conversion: kept for later sessions
+        if index.is_file():
+            shutil.copyfile(index, part / INDEX_FILE)
         try:
             part.rename(out)  # atomic: a racing run sees no directory or a whole one
         except OSError:
@@ -73,8 +78,6 @@ def _seed_metadata(gguf: Path, converted: Path) -> None:
     """The session's GGUF metadata cache (conftest points it at a temporary directory) gets the files the
     conversion wrote from this very file with the same code, instead of deriving them again: a 262k-token
     vocabulary's tokenizer takes tens of seconds to build from the metadata."""
-    from tandem.protocol.gguf_metadata import METADATA_FILES, metadata_cache_path
-
     d = metadata_cache_path(gguf)
     if all((d / f).is_file() for f in METADATA_FILES):
         return
@@ -82,6 +85,8 @@ def _seed_metadata(gguf: Path, converted: Path) -> None:
     part.mkdir(parents=True, exist_ok=True)
     for f in METADATA_FILES:
         shutil.copyfile(converted / f, part / f)
+    if (converted / INDEX_FILE).is_file():  # the tensor index too: no worker start parses the file again
+        shutil.copyfile(converted / INDEX_FILE, part / INDEX_FILE)
     try:
         part.rename(d)
     except OSError:

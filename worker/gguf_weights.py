@@ -15,7 +15,8 @@ import torch
 from tqdm import tqdm
 
 from tandem.protocol.errors import ModelLoadError
-from tandem.protocol.gguf_metadata import gguf_architecture, open_gguf
+from tandem.protocol.gguf_metadata import checked_architecture
+from tandem.protocol.gguf_tensor_index import gguf_tensor_index
 from tandem.protocol.model_config import ModelConfig
 
 # Every HF module name of the llama family (Qwen3's q/k norms included); gguf's own name map turns each
@@ -122,11 +123,11 @@ def iter_gguf_weights(
     terminal)."""
     import gguf
 
-    reader = open_gguf(path)
-    arch = gguf_architecture(reader, path)
+    index = gguf_tensor_index(path)
+    arch = checked_architecture(index.architecture, path)
     names = gguf_to_hf_names(arch, cfg.num_hidden_layers)
     heads = {"self_attn.q_proj": cfg.num_attention_heads, "self_attn.k_proj": cfg.num_key_value_heads}
-    bar = tqdm(reader.tensors, desc=f"dequantizing {Path(path).name}", unit="tensor",
+    bar = tqdm(index.tensors, desc=f"dequantizing {Path(path).name}", unit="tensor",
                disable=None if progress is None else not progress)
     for t in bar:
         name = names.get(t.name)
