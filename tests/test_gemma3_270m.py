@@ -22,7 +22,9 @@ from tests.pulled_models import pulled_model
 from tests.reference import assert_greedy_parity, greedy_batched
 
 NAME = "gemma3-270m"
-pytestmark = pytest.mark.timeout(1200)  # a cold cache: pull, convert, the reference: minutes on a busy CPU
+# The slower tier (make test-slow, which CI runs after make test): a cold cache converts the file and runs the
+# reference, minutes on a busy CPU.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 MAX_TOKENS = 48
 LONG = 1500
 WINDOW = 512
@@ -40,8 +42,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def gemma(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return pulled_model(NAME, tmp_path_factory)
+def gemma() -> Path:
+    return pulled_model(NAME)
 
 
 @pytest.fixture(scope="module")

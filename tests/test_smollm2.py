@@ -17,7 +17,7 @@ from tests.reference import assert_greedy_parity, greedy_batched
 
 NAME = "smollm2-135m-instruct"
 # A 135M model on a CPU: converting it and starting two engines is minutes on a busy machine.
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # real weights: the slower tier (make test-slow)
 MAX_TOKENS = 64
 ENGINE = {"dtype": "float32", "kv_cache_tokens": 24576, "max_num_batched_tokens": 512, "chunked_prefill_tokens": 128,
           "async_scheduling": True}
@@ -37,8 +37,8 @@ CHAT = [
 
 
 @pytest.fixture(scope="session")
-def smol(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return pulled_model(NAME, tmp_path_factory)
+def smol() -> Path:
+    return pulled_model(NAME)
 
 
 @pytest.fixture(scope="module")

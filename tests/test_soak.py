@@ -10,7 +10,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tandem.worker.heap_keeper import HeapKeeper
+
+pytestmark = pytest.mark.slow  # 45 s of traffic: the slower tier (make test-slow)
 
 CORRECTNESS = {
     "traffic threads all returned", "every request ended", "no request ended twice",
