@@ -16,8 +16,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from tandem.kernels.cpu_linear import pack_weight, packed_linear
 from tandem.kernels.native.cpu_caps import cpu_caps, usable_cores
-from tandem.worker.layers.cpu_linear import pack_weight, packed_linear
 
 
 def median_ms(f: Callable[[], object], reps: int) -> float:

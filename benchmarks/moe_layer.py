@@ -14,8 +14,8 @@ import time
 
 import torch
 
+from tandem.kernels.cpu_linear import pack_weight, packed_linear
 from tandem.kernels.native import moe, norm_act
-from tandem.worker.layers.cpu_linear import pack_weight, packed_linear
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,6 @@
 """A GGUF file's quantized linear layers, two ways, on the CPU: the quantized kernel on the file's blocks
 (kernels/native/quant_linear.py, what the worker runs for the GGUF types it takes, in float32) against
-oneDNN on the dequantized float32 weights (worker/layers/cpu_linear.py, what it runs for the converted
+oneDNN on the dequantized float32 weights (kernels/cpu_linear.py, what it runs for the converted
 directory). Every decoder layer's own weights, so they stream from memory as in a step, and the LM head;
 checks both give the same products first. Prints the CPU beside the times.
 
@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 from tandem.benchmarks.linear_shape import median_ms
+from tandem.kernels.cpu_linear import pack_weight, packed_linear
 from tandem.kernels.native.cpu_caps import cpu_caps, usable_cores
 from tandem.kernels.native.quant_linear import GGUF_BLOCKS, available, dequantize, pack, quant_linear
 from tandem.protocol.gguf_metadata import open_gguf
-from tandem.worker.layers.cpu_linear import pack_weight, packed_linear
 
 # Byte offsets of each type's float16 scales in its GGUF block: set to small finite values in random blocks
 # (any other bytes make a valid block).

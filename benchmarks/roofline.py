@@ -14,13 +14,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from tandem.kernels.cpu_linear import pack_weight, packable, packed_linear
 from tandem.kernels.native.cpu_caps import cpu_caps, usable_cores
 from tandem.kernels.ops import resolve_ops
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.gguf_metadata import is_gguf, open_gguf
 from tandem.protocol.model_config import read_model_config
 from tandem.worker.device import resolve_device, resolve_weight_dtype
-from tandem.worker.layers.cpu_linear import pack_weight, packable, packed_linear
 from tandem.worker.loader import quantized_types
 
 
@@ -135,7 +135,7 @@ def _linear_rates(dims: ModelDims, m: int, min_time_s: float) -> tuple[float, di
     total_flops = total_time = 0.0
     for name, (k, n, count) in dims.linears().items():
         # The product the engine's layers run: oneDNN on the packed weight where the worker packs it
-        # (CPU float32, worker/layers/cpu_linear.py), F.linear elsewhere.
+        # (CPU float32, kernels/cpu_linear.py), F.linear elsewhere.
         x, w = torch.randn(m, k, dtype=dims.dtype), torch.randn(n, k, dtype=dims.dtype)
         product = partial(packed_linear, x, pack_weight(w)) if packable(w) else partial(F.linear, x, w)
         product()  # warm-up: first-call allocation and kernel selection

@@ -9,6 +9,7 @@ for the device-side ops (=1 on CPU needs TRITON_INTERPRET=1), TANDEM_NO_NATIVE=1
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem.kernels.linear_product import linear_product
 from tandem.kernels.native import moe, norm_act, paged_attention, quant_linear, rotary
 from tandem.kernels.reference import bitmask as ref_bitmask
 from tandem.kernels.reference import input_prep as ref_input_prep
@@ -55,6 +57,11 @@ class Ops:
     rotary: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     # an MoE layer's experts from torch weights (where `native`, the layer runs kernels/native/moe.py instead)
     moe_experts: Callable[..., torch.Tensor]
+    # a linear layer's product from the form of its weight it holds (kernels/linear_product.py)
+    linear: Callable[..., torch.Tensor]
+    # a whole MoE layer in the C kernel (router, top-k, experts) from its packed weights: (x, w13, w2, top_k,
+    # renormalize, router) -> y; only where `native`
+    moe_layer: Callable[..., torch.Tensor]
 
     def describe(self) -> str:
         device_ops = "host" if self.host_drafts else "triton"
@@ -71,6 +78,15 @@ def _native_add_rms_norm(
     if delta is None and x.dim() == 3 and x.stride(2) == 1:  # each head a row (what the CPU step graph runs)
         return norm_act.add_rms_norm(x.reshape(-1, x.shape[2]), None, weight, eps).view(x.shape)
     return ref_norm_act.add_rms_norm(x, delta, weight, eps)
+
+
+def _native_moe_layer(x: torch.Tensor, w13: moe.ExpertWeights, w2: moe.ExpertWeights, top_k: int,
+                      renormalize: bool, router: torch.Tensor) -> torch.Tensor:
+    return moe.moe(x, w13, w2, top_k, renormalize, router=router)[0]
+
+
+def _no_moe_layer(*args: object) -> torch.Tensor:
+    raise RuntimeError("the C MoE kernel does not run here (its layer runs the router and Ops.moe_experts)")
 
 
 def resolve_ops(
@@ -108,6 +124,8 @@ def resolve_ops(
         gelu_mul=norm_act.gelu_mul if native else ref_norm_act.gelu_mul_ref,
         rotary=rotary.rotary if native else ref_rotary.apply_rotary_ref,
         moe_experts=tri_moe.experts_triton if triton else ref_moe.experts_ref,
+        linear=functools.partial(linear_product, int8=int8_activations and native),
+        moe_layer=_native_moe_layer if native else _no_moe_layer,
     )
     log.info("%s (device %s, %s)", ops.describe(), device, dtype)
     return ops

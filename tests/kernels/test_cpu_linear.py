@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tandem.kernels.cpu_linear import pack_weight, packable, packed_linear
 from tandem.kernels.native import quant_linear as native_linear
 from tandem.kernels.native.quant_linear import DENSE_MAX_ROWS
 from tandem.worker.layers import ColumnParallelLinear, RowParallelLinear, VocabEmbedding
-from tandem.worker.layers.cpu_linear import pack_weight, packable, packed_linear
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 

@@ -9,10 +9,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from tandem.kernels.cpu_linear import pack_weight, packable
+from tandem.kernels.linear_product import linear_product
 from tandem.kernels.native import quant_linear as native_linear
-from tandem.kernels.native.quant_linear import QuantWeight, dense, dense_takes, pack, quant_linear
+from tandem.kernels.native.quant_linear import QuantWeight, dense, pack
 from tandem.worker.gguf_weights import GGUFBlocks
-from tandem.worker.layers.cpu_linear import linear, pack_weight, packable
 
 if TYPE_CHECKING:
     from tandem.kernels.ops import Ops
@@ -27,6 +28,7 @@ class VocabEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         # the head's product from blocks takes int8 activations (the worker's Ops: --cpu-int8-activations)
+        self.ops = ops  # the worker's: its `linear` runs the head's product (None: made alone)
         self.int8_activations = ops is not None and ops.int8_activations
         self.native = native_linear.available() if ops is None else ops.native  # as PackableLinear's
         self.vocab_size, self.tp_rank, self.tp_size = vocab_size, tp_rank, tp_size
@@ -96,15 +98,12 @@ class VocabEmbedding(nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [N, hidden] -> float32 logits [N, vocab], the same on every rank."""
-        if self.head_quant is not None:
-            local = quant_linear(h, self.head_quant, int8=self.int8_activations)
-            if local.shape[1] < self.shard:  # the last rank's padding rows past the vocab: zero logits
-                local = torch.cat([local, local.new_zeros(local.shape[0], self.shard - local.shape[1])], dim=1)
-        elif self.head_dense is not None:
-            hd = self.head_dense
-            local = quant_linear(h, hd) if dense_takes(hd, h) else linear(h, hd.data, None).float()
-        else:
-            local = linear(h, self.weight, self.head_packed).float()
+        run = linear_product if self.ops is None else self.ops.linear
+        local = run(h, self.head_quant, self.head_dense, self.weight, self.head_packed, None)
+        if local.dtype != torch.float32:
+            local = local.float()
+        if local.shape[1] < self.shard:  # the last rank's padding rows past the vocab (blocks): zero logits
+            local = torch.cat([local, local.new_zeros(local.shape[0], self.shard - local.shape[1])], dim=1)
         if self.tp_size == 1:
             return local
         parts = [torch.empty_like(local) for _ in range(self.tp_size)]

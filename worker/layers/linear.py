@@ -14,10 +14,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tandem.kernels.cpu_linear import pack_weight, packable
+from tandem.kernels.linear_product import linear_product
 from tandem.kernels.native import quant_linear as native_linear
-from tandem.kernels.native.quant_linear import QuantRows, QuantWeight, dense, dense_takes, pack, quant_linear
+from tandem.kernels.native.quant_linear import QuantRows, QuantWeight, dense, pack
 from tandem.worker.gguf_weights import GGUFBlocks
-from tandem.worker.layers.cpu_linear import linear, pack_weight, packable
 
 if TYPE_CHECKING:
     from tandem.kernels.ops import Ops
@@ -45,10 +46,12 @@ class PackableLinear(nn.Module):
     # the product from blocks takes int8 activations (the worker's Ops: --cpu-int8-activations)
     int8_activations: bool = False
     native: bool = False
+    ops: Ops | None = None  # the worker's: its `linear` runs the product (None: a layer made alone)
     # rows offset -> that part's GGUF blocks, until finish_loading packs (or dequantizes) them
     _blocks: dict[int, GGUFBlocks]
 
     def use_ops(self, ops: Ops | None) -> None:
+        self.ops = ops
         self.int8_activations = ops is not None and ops.int8_activations
         # float weights go to the C kernel where the worker's ops run the C kernels (TANDEM_NO_NATIVE=1 and
         # a failed build do not); a layer made without ops: where the kernel is built
@@ -106,13 +109,8 @@ class PackableLinear(nn.Module):
             self.weight = None
 
     def product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if self.quant is not None:
-            y = quant_linear(x, self.quant, int8=self.int8_activations)
-            return y if bias is None else y.add_(bias)
-        if self.dense is not None and dense_takes(self.dense, x):
-            y = quant_linear(x, self.dense)
-            return y if bias is None else y.add_(bias)
-        return linear(x, self.weight, self.packed, bias)
+        run = linear_product if self.ops is None else self.ops.linear
+        return run(x, self.quant, self.dense, self.weight, self.packed, bias)
 
 
 def _contiguous(parts: dict[int, GGUFBlocks], order: list[int]) -> list[int]:

@@ -198,7 +198,7 @@ class FusedMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ex = self.experts
         if self._router is not None:
-            y = native_moe.moe(x, ex.packed13, ex.packed2, self.top_k, self.renormalize, router=self._router)[0]
+            y = self.ops.moe_layer(x, ex.packed13, ex.packed2, self.top_k, self.renormalize, self._router)
         else:
             weights, ids = route_ref(self.gate(x), self.top_k, self.renormalize)
             y = self.ops.moe_experts(x, ex.w13, ex.w2, weights, ids)
