@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from tandem import SamplingParams
+from tandem.kernels import linear_product
 from tandem.kernels.native.quant_linear import quant_linear
 from tandem.kernels.ops import resolve_ops
 from tandem.kernels.reference.quant_int8 import int8_linear_ref
 from tandem.launch.cli import _parser
 from tandem.launch.cli_options import config_from_args
 from tandem.protocol.engine_config import EngineConfig
-from tandem.worker.layers import embedding, linear
 from tandem.worker.loader import load_model
 from tests.conftest import check_idle_engine
 from tests.gguf_files import write_gguf
@@ -70,8 +70,7 @@ def test_every_product_takes_the_int8_path_exactly(arch: str, qtype: str, size: 
         calls.append(int8)
         return int8_linear_ref(x, w) if int8 else quant_linear(x, w, threads)
 
-    monkeypatch.setattr(linear, "quant_linear", reference)
-    monkeypatch.setattr(embedding, "quant_linear", reference)
+    monkeypatch.setattr(linear_product, "quant_linear", reference)  # every layer's product and the head's
     assert torch.equal(logits(True), kernel)
     assert calls and all(calls)  # 4 products a layer and the head, every one int8
     assert not torch.equal(kernel, plain)

@@ -41,6 +41,7 @@ enum {
     MOE = 8,       /* fn, x, H, ldx, router, E, k, renorm, ids, wts, w13, kind13, N13, w2, kind2, I, y, ldy */
     GELU_MUL = 9,  /* as SILU_MUL, GELU (tanh form) */
     ARGMAX = 10,   /* part, logits, ld, vocab, out (int64): greedy sampling's tokens (argmax.c) */
+    ADD = 11,      /* x, ldx, delta, ldd, n: x += delta (a residual add no norm takes in; torch's add_ bits) */
 };
 
 /* Elementwise nodes under this many elements run on one thread (norm_act.c's and rotary.c's rule). */
@@ -139,6 +140,14 @@ static void rotary(const int64_t *a, int64_t rows, int64_t t, int64_t nt) {
 static void act_mul(const int64_t *a, int64_t rows, int64_t t, int64_t nt) {
     const int64_t n = elementwise(rows * a[3], nt);
     if (t < n) P(0, act_part)(P(1, const float *), a[2], rows, a[3], P(4, float *), a[5], t, n);
+}
+
+static void add(const int64_t *a, int64_t rows, int64_t t, int64_t nt) {
+    const int64_t n = a[4], team = elementwise(rows * n, nt);
+    float *x = P(0, float *);
+    const float *d = P(2, const float *);
+    for (int64_t r = lo(rows, t, team); t < team && r < lo(rows, t + 1, team); r++)
+        for (int64_t i = 0; i < n; i++) x[r * a[1] + i] += d[r * a[3] + i];
 }
 
 /* float32 -> float16, rounded to nearest even as torch's .to(float16) rounds (NaN: its quiet NaN). */
@@ -245,6 +254,7 @@ static int64_t run_node(const int64_t *node, int64_t rows, int64_t t, int64_t nt
     case ATTENTION: return attention(a, rows, t, nt);
     case SILU_MUL:
     case GELU_MUL: act_mul(a, rows, t, nt); return 0; /* the part: the activation's */
+    case ADD: add(a, rows, t, nt); return 0;
     case ARGMAX: P(0, argmax_part)(P(1, const float *), rows, a[3], a[2], P(4, int64_t *), t, nt); return 0;
     default: return 1;
     }

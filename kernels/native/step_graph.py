@@ -1,7 +1,8 @@
 """The CPU decode-step replayer (kernels/csrc/step_graph.c): a recorded list of kernel calls run with one call.
 
-worker/cpu_step_graph.py records the nodes; this module binds the replayer and hands out the entry points of
-the kernels the nodes call (the same ones the eager path calls through their own bindings). `available()`
+worker/step_recorder.py records the nodes; this module names each kind's arguments (`ARGS`: a node is built
+by name, `Node`, never packed by position at its call site), binds the replayer and hands out the entry points
+of the kernels the nodes call (the same ones the eager path calls through their own bindings). `available()`
 is False when any of those libraries is missing (no compiler, a failed build, TANDEM_NO_NATIVE=1 is
 kernels/ops.py's to honour).
 """
@@ -11,6 +12,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import struct
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,7 +24,81 @@ from tandem.kernels.native import build as native_build
 SOURCE = Path(__file__).parents[1] / "csrc" / "step_graph.c"
 NODE_ARGS = 24  # as in the .c file: each node is its kind then NODE_ARGS int64 arguments
 # Node kinds (the .c file's enum).
-EMBED, NORM, HEAD_NORM, QLINEAR, ROTARY, KV_WRITE, ATTENTION, SILU_MUL, MOE, GELU_MUL, ARGMAX = range(11)
+EMBED, NORM, HEAD_NORM, QLINEAR, ROTARY, KV_WRITE, ATTENTION, SILU_MUL, MOE, GELU_MUL, ARGMAX, ADD = range(12)
+# Each kind's arguments in the .c file's order: `name*` a pointer (a tensor, a Ptr, or None for 0), `name:f` a
+# float32, `@entry` the address of that kernel entry (filled in), else an int64.
+_ACT = ("gate_up*", "ldg", "n", "out*", "ldo")
+ARGS: dict[int, tuple[str, ...]] = {
+    EMBED: ("table*", "hidden", "ids*", "out*", "ld_out", "scale:f"),
+    NORM: ("@add_rms_norm", "x*", "ldx", "delta*", "ldd", "w*", "n", "eps:f", "out*", "ldo"),
+    HEAD_NORM: ("@add_rms_norm", "x*", "ld_token", "heads", "w*", "D", "eps:f", "out*", "ld_out_token"),
+    QLINEAR: ("@quant_linear", "x*", "K", "ldx", "w*", "kind", "N", "y*", "ldy", "bias*", "min_macs",
+              "quantize_part", "q8_part", "q8*"),
+    ROTARY: ("@rotary", "x*", "ldx", "ldh", "cos*", "sin*", "D", "H", "positions*", "out*"),
+    KV_WRITE: ("k*", "ldk", "v*", "ldv", "k_pool*", "v_pool*", "width", "slots*", "pool_type"),
+    ATTENTION: ("@paged_attention", "q*", "ldq", "ldqh", "k_pool*", "v_pool*", "slot_stride", "rtt*", "ld_rtt",
+                "rows*", "lens*", "slot_buf*", "H", "Hkv", "D", "scale:f", "out*", "work*", "work_stride",
+                "min_keys", "pool_type", "window", "slot_map*"),
+    SILU_MUL: ("@silu_mul", *_ACT),
+    MOE: ("@moe", "x*", "H", "ldx", "router*", "E", "k", "renorm", "ids*", "wts*", "w13*", "kind13", "N13", "w2*",
+          "kind2", "I", "y*", "ldy"),
+    GELU_MUL: ("@gelu_mul", *_ACT),
+    ARGMAX: ("@argmax", "logits*", "ld", "vocab", "out*"),
+    ADD: ("x*", "ldx", "delta*", "ldd", "n"),
+}
+# Each kind's argument names, without their marks.
+NAMES = {k: tuple(a.lstrip("@").rstrip("*").removesuffix(":f") for a in spec) for k, spec in ARGS.items()}
+
+
+@dataclass(frozen=True)
+class Ptr:
+    """An address as a recorder may move it: `base`, the start of the buffer it points into (a tensor's
+    storage, or a recorder's scratch key), plus `offset` bytes."""
+
+    base: int | str
+    offset: int = 0
+
+    @staticmethod
+    def of(t: torch.Tensor | None, extra_bytes: int = 0) -> Ptr:
+        if t is None:
+            return Ptr(0)
+        base = t.untyped_storage().data_ptr()
+        return Ptr(base, t.data_ptr() - base + extra_bytes)
+
+
+class Node:
+    """One kernel call of a recording: its kind and its arguments by name (checked against ARGS)."""
+
+    def __init__(self, kind: int, /, **args: int | float | Ptr | torch.Tensor | None) -> None:
+        given = {n for n, a in zip(NAMES[kind], ARGS[kind], strict=True) if not a.startswith("@")}
+        if set(args) != given:
+            raise TypeError(f"node {kind}: missing {sorted(given - set(args))}, unknown {sorted(set(args) - given)}")
+        self.kind = kind
+        self.args: list[int | Ptr] = []
+        for name, a in zip(NAMES[kind], ARGS[kind], strict=True):
+            v = args.get(name)
+            if a.startswith("@"):
+                self.args.append(entry_points()[name])
+            elif a.endswith("*"):
+                self.args.append(v if isinstance(v, Ptr) else Ptr.of(v))  # type: ignore[arg-type]
+            elif a.endswith(":f"):
+                self.args.append(0 if v is None else float_bits(float(v)))  # type: ignore[arg-type]
+            else:
+                self.args.append(int(v))  # type: ignore[arg-type]
+
+    def arg(self, name: str) -> int | Ptr:
+        return self.args[NAMES[self.kind].index(name)]
+
+    def set(self, name: str, value: int | Ptr) -> None:
+        self.args[NAMES[self.kind].index(name)] = value
+
+    def pointers(self) -> list[Ptr]:
+        return [a for a in self.args if isinstance(a, Ptr)]
+
+    def row(self, address: Callable[[Ptr], int]) -> list[int]:
+        """The node as the replayer reads it: kind, then NODE_ARGS int64s (pointers resolved by `address`)."""
+        vals = [address(a) if isinstance(a, Ptr) else a for a in self.args]
+        return [self.kind, *vals, *[0] * (NODE_ARGS - len(vals))]
 
 
 def build(compiler: str | None = None) -> Path:

@@ -184,8 +184,13 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm(h[batch.logits_indices])  # per-token norm: only the rows we need
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.finish_logits(self.head_logits(h))
+
+    def head_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The LM head's float32 product [N, vocab] (vocab-parallel: each rank's slice, gathered on every
+        rank), before finish_logits."""
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
-        return self.finish_logits(head.logits(h))  # vocab-parallel: each rank's slice, gathered on every rank
+        return head.logits(h)
 
     def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """What the model does to the LM head's float32 output (in place; Gemma's softcap), also after a CPU
