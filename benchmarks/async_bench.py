@@ -29,8 +29,11 @@ def _run_mode(cfg: EngineConfig, batches: list[int], prompt_len: tuple[int, int]
             s = stats_delta(before, client.stats())
             n = sum(len(c.token_ids) for c in comps)
             step_ms = s["worker_busy_ms_per_step"] + s["worker_idle_ms_per_step"]
-            out[b] = {"tok_s": n / dt, "bubble_pct": 100 * s["worker_idle_ms_per_step"] / step_ms if step_ms else 0,
-                      **s}
+            out[b] = {
+                "tok_s": n / dt,
+                "bubble_pct": 100 * s["worker_idle_ms_per_step"] / step_ms if step_ms else 0,
+                **s,
+            }
     return out
 
 

@@ -9,8 +9,10 @@ rounded), as `--kv-cache-dtype` stores it. Backends and pools run in turn, repea
 repeat of each is reported, so a noisy neighbour on a shared machine hits them alike.
 
     python -m tandem.benchmarks.attention_step --model models/bench-llama [--batch 64 --decoded 64]
-    python -m tandem.benchmarks.attention_step --model models/bench-llama --batch 8 --decoded 0 --new-tokens 512
-    python -m tandem.benchmarks.attention_step --model models/bench-llama --backends cpu --kv-dtypes float32,float16
+    python -m tandem.benchmarks.attention_step --model models/bench-llama --batch 8 --decoded 0 --new-tokens
+    512
+    python -m tandem.benchmarks.attention_step --model models/bench-llama --backends cpu --kv-dtypes
+    float32,float16
 """
 from __future__ import annotations
 
@@ -78,9 +80,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     q = torch.randn(len(locs), dims.heads, dims.head_dim)
     k = torch.randn(len(locs), dims.kv_heads, dims.head_dim)
     print(cpu_caps().describe())
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; {args.model}: {dims.layers} layers, "
-          f"{dims.heads}/{dims.kv_heads} heads x {dims.head_dim}; batch {args.batch}, "
-          f"mean context {sum(lens) / len(lens):.0f}, {len(locs)} queries")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}; {args.model}: {dims.layers} layers, "
+        f"{dims.heads}/{dims.kv_heads} heads x {dims.head_dim}; batch {args.batch}, "
+        f"mean context {sum(lens) / len(lens):.0f}, {len(locs)} queries"
+    )
     names = args.backends.split(",")
     backends = [select_attention_backend(resolve_ops("cpu", torch.float32, name)) for name in names]
 

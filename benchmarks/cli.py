@@ -1,4 +1,5 @@
-"""`tandem bench offline|latency|prefix|async|structured|spec|soak|abuse|serve`: workload flags plus every engine flag (from tandem.launch.cli_options).
+"""`tandem bench offline|latency|prefix|async|structured|spec|soak|abuse|serve`: workload flags plus every
+engine flag (from tandem.launch.cli_options).
 
 `--seed` is the engine's seed flag; the benchmarks also seed their random prompts with it.
 """
@@ -37,33 +38,50 @@ def _parser() -> argparse.ArgumentParser:
     lat.add_argument("--num-requests", type=int, default=3, help="sequential requests; medians are reported")
     lat.add_argument("--llama-cpp", type=Path, help="a llama.cpp build: also run its llama-bench on the same "
                      ".gguf and print the ratio (benchmarks/llama_cpp.py)")
-    lat.add_argument("--llama-cpp-model", help="the .gguf llama-bench runs (default: --model, which must then be "
-                     "one), e.g. an F32 GGUF (benchmarks/gguf_to_f32.py) beside a float32 directory")
+    lat.add_argument(
+        "--llama-cpp-model",
+        help="the .gguf llama-bench runs (default: --model, which must then be "
+        "one), e.g. an F32 GGUF (benchmarks/gguf_to_f32.py) beside a float32 directory",
+    )
     lat.add_argument("--llama-cpp-args", default="", help="more llama-bench flags, e.g. '--repack 0'")
 
-    pre = sub.add_parser("prefix", help="TTFT with a shared system prompt: prefix cache on vs off; with "
-                         "--host-kv-tokens or --host-kv-memory-gb, multi-turn conversations: host KV tier vs none",
-                         allow_abbrev=False)
+    pre = sub.add_parser(
+        "prefix",
+        help="TTFT with a shared system prompt: prefix cache on vs off; with "
+        "--host-kv-tokens or --host-kv-memory-gb, multi-turn conversations: host KV tier vs none",
+        allow_abbrev=False,
+    )
     add_engine_flags(pre)
     pre.add_argument("--num-requests", type=int, default=32)
-    pre.add_argument("--system-len", help="system prompt tokens (default 1000); multi-turn: a range LOW:HIGH, "
-                     "drawn per conversation (default 512:1024)")
-    pre.add_argument("--question-len", help="question tokens (default 24); multi-turn: a range LOW:HIGH, drawn "
-                     "per turn (default 16:48)")
+    pre.add_argument(
+        "--system-len",
+        help="system prompt tokens (default 1000); multi-turn: a range LOW:HIGH, "
+        "drawn per conversation (default 512:1024)",
+    )
+    pre.add_argument(
+        "--question-len",
+        help="question tokens (default 24); multi-turn: a range LOW:HIGH, drawn per turn (default 16:48)",
+    )
     pre.add_argument("--output-len", type=int, default=16, help="answer tokens (multi-turn)")
     pre.add_argument("--conversations", type=int, default=16, help="multi-turn conversations")
-    pre.add_argument("--turns", type=int, default=6, help="turns per conversation, each resending the history")
+    pre.add_argument(
+        "--turns", type=int, default=6, help="turns per conversation, each resending the history"
+    )
     pre.add_argument("--concurrency", type=int, default=4, help="multi-turn: requests in flight (the users "
                      "take turns round-robin)")
 
-    asy = sub.add_parser("async", help="async scheduling on vs off at several batch sizes", allow_abbrev=False)
+    asy = sub.add_parser(
+        "async", help="async scheduling on vs off at several batch sizes", allow_abbrev=False
+    )
     add_engine_flags(asy)
     asy.add_argument("--batches", default="1,16,64", help="comma-separated batch sizes")
     asy.add_argument("--input-len", default="64:128")
     asy.add_argument("--output-len", type=int, default=64)
     asy.add_argument("--num-requests", type=int, default=1, help=argparse.SUPPRESS)
 
-    st = sub.add_parser("structured", help="JSON-schema share 0/50/100%%, async on vs off", allow_abbrev=False)
+    st = sub.add_parser(
+        "structured", help="JSON-schema share 0/50/100%%, async on vs off", allow_abbrev=False
+    )
     add_engine_flags(st)
     st.add_argument("--num-requests", type=int, default=64)
     st.add_argument("--output-len", type=int, default=128)
@@ -79,17 +97,27 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--json", type=Path, help="also write the results here")
         s.add_argument("--skip-baseline", action="store_true", help="do not run transformers")
 
-    so = sub.add_parser("soak", help="minutes of mixed traffic through every door, sampled and checked (JSON + PNG); "
-                        "exits 1 when a check fails", allow_abbrev=False)
+    so = sub.add_parser(
+        "soak",
+        help="minutes of mixed traffic through every door, sampled and checked (JSON + PNG); "
+        "exits 1 when a check fails",
+        allow_abbrev=False,
+    )
     add_engine_flags(so)
     so.set_defaults(**SOAK_ENGINE_DEFAULTS)
     so.add_argument("--minutes", type=float, default=10.0)
     so.add_argument("--zmq-threads", type=int, default=8, help="Client threads")
     so.add_argument("--http-clients", type=int, default=8, help="concurrent HTTP clients")
     so.add_argument("--sample-s", type=float, default=10.0, help="seconds between samples")
-    so.add_argument("--warmup-s", type=float, help="growth is judged after this; default max(30 s, 30%% of the run)")
-    so.add_argument("--tpot-ratio", type=float, default=2.0, help="p99 TPOT of the last 10%% of the run may be "
-                    "at most this times the first 10%%'s")
+    so.add_argument(
+        "--warmup-s", type=float, help="growth is judged after this; default max(30 s, 30%% of the run)"
+    )
+    so.add_argument(
+        "--tpot-ratio",
+        type=float,
+        default=2.0,
+        help="p99 TPOT of the last 10%% of the run may be at most this times the first 10%%'s",
+    )
     so.add_argument("--result-dir", type=Path, default=Path("benchmarks/results/soak"))
     so.add_argument("--label", default="soak", help="names the result files")
 
@@ -101,7 +129,9 @@ def _parser() -> argparse.ArgumentParser:
     ab.add_argument("--streams", type=int, default=10_000, help="HTTP streams opened and never read")
     ab.add_argument("--stream-tokens", type=int, default=64, help="max_tokens of each unread stream")
     ab.add_argument("--body-mb", type=int, default=100, help="the over-large request body, in MiB")
-    ab.add_argument("--grammars", type=int, default=1000, help="distinct JSON schemas, at once then 32 at a time")
+    ab.add_argument(
+        "--grammars", type=int, default=1000, help="distinct JSON schemas, at once then 32 at a time"
+    )
     ab.add_argument("--result-dir", type=Path, default=Path("benchmarks/results/soak"))
     ab.add_argument("--label", default="abuse")
 
@@ -109,7 +139,9 @@ def _parser() -> argparse.ArgumentParser:
                         allow_abbrev=False)
     sv.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
     sv.add_argument("--model", required=True, help="the model name the server serves")
-    sv.add_argument("--tokenizer", required=True, help="model directory or .gguf whose tokenizer makes the prompts")
+    sv.add_argument(
+        "--tokenizer", required=True, help="model directory or .gguf whose tokenizer makes the prompts"
+    )
     sv.add_argument("--dataset", choices=("random", "shared-prefix"), default="random")
     sv.add_argument("--num-prompts", type=int, default=100)
     sv.add_argument("--input-len", default="128:512", help="prompt (suffix) length range LOW:HIGH in tokens")
@@ -145,8 +177,17 @@ def _serve_main(args: argparse.Namespace) -> int:
     if args.num_prompts < 1 or not rates or any(r <= 0 for r in rates):
         raise SystemExit("tandem bench serve: --num-prompts >= 1 and request rates > 0 (or inf) needed")
     tok = load_tokenizer(args.tokenizer)
-    reqs = make_requests(tok, args.dataset, args.num_prompts, input_len, output_len, args.seed, args.token_ids,
-                         args.prefix_len, args.num_prefixes)
+    reqs = make_requests(
+        tok,
+        args.dataset,
+        args.num_prompts,
+        input_len,
+        output_len,
+        args.seed,
+        args.token_ids,
+        args.prefix_len,
+        args.num_prefixes,
+    )
     results = run_serve(args.base_url, args.model, reqs, rates, args.max_concurrency, args.seed, args.api_key,
                         args.slo_ttft_ms, args.slo_tpot_ms)
     if args.llama_cpp is not None:
@@ -161,9 +202,19 @@ def _serve_main(args: argparse.Namespace) -> int:
                                args.slo_ttft_ms, args.slo_tpot_ms)
         for ours_r, theirs_r in zip(results, theirs):
             rate = ours_r["request_rate"]
-            print(ratio_line(f"rate {rate}: output tok/s", ours_r["output_throughput"], theirs_r["output_throughput"]))
-            print(ratio_line(f"rate {rate}: TPOT p50 ms", ours_r["median_tpot_ms"], theirs_r["median_tpot_ms"],
-                             higher_is_better=False))
+            print(
+                ratio_line(
+                    f"rate {rate}: output tok/s", ours_r["output_throughput"], theirs_r["output_throughput"]
+                )
+            )
+            print(
+                ratio_line(
+                    f"rate {rate}: TPOT p50 ms",
+                    ours_r["median_tpot_ms"],
+                    theirs_r["median_tpot_ms"],
+                    higher_is_better=False,
+                )
+            )
         print(ratio_line("TPOT p50 ms (median over rates)", tpot_median(results), tpot_median(theirs), False))
     if args.result_dir is not None:
         from tandem.benchmarks.serve_plots import plot
@@ -200,15 +251,35 @@ def main(argv: list[str] | None = None) -> int:
     if args.bench == "abuse":
         from tandem.benchmarks.soak.abuse import run as run_abuse
 
-        return run_abuse(config_from_args(args), args.max_concurrent_requests, args.streams, args.stream_tokens,
-                         args.body_mb, args.grammars, args.result_dir, args.label)
+        return run_abuse(
+            config_from_args(args),
+            args.max_concurrent_requests,
+            args.streams,
+            args.stream_tokens,
+            args.body_mb,
+            args.grammars,
+            args.result_dir,
+            args.label,
+        )
     if args.bench == "soak":
         from tandem.benchmarks.soak.run import run as run_soak
 
         if args.minutes <= 0 or args.zmq_threads < 1 or args.http_clients < 1 or args.sample_s <= 0:
-            raise SystemExit("tandem bench soak: --minutes, --zmq-threads, --http-clients and --sample-s must be > 0")
-        return run_soak(config_from_args(args), args.minutes, args.zmq_threads, args.http_clients, args.sample_s,
-                        args.warmup_s, args.tpot_ratio, args.result_dir, args.label, args.seed)
+            raise SystemExit(
+                "tandem bench soak: --minutes, --zmq-threads, --http-clients and --sample-s must be > 0"
+            )
+        return run_soak(
+            config_from_args(args),
+            args.minutes,
+            args.zmq_threads,
+            args.http_clients,
+            args.sample_s,
+            args.warmup_s,
+            args.tpot_ratio,
+            args.result_dir,
+            args.label,
+            args.seed,
+        )
     if args.num_requests < 1 or args.output_len < 1:
         raise SystemExit("--num-requests and --output-len must be >= 1")
     cfg = config_from_args(args)

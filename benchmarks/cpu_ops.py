@@ -4,7 +4,8 @@ q and k (kernels/native/rotary.py), at a decode step's few rows and a prefill's 
 The two run alternately, best of `--reps` rounds of `--calls` calls each, so a noisy neighbour hits both
 alike. Prints the CPU beside the times.
 
-    python -m tandem.benchmarks.cpu_ops [--hidden 576 --intermediate 1536 --heads 9 --kv-heads 3 --head-dim 64]
+    python -m tandem.benchmarks.cpu_ops [--hidden 576 --intermediate 1536 --heads 9 --kv-heads 3 --head-dim
+    64]
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def _ops(
     h, d = torch.randn(m, args.hidden, generator=g), torch.randn(m, args.hidden, generator=g)
     gu = torch.randn(m, 2 * args.intermediate, generator=g)
     qkv = torch.randn(m, (args.heads + 2 * args.kv_heads) * args.head_dim, generator=g)
-    qk = qkv[:, : (args.heads + args.kv_heads) * args.head_dim].view(m, -1, args.head_dim)  # as the model rotates
+    # as the model rotates
+    qk = qkv[:, : (args.heads + args.kv_heads) * args.head_dim].view(m, -1, args.head_dim)
     cos, sin = rot.cos_sin(torch.randint(0, 4096, (m,), generator=g), 4096)
     return {
         "add+rmsnorm": (lambda: cpu_norm_act.add_rms_norm(h, d, w, 1e-5),

@@ -1,4 +1,5 @@
-"""`python -m tandem.benchmarks.gguf_to_f32 IN.gguf OUT.gguf [--bf16]`: the same model with every tensor dequantized
+"""`python -m tandem.benchmarks.gguf_to_f32 IN.gguf OUT.gguf [--bf16]`: the same model with every tensor
+dequantized
 to float32, every metadata key kept (file type set to all-F32); with --bf16 the matrices then rounded to
 bfloat16 (the vectors stay float32, as llama.cpp's converter leaves them; file type mostly-BF16).
 
@@ -21,14 +22,19 @@ def to_f32(src: Path, dst: Path, bf16: bool = False) -> Path:
     arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
     writer = gguf.GGUFWriter(dst, arch)
     for field in reader.fields.values():
-        if field.name in (gguf.Keys.General.ARCHITECTURE, gguf.Keys.General.FILE_TYPE) or field.name.startswith("GGUF."):
+        if field.name in (
+            gguf.Keys.General.ARCHITECTURE,
+            gguf.Keys.General.FILE_TYPE,
+        ) or field.name.startswith("GGUF."):
             continue  # the writer writes the first and the last itself; the file type is new
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if bf16 else gguf.LlamaFileType.ALL_F32)
     for t in reader.tensors:
-        values = np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False))
+        values = np.ascontiguousarray(
+            gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        )
         if bf16 and values.ndim >= 2:
             bf = gguf.GGMLQuantizationType.BF16
             writer.add_tensor(t.name, gguf.quants.quantize(values, bf), raw_dtype=bf)

@@ -4,7 +4,8 @@
     python -m tandem.benchmarks.http_door --model M.gguf [--rounds 4] [--output-len 128] [--prompt-len 64]
 
 Wall TPOT moves with whatever else runs on the machine; the per-token CPU seconds of the HTTP and frontend
-processes (beyond each one's idle rate, measured first) move much less, so both are printed. The door's share of a step = (HTTP TPOT - ZMQ TPOT) / ZMQ TPOT.
+processes (beyond each one's idle rate, measured first) move much less, so both are printed. The door's share
+of a step = (HTTP TPOT - ZMQ TPOT) / ZMQ TPOT.
 """
 from __future__ import annotations
 
@@ -38,7 +39,14 @@ def zmq_stream(client: Client, ids: list[int], n: int) -> tuple[list[float], int
 
 
 def http_stream(url: str, name: str, ids: list[int], n: int) -> tuple[list[float], int]:
-    body = {"model": name, "prompt": ids, "max_tokens": n, "ignore_eos": True, "temperature": 0.0, "stream": True}
+    body = {
+        "model": name,
+        "prompt": ids,
+        "max_tokens": n,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+    }
     req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     times, count = [], 0
@@ -73,7 +81,9 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tandem.benchmarks.http_door", description=__doc__, allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        prog="python -m tandem.benchmarks.http_door", description=__doc__, allow_abbrev=False
+    )
     add_engine_flags(p)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--prompt-len", type=int, default=64)
@@ -95,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
             idle = idle_rates(procs)
             for _ in range(args.rounds):
                 rows["zmq"].append(measure(lambda: zmq_stream(client, ids, args.output_len), procs, idle))
-                rows["http"].append(measure(lambda: http_stream(url, name, ids, args.output_len), procs, idle))
+                rows["http"].append(
+                    measure(lambda: http_stream(url, name, ids, args.output_len), procs, idle)
+                )
     finally:
         launcher.stop()
     out: dict = {}

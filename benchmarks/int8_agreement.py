@@ -20,11 +20,44 @@ from tandem import Client, SamplingParams
 from tandem.kernels.native.cpu_caps import cpu_caps
 from tandem.protocol.tokenizer_loader import load_tokenizer
 
-TOPICS = ("the moon", "bread", "a bicycle", "rain", "Python lists", "the French revolution", "volcanoes",
-          "chess openings", "photosynthesis", "a lighthouse", "coffee", "prime numbers", "the ocean", "trains",
-          "honey bees", "winter", "a violin", "recursion", "the desert", "friendship", "clocks", "glaciers",
-          "tea ceremonies", "electric cars", "mountains", "libraries", "the internet", "gardening", "owls",
-          "sorting algorithms", "jazz", "bridges", "the sun", "paper", "salt", "rivers")
+TOPICS = (
+    "the moon",
+    "bread",
+    "a bicycle",
+    "rain",
+    "Python lists",
+    "the French revolution",
+    "volcanoes",
+    "chess openings",
+    "photosynthesis",
+    "a lighthouse",
+    "coffee",
+    "prime numbers",
+    "the ocean",
+    "trains",
+    "honey bees",
+    "winter",
+    "a violin",
+    "recursion",
+    "the desert",
+    "friendship",
+    "clocks",
+    "glaciers",
+    "tea ceremonies",
+    "electric cars",
+    "mountains",
+    "libraries",
+    "the internet",
+    "gardening",
+    "owls",
+    "sorting algorithms",
+    "jazz",
+    "bridges",
+    "the sun",
+    "paper",
+    "salt",
+    "rivers",
+)
 ASKS = ("Write two sentences about {}.", "Explain {} to a child.", "Give three facts about {}.",
         "Describe {} in a short poem.")
 
@@ -34,7 +67,9 @@ def prompts(model: str, n: int) -> list[list[int]]:
     out = []
     for i in range(n):
         msg = ASKS[i % len(ASKS)].format(TOPICS[i % len(TOPICS)])
-        text = tok.apply_chat_template([{"role": "user", "content": msg}], tokenize=False, add_generation_prompt=True)
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": msg}], tokenize=False, add_generation_prompt=True
+        )
         out.append(tok(text).input_ids)
     return out
 
@@ -61,19 +96,26 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
                                                                     c.prompt_logprobs.top_logprobs)]
         finally:
             client.close()
-    first = [next((i for i, (a, b) in enumerate(zip(f, q)) if a != b), None) for f, q in zip(outs[False], outs[True])]
+    first = [
+        next((i for i, (a, b) in enumerate(zip(f, q)) if a != b), None)
+        for f, q in zip(outs[False], outs[True])
+    ]
     diverged = sorted(i for i in first if i is not None)
     flips = [f[1][0] - f[1][1] for f, q in zip(tops[False], tops[True]) if f[0][0] != q[0][0]]
     margins = [f[1][0] - f[1][1] for f in tops[False]]
-    shift = statistics.mean(abs(f[1][0] - dict(zip(*q)).get(f[0][0], q[1][1])) for f, q in zip(tops[False], tops[True]))
+    shift = statistics.mean(
+        abs(f[1][0] - dict(zip(*q)).get(f[0][0], q[1][1])) for f, q in zip(tops[False], tops[True])
+    )
     print(cpu_caps().describe())
     print(f"{args.prompts} prompts x {args.tokens} greedy tokens, float32 vs int8 activations: "
           f"{first.count(None)} identical; first divergence at token "
           + (f"{diverged} (median {statistics.median(diverged)})" if diverged else "-"))
-    print(f"teacher-forced on the float32 continuations: the top token differs at {len(flips)} of {len(margins)} "
-          f"positions (float32 top-2 margin there at most {max(flips, default=0):.3f} nats; "
-          f"{sum(m < 0.1 for m in margins)} positions have one under 0.1); mean |logprob difference| of the "
-          f"float32 top token {shift:.3f}")
+    print(
+        f"teacher-forced on the float32 continuations: the top token differs at {len(flips)} of {len(margins)} "
+        f"positions (float32 top-2 margin there at most {max(flips, default=0):.3f} nats; "
+        f"{sum(m < 0.1 for m in margins)} positions have one under 0.1); mean |logprob difference| of the "
+        f"float32 top token {shift:.3f}"
+    )
     return {"identical": first.count(None), "first_divergence": diverged, "flips": len(flips)}
 
 

@@ -26,7 +26,8 @@ def run_engine(cfg: EngineConfig, prompts: list[list[int]], output_len: int) -> 
     decode_rates: list[float] = []
     tokens: list[int] = []
     with Client.launch(cfg.model, **opts) as client:
-        client.generate(prompts[0][:8], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))  # warm-up
+        # warm-up
+        client.generate(prompts[0][:8], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
         before = client.stats()
         for prompt in prompts:
             n = n_first = 0
@@ -97,8 +98,11 @@ def run(cfg: EngineConfig, prompt_len: int, output_len: int, num_requests: int, 
     eng = run_engine(cfg, prompts, output_len)
     ttft_ms = statistics.median(eng["ttft_s"]) * 1000
     decode = statistics.median(eng["decode_tok_s"])
-    print(f"engine: TTFT median {ttft_ms:.1f} ms [{', '.join(f'{t * 1000:.1f}' for t in eng['ttft_s'])}], "
-          f"decode median {decode:.1f} tok/s [{', '.join(f'{r:.1f}' for r in eng['decode_tok_s'])}]", flush=True)
+    print(
+        f"engine: TTFT median {ttft_ms:.1f} ms [{', '.join(f'{t * 1000:.1f}' for t in eng['ttft_s'])}], "
+        f"decode median {decode:.1f} tok/s [{', '.join(f'{r:.1f}' for r in eng['decode_tok_s'])}]",
+        flush=True,
+    )
     print("  " + format_stats(eng["stats"]), flush=True)
 
     base: list[float] | None = None
@@ -143,9 +147,12 @@ def run(cfg: EngineConfig, prompt_len: int, output_len: int, num_requests: int, 
     print(f"memory roofline, batch-1 decode: ({dims.weight_bytes / 1e6:.1f} MB weights + KV) / "
           f"{mach.bandwidth_gbs:.1f} GB/s -> {floor_tok_s:.1f} tok/s")
     ratio = f"{result['ratio']:.2f}x" if base_med else "n/a (--skip-baseline)"
-    print(f"RESULT engine_ttft_ms={ttft_ms:.1f} engine_decode_tok_s={decode:.1f} baseline_decode_tok_s="
-          f"{base_med if base_med else float('nan'):.1f} ratio={ratio} roofline_decode_tok_s={floor_tok_s:.1f} "
-          f"roofline_fraction={result['roofline_fraction']:.3f}", flush=True)
+    print(
+        f"RESULT engine_ttft_ms={ttft_ms:.1f} engine_decode_tok_s={decode:.1f} baseline_decode_tok_s="
+        f"{base_med if base_med else float('nan'):.1f} ratio={ratio} roofline_decode_tok_s={floor_tok_s:.1f} "
+        f"roofline_fraction={result['roofline_fraction']:.3f}",
+        flush=True,
+    )
     if llama is not None:
         print(f"RESULT_LLAMA_CPP llama_cpp_tg_tok_s={llama['tg_tok_s']:.1f} engine_decode_tok_s={decode:.1f} "
               f"ratio_vs_llama_cpp={result['ratio_vs_llama_cpp']:.2f}x", flush=True)

@@ -52,14 +52,16 @@ def main(argv: list[str] | None = None) -> None:
     print(cpu_caps().describe(), f"threads {args.threads}")
     h, d = args.hidden, args.head_dim
     shapes = [((args.q_heads + 2 * args.kv_heads) * d, h), (h, args.q_heads * d),
-              (2 * args.intermediate, h), (h, args.intermediate)]  # fmt: skip
+              (2 * args.intermediate, h), (h, args.intermediate)]
     layers = [[torch.randn(o, i) for o, i in shapes] for _ in range(args.layers)]
     packed = [[pack_weight(w) for w in ws] for ws in layers]
     head = torch.randn(args.vocab, h)
     head_packed = pack_weight(head)
     print(f"layers {args.layers} x {shapes}, head {tuple(head.shape)}, float32; ms, median of {args.reps}")
-    print(f"{'rows':>5} | {'layers: linear':>14} {'w @ x.T':>8} {'packed':>7} {'gain':>6} | {'head: linear':>12} "
-          f"{'w @ x.T':>8} {'packed':>7} {'gain':>6}")
+    print(
+        f"{'rows':>5} | {'layers: linear':>14} {'w @ x.T':>8} {'packed':>7} {'gain':>6} | {'head: linear':>12} "
+        f"{'w @ x.T':>8} {'packed':>7} {'gain':>6}"
+    )
     with torch.inference_mode():
         for rows in (int(r) for r in args.rows.split(",")):
             xs = {i: torch.randn(rows, i) for _, i in shapes}
@@ -76,8 +78,11 @@ def main(argv: list[str] | None = None) -> None:
             d = median_ms(lambda hx=hx: F.linear(hx, head), args.reps)
             e = median_ms(lambda hx=hx: _transposed(hx, head), args.reps)
             f = median_ms(lambda hx=hx: packed_linear(hx, head_packed), args.reps)
-            print(f"{rows:>5} | {a:>14.1f} {b:>8.1f} {c:>7.1f} {a / c:>5.2f}x | {d:>12.2f} {e:>8.2f} {f:>7.2f} "
-                  f"{d / f:>5.2f}x", flush=True)
+            print(
+                f"{rows:>5} | {a:>14.1f} {b:>8.1f} {c:>7.1f} {a / c:>5.2f}x | {d:>12.2f} {e:>8.2f} {f:>7.2f} "
+                f"{d / f:>5.2f}x",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

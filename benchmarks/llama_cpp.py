@@ -32,8 +32,22 @@ def llama_bench(build: Path, gguf: str, prompt_len: int, gen_len: int, threads: 
     """llama-bench's pp and tg rates on `gguf`: {"pp_tok_s", "tg_tok_s", "tg_std", "build"}; a rate is None
     when its length is 0. extra: more llama-bench flags (e.g. `--repack 0`)."""
     exe = find_binary(build, "llama-bench")
-    cmd = [str(exe), "-m", gguf, "-p", str(prompt_len), "-n", str(gen_len), "-t", str(threads), "-r", str(reps),
-           "-o", "json", *extra]
+    cmd = [
+        str(exe),
+        "-m",
+        gguf,
+        "-p",
+        str(prompt_len),
+        "-n",
+        str(gen_len),
+        "-t",
+        str(threads),
+        "-r",
+        str(reps),
+        "-o",
+        "json",
+        *extra,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"llama-bench failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")

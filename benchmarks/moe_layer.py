@@ -1,4 +1,5 @@
-"""One MoE layer on CPU (kernels/csrc/moe.c: router, top-k, the routed experts) against the dense SwiGLU MLP of
+"""One MoE layer on CPU (kernels/csrc/moe.c: router, top-k, the routed experts) against the dense SwiGLU MLP
+of
 the same active size through oneDNN, as the engine runs each in float32, at several row counts.
 
     python -m tandem.benchmarks.moe_layer [--hidden 512 --moe-intermediate 768 --experts 8 --top-k 2]
@@ -19,7 +20,9 @@ from tandem.kernels.native import moe, norm_act
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m tandem.benchmarks.moe_layer", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m tandem.benchmarks.moe_layer", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--moe-intermediate", type=int, default=768)
     p.add_argument("--experts", type=int, default=8)
@@ -47,8 +50,10 @@ def main(argv: list[str] | None = None) -> None:
             t = time.perf_counter()
             packed_linear(norm_act.silu_mul(packed_linear(x, gate_up)), down)
             best["dense"] = min(best["dense"], time.perf_counter() - t)
-        print(f"rows {rows:5d}: MoE layer {best['moe'] * 1e3:8.3f} ms, dense MLP {best['dense'] * 1e3:8.3f} ms, "
-              f"MoE / dense {best['moe'] / best['dense']:.2f}")
+        print(
+            f"rows {rows:5d}: MoE layer {best['moe'] * 1e3:8.3f} ms, dense MLP {best['dense'] * 1e3:8.3f} ms, "
+            f"MoE / dense {best['moe'] / best['dense']:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -48,7 +48,9 @@ def _summary(ttfts: list[float]) -> dict[str, float]:
             "p90_ms": 1000 * statistics.quantiles(ttfts, n=10)[-1] if len(ttfts) > 1 else 1000 * ttfts[0]}
 
 
-def _measure(cfg: EngineConfig, convs: list[Conversation], answer_len: int, concurrency: int) -> dict[str, Any]:
+def _measure(
+    cfg: EngineConfig, convs: list[Conversation], answer_len: int, concurrency: int
+) -> dict[str, Any]:
     from tandem import AsyncClient, SamplingParams
 
     params = SamplingParams(max_tokens=answer_len, temperature=0.0, ignore_eos=True)
@@ -126,10 +128,12 @@ def run(cfg: EngineConfig, conversations: int, turns: int, system_len: tuple[int
     base = dataclasses.replace(cfg, kv_cache_tokens=device, prefix_cache=True)
     cpu = (f"{cpu_caps().describe()}; torch {torch.__version__}, worker threads "
            f"{cfg.torch_threads or usable_cores()}, load average {os.getloadavg()[0]:.1f}")
-    print(f"multi-turn host KV tier, {cfg.model}: {conversations} conversations x {turns} turns, system prompt "
-          f"{system_len[0]}-{system_len[1]}, question {question_len[0]}-{question_len[1]}, answer {answer_len} "
-          f"tokens, {concurrency} in flight; KV {total_kv} tokens = {total_kv / device:.1f}x the device pool of "
-          f"{device}; host pool {cfg.host_kv_tokens or f'{cfg.host_kv_memory_gb} GB'}")
+    print(
+        f"multi-turn host KV tier, {cfg.model}: {conversations} conversations x {turns} turns, system prompt "
+        f"{system_len[0]}-{system_len[1]}, question {question_len[0]}-{question_len[1]}, answer {answer_len} "
+        f"tokens, {concurrency} in flight; KV {total_kv} tokens = {total_kv / device:.1f}x the device pool of "
+        f"{device}; host pool {cfg.host_kv_tokens or f'{cfg.host_kv_memory_gb} GB'}"
+    )
     print(f"  {cpu}", flush=True)
     host = _measure(base, convs, answer_len, concurrency)
     _report("host tier", host)
@@ -150,10 +154,12 @@ def run(cfg: EngineConfig, conversations: int, turns: int, system_len: tuple[int
 
 def _report(name: str, r: dict[str, Any]) -> None:
     t, lt = r["ttft"], r["ttft_later_turns"]
-    print(f"  {name}: TTFT mean {t['mean_ms']:.0f} ms, median {t['median_ms']:.0f} ms, p90 {t['p90_ms']:.0f} "
-          f"ms (turns 2+: mean {lt['mean_ms']:.0f} ms); per turn "
-          f"{', '.join(f'{m:.0f}' for m in r['ttft_mean_ms_per_turn'])} ms; {r['requests_per_s']:.2f} req/s, "
-          f"{r['output_tok_s']:.1f} output tok/s, wall {r['wall_s']:.1f} s; prefill {r['prefill_tokens']}, "
-          f"from host {r['host_hit_tokens']}, retractions {r['retractions']}; {r['steps']} steps, worker busy "
-          f"{r['worker_busy_s']:.1f} s, scheduling {r['schedule_s']:.1f} s; load avg "
-          f"{r['load_avg_1min'][0]:.1f}->{r['load_avg_1min'][1]:.1f}")
+    print(
+        f"  {name}: TTFT mean {t['mean_ms']:.0f} ms, median {t['median_ms']:.0f} ms, p90 {t['p90_ms']:.0f} "
+        f"ms (turns 2+: mean {lt['mean_ms']:.0f} ms); per turn "
+        f"{', '.join(f'{m:.0f}' for m in r['ttft_mean_ms_per_turn'])} ms; {r['requests_per_s']:.2f} req/s, "
+        f"{r['output_tok_s']:.1f} output tok/s, wall {r['wall_s']:.1f} s; prefill {r['prefill_tokens']}, "
+        f"from host {r['host_hit_tokens']}, retractions {r['retractions']}; {r['steps']} steps, worker busy "
+        f"{r['worker_busy_s']:.1f} s, scheduling {r['schedule_s']:.1f} s; load avg "
+        f"{r['load_avg_1min'][0]:.1f}->{r['load_avg_1min'][1]:.1f}"
+    )

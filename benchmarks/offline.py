@@ -35,7 +35,9 @@ def run_engine(cfg: EngineConfig, prompts: list[list[int]], output_len: int) -> 
 
 
 @torch.inference_mode()
-def run_transformers(model_dir: str, prompts: list[list[int]], output_len: int, batch_size: int) -> dict[str, Any]:
+def run_transformers(
+    model_dir: str, prompts: list[list[int]], output_len: int, batch_size: int
+) -> dict[str, Any]:
     model = load_hf_model(model_dir)
     pad = model.generation_config.pad_token_id
     if pad is None:
@@ -57,7 +59,9 @@ def run_transformers(model_dir: str, prompts: list[list[int]], output_len: int, 
         eos = model.generation_config.eos_token_id
         eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         if new.shape[1] != output_len or any(bool((new == e).any()) for e in eos_ids):
-            raise RuntimeError(f"transformers produced {new.shape[1]} new tokens (or an EOS), not {output_len}")
+            raise RuntimeError(
+                f"transformers produced {new.shape[1]} new tokens (or an EOS), not {output_len}"
+            )
         tokens += new.numel()
     return {"seconds": time.perf_counter() - start, "output_tokens": tokens}
 
@@ -77,8 +81,11 @@ def run(cfg: EngineConfig, num_requests: int, input_len: tuple[int, int], output
     prompts = random_prompts(cfg.model, num_requests, input_len, seed)
     lens = [len(p) for p in prompts]
     expected = num_requests * output_len
-    print(f"offline: {num_requests} requests, prompt {input_len[0]}:{input_len[1]} tokens (total {sum(lens)}), "
-          f"output {output_len} each (total {expected}), seed {seed}", flush=True)
+    print(
+        f"offline: {num_requests} requests, prompt {input_len[0]}:{input_len[1]} tokens (total {sum(lens)}), "
+        f"output {output_len} each (total {expected}), seed {seed}",
+        flush=True,
+    )
 
     dims = roofline.model_dims(cfg)
     decode_m = min(num_requests, cfg.max_running_requests, DECODE_BATCH)
@@ -90,15 +97,21 @@ def run(cfg: EngineConfig, num_requests: int, input_len: tuple[int, int], output
     if eng["output_tokens"] != expected:
         raise RuntimeError(f"engine produced {eng['output_tokens']} output tokens, expected {expected}")
     engine_tok_s = eng["output_tokens"] / eng["seconds"]
-    print(f"engine: {eng['output_tokens']} tokens in {eng['seconds']:.2f} s = {engine_tok_s:.1f} tok/s", flush=True)
+    print(
+        f"engine: {eng['output_tokens']} tokens in {eng['seconds']:.2f} s = {engine_tok_s:.1f} tok/s",
+        flush=True,
+    )
     print("  " + format_stats(eng["stats"]), flush=True)
 
     base: dict[str, Any] | None = None
     if not skip_baseline:
         base = run_transformers(cfg.model, prompts, output_len, hf_batch_size)
         base["tok_s"] = base["output_tokens"] / base["seconds"]
-        print(f"transformers generate (fp32, batch {hf_batch_size}, left-padded, length-sorted): "
-              f"{base['output_tokens']} tokens in {base['seconds']:.2f} s = {base['tok_s']:.1f} tok/s", flush=True)
+        print(
+            f"transformers generate (fp32, batch {hf_batch_size}, left-padded, length-sorted): "
+            f"{base['output_tokens']} tokens in {base['seconds']:.2f} s = {base['tok_s']:.1f} tok/s",
+            flush=True,
+        )
 
     result: dict[str, Any] = {
         "benchmark": "offline",

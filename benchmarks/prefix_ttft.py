@@ -51,7 +51,9 @@ def _measure(cfg: EngineConfig, system: list[int], prompts: list[list[int]]) -> 
     return asyncio.run(go())
 
 
-def run(cfg: EngineConfig, num_requests: int, system_len: int, question_len: int, seed: int) -> dict[str, Any]:
+def run(
+    cfg: EngineConfig, num_requests: int, system_len: int, question_len: int, seed: int
+) -> dict[str, Any]:
     from tandem.protocol.model_info import read_model_info
 
     vocab = read_model_info(cfg.model).vocab_size

@@ -1,7 +1,8 @@
 """Priorities under KV pressure: the same mixed-priority burst served with --scheduling-policy fcfs and then
 priority, on a KV pool a quarter of what the requests need together.
 
-    python -m tandem.benchmarks.priority_bench --model M [engine flags] [--num-requests 48] [--high-share 0.25]
+    python -m tandem.benchmarks.priority_bench --model M [engine flags] [--num-requests 48] [--high-share
+    0.25]
 
 A share of the requests is high priority (0), the rest low (1), shuffled; every request is sent at once
 (or `--interval-ms` apart). The pool (--kv-cache-tokens, default: a quarter of the sum of prompt and
@@ -96,14 +97,28 @@ def run(cfg: EngineConfig, n: int, input_len: tuple[int, int], output_len: int, 
     print(f"RESULT priority_high_over_low_ttft_p50={ratio:.2f} outputs_equal={same}/{n}")
     for r in runs.values():
         r.pop("tokens")
-    return {"benchmark": "priority", "model": cfg.model, "num_requests": n, "input_len": input_len,
-            "output_len": output_len, "high_share": high_share, "interval_ms": interval_ms, "kv_demand": demand,
-            "kv_pool": pool, "runs": runs, "high_over_low_ttft_p50": ratio, "outputs_equal": same}
+    return {
+        "benchmark": "priority",
+        "model": cfg.model,
+        "num_requests": n,
+        "input_len": input_len,
+        "output_len": output_len,
+        "high_share": high_share,
+        "interval_ms": interval_ms,
+        "kv_demand": demand,
+        "kv_pool": pool,
+        "runs": runs,
+        "high_over_low_ttft_p50": ratio,
+        "outputs_equal": same,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tandem.benchmarks.priority_bench", description=__doc__.splitlines()[0],
-                                allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        prog="python -m tandem.benchmarks.priority_bench",
+        description=__doc__.splitlines()[0],
+        allow_abbrev=False,
+    )
     add_engine_flags(p)
     p.add_argument("--num-requests", type=int, default=48)
     p.add_argument("--input-len", default="64:192", help="prompt length range LOW:HIGH")

@@ -4,14 +4,16 @@ oneDNN on the dequantized float32 weights (kernels/cpu_linear.py, what it runs f
 directory). Every decoder layer's own weights, so they stream from memory as in a step, and the LM head;
 checks both give the same products first. Prints the CPU beside the times.
 
-    python -m tandem.benchmarks.quant_linear --model M.gguf [--rows 1,2,4,8,16,64,256,1024 --reps 7 --threads N]
+    python -m tandem.benchmarks.quant_linear --model M.gguf [--rows 1,2,4,8,16,64,256,1024 --reps 7 --threads
+    N]
         [--int8]   (also the kernel with int8 activations, --cpu-int8-activations, against the float32 one)
 
 With --types instead of --model: the kernel on random blocks of each type, `--layers` weights of one
 shape per type (distinct weights, so a pass streams them), timed round-robin (so load on a shared
 machine falls on every type alike) and reported against the first type:
 
-    python -m tandem.benchmarks.quant_linear --types Q4_1,Q4_0,Q5_0,Q5_1,Q8_0,Q4_K,Q5_K,Q6_K [--shape 4096x4096
+    python -m tandem.benchmarks.quant_linear --types Q4_1,Q4_0,Q5_0,Q5_1,Q8_0,Q4_K,Q5_K,Q6_K [--shape
+    4096x4096
         --layers 4 --rows 1 --reps 15]
 """
 from __future__ import annotations
@@ -39,20 +41,25 @@ def random_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator) ->
     _, elems, size = GGUF_BLOCKS[qtype]
     raw = rng.integers(0, 256, (rows, cols // elems, size), dtype=np.uint8)
     for at in _SCALES[qtype]:
-        raw[..., at : at + 2] = rng.uniform(1e-4, 1e-3, (rows, cols // elems, 1)).astype(np.float16).view(np.uint8)
+        raw[..., at : at + 2] = (
+            rng.uniform(1e-4, 1e-3, (rows, cols // elems, 1)).astype(np.float16).view(np.uint8)
+        )
     return raw.reshape(rows, -1)
 
 
 def by_type(types: list[str], shape: str, layers: int, rows: list[int], reps: int,
             threads: int) -> dict[int, dict[str, float]]:
-    """ms per pass over `layers` weights of each type, median over reps rounds (one call of each type a round).
+    """ms per pass over `layers` weights of each type, median over reps rounds (one call of each type a
+    round).
     On one thread, the thread's CPU time: what other processes on a shared machine take is not counted."""
     clock = time.thread_time if threads == 1 else time.perf_counter
     n, k = (int(v) for v in shape.split("x"))
     rng = np.random.default_rng(0)
     weights = {t: [pack(random_blocks(t, n, k, rng), t, k) for _ in range(layers)] for t in types}
-    print(f"{layers} weights [{n}, {k}] a type; ms a pass ({'CPU' if threads == 1 else 'wall'} time), median of "
-          f"{reps} rounds; ratio to {types[0]}")
+    print(
+        f"{layers} weights [{n}, {k}] a type; ms a pass ({'CPU' if threads == 1 else 'wall'} time), median of "
+        f"{reps} rounds; ratio to {types[0]}"
+    )
     results = {}
     for m in rows:
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(0))
@@ -73,11 +80,15 @@ def by_type(types: list[str], shape: str, layers: int, rows: list[int], reps: in
     return results
 
 
-def main(argv: list[str] | None = None) -> dict[int, tuple[float, float, float, float]] | dict[int, dict[str, float]]:
+def main(
+    argv: list[str] | None = None,
+) -> dict[int, tuple[float, float, float, float]] | dict[int, dict[str, float]]:
     ap = argparse.ArgumentParser(prog="python -m tandem.benchmarks.quant_linear")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="a .gguf file")
-    src.add_argument("--types", help="GGUF types, comma-separated: random blocks of each (the first is the base)")
+    src.add_argument(
+        "--types", help="GGUF types, comma-separated: random blocks of each (the first is the base)"
+    )
     ap.add_argument("--shape", default="4096x4096", help="with --types: out x in")
     ap.add_argument("--layers", type=int, default=4, help="with --types: weights a type")
     ap.add_argument("--rows", default=None, help="default 1,2,4,8,16,64,256,1024 (with --types: 1)")
@@ -112,8 +123,9 @@ def main(argv: list[str] | None = None) -> dict[int, tuple[float, float, float, 
     for m in (int(r) for r in (args.rows or "1,2,4,8,16,64,256,1024").split(",")):
         xs = {k: torch.randn(m, k, generator=g) for k in {q.in_features for q, _ in layers + [head] if q}}
         for q, p in layers[:4] + ([head] if head else []):
-            torch.testing.assert_close(quant_linear(xs[q.in_features], q), packed_linear(xs[q.in_features], p),
-                                       rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(
+                quant_linear(xs[q.in_features], q), packed_linear(xs[q.in_features], p), rtol=1e-4, atol=1e-4
+            )
         a = median_ms(lambda xs=xs: [quant_linear(xs[q.in_features], q) for q, _ in layers], args.reps)
         b = median_ms(lambda xs=xs: [packed_linear(xs[q.in_features], p) for q, p in layers], args.reps)
         c = d = float("nan")
@@ -128,10 +140,14 @@ def main(argv: list[str] | None = None) -> dict[int, tuple[float, float, float, 
                 x = xs[q.in_features]
                 want = quant_linear(x, q)
                 assert (quant_linear(x, q, int8=True) - want).norm() <= 0.05 * want.norm()
-            e = median_ms(lambda xs=xs: [quant_linear(xs[q.in_features], q, int8=True) for q, _ in layers], args.reps)
+            e = median_ms(
+                lambda xs=xs: [quant_linear(xs[q.in_features], q, int8=True) for q, _ in layers], args.reps
+            )
             f = float("nan")
             if head:
-                f = median_ms(lambda xs=xs: quant_linear(xs[head[0].in_features], head[0], int8=True), args.reps)
+                f = median_ms(
+                    lambda xs=xs: quant_linear(xs[head[0].in_features], head[0], int8=True), args.reps
+                )
             results[m] = (a, b, c, d, e, f)
             print(f"             int8 activations: layers {e:8.1f} ms ({a / e:.2f}x the float32 kernel) | "
                   f"head {f:7.1f} ({c / f:.2f}x)", flush=True)

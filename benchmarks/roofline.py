@@ -50,7 +50,9 @@ class ModelDims:
     stored_weight_bytes: int | None = None
 
     @classmethod
-    def from_dir(cls, model: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> ModelDims:
+    def from_dir(
+        cls, model: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    ) -> ModelDims:
         """`model`: a HF directory or a .gguf file (on `device`, whose quantized weights may stay so)."""
         c = read_model_config(model)
         dims = cls(
@@ -195,8 +197,11 @@ def offline_floor(dims: ModelDims, mach: Machine, prompt_lens: list[int], output
     groups of decode_m requests decoding together for the remaining output_len - 1 steps."""
     pairs = sum(n * (n + 1) // 2 for n in prompt_lens)  # causal (query, key) pairs
     # lm_head runs only at each prompt's last position; every prompt token goes through the layers.
-    prefill_flops = (2 * dims.layer_params * sum(prompt_lens) + 2 * dims.hidden * dims.vocab * len(prompt_lens)
-                     + dims.attn_flops_per_pair * pairs)
+    prefill_flops = (
+        2 * dims.layer_params * sum(prompt_lens)
+        + 2 * dims.hidden * dims.vocab * len(prompt_lens)
+        + dims.attn_flops_per_pair * pairs
+    )
     prefill_s = prefill_flops / (mach.prefill_gflops * 1e9)
     dec_rate, bw = mach.decode_gflops * 1e9, mach.bandwidth_gbs * 1e9
     decode_s = 0.0

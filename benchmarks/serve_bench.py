@@ -17,8 +17,16 @@ from tandem.benchmarks.serve_client import RequestResult, send
 from tandem.benchmarks.serve_dataset import BenchRequest
 
 
-async def _run_rate(url: str, model: str, reqs: Sequence[BenchRequest], rate: float, max_concurrency: int | None,
-                    seed: int, headers: dict[str, str], label: str) -> tuple[list[RequestResult], float, float]:
+async def _run_rate(
+    url: str,
+    model: str,
+    reqs: Sequence[BenchRequest],
+    rate: float,
+    max_concurrency: int | None,
+    seed: int,
+    headers: dict[str, str],
+    label: str,
+) -> tuple[list[RequestResult], float, float]:
     rng = random.Random(seed)
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     bar = tqdm(total=len(reqs), desc=label)
@@ -60,7 +68,8 @@ def summarize(results: list[RequestResult], t0: float, t1: float, rate: float, m
     in_tokens = sum(r.prompt_len for r in ok)
     good = [r for r in ok if (slo_ttft_ms is None or r.ttft * 1000 <= slo_ttft_ms)
             and (slo_tpot_ms is None or r.tpot * 1000 <= slo_tpot_ms)]
-    # Output tokens per wall-clock second since the start: each text chunk carries tokens/chunks of its request.
+    # Output tokens per wall-clock second since the start: each text chunk carries tokens/chunks of its
+    # request.
     timeline = [0.0] * (int(duration) + 1)
     for r in ok:
         per_chunk = r.output_tokens / max(1, len(r.token_times))

@@ -33,8 +33,17 @@ def _ordinary_ids(tokenizer: Any) -> list[int]:
     return [i for i in range(len(tokenizer)) if i not in special]
 
 
-def make_requests(tokenizer: Any, dataset: str, num: int, input_len: tuple[int, int], output_len: tuple[int, int],
-                  seed: int, token_ids: bool, prefix_len: int = 0, num_prefixes: int = 1) -> list[BenchRequest]:
+def make_requests(
+    tokenizer: Any,
+    dataset: str,
+    num: int,
+    input_len: tuple[int, int],
+    output_len: tuple[int, int],
+    seed: int,
+    token_ids: bool,
+    prefix_len: int = 0,
+    num_prefixes: int = 1,
+) -> list[BenchRequest]:
     """`random`: each prompt's length drawn from input_len. `shared-prefix`: num_prefixes system prompts
     of prefix_len tokens, each request one of them plus its own input_len suffix."""
     rng = random.Random(seed)

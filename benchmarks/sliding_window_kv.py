@@ -8,7 +8,8 @@ full slot holds one position's K and V in each layer that keeps it there (all la
 global ones with it), a sliding slot in each sliding layer. Reports the peak and the end of the request, and
 checks that both runs gave the same tokens.
 
-    python -m tandem.benchmarks.sliding_window_kv --model models/gemma3-270m [--prompt-tokens 4000] [--json out.json]
+    python -m tandem.benchmarks.sliding_window_kv --model models/gemma3-270m [--prompt-tokens 4000] [--json
+    out.json]
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def prompt_ids(model: str, n: int) -> list[int]:
     from tandem.launch.tokenizer_maker import CORPUS_PATH
     from tandem.protocol.tokenizer_loader import load_tokenizer
 
-    ids = load_tokenizer(model)(CORPUS_PATH.read_text(encoding="utf-8")[: 8 * n]).input_ids  # ~n tokens or more
+    # ~n tokens or more
+    ids = load_tokenizer(model)(CORPUS_PATH.read_text(encoding="utf-8")[: 8 * n]).input_ids
     while len(ids) < n:
         ids += ids[1:]
     return ids[:n]
@@ -49,9 +51,13 @@ def run(cfg: EngineConfig, ids: list[int], max_tokens: int) -> dict[str, Any]:
     mc = runner.model.config
     sliding = sum(map(mc.is_sliding, range(mc.num_hidden_layers)))
     own = runner.num_swa_slots > 0
-    per_full = kv_bytes_per_token(mc, runner.kv_dtype, cfg.tp_size, mc.num_hidden_layers - (sliding if own else 0))
+    per_full = kv_bytes_per_token(
+        mc, runner.kv_dtype, cfg.tp_size, mc.num_hidden_layers - (sliding if own else 0)
+    )
     per_swa = kv_bytes_per_token(mc, runner.kv_dtype, cfg.tp_size, sliding)
-    sched.add_request(TokenizedRequest("r", ids, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)))
+    sched.add_request(
+        TokenizedRequest("r", ids, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    )
     kv, trace, tokens = sched.kv, [], []
     t0 = time.perf_counter()
 
@@ -73,10 +79,17 @@ def run(cfg: EngineConfig, ids: list[int], max_tokens: int) -> dict[str, Any]:
         sample()  # what the window left behind given back
     peak = max(trace, key=lambda t: t[2])
     return {
-        "sliding_window_kv": own, "full_slots_peak": peak[0], "sliding_slots_peak": peak[1],
-        "kv_bytes_peak": peak[2], "kv_bytes_end": trace[-1][2], "bytes_per_full_slot": per_full,
-        "bytes_per_sliding_slot": per_swa, "pool_slots": runner.num_kv_slots, "sliding_pool_slots": runner.num_swa_slots,
-        "seconds": time.perf_counter() - t0, "tokens": tokens,
+        "sliding_window_kv": own,
+        "full_slots_peak": peak[0],
+        "sliding_slots_peak": peak[1],
+        "kv_bytes_peak": peak[2],
+        "kv_bytes_end": trace[-1][2],
+        "bytes_per_full_slot": per_full,
+        "bytes_per_sliding_slot": per_swa,
+        "pool_slots": runner.num_kv_slots,
+        "sliding_pool_slots": runner.num_swa_slots,
+        "seconds": time.perf_counter() - t0,
+        "tokens": tokens,
     }
 
 
@@ -97,14 +110,25 @@ def main(argv: list[str] | None = None) -> int:
            else prompt_ids(args.model, n))
     runs = {}
     for own in (True, False):
-        cfg = EngineConfig(model=args.model, dtype="float32", kv_cache_tokens=n + args.max_tokens + 64,
-                           max_running_requests=4, max_num_batched_tokens=args.chunk, chunked_prefill_tokens=args.chunk,
-                           sliding_window_kv=own)
+        cfg = EngineConfig(
+            model=args.model,
+            dtype="float32",
+            kv_cache_tokens=n + args.max_tokens + 64,
+            max_running_requests=4,
+            max_num_batched_tokens=args.chunk,
+            chunked_prefill_tokens=args.chunk,
+            sliding_window_kv=own,
+        )
         runs["with" if own else "without"] = run(cfg, ids, args.max_tokens)
     same = runs["with"].pop("tokens") == runs["without"].pop("tokens")
     result = {
-        "model": args.model, "prompt_tokens": n, "max_tokens": args.max_tokens, "same_tokens": same,
-        "window": read_model_info(args.model).sliding_window, "cpu": cpu_caps().model, "threads": torch.get_num_threads(),
+        "model": args.model,
+        "prompt_tokens": n,
+        "max_tokens": args.max_tokens,
+        "same_tokens": same,
+        "window": read_model_info(args.model).sliding_window,
+        "cpu": cpu_caps().model,
+        "threads": torch.get_num_threads(),
         **{f"{k}_{side}": v for side, r in runs.items() for k, v in r.items()},
     }
     result["kv_peak_ratio"] = result["kv_bytes_peak_with"] / result["kv_bytes_peak_without"]

@@ -56,15 +56,25 @@ def repetitive_prompts(n: int, seed: int) -> list[str]:
     out = []
     for i in range(n):
         if i % 2 == 0:
-            out.append(f"Add a docstring to this Python function. Reply with the whole function.\n\n```python\n"
-                       f"{_code(rng)}\n```")
+            out.append(
+                f"Add a docstring to this Python function. Reply with the whole function.\n\n```python\n"
+                f"{_code(rng)}\n```"
+            )
         else:
             out.append(f"Repeat this text exactly, word for word:\n\n{_passage(rng)}")
     return out
 
 
-_TOPICS = ("a lighthouse keeper", "the history of bread", "how bees talk", "a city under the sea",
-           "learning to ride a bicycle", "why the sky changes colour", "a robot that paints", "winter in a forest")
+_TOPICS = (
+    "a lighthouse keeper",
+    "the history of bread",
+    "how bees talk",
+    "a city under the sea",
+    "learning to ride a bicycle",
+    "why the sky changes colour",
+    "a robot that paints",
+    "winter in a forest",
+)
 _ASKS = ("Write a short story about {}.", "Explain {} to a child.", "Give five surprising facts about {}.",
          "Write a poem about {}.")
 
@@ -83,8 +93,10 @@ def as_chat(model: str, asks: list[str]) -> list[str]:
     tok = load_tokenizer(model)
     if not getattr(tok, "chat_template", None):
         return asks
-    return [tok.apply_chat_template([{"role": "user", "content": a}], tokenize=False, add_generation_prompt=True)
-            for a in asks]
+    return [
+        tok.apply_chat_template([{"role": "user", "content": a}], tokenize=False, add_generation_prompt=True)
+        for a in asks
+    ]
 
 
 # Small batches run this many requests in all, a batch at a time: one request alone is too few to time.
@@ -138,7 +150,10 @@ def run(cfg: EngineConfig, batches: list[int], k: int, output_len: int, seed: in
           f"{'steps on/off':>12} {'same':>5} {'load':>5}", flush=True)
     # Both engines up at once (an idle one uses no CPU), each workload measured on then off back to back:
     # on a machine shared with other work, drifting load then hits both sides of a ratio alike.
-    with Client.launch(cfg.model, **on_cfg.options()) as c_on, Client.launch(cfg.model, **off_cfg.options()) as c_off:
+    with (
+        Client.launch(cfg.model, **on_cfg.options()) as c_on,
+        Client.launch(cfg.model, **off_cfg.options()) as c_off,
+    ):
         for c in (c_on, c_off):
             c.generate([5, 6, 7], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
         for name, by_batch in workloads.items():
@@ -146,11 +161,15 @@ def run(cfg: EngineConfig, batches: list[int], k: int, output_len: int, seed: in
                 key = f"{name}/{b}"
                 a = on[key] = _measure(c_on, prompts, b, output_len)
                 o = off[key] = _measure(c_off, prompts, b, output_len)
-                same = a["same_outputs"] = a["outputs"] == o["outputs"]  # greedy: speculation changes no token
+                # greedy: speculation changes no token
+                same = a["same_outputs"] = a["outputs"] == o["outputs"]
                 a["load_average"] = os.getloadavg()[0]  # other work on the cores while it ran
-                print(f"{name:>10} {b:>5} {a['tok_s']:>9.1f} {o['tok_s']:>9.1f} {a['tok_s'] / o['tok_s']:>7.2f}x "
-                      f"{100 * a['acceptance']:>6.1f}% {a['steps']:>5}/{o['steps']:<6} {'yes' if same else 'NO':>5} "
-                      f"{a['load_average']:>5.1f}", flush=True)
+                print(
+                    f"{name:>10} {b:>5} {a['tok_s']:>9.1f} {o['tok_s']:>9.1f} {a['tok_s'] / o['tok_s']:>7.2f}x "
+                    f"{100 * a['acceptance']:>6.1f}% {a['steps']:>5}/{o['steps']:<6} {'yes' if same else 'NO':>5} "
+                    f"{a['load_average']:>5.1f}",
+                    flush=True,
+                )
     for r in (*on.values(), *off.values()):
         del r["outputs"]
     return {"benchmark": "spec", "k": k, "batches": batches, "cpu": cpu_caps().describe(), "spec_on": on,

@@ -32,9 +32,19 @@ from tandem.scheduler.scheduler import Scheduler  # noqa: E402
 from tandem.worker.cpu_step_graph import CpuStepGraph  # noqa: E402
 from tandem.worker.model_runner import ModelRunner  # noqa: E402
 
-KINDS = {sg.EMBED: "embed", sg.NORM: "norm", sg.HEAD_NORM: "head_norm", sg.QLINEAR: "linear", sg.ROTARY: "rotary",
-         sg.KV_WRITE: "kv_write", sg.ATTENTION: "attention", sg.SILU_MUL: "silu_mul", sg.MOE: "moe",
-         sg.GELU_MUL: "gelu_mul", sg.ARGMAX: "argmax"}
+KINDS = {
+    sg.EMBED: "embed",
+    sg.NORM: "norm",
+    sg.HEAD_NORM: "head_norm",
+    sg.QLINEAR: "linear",
+    sg.ROTARY: "rotary",
+    sg.KV_WRITE: "kv_write",
+    sg.ATTENTION: "attention",
+    sg.SILU_MUL: "silu_mul",
+    sg.MOE: "moe",
+    sg.GELU_MUL: "gelu_mul",
+    sg.ARGMAX: "argmax",
+}
 
 
 def _once(nodes: torch.Tensor, threads: int) -> float:
@@ -61,7 +71,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                  allow_abbrev=False)
     ap.add_argument("--model", required=True)
-    ap.add_argument("--context", type=int, default=128, help="tokens in the request's KV when the nodes are timed")
+    ap.add_argument(
+        "--context", type=int, default=128, help="tokens in the request's KV when the nodes are timed"
+    )
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--kv-cache-dtype", default="auto")
@@ -111,7 +123,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         name = KINDS.get(k, str(k))
         alone = median_ms(graph.nodes[kinds == k], threads, args.reps)
         in_step = paired_ms(graph.nodes, graph.nodes[kinds != k], threads, args.reps)
-        print(f"  {name:>10} x{int((kinds == k).sum()):<4} alone {alone:7.3f} ms   in the step {in_step:7.3f} ms")
+        print(
+            f"  {name:>10} x{int((kinds == k).sum()):<4} alone {alone:7.3f} ms   in the step {in_step:7.3f} ms"
+        )
         result[f"{name}_alone_ms"], result[f"{name}_in_step_ms"] = alone, in_step
     return result
 

@@ -34,7 +34,9 @@ def _valid(text: str) -> bool:
         return False
 
 
-def _run_mode(cfg: EngineConfig, n: int, fractions: list[float], output_len: int, seed: int) -> dict[str, Any]:
+def _run_mode(
+    cfg: EngineConfig, n: int, fractions: list[float], output_len: int, seed: int
+) -> dict[str, Any]:
     from tandem import Client, SamplingParams
 
     opts = cfg.options()

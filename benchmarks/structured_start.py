@@ -3,8 +3,10 @@
 Each run launches a fresh engine, sends a JSON-schema request the moment the engine is ready ("first"), the
 same again three times ("warm", the median), the same messages unconstrained ("free"), then a schema it has
 not seen but as big ("new schema": its grammar compiles on a loaded compiler). first/warm is what a user sees
-(the first request also compiles its grammar); first/new-schema is the cold start alone. `*_queue_s`: the engine's own figure,
-arrival to first step (a constrained request waits there for the compiler and its grammar). With --cold-cache the on-disk TokenizerInfo cache is emptied
+(the first request also compiles its grammar); first/new-schema is the cold start alone. `*_queue_s`: the
+engine's own figure,
+arrival to first step (a constrained request waits there for the compiler and its grammar). With --cold-cache
+the on-disk TokenizerInfo cache is emptied
 before each launch (what a first start on a machine sees).
 
     python -m tandem.benchmarks.structured_start --model models/smollm2-135m-instruct/model.gguf --runs 3
@@ -64,8 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--cold-cache", action="store_true", help="empty the TokenizerInfo disk cache before each run")
-    ap.add_argument("--torch-threads", type=int, help="the worker's threads (1: least disturbed by other load)")
+    ap.add_argument(
+        "--cold-cache", action="store_true", help="empty the TokenizerInfo disk cache before each run"
+    )
+    ap.add_argument(
+        "--torch-threads", type=int, help="the worker's threads (1: least disturbed by other load)"
+    )
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args(argv)
     engine = {"torch_threads": args.torch_threads} if args.torch_threads else {}

@@ -65,7 +65,9 @@ def main() -> None:
     ap.add_argument("--batch1-tokens", type=int, default=64, help="decode steps timed for batch 1")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--profile", action="store_true", help="torch.profiler table of one decode and one prefill step")
+    ap.add_argument(
+        "--profile", action="store_true", help="torch.profiler table of one decode and one prefill step"
+    )
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--attention-backend", default="auto", help="comma-separated: each is run in turn")
     args = ap.parse_args()
@@ -78,7 +80,9 @@ def main() -> None:
     info = read_model_info(cfg.model)
     runner = ModelRunner(cfg, info)
     print(cpu_caps().describe())
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, model {args.model}, dtype {runner.dtype}")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, model {args.model}, dtype {runner.dtype}"
+    )
     sched = Scheduler(cfg, info, runner.num_kv_slots, num_swa_slots=runner.num_swa_slots)
     for name in args.attention_backend.split(","):
         runner.model.attn_backend = select_attention_backend(resolve_ops(runner.device, runner.dtype, name))
@@ -121,8 +125,10 @@ def _run(runner: ModelRunner, sched: Scheduler, args: argparse.Namespace, tag: s
         print(f"prefill steps: {len(prefill)}, mean {1000 * ps / len(prefill):.0f} ms "
               f"(median {1000 * statistics.median(dt for _, dt in prefill):.0f} ms), {pt / ps:.0f} tok/s")
     if decode_full:
-        print(f"decode steps at batch {n}: {len(decode_full)}, mean {1000 * statistics.mean(decode_full):.1f} ms, "
-              f"median {1000 * statistics.median(decode_full):.1f} ms, min {1000 * min(decode_full):.1f} ms")
+        print(
+            f"decode steps at batch {n}: {len(decode_full)}, mean {1000 * statistics.mean(decode_full):.1f} ms, "
+            f"median {1000 * statistics.median(decode_full):.1f} ms, min {1000 * min(decode_full):.1f} ms"
+        )
     if b1_dec:
         print(f"batch-1 decode: mean {1000 * statistics.mean(b1_dec):.2f} ms/token, "
               f"median {1000 * statistics.median(b1_dec):.2f}, min {1000 * min(b1_dec):.2f}")

@@ -56,7 +56,9 @@ class Completion(HasFinal):
 
 def _joined(acc: Logprobs | None, more: Logprobs) -> Logprobs:
     if acc is None:
-        return Logprobs(list(more.token_ids), list(more.logprobs), list(more.top_ids), list(more.top_logprobs))
+        return Logprobs(
+            list(more.token_ids), list(more.logprobs), list(more.top_ids), list(more.top_logprobs)
+        )
     acc.extend(more)
     return acc
 

@@ -12,8 +12,13 @@ def encode_text(tokenizer: Any, text: str, add_special_tokens: bool = True) -> l
     return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
-def render_chat(tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools: list[dict] | None = None,
-                add_generation_prompt: bool = True, template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+def render_chat(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    tools: list[dict] | None = None,
+    add_generation_prompt: bool = True,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> list[int]:
     """Token ids of the conversation through the model's chat template, the tools passed to the template
     (as the model was trained). `template_kwargs` are variables for the template (`enable_thinking`)."""
     kwargs = dict(template_kwargs or {})

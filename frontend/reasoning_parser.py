@@ -24,7 +24,9 @@ STYLES = tuple(c for c in CHOICES if c != "auto")
 
 def check_style(style: str | None, allow_auto: bool = True) -> None:
     if style is not None and style not in (CHOICES if allow_auto else STYLES):
-        raise ValueError(f"unknown reasoning parser {style!r}; choose from {', '.join(CHOICES if allow_auto else STYLES)}")
+        raise ValueError(
+            f"unknown reasoning parser {style!r}; choose from {', '.join(CHOICES if allow_auto else STYLES)}"
+        )
 
 
 def template_style(chat_template: str | dict[str, str] | None) -> str | None:

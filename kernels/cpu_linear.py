@@ -21,7 +21,9 @@ PLAIN_ONEDNN_MIN_ROWS = 16
 
 def packable(weight: torch.Tensor) -> bool:
     """Whether the worker packs this weight: float32 on a CPU with oneDNN (the measured case)."""
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    return (
+        weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    )
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""A linear layer's product from whichever form of its weight the worker holds (the `linear` of kernels/ops.py).
+"""A linear layer's product from whichever form of its weight the worker holds (the `linear` of
+kernels/ops.py).
 
 A layer keeps one of: a GGUF file's blocks packed for the C kernel (`quant`), a float weight the C kernel
 takes for a few rows and torch multiplies with for more (`dense`: the very tensor, or the head's bf16 copy),
@@ -15,8 +16,13 @@ from tandem.kernels.native.quant_linear import QuantRows, QuantWeight, dense_tak
 
 
 def linear_product(
-    x: torch.Tensor, quant: QuantWeight | QuantRows | None, dense: QuantWeight | None, weight: torch.Tensor | None,
-    packed: torch.Tensor | None, bias: torch.Tensor | None, int8: bool = False,
+    x: torch.Tensor,
+    quant: QuantWeight | QuantRows | None,
+    dense: QuantWeight | None,
+    weight: torch.Tensor | None,
+    packed: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    int8: bool = False,
 ) -> torch.Tensor:
     """x [rows, in] @ W.T (+ bias) -> [rows, out]; int8: the blocks' product takes int8 activations
     (--cpu-int8-activations; a float weight has no blocks to take them against)."""

@@ -65,8 +65,10 @@ class Ops:
 
     def describe(self) -> str:
         device_ops = "host" if self.host_drafts else "triton"
-        return (f"ops: attention={self.attention} native={self.native} int8-activations={self.int8_activations} "
-                f"input-prep/drafts={device_ops}")
+        return (
+            f"ops: attention={self.attention} native={self.native} int8-activations={self.int8_activations} "
+            f"input-prep/drafts={device_ops}"
+        )
 
 
 def _native_add_rms_norm(
@@ -104,7 +106,7 @@ def resolve_ops(
     native = (
         device.type == "cpu" and dtype == torch.float32 and os.environ.get("TANDEM_NO_NATIVE") != "1"
         and all(k.available() for k in (norm_act, rotary, paged_attention, quant_linear, moe))
-    )  # fmt: skip
+    )
     if int8_activations and not native:
         log.warning("--cpu-int8-activations ignored: it needs the C kernels (CPU, float32, a C compiler)")
     if attention == "auto":

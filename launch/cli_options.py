@@ -1,4 +1,5 @@
-"""Command-line flags -> EngineConfig (and ServeConfig). The dataclass is the one source of names and defaults;
+"""Command-line flags -> EngineConfig (and ServeConfig). The dataclass is the one source of names and
+defaults;
 frontend/client/engine_process.py writes a config back as flags."""
 from __future__ import annotations
 
@@ -29,9 +30,13 @@ def add_engine_flags(parser: argparse.ArgumentParser, cls: type = EngineConfig) 
         help_ = f.metadata.get("help", "")
         default = f.default if f.default is not dataclasses.MISSING else None
         if f.name == "model":
-            parser.add_argument("--model", required=True, help="model: a Hugging Face directory or a .gguf file")
+            parser.add_argument(
+                "--model", required=True, help="model: a Hugging Face directory or a .gguf file"
+            )
         elif tp is bool:
-            parser.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, default=default, help=help_)
+            parser.add_argument(
+                _flag(f.name), action=argparse.BooleanOptionalAction, default=default, help=help_
+            )
         else:
             parser.add_argument(_flag(f.name), type=tp, default=default, help=f"{help_} (default: {default})")
     if cls is EngineConfig:

@@ -36,7 +36,9 @@ def _mixtral_name(name: str) -> str:
     for ours, theirs in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
         if ".mlp.experts." in name and name.endswith(f".{ours}.weight"):
             name = name.removesuffix(f"{ours}.weight") + f"{theirs}.weight"
-    return name.replace(".mlp.experts.", ".block_sparse_moe.experts.").replace(".mlp.gate.", ".block_sparse_moe.gate.")
+    return name.replace(".mlp.experts.", ".block_sparse_moe.experts.").replace(
+        ".mlp.gate.", ".block_sparse_moe.gate."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

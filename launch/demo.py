@@ -19,7 +19,10 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 
 CITY_SCHEMA = {
     "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 40}, "country": {"type": "string", "maxLength": 40}},
+    "properties": {
+        "city": {"type": "string", "maxLength": 40},
+        "country": {"type": "string", "maxLength": 40},
+    },
     "required": ["city", "country"],
     "additionalProperties": False,
 }
@@ -29,7 +32,10 @@ REQUESTS: list[tuple[list[dict[str, str]], dict[str, object]]] = [
     ([{"role": "user", "content": "What is the capital of France?"}], {}),
     ([{"role": "user", "content": "Write a Python function that checks whether a number is prime."}], {}),
     ([{"role": "user", "content": "你好！请用一句话介绍你自己。"}], {}),
-    ([{"role": "user", "content": "Name one city in Japan and its country, as JSON."}], {"json_schema": CITY_SCHEMA}),
+    (
+        [{"role": "user", "content": "Name one city in Japan and its country, as JSON."}],
+        {"json_schema": CITY_SCHEMA},
+    ),
 ]
 
 
@@ -50,8 +56,10 @@ class _Stream:
             return f"[stream {i}: failed: {self.error}]"
         assert self.end is not None and self.first is not None
         took = self.end - self.start
-        return (f"[stream {i}: {self.tokens} tokens in {took:.2f}s, first after {self.first - self.start:.2f}s: "
-                f"{self.tokens / took:.1f} tokens/s]")
+        return (
+            f"[stream {i}: {self.tokens} tokens in {took:.2f}s, first after {self.first - self.start:.2f}s: "
+            f"{self.tokens / took:.1f} tokens/s]"
+        )
 
 
 async def _show(i: int, s: _Stream, messages: list[dict[str, str]], extra: dict[str, object]) -> None:
@@ -79,8 +87,11 @@ async def _run(model: str) -> None:
     t0 = time.perf_counter()
     async with AsyncClient.launch(model) as client:
         print(f"engine ready in {time.perf_counter() - t0:.1f}s at {client.endpoint}", flush=True)
-        print(f"{len(REQUESTS)} requests run concurrently (batched by the engine); each answer is shown whole, "
-              "in order, streamed while it is being generated\n", flush=True)
+        print(
+            f"{len(REQUESTS)} requests run concurrently (batched by the engine); each answer is shown whole, "
+            "in order, streamed while it is being generated\n",
+            flush=True,
+        )
         streams = [_Stream() for _ in REQUESTS]
 
         async def one(i: int) -> None:
@@ -105,7 +116,9 @@ async def _run(model: str) -> None:
         await asyncio.gather(*tasks)
         dt = time.perf_counter() - t1
         total = sum(s.tokens for s in streams)
-        print(f"{total} tokens from {len(REQUESTS)} concurrent streams in {dt:.2f}s ({total / dt:.1f} tokens/s)")
+        print(
+            f"{total} tokens from {len(REQUESTS)} concurrent streams in {dt:.2f}s ({total / dt:.1f} tokens/s)"
+        )
     print("engine stopped cleanly")
 
 

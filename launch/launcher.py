@@ -92,7 +92,9 @@ class Launcher:
         deadline = time.monotonic() + self.cfg.startup_timeout_s
         while len(self.ready) < expected:
             if time.monotonic() > deadline:
-                raise EngineStartError(f"engine not ready after {self.cfg.startup_timeout_s}s: ready {sorted(self.ready)}")
+                raise EngineStartError(
+                    f"engine not ready after {self.cfg.startup_timeout_s}s: ready {sorted(self.ready)}"
+                )
             dead, msgs = self.poll(0.2)
             for msg in msgs:
                 if isinstance(msg, Failed):
@@ -103,7 +105,8 @@ class Launcher:
                 raise EngineStartError(f"{dead.name} exited with code {dead.exitcode} during startup")
 
     def poll(self, timeout_s: float) -> tuple[BaseProcess | None, list[LauncherMsg]]:
-        """Wait up to timeout_s for a child to exit or to send something: (a dead child or None, the messages)."""
+        """Wait up to timeout_s for a child to exit or to send something: (a dead child or None, the
+        messages)."""
         assert self._control is not None
         poller = zmq.Poller()
         poller.register(self._control, zmq.POLLIN)
@@ -128,7 +131,8 @@ class Launcher:
 
     def stop(self, reason: str = "the engine was stopped", grace_s: float = 3.0,
              code: str = ErrorCode.ENGINE_DEAD) -> None:
-        """Stop every process. The frontend goes first, after telling each waiting client why (with `code`)."""
+        """Stop every process. The frontend goes first, after telling each waiting client why (with
+        `code`)."""
         if self._stopped:
             return
         self._stopped = True

@@ -13,23 +13,16 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import save
 from transformers import (
     AutoModelForCausalLM,
-    Gemma3TextConfig,
-    LlamaConfig,
-    MixtralConfig,
     PretrainedConfig,
-    Qwen2Config,
-    Qwen2MoeConfig,
-    Qwen3Config,
-    Qwen3MoeConfig,
 )
 
+from tandem.launch.model_presets import ARCHS, EXPERTS_PER_TOK, GEMMA3_SIZES, NUM_EXPERTS, SIZES, Gemma3Spec
 from tandem.launch.tokenizer_maker import (
     CHAT_TEMPLATE,
     EOS_TOKEN,
@@ -38,125 +31,6 @@ from tandem.launch.tokenizer_maker import (
     special_token_ids,
     write_tokenizer_files,
 )
-
-
-@dataclass(frozen=True)
-class SizeSpec:
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    max_positions: int
-    # The MoE archs: each expert's width; 8 experts, top 2 (the defaults of make_model), so a token's active
-    # MLP (2 x moe_intermediate) is the dense `intermediate` of the same size.
-    moe_intermediate: int = 0
-
-
-SIZES: dict[str, SizeSpec] = {
-    "tiny": SizeSpec(
-        hidden=64,
-        layers=2,
-        heads=4,
-        kv_heads=2,
-        head_dim=16,
-        intermediate=128,
-        vocab=1024,
-        max_positions=2048,
-        moe_intermediate=64,
-    ),
-    "small": SizeSpec(
-        hidden=256,
-        layers=4,
-        heads=8,
-        kv_heads=4,
-        head_dim=32,
-        intermediate=768,
-        vocab=4096,
-        max_positions=4096,
-        moe_intermediate=256,
-    ),
-    # ~29-34M parameters depending on tying: big enough to be GPU-bound in benchmarks, quick to write.
-    "bench": SizeSpec(
-        hidden=512,
-        layers=8,
-        heads=8,
-        kv_heads=4,
-        head_dim=64,
-        intermediate=1536,
-        vocab=8192,
-        max_positions=4096,
-        moe_intermediate=768,
-    ),
-    # Qwen3-0.6B's shapes (random weights): the GPU throughput benchmark's model.
-    "0.6b": SizeSpec(
-        hidden=1024,
-        layers=28,
-        heads=16,
-        kv_heads=8,
-        head_dim=128,
-        intermediate=3072,
-        vocab=151936,
-        max_positions=40960,
-        moe_intermediate=1536,
-    ),
-}
-
-
-@dataclass(frozen=True)
-class ArchSpec:
-    config_cls: type[PretrainedConfig]
-    architecture: str
-    rope_theta: float
-    tie_embeddings: bool
-    moe: bool = False
-
-
-# Tied and untied archs, so the engine's weight loader sees both layouts. Qwen2's q/k/v bias, Qwen3's
-# q_norm/k_norm and Gemma 3's layout come from the architectures themselves.
-ARCHS: dict[str, ArchSpec] = {
-    "llama": ArchSpec(LlamaConfig, "LlamaForCausalLM", rope_theta=10_000.0, tie_embeddings=False),
-    "qwen2": ArchSpec(Qwen2Config, "Qwen2ForCausalLM", rope_theta=1_000_000.0, tie_embeddings=False),
-    "qwen3": ArchSpec(Qwen3Config, "Qwen3ForCausalLM", rope_theta=1_000_000.0, tie_embeddings=True),
-    # Mixture of experts: Qwen3-MoE (renormalised top-k, as Qwen3-30B-A3B), Qwen2-MoE (a shared expert, top-k
-    # not renormalised), Mixtral. Untied like their published checkpoints (make_model's tie_embeddings).
-    "qwen3_moe": ArchSpec(Qwen3MoeConfig, "Qwen3MoeForCausalLM", rope_theta=1_000_000.0, tie_embeddings=False,
-                          moe=True),
-    "qwen2_moe": ArchSpec(Qwen2MoeConfig, "Qwen2MoeForCausalLM", rope_theta=1_000_000.0, tie_embeddings=False,
-                          moe=True),
-    "mixtral": ArchSpec(MixtralConfig, "MixtralForCausalLM", rope_theta=1_000_000.0, tie_embeddings=False,
-                        moe=True),
-    "gemma3": ArchSpec(Gemma3TextConfig, "Gemma3ForCausalLM", rope_theta=1_000_000.0, tie_embeddings=True),
-}
-
-
-@dataclass(frozen=True)
-class Gemma3Spec:
-    """What a Gemma 3 model of a size has beside SizeSpec: sliding-window layers (every `pattern`-th layer
-    global), one KV head, a head wider than hidden / heads, and in `tiny` options a loader that ignored them
-    would get wrong: soft-capped logits, linear RoPE scaling on the global layers, a pattern other than 6.
-    (The attention scale stays head_dim's, query_pre_attn_scalar = head_dim, which a GGUF file cannot say
-    otherwise: tests/test_model_parity.py tries another.) Windows are small, so test prompts run far past."""
-
-    layers: int
-    window: int
-    pattern: int
-    head_dim: int
-    query_pre_attn_scalar: int
-    final_logit_softcapping: float | None = None
-    rope_factor: float | None = None
-
-
-GEMMA3_SIZES = {
-    "tiny": Gemma3Spec(layers=3, window=16, pattern=3, head_dim=32, query_pre_attn_scalar=32,
-                       final_logit_softcapping=10.0, rope_factor=2.0),
-    "small": Gemma3Spec(layers=6, window=32, pattern=6, head_dim=64, query_pre_attn_scalar=64),
-    "bench": Gemma3Spec(layers=12, window=128, pattern=6, head_dim=128, query_pre_attn_scalar=128),
-    "0.6b": Gemma3Spec(layers=28, window=512, pattern=6, head_dim=256, query_pre_attn_scalar=256),
-}
-NUM_EXPERTS, EXPERTS_PER_TOK = 8, 2
 
 RMS_NORM_EPS = 1e-6
 
@@ -176,8 +50,14 @@ ROUTER_STD = 3.0
 
 
 def build_config(
-    arch: str, size: str, vocab_size: int, eos_id: int, num_kv_heads: int | None = None,
-    num_experts: int = NUM_EXPERTS, experts_per_tok: int = EXPERTS_PER_TOK, tie_embeddings: bool | None = None,
+    arch: str,
+    size: str,
+    vocab_size: int,
+    eos_id: int,
+    num_kv_heads: int | None = None,
+    num_experts: int = NUM_EXPERTS,
+    experts_per_tok: int = EXPERTS_PER_TOK,
+    tie_embeddings: bool | None = None,
 ) -> PretrainedConfig:
     spec, sz = ARCHS[arch], SIZES[size]
     kv_heads = (1 if arch == "gemma3" else sz.kv_heads) if num_kv_heads is None else num_kv_heads
@@ -208,7 +88,9 @@ def build_config(
         kwargs.update(_gemma3_kwargs(GEMMA3_SIZES[size], spec.rope_theta))
     if spec.moe:
         if not 0 < experts_per_tok <= num_experts:
-            raise ValueError(f"experts_per_tok={experts_per_tok} must be between 1 and num_experts={num_experts}")
+            raise ValueError(
+                f"experts_per_tok={experts_per_tok} must be between 1 and num_experts={num_experts}"
+            )
         kwargs["num_experts_per_tok"] = experts_per_tok
         if arch == "mixtral":  # its experts are intermediate_size wide; it always renormalises the top k
             kwargs.update(num_local_experts=num_experts, intermediate_size=sz.moe_intermediate)
@@ -229,10 +111,15 @@ def _gemma3_kwargs(g: Gemma3Spec, rope_theta: float) -> dict[str, object]:
         "head_dim": g.head_dim,
         "hidden_activation": "gelu_pytorch_tanh",
         "sliding_window": g.window,
-        "layer_types": ["sliding_attention" if (i + 1) % g.pattern else "full_attention" for i in range(g.layers)],
+        "layer_types": [
+            "sliding_attention" if (i + 1) % g.pattern else "full_attention" for i in range(g.layers)
+        ],
         "query_pre_attn_scalar": g.query_pre_attn_scalar,
         "final_logit_softcapping": g.final_logit_softcapping,
-        "rope_parameters": {"full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+        "rope_parameters": {
+            "full_attention": full,
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        },
         "bos_token_id": None,
     }
 
@@ -328,7 +215,9 @@ def make_model(arch: str, size: str, out: str | Path, seed: int = 0, num_kv_head
     eos_id = special_token_ids(tok)[EOS_TOKEN]
     # Real checkpoints pad the embedding past the tokenizer too; never let it be smaller.
     vocab_size = max(sz.vocab, tok.get_vocab_size())
-    config = build_config(arch, size, vocab_size, eos_id, num_kv_heads, num_experts, experts_per_tok, tie_embeddings)
+    config = build_config(
+        arch, size, vocab_size, eos_id, num_kv_heads, num_experts, experts_per_tok, tie_embeddings
+    )
     config.save_pretrained(out)
     _add_legacy_config_keys(out / "config.json", ARCHS[arch].rope_theta)
     # save() + write_bytes rather than save_file: same bytes, but the file honours the umask (save_file
@@ -357,7 +246,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="output model directory")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-kv-heads", type=int, default=None, help="override the size's KV head count")
-    parser.add_argument("--num-experts", type=int, default=NUM_EXPERTS, help="experts per MoE layer (MoE archs)")
+    parser.add_argument(
+        "--num-experts", type=int, default=NUM_EXPERTS, help="experts per MoE layer (MoE archs)"
+    )
     parser.add_argument("--experts-per-tok", type=int, default=EXPERTS_PER_TOK,
                         help="experts each token is routed to (MoE archs)")
     parser.add_argument("--tie-embeddings", choices=("true", "false"), default=None,

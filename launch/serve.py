@@ -124,8 +124,12 @@ def _supervise(launcher: Launcher, cfg: EngineConfig, signals: _Signals) -> int:
 
 def _start_drain(launcher: Launcher, plan: StopPlan) -> None:
     assert plan.draining is not None
-    print(f"tandem: draining ({plan.draining}): running requests get up to {plan.drain_timeout_s:g} s, new ones "
-          "are refused", file=sys.stderr, flush=True)
+    print(
+        f"tandem: draining ({plan.draining}): running requests get up to {plan.drain_timeout_s:g} s, "
+        "new ones are refused",
+        file=sys.stderr,
+        flush=True,
+    )
     launcher.drain(plan.draining)
 
 

@@ -28,7 +28,8 @@ def read_until_http(lines: Iterable[str], pids: dict[str, int]) -> tuple[str, st
 
 
 def wait_for_http(proc: subprocess.Popen, pids: dict[str, int], err: Iterable[str]) -> tuple[str, str]:
-    """read_until_http on a serve subprocess's stdout (text mode), then its stdout drained on a thread so serve
+    """read_until_http on a serve subprocess's stdout (text mode), then its stdout drained on a thread so
+    serve
     never blocks on a full pipe. Raises RuntimeError with `err` (its stderr as collected so far) when serve
     exited before its HTTP line."""
     assert proc.stdout is not None

@@ -41,8 +41,10 @@ def rank_state(p: BaseProcess) -> tuple[int, str]:
 def describe_stall(msg: Stalled, procs: list[BaseProcess], timeout_s: float | None) -> str:
     """The reason waiting calls get: the stall, then the rank(s) most likely to blame."""
     flag = f"--step-timeout-s {timeout_s:g}" if timeout_s is not None else "the default step timeout"
-    head = (f"the engine stalled: step {msg.step_id} did not come back from the workers in {msg.waited_s:.1f} s "
-            f"(limit {msg.limit_s:g} s, {flag})")
+    head = (
+        f"the engine stalled: step {msg.step_id} did not come back from the workers in {msg.waited_s:.1f} s "
+        f"(limit {msg.limit_s:g} s, {flag})"
+    )
     ranks = [(int(p.name[len(WORKER):]), p) for p in procs if p.name.startswith(WORKER)]
     if not ranks:
         return f"{head}; no worker rank runs on this node"

@@ -59,6 +59,8 @@ class StopPlan:
     def due(self) -> Stop | None:
         """The stop to carry out now, if any."""
         if self.stop is None and self.deadline is not None and self.clock() >= self.deadline:
-            why = f"{self.draining}: still running when the drain timeout ({self.drain_timeout_s:g} s) ran out"
+            why = (
+                f"{self.draining}: still running when the drain timeout ({self.drain_timeout_s:g} s) ran out"
+            )
             self.stop_now(why, ErrorCode.DRAIN_TIMEOUT)
         return self.stop

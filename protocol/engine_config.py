@@ -18,21 +18,29 @@ class EngineConfig:
     kv_memory_fraction: float = field(default=0.1, metadata={"help": "of device memory (RAM on CPU) for KV"})
     max_running_requests: int = 256
     max_waiting_requests: int | None = field(
-        default=None, metadata={"help": "requests queued beyond the running ones; past it: overloaded; default: no limit"}
+        default=None,
+        metadata={"help": "requests queued beyond the running ones; past it: overloaded; default: no limit"},
     )
     max_num_batched_tokens: int = field(default=2048, metadata={"help": "per-step token budget"})
     scheduling_policy: str = field(
-        default="fcfs", metadata={"help": "fcfs (arrival order) or priority (a request's priority, lower first, "
-                                  "then arrival; the lowest is retracted first)"}
+        default="fcfs",
+        metadata={
+            "help": "fcfs (arrival order) or priority (a request's priority, lower first, "
+            "then arrival; the lowest is retracted first)"
+        },
     )
     chunked_prefill_tokens: int | None = field(
-        default=None, metadata={"help": "prefill tokens per step, chunking long prompts; default: the step budget"}
+        default=None,
+        metadata={"help": "prefill tokens per step, chunking long prompts; default: the step budget"},
     )
     max_model_len: int | None = field(default=None, metadata={"help": "context limit; default: the model's"})
-    page_size: int = field(default=1, metadata={"help": "KV page size in tokens; prefix cache keys are page-aligned"})
+    page_size: int = field(
+        default=1, metadata={"help": "KV page size in tokens; prefix cache keys are page-aligned"}
+    )
     prefix_cache: bool = field(default=True, metadata={"help": "radix prefix cache"})
     host_kv_tokens: int = field(
-        default=0, metadata={"help": "host KV tier under the prefix cache, in tokens (pinned RAM on CUDA); 0: off"}
+        default=0,
+        metadata={"help": "host KV tier under the prefix cache, in tokens (pinned RAM on CUDA); 0: off"},
     )
     host_kv_memory_gb: float | None = field(
         default=None,
@@ -49,33 +57,41 @@ class EngineConfig:
     )
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks (worker processes)"})
     nnodes: int = field(default=1, metadata={"help": "nodes the tp ranks span"})
-    node_rank: int = field(default=0, metadata={"help": "this node (0 runs scheduler, frontend, detokenizer)"})
+    node_rank: int = field(
+        default=0, metadata={"help": "this node (0 runs scheduler, frontend, detokenizer)"}
+    )
     dist_init_addr: str | None = field(
         default=None, metadata={"help": "host:port of node 0 for torch.distributed init across nodes"}
     )
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda"})
     dtype: str = field(
         default="auto",
-        metadata={"help": "auto (bf16 on CUDA; on CPU fp32 activations, a float checkpoint's weights in bf16 with "
-                          "AMX or AVX512-BF16, else fp32), float32, bfloat16, float16"},
+        metadata={
+            "help": "auto (bf16 on CUDA; on CPU fp32 activations, a float checkpoint's weights in bf16 with "
+            "AMX or AVX512-BF16, else fp32), float32, bfloat16, float16"
+        },
     )
     kv_cache_dtype: str = field(
-        default="auto", metadata={"help": "the KV pools' element: auto (the activations' dtype), float32, float16, "
-                                  "bfloat16"}
+        default="auto",
+        metadata={"help": "the KV pools' element: auto (the activations' dtype), float32, float16, bfloat16"},
     )
     attention_backend: str = field(
         default="auto", metadata={"help": "auto (triton on CUDA, cpu on CPU), cpu, torch, triton"}
     )
     cpu_int8_activations: bool = field(
         default=False,
-        metadata={"help": "on CPU, a GGUF's quantized layers take their input quantized to 8 bits per 32 values and "
-                  "multiply in integers (faster, approximate; kernels/csrc/quant_int8.h)"},
+        metadata={
+            "help": "on CPU, a GGUF's quantized layers take their input quantized to 8 bits per 32 values "
+            "and multiply in integers (faster, approximate; kernels/csrc/quant_int8.h)"
+        },
     )
     sliding_window_kv: bool = field(
         default=True,
-        metadata={"help": "a model's sliding-window layers keep their KV in a pool of their own, and each request "
-                  "gives back the part every window has passed; off: they keep all of it in the full pool "
-                  "(also off under a host KV tier)"},
+        metadata={
+            "help": "a model's sliding-window layers keep their KV in a pool of their own, and each request "
+            "gives back the part every window has passed; off: they keep all of it in the full pool "
+            "(also off under a host KV tier)"
+        },
     )
     enforce_eager: bool = field(
         default=False, metadata={"help": "no CUDA graphs: every decode step launches its kernels one by one"}
@@ -90,8 +106,11 @@ class EngineConfig:
     prompt_lookup_max: int = field(default=4, metadata={"help": "longest n-gram the ngram drafter matches"})
     seed: int = 0
     pooling: str = field(
-        default="last", metadata={"help": "embeddings pool the final hidden states of the prompt: last (its last "
-                                  "token's, what causal embedding models train), mean (all tokens') or cls (the first's)"}
+        default="last",
+        metadata={
+            "help": "embeddings pool the final hidden states of the prompt: last (its last "
+            "token's, what causal embedding models train), mean (all tokens') or cls (the first's)"
+        },
     )
     grammar_compile_timeout_s: float = field(
         default=30.0, metadata={"help": "per structured-output grammar; past it the request fails"}
@@ -99,17 +118,23 @@ class EngineConfig:
     debug_integrity: bool = field(default=False, metadata={"help": "check allocator invariants every step"})
     startup_timeout_s: float = 300.0
     step_timeout_s: float | None = field(
-        default=None, metadata={"help": "a step not back from the workers after this long stops the engine, "
-                                "waiting calls get EngineDeadError naming the rank; default: max(60 s, 50x the "
-                                "longest step seen), the startup timeout until a step has finished"}
+        default=None,
+        metadata={
+            "help": "a step not back from the workers after this long stops the engine, "
+            "waiting calls get EngineDeadError naming the rank; default: max(60 s, 50x the "
+            "longest step seen), the startup timeout until a step has finished"
+        },
     )
     drain_timeout_s: float = field(
         default=30.0, metadata={"help": "on SIGTERM or POST /drain, running requests get this long to finish "
                                 "while new ones are refused; the rest are then aborted (0: at once)"}
     )
     heap_trim_period_s: float = field(
-        default=30.0, metadata={"help": "the worker hands its heap's free pages back to the OS this often, so a "
-                                "rare big step does not raise its RSS for good (0: never)"}
+        default=30.0,
+        metadata={
+            "help": "the worker hands its heap's free pages back to the OS this often, so a "
+            "rare big step does not raise its RSS for good (0: never)"
+        },
     )
     max_request_bytes: int = field(
         default=32 * 1024 * 1024, metadata={"help": "largest client message; larger ones get a typed error"}
@@ -131,7 +156,9 @@ class EngineConfig:
             if not self.host_kv_memory_gb > 0:  # also rejects NaN
                 raise bad("host_kv_memory_gb", "must be > 0 (leave it unset for no host tier)")
             if self.host_kv_tokens:
-                raise bad("host_kv_memory_gb", "give the host tier's size once: host_kv_tokens or host_kv_memory_gb")
+                raise bad(
+                    "host_kv_memory_gb", "give the host tier's size once: host_kv_tokens or host_kv_memory_gb"
+                )
             if not self.prefix_cache:
                 raise bad("host_kv_memory_gb", "needs the prefix cache (the host tier lives under it)")
         if self.host_kv_tokens % self.page_size:
@@ -154,7 +181,13 @@ class EngineConfig:
             raise bad("drain_timeout_s", "must be >= 0")
         if not self.heap_trim_period_s >= 0:
             raise bad("heap_trim_period_s", "must be >= 0 (0: never)")
-        for name in ("max_running_requests", "max_num_batched_tokens", "page_size", "tp_size", "max_request_bytes"):
+        for name in (
+            "max_running_requests",
+            "max_num_batched_tokens",
+            "page_size",
+            "tp_size",
+            "max_request_bytes",
+        ):
             if getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
@@ -187,12 +220,16 @@ class EngineConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(options) - known)
         if unknown:
-            raise TypeError(f"unknown engine option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise TypeError(
+                f"unknown engine option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
         try:  # msgspec checks each option's type (a str for a bool, a bool for an int) and runs __post_init__
             return msgspec.convert({"model": str(model), **options}, type=cls, strict=True)
         except msgspec.ValidationError as e:
             msg = str(e)
-            raise ValueError(msg if msg.startswith("invalid engine option") else f"invalid engine option: {msg}") from None
+            raise ValueError(
+                msg if msg.startswith("invalid engine option") else f"invalid engine option: {msg}"
+            ) from None
 
     @property
     def host_tier(self) -> bool:

@@ -62,7 +62,8 @@ def gguf_architecture(reader: GGUFReader, path: str | Path) -> str:
 def checked_architecture(arch: Any, path: str | Path) -> str:
     if arch not in GGUF_ARCHITECTURES:
         raise ModelLoadError(
-            f"{path}: unsupported GGUF architecture {arch!r}; supported: {', '.join(sorted(GGUF_ARCHITECTURES))}"
+            f"{path}: unsupported GGUF architecture {arch!r}; "
+            f"supported: {', '.join(sorted(GGUF_ARCHITECTURES))}"
         )
     return arch
 
@@ -95,7 +96,8 @@ def hf_config(reader: GGUFReader, path: str | Path) -> dict[str, Any]:
     experts = _experts(reader, path, arch, tensors)
     cfg: dict[str, Any] = {
         "architectures": [GGUF_ARCHITECTURES[arch]],
-        "model_type": {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}.get(arch, arch),  # transformers' name
+        # transformers' name
+        "model_type": {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}.get(arch, arch),
         # The embedding's rows, not the token list: a padded vocabulary has more rows than tokens.
         "vocab_size": int(tensors["token_embd.weight"].shape[1]),
         "hidden_size": hidden,
@@ -167,7 +169,9 @@ def _gemma3_config(meta: Any, cfg: dict[str, Any], path: str | Path) -> dict[str
         "sliding_window": int(window),
         "layer_types": types,
         "rope_local_base_freq": float(meta(K.Rope.FREQ_BASE_SWA, 10000.0)),
-        "query_pre_attn_scalar": cfg["hidden_size"] // cfg["num_attention_heads"] if n == 62 else cfg["head_dim"],
+        "query_pre_attn_scalar": cfg["hidden_size"] // cfg["num_attention_heads"]
+        if n == 62
+        else cfg["head_dim"],
         "attention_bias": False,
     }
     for key, name in ((K.LLM.FINAL_LOGIT_SOFTCAPPING, "final_logit_softcapping"),
@@ -188,7 +192,9 @@ def _experts(reader: GGUFReader, path: str | Path, arch: str, tensors: dict[str,
     count = _field(reader, key(gguf.Keys.LLM.EXPERT_COUNT))
     if not count:
         if any(n.endswith("_exps.weight") for n in tensors):
-            raise ModelLoadError(f"{path}: expert tensors but no {key(gguf.Keys.LLM.EXPERT_COUNT)!r} in the metadata")
+            raise ModelLoadError(
+                f"{path}: expert tensors but no {key(gguf.Keys.LLM.EXPERT_COUNT)!r} in the metadata"
+            )
         return {}
     count, used = int(count), int(_field(reader, key(gguf.Keys.LLM.EXPERT_USED_COUNT), 0))
     if not 0 < used <= count:
@@ -204,8 +210,10 @@ def _experts(reader: GGUFReader, path: str | Path, arch: str, tensors: dict[str,
         for t, w in zip(exps, ("gate", "up", "down")):
             if t is None or len(t.shape) != 3 or int(t.shape[2]) != count:
                 got = "none" if t is None else f"shape {[int(d) for d in t.shape]}"
-                raise ModelLoadError(f"{path}: {key(gguf.Keys.LLM.EXPERT_COUNT)} = {count} does not match tensor "
-                                     f"blk.{i}.ffn_{w}_exps.weight ({got})")
+                raise ModelLoadError(
+                    f"{path}: {key(gguf.Keys.LLM.EXPERT_COUNT)} = {count} does not match tensor "
+                    f"blk.{i}.ffn_{w}_exps.weight ({got})"
+                )
         width = int(exps[0].shape[1])
     ffn = _field(reader, key(gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH))
     shared = _field(reader, key(gguf.Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH))

@@ -53,8 +53,17 @@ def _entries(reader: GGUFReader) -> dict[str, Any]:
     return {
         "version": _VERSION,
         "architecture": arch.contents() if arch is not None else None,
-        "tensors": [[t.name, t.tensor_type.name, [int(d) for d in t.shape], int(t.data_offset), t.data.dtype.str,
-                     list(t.data.shape)] for t in reader.tensors],
+        "tensors": [
+            [
+                t.name,
+                t.tensor_type.name,
+                [int(d) for d in t.shape],
+                int(t.data_offset),
+                t.data.dtype.str,
+                list(t.data.shape),
+            ]
+            for t in reader.tensors
+        ],
     }
 
 

@@ -98,7 +98,8 @@ def exit_with_parent(poll_s: float = 0.5) -> None:
 
 
 def set_parent_death_signal(sig: int) -> None:
-    """Have the kernel send `sig` when the thread that started this process ends (Linux; elsewhere a no-op)."""
+    """Have the kernel send `sig` when the thread that started this process ends (Linux; elsewhere a
+    no-op)."""
     if not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)

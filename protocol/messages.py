@@ -168,7 +168,9 @@ class StatsRequest(msgspec.Struct, tag="stats"):
     rid: str
 
 
-ClientMsg = GenerateRequest | EmbedRequest | AbortRequest | StatsRequest | OpenSession | CloseSession | DrainRequest
+ClientMsg = (
+    GenerateRequest | EmbedRequest | AbortRequest | StatsRequest | OpenSession | CloseSession | DrainRequest
+)
 FrontendMsg = OutputBatch | EmbeddingBatch | RequestError | EngineStats | SessionReply
 
 
@@ -342,14 +344,17 @@ class TokenBatch(msgspec.Struct, tag="tokens"):
 
 
 class EngineStopping(msgspec.Struct, tag="stopping"):
-    """From the launcher, before it stops the engine: the frontend fails every waiting call with this reason."""
+    """From the launcher, before it stops the engine: the frontend fails every waiting call with this
+    reason."""
 
     reason: str
     code: str = "engine_dead"  # an ErrorCode of the engine_dead class
 
 
 DetokInMsg = DetokRegister | TokenBatch | EmbeddingBatch | RequestError | EngineStats | SessionReply
-FrontendInMsg = OutputBatch | EmbeddingBatch | RequestError | EngineStats | EngineStopping | SessionReply | Drain
+FrontendInMsg = (
+    OutputBatch | EmbeddingBatch | RequestError | EngineStats | EngineStopping | SessionReply | Drain
+)
 
 
 # ---- child -> launcher -------------------------------------------------------------------------------

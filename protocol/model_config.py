@@ -28,7 +28,9 @@ def metadata_dir(model: str | Path) -> Path:
         return gguf_metadata_dir(model)
     d = Path(model)
     if not (d / "config.json").is_file():
-        raise ModelLoadError(f"{d} is not a model: no config.json (expected a Hugging Face directory or a .gguf file)")
+        raise ModelLoadError(
+            f"{d} is not a model: no config.json (expected a Hugging Face directory or a .gguf file)"
+        )
     return d
 
 
@@ -91,7 +93,9 @@ class ModelConfig:
         arch = archs[0] if archs else ""
         windows = _sliding_layers(hf, arch)
         if hf.get("attn_logit_softcapping") is not None:
-            raise ModelLoadError("config field attn_logit_softcapping: attention score softcapping is not supported")
+            raise ModelLoadError(
+                "config field attn_logit_softcapping: attention score softcapping is not supported"
+            )
         rope_theta, rope_scaling = _rope_params(hf, FULL)
         local_theta, local_scaling = _rope_params(hf, SLIDING) if SLIDING in windows else (0.0, {})
         return cls(
@@ -182,7 +186,9 @@ def _sliding_layers(hf: dict[str, Any], arch: str) -> tuple[str, ...]:
     if types is None and gemma3:
         pattern = hf.get("sliding_window_pattern", 6)
         if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
-            raise ModelLoadError(f"config field sliding_window_pattern: {pattern!r} is not a layer count >= 1")
+            raise ModelLoadError(
+                f"config field sliding_window_pattern: {pattern!r} is not a layer count >= 1"
+            )
         types = [SLIDING if (i + 1) % pattern else FULL for i in range(n)]
     if types is None:
         if hf.get("use_sliding_window"):

@@ -39,10 +39,14 @@ def check_model_fits(cfg: EngineConfig) -> ModelInfo:
 
 def _check_parallel(tp: int, m: ModelConfig) -> None:
     if m.num_attention_heads % tp:
-        raise ConfigError(f"tp_size={tp}: the model's num_attention_heads={m.num_attention_heads} is not divisible by it")
+        raise ConfigError(
+            f"tp_size={tp}: the model's num_attention_heads={m.num_attention_heads} is not divisible by it"
+        )
     kv = m.num_key_value_heads
     if kv % tp and tp % kv:  # fewer KV heads than ranks are replicated, so the ranks must share them evenly
-        raise ConfigError(f"tp_size={tp}: the model's num_key_value_heads={kv} neither divides it nor is divisible by it")
+        raise ConfigError(
+            f"tp_size={tp}: the model's num_key_value_heads={kv} neither divides it nor is divisible by it"
+        )
     dense = not m.num_experts or not all(m.is_moe_layer(i) for i in range(m.num_hidden_layers))
     widths = [("intermediate_size", m.intermediate_size)] if dense else []
     if m.num_experts:
@@ -63,7 +67,9 @@ def _check_moe(m: ModelConfig) -> None:
         raise ConfigError(f"model config decoder_sparse_step={m.decoder_sparse_step}: must be >= 1")
     out = [i for i in m.mlp_only_layers if not 0 <= i < m.num_hidden_layers]
     if out:
-        raise ConfigError(f"model config mlp_only_layers: layer {out[0]} is outside [0, {m.num_hidden_layers})")
+        raise ConfigError(
+            f"model config mlp_only_layers: layer {out[0]} is outside [0, {m.num_hidden_layers})"
+        )
 
 
 def _check_kv_budget(cfg: EngineConfig, m: ModelConfig, max_model_len: int) -> None:

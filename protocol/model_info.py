@@ -15,7 +15,8 @@ class ModelInfo(msgspec.Struct, frozen=True):
     eos_token_ids: list[int]
     architecture: str
     hidden_size: int = 0  # an embedding's full length
-    # Matryoshka models (config.json `is_matryoshka` / `matryoshka_dimensions`, as vLLM reads them) were trained
+    # Matryoshka models (config.json `is_matryoshka` / `matryoshka_dimensions`, as vLLM reads them) were
+    # trained
     # so that a prefix of the embedding is one too: only they take an embedding request's `dimensions`.
     is_matryoshka: bool = False
     matryoshka_dimensions: list[int] | None = None  # the prefix lengths allowed; None: any
@@ -49,6 +50,8 @@ def read_model_info(model: str | Path, max_model_len: int | None = None) -> Mode
         architecture=cfg.architecture or "?",
         hidden_size=cfg.hidden_size,
         is_matryoshka=bool(hf.get("is_matryoshka") or hf.get("matryoshka_dimensions")),
-        matryoshka_dimensions=_as_list(hf["matryoshka_dimensions"]) if hf.get("matryoshka_dimensions") else None,
+        matryoshka_dimensions=_as_list(hf["matryoshka_dimensions"])
+        if hf.get("matryoshka_dimensions")
+        else None,
         sliding_window=cfg.sliding_window,
     )

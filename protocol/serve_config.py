@@ -18,15 +18,22 @@ class ServeConfig:
     host: str = field(default="127.0.0.1", metadata={"help": "HTTP bind address"})
     port: int = field(default=8000, metadata={"help": "HTTP port (0: any free port)"})
     api_key: str | None = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY'"})
-    admin_api_key: str | None = field(default=None, metadata={
-        "help": "serve the operator routes (POST /drain) behind 'Authorization: Bearer KEY', a key other than "
-                "--api-key's; without it they are not served (404). SIGTERM drains either way"})
+    admin_api_key: str | None = field(
+        default=None,
+        metadata={
+            "help": "serve the operator routes (POST /drain) behind 'Authorization: Bearer KEY', a key "
+            "other than --api-key's; without it they are not served (404). SIGTERM drains either way"
+        },
+    )
     served_model_name: str | None = field(
         default=None, metadata={"help": "model name clients send; default: the model directory's name"}
     )
     max_concurrent_requests: int = field(
-        default=512, metadata={"help": "generation and embedding requests served at once (a stream until it is "
-                               "written out); past it 503 overloaded"}
+        default=512,
+        metadata={
+            "help": "generation and embedding requests served at once (a stream until it is "
+            "written out); past it 503 overloaded"
+        },
     )
     reasoning_parser: str | None = field(default=None, metadata={
         "help": "split the model's thinking into reasoning_content: qwen3, deepseek-r1, or auto (from the "
@@ -38,14 +45,18 @@ class ServeConfig:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"invalid serve option port={self.port}: must be in [0, 65535]")
         if self.max_concurrent_requests < 1:
-            raise ValueError(f"invalid serve option max_concurrent_requests={self.max_concurrent_requests}: must be >= 1")
+            raise ValueError(
+                f"invalid serve option max_concurrent_requests={self.max_concurrent_requests}: must be >= 1"
+            )
         if self.api_key == "":
             raise ValueError("invalid serve option api_key='': give a key or leave the option out")
         if self.admin_api_key == "":
             raise ValueError("invalid serve option admin_api_key='': give a key or leave the option out")
         if self.admin_api_key is not None and self.admin_api_key == self.api_key:
-            raise ValueError("invalid serve option admin_api_key: must differ from api_key (the inference key "
-                             "must not reach the operator routes)")
+            raise ValueError(
+                "invalid serve option admin_api_key: must differ from api_key (the inference key "
+                "must not reach the operator routes)"
+            )
         if self.reasoning_parser not in (None, *REASONING_PARSERS):
             raise ValueError(f"invalid serve option reasoning_parser={self.reasoning_parser!r}: "
                              f"choose from {', '.join(REASONING_PARSERS)}")

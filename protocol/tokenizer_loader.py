@@ -37,5 +37,6 @@ def load_tokenizer(model: str | Path) -> Any:
 
 
 def load_fast_tokenizer(model: str | Path) -> Tokenizer:
-    """The bare `tokenizers` object (no transformers import): for decoding in the detokenizer and stop checks."""
+    """The bare `tokenizers` object (no transformers import): for decoding in the detokenizer and stop
+    checks."""
     return Tokenizer.from_file(str(metadata_dir(model) / "tokenizer.json"))

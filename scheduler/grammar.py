@@ -1,4 +1,5 @@
-"""Structured output: compiling a request's constraint (scheduler/grammar_spec.py) with xgrammar off the scheduler thread,
+"""Structured output: compiling a request's constraint (scheduler/grammar_spec.py) with xgrammar off the
+scheduler thread,
 and the per-request matcher that fills the next-token bitmask and accepts sampled tokens.
 
 Bitmask layout (xgrammar's): int32 [batch, ceil(vocab/32)], token t allowed iff bit t % 32 of word t // 32
@@ -129,7 +130,8 @@ class GrammarCompilerService:
         self.cache_bytes = cache_bytes
         self.max_pending = max_pending
         self.num_compiled = 0  # compilations actually run (cache misses)
-        self.info_from_cache = False  # the TokenizerInfo was read from disk (scheduler/tokenizer_info_cache.py)
+        # the TokenizerInfo was read from disk (scheduler/tokenizer_info_cache.py)
+        self.info_from_cache = False
         self._tokenizer = tokenizer
         self._compiler: xgr.GrammarCompiler | None = None
         self._info: xgr.TokenizerInfo | None = None
@@ -270,7 +272,9 @@ class GrammarCompilerService:
             if self._cache.get(key) is fut:
                 self._finishing.pop(key, None)
             # A bad constraint fails the same way every time (keep it); anything else may be transient.
-            if fut.cancelled() or (fut.exception() is not None and not isinstance(fut.exception(), GrammarError)):
+            if fut.cancelled() or (
+                fut.exception() is not None and not isinstance(fut.exception(), GrammarError)
+            ):
                 if self._cache.get(key) is fut:
                     del self._cache[key]
             self._evict_locked()  # its size is known now

@@ -65,7 +65,9 @@ class WriteBack:
 
     def bind(self, tree: RadixCache) -> None:
         if self.pool.page_size != tree.page_size:
-            raise ValueError(f"host pool pages of {self.pool.page_size} slots, device pages of {tree.page_size}")
+            raise ValueError(
+                f"host pool pages of {self.pool.page_size} slots, device pages of {tree.page_size}"
+            )
         self.tree = tree
 
     def on_insert(self, node: TreeNode) -> None:
@@ -95,7 +97,9 @@ class WriteBack:
 
     def _host_evictable(self, node: TreeNode) -> bool:
         return (
-            node is not self.tree.root and node.host_value is not None and node.lock_ref == node.host_lock_ref == 0
+            node is not self.tree.root
+            and node.host_value is not None
+            and node.lock_ref == node.host_lock_ref == 0
             and (node.value is not None or not node.children)
         )
 

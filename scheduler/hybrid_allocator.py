@@ -74,8 +74,9 @@ class HybridAllocator(KVAllocator):
         computing after: positions m-window+1 .. m-1, what its first query reads, all have sliding KV."""
         m, p = len(slots), self.page_size
         while m > 0:
-            missing = next((i for i in range(m - 1, max(0, m - window + 1) - 1, -1) if not self.has_swa(slots[i])),
-                           None)
+            missing = next(
+                (i for i in range(m - 1, max(0, m - window + 1) - 1, -1) if not self.has_swa(slots[i])), None
+            )
             if missing is None:
                 return m
             m = missing // p * p  # a start at or before the gap does not read it

@@ -163,7 +163,8 @@ class KVCacheManager:
         return self.allocator.room >= slots_needed
 
     def grow(self, req: Req, n: int) -> list[int] | None:
-        """KV slots for req's next n positions (from kv_allocated_len), evicting cache if needed; None if short."""
+        """KV slots for req's next n positions (from kv_allocated_len), evicting cache if needed; None if
+        short."""
         p = self.page_size
         k = self.pages_needed(req, n)
         if not self.ensure_free(k * p):
@@ -279,7 +280,9 @@ class KVCacheManager:
             raise AssertionError(f"idle KV: {free} free + {tree} cached "
                                  f"({self.tree.protected_size} locked) of {self.allocator.size}")
         if self.req_table.num_free != self.req_table.max_reqs:
-            raise AssertionError(f"idle: {self.req_table.max_reqs - self.req_table.num_free} request rows held")
+            raise AssertionError(
+                f"idle: {self.req_table.max_reqs - self.req_table.num_free} request rows held"
+            )
 
     # ---- invariants ------------------------------------------------------------------------------
     def locked_size(self, holds: Sequence[Hold]) -> int:
@@ -291,12 +294,19 @@ class KVCacheManager:
         the tree is a live request's prefix or a session's hold (`holds`), and the other way round."""
         self.allocator.check_integrity()
         self.tree.check_integrity()
-        locks = [r.prefix.last_host_node for r in live if r.prefix is not None] + [h.node for h in holds if not h.host]
-        want, want_host = _paths(locks, self.tree.root), _paths([h.node for h in holds if h.host], self.tree.root)
+        locks = [r.prefix.last_host_node for r in live if r.prefix is not None] + [
+            h.node for h in holds if not h.host
+        ]
+        want, want_host = (
+            _paths(locks, self.tree.root),
+            _paths([h.node for h in holds if h.host], self.tree.root),
+        )
         for n in self.tree.nodes():
             if (n.lock_ref, n.host_lock_ref) != (want.get(n, 0), want_host.get(n, 0)):
-                raise AssertionError(f"locks: {n} has lock_ref {n.lock_ref} and host_lock_ref {n.host_lock_ref}, "
-                                     f"its holders {want.get(n, 0)} and {want_host.get(n, 0)} (requests, sessions)")
+                raise AssertionError(
+                    f"locks: {n} has lock_ref {n.lock_ref} and host_lock_ref {n.host_lock_ref}, "
+                    f"its holders {want.get(n, 0)} and {want_host.get(n, 0)} (requests, sessions)"
+                )
         p = self.page_size
         owners: dict[int, str] = {}
 
@@ -321,7 +331,9 @@ class KVCacheManager:
             claim(list(dict.fromkeys(s // p for s in own)), req.rid)
             if self.hybrid is not None:  # sliding KV given back below swa_released_len, kept above
                 cut = max(0, min(len(own), req.swa_released_len - req.cache_protected_len))
-                if any(self.hybrid.has_swa(s) for s in own[:cut]) or not all(map(self.hybrid.has_swa, own[cut:])):
+                if any(self.hybrid.has_swa(s) for s in own[:cut]) or not all(
+                    map(self.hybrid.has_swa, own[cut:])
+                ):
                     raise AssertionError(f"{req.rid}: sliding KV held below or missing above position "
                                          f"{req.swa_released_len}")
         if len(owners) != self.allocator.num_pages:

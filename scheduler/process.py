@@ -37,7 +37,8 @@ def run_scheduler(cfg_bytes: bytes, ep_bytes: bytes) -> None:
     cfg, ep, ctx, launcher = start_child(cfg_bytes, ep_bytes)
     with reporting_startup(launcher, "scheduler"):
         info = read_model_info(cfg.model, cfg.max_model_len)
-        # The grammar compiler loads (seconds) while the worker loads the model, and on after the engine is ready.
+        # The grammar compiler loads (seconds) while the worker loads the model, and on after the engine is
+        # ready.
         grammar = start_compiler(cfg.model, info.vocab_size)
         reqs_in = make_socket(ctx, zmq.PULL, ep.scheduler_in, bind=True)
         results = make_socket(ctx, zmq.PULL, ep.scheduler_results, bind=True)

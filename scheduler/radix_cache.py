@@ -23,13 +23,8 @@ from collections.abc import Callable, Iterator, Sequence
 from tandem.protocol.messages import KVCopies
 from tandem.scheduler.host_tier import HostTier, NoHostTier
 from tandem.scheduler.prefix_cache import PrefixHandle
+from tandem.scheduler.radix_integrity import check_tree
 from tandem.scheduler.tree_node import ChildKey, TreeNode
-
-
-def _check(cond: bool, msg: str) -> None:
-    # Not `assert`: integrity checks must survive `python -O`.
-    if not cond:
-        raise AssertionError(f"radix cache: {msg}")
 
 
 class RadixCache:
@@ -85,7 +80,11 @@ class RadixCache:
         assert parent is not None
         v, hv = child.value, child.host_value
         front = TreeNode(
-            parent, child.key[:m], None if v is None else v[:m], child.last_access, None if hv is None else hv[:m]
+            parent,
+            child.key[:m],
+            None if v is None else v[:m],
+            child.last_access,
+            None if hv is None else hv[:m],
         )
         front.lock_ref, front.host_lock_ref = child.lock_ref, child.host_lock_ref
         parent.children[self._child_key(front.key, 0)] = front  # same first page: replaces child
@@ -339,45 +338,9 @@ class RadixCache:
         return [slot for node in self.nodes() if node.host_value is not None for slot in node.host_value]
 
     def check_integrity(self) -> None:
-        root, ps = self.root, self.page_size
-        _check(root.parent is None and not root.key and not root.value and root.lock_ref == 0, "bad root")
-        evictable = protected = count = host_count = 0
-        seen: set[int] = set()
-        host_seen: set[int] = set()
-        stack = [root]
-        while stack:
-            node = stack.pop()
-            for ck, child in node.children.items():
-                _check(child.parent is node, f"{child}: wrong parent pointer")
-                _check(len(child.key) > 0, f"{child}: empty key")
-                _check(len(child.key) % ps == 0, f"{child}: key length {len(child.key)} not page-aligned")
-                _check(child.value is not None or child.host_value is not None, f"{child}: holds no KV")
-                for v, tier in ((child.value, "device"), (child.host_value, "host")):
-                    _check(v is None or len(v) == len(child.key), f"{child}: {len(child.key)} tokens, "
-                           f"{len(v or [])} {tier} slots")
-                _check(child.value is None or node is root or node.value is not None,
-                       f"{child}: on the device under a host-only parent")
-                _check(self._child_key(child.key, 0) == ck, f"{child}: key doesn't start with its edge's page")
-                _check(child.lock_ref >= 0, f"{child}: negative lock_ref")
-                _check(node is root or child.lock_ref <= node.lock_ref, f"{child}: locked more than its parent")
-                _check(node is root or child.host_lock_ref <= node.host_lock_ref, f"{child}: host-locked more than "
-                       "its parent")
-                _check(not child.host_lock_ref or child.host_value is not None, f"{child}: host-locked, no host copy")
-                _check(node is root or child.last_access <= node.last_access, f"{child}: newer than its parent")
-                if child.lock_ref:
-                    protected += child.device_len
-                else:
-                    evictable += child.device_len
-                count += child.device_len
-                seen.update(child.value or [])
-                host_count += len(child.host_value or [])
-                host_seen.update(child.host_value or [])
-                stack.append(child)
-        _check(len(seen) == count, "a device slot is in two places")
-        _check(len(host_seen) == host_count, "a host slot is in two places")
-        _check(evictable == self._evictable, f"evictable_size {self._evictable} != recomputed {evictable}")
-        _check(protected == self._protected, f"protected_size {self._protected} != recomputed {protected}")
-        self.host.check_integrity(self.all_host_slots())
+        """Every invariant of the tree and its tiers (scheduler/radix_integrity.py); raises on the first
+        broken."""
+        check_tree(self)
 
     def reset(self) -> None:
         """Drop the whole tree, handing every slot back (device ones through free_slots, host ones to the

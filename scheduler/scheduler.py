@@ -14,7 +14,6 @@ import msgspec
 from tandem.protocol import fault_injection
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.errors import ErrorCode
-from tandem.protocol.final_info import FinalInfo
 from tandem.protocol.messages import (
     DetokRegister,
     EngineLoad,
@@ -24,12 +23,11 @@ from tandem.protocol.messages import (
     SampleStep,
     SchedulerOutput,
     StepFailed,
-    TokenBatch,
-    TokenDelta,
     TokenizedRequest,
 )
 from tandem.protocol.model_info import ModelInfo
 from tandem.scheduler.decode import schedule_running
+from tandem.scheduler.delta_assembly import DeltaAssembly
 from tandem.scheduler.embedding import EmbeddingOutbox, take_embeddings
 from tandem.scheduler.finish import FinishReason
 from tandem.scheduler.kv_cache import KVCacheManager
@@ -58,9 +56,16 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, info: ModelInfo, num_kv_slots: int, num_host_slots: int | None = None,
-                 num_swa_slots: int = 0) -> None:
-        """num_host_slots, num_swa_slots: the worker's host tier (default cfg.host_kv_tokens) and sliding pool."""
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        info: ModelInfo,
+        num_kv_slots: int,
+        num_host_slots: int | None = None,
+        num_swa_slots: int = 0,
+    ) -> None:
+        """num_host_slots, num_swa_slots: the worker's host tier (default cfg.host_kv_tokens) and sliding
+        pool."""
         self.cfg, self.info = cfg, info
         self.kv = KVCacheManager(
             num_kv_slots, cfg.max_running_requests, info.max_model_len, cfg.page_size, cfg.prefix_cache,
@@ -74,8 +79,7 @@ class Scheduler:
         self.inflight: deque[InflightStep] = deque()
         self.freed_rows: list[int] = []  # rows the worker must drop at the next step
         self.outbox: list[msgspec.Struct] = []  # for the detokenizer, in order
-        self._deltas: list[TokenDelta] = []
-        self._delta_of: dict[str, TokenDelta] = {}
+        self.deltas = DeltaAssembly()  # this commit's, to the detokenizer
         self._embedded = EmbeddingOutbox()
         self.stats = SchedulerStats()
         self.spec = SpecStats()  # reported in the load either way; moves only with speculation on
@@ -91,7 +95,9 @@ class Scheduler:
         link, ids = None, msg.input_ids
         if msg.session is not None:  # its prompt continues a session's turn
             try:
-                link, ids = self.sessions.resolve(msg.session, ids, msg.params.max_tokens, self.info.max_model_len)
+                link, ids = self.sessions.resolve(
+                    msg.session, ids, msg.params.max_tokens, self.info.max_model_len
+                )
             except SessionError as e:
                 self.outbox.append(RequestError(msg.rid, e.code, e.message))
                 return
@@ -192,7 +198,7 @@ class Scheduler:
                 req.kv_committed_len += n
         if result.prompt_logprobs:
             for req, lp in new_prompt_logprobs(step, result.prompt_logprobs):
-                self._delta(req).prompt_logprobs = lp
+                self.deltas.of(req.rid).prompt_logprobs = lp
         if result.embeddings:
             take_embeddings(step, result.embeddings)
         counts = result.num_sampled or [1] * len(step.samplers)
@@ -215,7 +221,9 @@ class Scheduler:
                     try:
                         matched, grammar_done = self._accept_token(req, tok, lp)
                     except Exception as e:  # one request's fault (grammar, tokenizer) fails it alone
-                        req.to_finish = FinishReason.error(f"{type(e).__name__}: {e}", ErrorCode.FAILED_INTERNAL)
+                        req.to_finish = FinishReason.error(
+                            f"{type(e).__name__}: {e}", ErrorCode.FAILED_INTERNAL
+                        )
                 req.check_finished(matched, grammar_done)
                 if req.finished():
                     # The accepted tokens after the end are dropped, and so is their KV.
@@ -228,13 +236,15 @@ class Scheduler:
             if req.to_finish is not None and req.num_inflight_steps == 0:
                 req.check_finished()
                 self._finalize(req)
-            else:  # after the rejected drafts' rollback above: what the windows passed; a prefill chunk cached
+            # after the rejected drafts' rollback above: what the windows passed; a prefill chunk cached
+            else:
                 self.kv.after_commit(req, prefill=n - drafts > 1)
         self._flush_deltas()
         if self.cfg.debug_integrity:
             self.check_integrity()
         elif not (self.inflight or self.has_work):
-            self.kv.check_idle(self.sessions.holds())  # the engine goes idle: both tiers' accounting must add up
+            # the engine goes idle: both tiers' accounting must add up
+            self.kv.check_idle(self.sessions.holds())
 
     def fail_step(self, msg: StepFailed) -> None:
         """A step raised on the worker and produced nothing. The requests to blame fail (all of the step
@@ -267,10 +277,7 @@ class Scheduler:
         if not req.output_ids:
             req.time_stats.first_token = time.time()
         req.output_ids.append(tok)
-        d = self._delta(req)
-        d.token_ids.append(tok)
-        if lp is not None:
-            d.logprobs = lp if d.logprobs is None else (d.logprobs.extend(lp) or d.logprobs)
+        self.deltas.token(req.rid, tok, lp)
         matched = None
         if req.params.stop and len(req.output_ids) >= req.params.min_tokens:
             matched = self.stop_checker.find(req.origin_input_ids, req.output_ids, req.params)
@@ -293,14 +300,6 @@ class Scheduler:
             req.check_finished()
             self._finalize(req)
 
-    def _delta(self, req: Req) -> TokenDelta:
-        """This commit's delta for req (one per request per commit)."""
-        d = self._delta_of.get(req.rid)
-        if d is None:
-            d = self._delta_of[req.rid] = TokenDelta(req.rid, [])
-            self._deltas.append(d)
-        return d
-
     def _finalize(self, req: Req) -> None:
         """The one end of every request: release its memory, tell the worker and the client."""
         reason = req.finished_reason
@@ -308,7 +307,8 @@ class Scheduler:
         worker_knows = not req.needs_new_data
         computed = req.kv_committed_len
         row = self.kv.release(req)
-        if req.session_id is not None:  # a turn of it when it ended well: its session locks the KV just cached
+        # a turn of it when it ended well: its session locks the KV just cached
+        if req.session_id is not None:
             self.sessions.end(req, reason.kind in ("stop", "length"), computed)
         if row is not None and worker_knows:
             self.freed_rows.append(row)
@@ -329,12 +329,7 @@ class Scheduler:
         self.stats.aborted += reason.kind == "abort"
         if req.embed is not None:
             return self._embedded.add(req)  # its one answer, sent with the commit's other embeddings
-        d = self._delta(req)
-        d.final = FinalInfo(  # how it ended: made here once, carried unchanged to the client
-            reason.kind, reason.matched, len(req.origin_input_ids), len(req.output_ids), req.cached_tokens,
-            req.spec_accepted_tokens, req.time_stats, req.prefix_source,
-        )
-        d.stop_cut = reason.cut
+        self.deltas.finish(req)
 
     def _note_first_scheduled(self, reqs: list[Req]) -> None:
         now = time.time()
@@ -355,13 +350,8 @@ class Scheduler:
         )
 
     def _flush_deltas(self) -> None:
-        if self._deltas:
-            load = self.load
-            for d in self._deltas:
-                d.load = load
-            self.outbox.append(TokenBatch(self._deltas))
-            self._deltas = []
-            self._delta_of = {}
+        if self.deltas:
+            self.outbox.append(self.deltas.take(self.load))
         if self._embedded.pending:
             self.outbox.append(self._embedded.take(self.load))
 

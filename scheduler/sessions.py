@@ -84,9 +84,13 @@ class SessionStore:
         pool = kv.allocator.size
         cap = pool // 2 if cap is None else cap
         if cap >= pool:
-            raise ValueError(f"invalid engine option session_kv_tokens={cap}: must be below the KV pool of {pool}")
+            raise ValueError(
+                f"invalid engine option session_kv_tokens={cap}: must be below the KV pool of {pool}"
+            )
         if not prefix_cache:
-            return cls(kv, 0, "sessions hold their KV in the prefix cache: the engine runs with --no-prefix-cache")
+            return cls(
+                kv, 0, "sessions hold their KV in the prefix cache: the engine runs with --no-prefix-cache"
+            )
         return cls(kv, cap, None if cap else "sessions are off (--session-kv-tokens 0)")
 
     # ---- the calls of the protocol --------------------------------------------------------------------
@@ -122,12 +126,16 @@ class SessionStore:
         if capacity < 1:
             raise SessionError(ErrorCode.SESSION, f"capacity_tokens must be >= 1, got {capacity}")
         if not (0 < timeout_s <= MAX_SESSION_TIMEOUT_S) or math.isnan(timeout_s):
-            raise SessionError(ErrorCode.SESSION, f"timeout must be in (0, {MAX_SESSION_TIMEOUT_S:.0f}] s, got {timeout_s}")
+            raise SessionError(
+                ErrorCode.SESSION, f"timeout must be in (0, {MAX_SESSION_TIMEOUT_S:.0f}] s, got {timeout_s}"
+            )
         if self.reserved + capacity > self.cap:
-            raise SessionError(ErrorCode.SESSION_CAPACITY,
-                               f"a session of {capacity} tokens is over the engine's cap: {self.reserved} of "
-                               f"{self.cap} tokens (--session-kv-tokens) are reserved by {len(self.sessions)} "
-                               f"open session(s)")
+            raise SessionError(
+                ErrorCode.SESSION_CAPACITY,
+                f"a session of {capacity} tokens is over the engine's cap: {self.reserved} of "
+                f"{self.cap} tokens (--session-kv-tokens) are reserved by {len(self.sessions)} "
+                f"open session(s)",
+            )
         sid = uuid.uuid4().hex
         self.sessions[sid] = Session(sid, capacity, timeout_s, self.clock() + timeout_s)
         return sid
@@ -168,16 +176,24 @@ class SessionStore:
         if sp.rid is not None:
             turn = s.turns.get(sp.rid)
             if turn is None:
-                raise SessionError(ErrorCode.SESSION_TURN, f"session {sp.id!r} has no finished turn {sp.rid!r}")
+                raise SessionError(
+                    ErrorCode.SESSION_TURN, f"session {sp.id!r} has no finished turn {sp.rid!r}"
+                )
         else:
             turn = next(reversed(s.turns.values()), None)
         whole = (turn.tokens if turn is not None else []) + prompt
         if len(whole) > s.capacity:
-            raise SessionError(ErrorCode.SESSION_CAPACITY, f"the prompt has {len(whole)} tokens with the turn it "
-                               f"continues; the session holds at most {s.capacity}")
+            raise SessionError(
+                ErrorCode.SESSION_CAPACITY,
+                f"the prompt has {len(whole)} tokens with the turn it "
+                f"continues; the session holds at most {s.capacity}",
+            )
         if len(whole) + (max_tokens or 1) > context_len:  # the frontend checked the new part alone
-            raise SessionError(ErrorCode.PROMPT_TOO_LONG, f"the prompt has {len(whole)} tokens with the turn it "
-                               f"continues; with max_tokens={max_tokens} it is over the context of {context_len}")
+            raise SessionError(
+                ErrorCode.PROMPT_TOO_LONG,
+                f"the prompt has {len(whole)} tokens with the turn it "
+                f"continues; with max_tokens={max_tokens} it is over the context of {context_len}",
+            )
         return (s, turn), whole
 
     def begin(self, req: Req, link: tuple[Session, Turn | None]) -> None:

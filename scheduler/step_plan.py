@@ -26,12 +26,18 @@ class StepPlan:
         return min(self.budget, self.prefill_cap - self.prefill_used - self.load_used)
 
     def add_load(self, cost: int) -> None:
-        """Charge a host -> device load to the step, against the prefill budget (loads come with admissions)."""
+        """Charge a host -> device load to the step, against the prefill budget (loads come with
+        admissions)."""
         self.load_used += cost
         self.budget -= cost
 
     def add(
-        self, req: Req, n: int, slots: list[int], slot_start: int | None = None, prefix: list[int] | None = None,
+        self,
+        req: Req,
+        n: int,
+        slots: list[int],
+        slot_start: int | None = None,
+        prefix: list[int] | None = None,
         drafts: int = 0,
     ) -> None:
         """Schedule n tokens of req whose KV slots were just allocated (a new request also sends its

@@ -45,7 +45,9 @@ def start_compiler(model_dir: str, vocab_size: int) -> Future:
             from tandem.scheduler.grammar import GrammarCompilerService
 
             # Compact JSON: a weak model could otherwise loop on whitespace forever.
-            svc = GrammarCompilerService(model_dir, vocab_size, max_workers=COMPILE_THREADS, any_whitespace=False)
+            svc = GrammarCompilerService(
+                model_dir, vocab_size, max_workers=COMPILE_THREADS, any_whitespace=False
+            )
             svc.compiler  # noqa: B018 - loads it (the tokenizer's tables from disk when cached)
         except BaseException as e:  # a compilation reports it (GRAMMAR_COMPILER), like a failed one
             fut.set_exception(e)
@@ -85,7 +87,8 @@ class StructuredOutput:
                 or p.choice is not None)
 
     def adopt(self, starting: Future) -> None:
-        """Use the service start_compiler is building (the scheduler process starts it before the worker is up)."""
+        """Use the service start_compiler is building (the scheduler process starts it before the worker is
+        up)."""
         self._starting = starting
 
     def compiler(self) -> Any:
@@ -168,7 +171,9 @@ class StructuredOutput:
             except GrammarBusy as e:  # too many distinct grammars compiling (MAX_PENDING): retry later
                 failed.append((req, ErrorCode.OVERLOADED, str(e)))
             except Exception as e:  # ours (e.g. the tokenizer did not load), not the client's
-                failed.append((req, ErrorCode.GRAMMAR_COMPILER, f"grammar compiler failed: {type(e).__name__}: {e}"))
+                failed.append(
+                    (req, ErrorCode.GRAMMAR_COMPILER, f"grammar compiler failed: {type(e).__name__}: {e}")
+                )
         return ready, failed
 
     def sample_step(self, step: InflightStep) -> tuple[SampleStep, list[tuple[Req, str]]]:

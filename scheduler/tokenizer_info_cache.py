@@ -1,6 +1,9 @@
-"""xgrammar's TokenizerInfo of a model's tokenizer, kept on disk. Building one loads the tokenizer and scans its
-vocabulary; a serialized one loads in milliseconds and needs no tokenizer at all. The file is keyed by the hash
-of the tokenizer files and of everything else the build reads (vocab size, stop tokens, xgrammar's version), in
+"""xgrammar's TokenizerInfo of a model's tokenizer, kept on disk. Building one loads the tokenizer and scans
+its
+vocabulary; a serialized one loads in milliseconds and needs no tokenizer at all. The file is keyed by the
+hash
+of the tokenizer files and of everything else the build reads (vocab size, stop tokens, xgrammar's version),
+in
 the user's cache directory (TANDEM_CACHE_DIR moves it)."""
 from __future__ import annotations
 
@@ -43,7 +46,8 @@ def cache_path(model_dir: str | Path, vocab_size: int, stop_token_ids: list[int]
 
 def load_or_build(model_dir: str | Path, vocab_size: int, stop_token_ids: list[int] | None,
                   build: Callable[[], xgr.TokenizerInfo]) -> tuple[xgr.TokenizerInfo, bool]:
-    """(the TokenizerInfo, whether it came from the cache). A missing or unreadable file is built (and written,
+    """(the TokenizerInfo, whether it came from the cache). A missing or unreadable file is built (and
+    written,
     if the cache directory is writable: a read-only one only costs time)."""
     import xgrammar as xgr
 

@@ -8,7 +8,17 @@ ChildKey = int | tuple[int, ...]  # a child's first token (page_size 1) or first
 
 
 class TreeNode:
-    __slots__ = ("children", "parent", "key", "value", "host_value", "lock_ref", "host_lock_ref", "last_access", "id")
+    __slots__ = (
+        "children",
+        "parent",
+        "key",
+        "value",
+        "host_value",
+        "lock_ref",
+        "host_lock_ref",
+        "last_access",
+        "id",
+    )
     _ids = itertools.count()  # heap tie-break, so eviction order never compares nodes
 
     def __init__(
@@ -21,7 +31,8 @@ class TreeNode:
         self.value = value  # device KV slots, one per token of key; None: not on the device
         self.host_value = host_value  # host-tier slots, one per token of key; None: not in the host tier
         self.lock_ref = 0  # pinned where it is, device and host tier (a running request's prefix)
-        self.host_lock_ref = 0  # its host copy must stay, the device one may go (a session's, on the host tier)
+        # its host copy must stay, the device one may go (a session's, on the host tier)
+        self.host_lock_ref = 0
         self.last_access = last_access
         self.id = next(TreeNode._ids)
 
@@ -30,5 +41,7 @@ class TreeNode:
         return len(self.value) if self.value is not None else 0
 
     def __repr__(self) -> str:
-        return (f"TreeNode(id={self.id}, len={len(self.key)}, lock={self.lock_ref}, host_lock={self.host_lock_ref}, "
-                f"t={self.last_access})")
+        return (
+            f"TreeNode(id={self.id}, len={len(self.key)}, lock={self.lock_ref}, "
+            f"host_lock={self.host_lock_ref}, t={self.last_access})"
+        )

@@ -138,7 +138,10 @@ class FaultyWorker:
         blamed = [r.req_pool_idx for r in so.new_reqs if self.marker in r.token_ids[: r.num_prompt]]
         if not blamed and not self.poisoned & rows:
             return self.inner.execute(so)
-        self.inner.execute(SchedulerOutput(so.step_id, so.finished_req_pool_indices, so.new_reqs, []))  # rows only
+        # rows only
+        self.inner.execute(SchedulerOutput(so.step_id, so.finished_req_pool_indices, so.new_reqs, []))
         self.poisoned |= rows
         self.failed.append(so)
-        return StepFailed(so.step_id, blamed if self.name_culprit else [], "request_failed.internal", "injected")
+        return StepFailed(
+            so.step_id, blamed if self.name_culprit else [], "request_failed.internal", "injected"
+        )

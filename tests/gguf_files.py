@@ -80,7 +80,9 @@ def _tokenizer_metadata(w: gguf.GGUFWriter, model_dir: Path) -> None:
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
     w.add_token_merges(merges)
-    w.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL for i in range(len(tokens))])
+    w.add_token_types(
+        [gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL for i in range(len(tokens))]
+    )
     eos = gen["eos_token_id"] if isinstance(gen["eos_token_id"], list) else [gen["eos_token_id"]]
     w.add_eos_token_id(eos[0])
     if len(eos) > 1:  # a chat model's end of turn: llama.cpp's converter stores it as EOT
@@ -181,8 +183,10 @@ def write_gguf(
         elif qt == "F16":
             w.add_tensor(name, t.astype(np.float16))
         elif qt in K_QUANTS:
-            blocks = [k_quant_blocks(qt, *m.shape, seed=len(name) + t.size + e) for e, m in enumerate(t.reshape(
-                -1, *t.shape[-2:]))]
+            blocks = [
+                k_quant_blocks(qt, *m.shape, seed=len(name) + t.size + e)
+                for e, m in enumerate(t.reshape(-1, *t.shape[-2:]))
+            ]
             w.add_tensor(name, np.stack(blocks).reshape(*t.shape[:-1], -1), raw_dtype=QTYPES[qt])
         else:
             w.add_tensor(name, gguf.quants.quantize(t, QTYPES[qt]), raw_dtype=QTYPES[qt])

@@ -12,9 +12,12 @@ class Pool:
 
     def __init__(self, model, num_slots: int = 400, max_reqs: int = 16, seed: int = 0,
                  kv_dtype: torch.dtype | None = None, swa: bool = False) -> None:
-        """swa: the model's sliding-window layers get a pool of their own, each slot mapped to a random one."""
+        """swa: the model's sliding-window layers get a pool of their own, each slot mapped to a random
+        one."""
         cfg = model.config
-        sliding = frozenset(i for i in range(cfg.num_hidden_layers) if cfg.is_sliding(i)) if swa else frozenset()
+        sliding = (
+            frozenset(i for i in range(cfg.num_hidden_layers) if cfg.is_sliding(i)) if swa else frozenset()
+        )
         self.kv = KVCache(
             cfg.num_hidden_layers,
             num_slots,

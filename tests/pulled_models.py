@@ -26,7 +26,11 @@ def _project_sources(module: ModuleType, seen: dict[str, ModuleType]) -> dict[st
     """The engine modules `module` uses, transitively: what a conversion's result depends on."""
     for value in vars(module).values():
         mod = value if isinstance(value, ModuleType) else inspect.getmodule(value)
-        if mod is None or mod.__name__ in seen or mod.__name__.split(".")[:2] not in [["tandem", e] for e in ENGINE_PACKAGES]:
+        if (
+            mod is None
+            or mod.__name__ in seen
+            or mod.__name__.split(".")[:2] not in [["tandem", e] for e in ENGINE_PACKAGES]
+        ):
             continue
         seen[mod.__name__] = mod
         _project_sources(mod, seen)
@@ -51,7 +55,9 @@ def pulled_model(name: str) -> Path:
 
     src = find_gguf(KNOWN_MODELS[name])
     # The suite downloads nothing: make installs every known model's wheels (requirements-models.txt).
-    assert src is not None, f"{KNOWN_MODELS[name].package} is not installed: run make (requirements-models.txt)"
+    assert src is not None, (
+        f"{KNOWN_MODELS[name].package} is not installed: run make (requirements-models.txt)"
+    )
     out = slow_cache_dir() / "models" / f"{name}-{_conversion_key(src)}"
     out.parent.mkdir(parents=True, exist_ok=True)
     if not (out / "model.safetensors").is_file():

@@ -109,7 +109,9 @@ def _compute_greedy(model_dir: Path, prompt: tuple[int, ...], n: int, dtype: tor
     return out
 
 
-def greedy(model_dir: Path, prompt: list[int] | tuple[int, ...], n: int, dtype: torch.dtype = torch.float32) -> RefRun:
+def greedy(
+    model_dir: Path, prompt: list[int] | tuple[int, ...], n: int, dtype: torch.dtype = torch.float32
+) -> RefRun:
     """The reference's first n tokens. A longer run already made serves a shorter one: each step sees
     only the prompt and the tokens before it."""
     prompt = tuple(prompt)
@@ -142,7 +144,9 @@ def assert_greedy_parity(got: list[int], ref: RefRun, what: str, near_tie: float
             f"top-2 gap {ref.gaps[i]:.3g}): not the runner-up at a near-tie below {near_tie}"
         )
         done = pos + 1
-        ref = greedy(ref.model_dir, ref.prompt + tuple(ref.tokens[:i]) + (got[pos],), len(got) - done, ref.dtype)
+        ref = greedy(
+            ref.model_dir, ref.prompt + tuple(ref.tokens[:i]) + (got[pos],), len(got) - done, ref.dtype
+        )
 
 
 def assert_equal_or_near_tie(model_dir: Path, prompt: list[int], got: list[int], want: list[int],

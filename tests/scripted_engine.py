@@ -31,7 +31,8 @@ class Reply:
     finish_reason: str = "stop"
     matched_stop: int | str | None = None
     cached_tokens: int = 0
-    error: Exception | None = None  # raised before any output, as the engine reports a bad request (or a fault)
+    # raised before any output, as the engine reports a bad request (or a fault)
+    error: Exception | None = None
 
 
 @dataclass
@@ -57,7 +58,11 @@ class ScriptedEngine:
             raise r.error
         for i, piece in enumerate(r.pieces):
             last = i == len(r.pieces) - 1
-            final = FinalInfo(r.finish_reason, r.matched_stop, len(prompt), len(r.pieces), r.cached_tokens) if last else None
+            final = (
+                FinalInfo(r.finish_reason, r.matched_stop, len(prompt), len(r.pieces), r.cached_tokens)
+                if last
+                else None
+            )
             yield CompletionDelta(rid, piece, [i], final)
 
     async def abort(self, rid: str) -> None:

@@ -14,7 +14,18 @@ from tandem.launch.serve_announcements import wait_for_http
 class Served:
     def __init__(self, model: Path, *flags: str) -> None:
         dtype = () if "--dtype" in flags else ("--dtype", "float32")  # as conftest's launch_client, and why
-        cmd = [sys.executable, "-m", "tandem.launch.cli", "serve", "--model", str(model), "--port", "0", *dtype, *flags]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tandem.launch.cli",
+            "serve",
+            "--model",
+            str(model),
+            "--port",
+            "0",
+            *dtype,
+            *flags,
+        ]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.err: deque[str] = deque(maxlen=40)

@@ -63,8 +63,27 @@ def test_unknown_and_abbreviated_flags_are_rejected(tiny_model) -> None:
 
 def test_multiturn_host_tier_benchmark_reports(tiny_model, tmp_path: Path) -> None:
     out = tmp_path / "multiturn.json"
-    rc = main(["prefix", "--model", str(tiny_model("llama")), "--host-kv-tokens", "1024", "--conversations", "8",
-               "--turns", "3", "--system-len", "24", "--question-len", "8", "--output-len", "2", "--json", str(out)])
+    rc = main(
+        [
+            "prefix",
+            "--model",
+            str(tiny_model("llama")),
+            "--host-kv-tokens",
+            "1024",
+            "--conversations",
+            "8",
+            "--turns",
+            "3",
+            "--system-len",
+            "24",
+            "--question-len",
+            "8",
+            "--output-len",
+            "2",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     r = json.loads(out.read_text())
     assert r["total_kv_tokens"] == 8 * (24 + 3 * 10) and r["device_kv_tokens"] == r["total_kv_tokens"] // 4
@@ -82,11 +101,26 @@ def test_priority_benchmark_reports(tiny_model, tmp_path: Path) -> None:
     from tandem.benchmarks import priority_bench
 
     out = tmp_path / "priority.json"
-    rc = priority_bench.main(["--model", str(tiny_model("llama")), "--dtype", "float32", "--num-requests", "8",
-                              "--input-len", "16:32", "--output-len", "4", "--json", str(out)])
+    rc = priority_bench.main(
+        [
+            "--model",
+            str(tiny_model("llama")),
+            "--dtype",
+            "float32",
+            "--num-requests",
+            "8",
+            "--input-len",
+            "16:32",
+            "--output-len",
+            "4",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     r = json.loads(out.read_text())
-    assert r["kv_pool"] == r["kv_demand"] // 4 and r["outputs_equal"] == 8  # float32: batch shapes change nothing
+    # float32: batch shapes change nothing
+    assert r["kv_pool"] == r["kv_demand"] // 4 and r["outputs_equal"] == 8
     for run in r["runs"].values():
         _positive(run["ttft_p50_ms"], "0", "1")
         assert run["integrity"] == "ok"
@@ -107,7 +141,8 @@ def test_spec_benchmark_reports(tiny_model, tmp_path: Path) -> None:
         # draft_tokens counts verified drafts only: the random tiny model's outputs may match no n-gram.
         _positive(on, "tok_s", "tokens", "steps")
         batch = int(key.split("/")[1])
-        assert on["requests"] == off["requests"] == num_requests(batch) == batch * (4 // batch)  # 1 -> 4, 2 -> 4
+        # 1 -> 4, 2 -> 4
+        assert on["requests"] == off["requests"] == num_requests(batch) == batch * (4 // batch)
         assert on["tokens"] == off["tokens"] == 6 * on["requests"]
         assert off["draft_tokens"] == 0 and 0 <= on["acceptance"] <= 1
         assert on["same_outputs"]
@@ -155,8 +190,19 @@ def test_step_graph_nodes_times_every_kind_of_a_quantized_step(tiny_model, tmp_p
     from tests.gguf_files import write_gguf
 
     path = write_gguf(tiny_model("llama"), tmp_path / "q.gguf", "Q4_1")
-    res = step_graph_nodes.main(["--model", str(path), "--cpu-int8-activations", "--context", "12", "--reps", "3",
-                                 "--kv-cache-dtype", "float16"])
+    res = step_graph_nodes.main(
+        [
+            "--model",
+            str(path),
+            "--cpu-int8-activations",
+            "--context",
+            "12",
+            "--reps",
+            "3",
+            "--kv-cache-dtype",
+            "float16",
+        ]
+    )
     _positive(res, "step_ms", "replay_ms", "all_nodes_ms", "linear_alone_ms", "attention_alone_ms")
     assert res["replay_ms"] < res["step_ms"]
     kinds = {"embed", "norm", "linear", "rotary", "kv_write", "attention", "silu_mul", "argmax"}
@@ -182,8 +228,22 @@ def test_attention_step_times_each_backend_on_each_kv_dtype(tiny_model, capsys) 
 def test_quant_linear_benchmark_times_each_type_against_the_first(capsys) -> None:
     from tandem.benchmarks import quant_linear
 
-    res = quant_linear.main(["--types", "Q4_1,Q5_0,Q6_K", "--shape", "40x256", "--layers", "2", "--rows", "1,3",
-                             "--reps", "1", "--threads", "1"])
+    res = quant_linear.main(
+        [
+            "--types",
+            "Q4_1,Q5_0,Q6_K",
+            "--shape",
+            "40x256",
+            "--layers",
+            "2",
+            "--rows",
+            "1,3",
+            "--reps",
+            "1",
+            "--threads",
+            "1",
+        ]
+    )
     assert list(res) == [1, 3] and all(list(r) == ["Q4_1", "Q5_0", "Q6_K"] for r in res.values())
     assert all(ms > 0 for r in res.values() for ms in r.values())
     out = capsys.readouterr().out
@@ -194,8 +254,24 @@ def test_quant_linear_benchmark_times_each_type_against_the_first(capsys) -> Non
 def test_attention_step_times_a_prefill_too(tiny_model, capsys) -> None:
     from tandem.benchmarks import attention_step
 
-    best = attention_step.main(["--model", str(tiny_model("llama")), "--batch", "2", "--input-len", "8:40",
-                                "--decoded", "0", "--new-tokens", "40", "--repeats", "1", "--backends", "torch,cpu"])
+    best = attention_step.main(
+        [
+            "--model",
+            str(tiny_model("llama")),
+            "--batch",
+            "2",
+            "--input-len",
+            "8:40",
+            "--decoded",
+            "0",
+            "--new-tokens",
+            "40",
+            "--repeats",
+            "1",
+            "--backends",
+            "torch,cpu",
+        ]
+    )
     assert list(best) == ["torch", "cpu"] and all(ms > 0 for ms in best.values())
     assert ", " in capsys.readouterr().out  # "... mean context N, Q queries"
 
@@ -214,7 +290,9 @@ def test_cpu_ops_benchmark_times_each_kernel_against_torch(capsys) -> None:
 def test_moe_layer_benchmark_times_the_layer_against_the_dense_mlp(capsys) -> None:
     from tandem.benchmarks import moe_layer
 
-    moe_layer.main(["--hidden", "64", "--moe-intermediate", "32", "--experts", "4", "--rows", "1,20", "--reps", "2"])
+    moe_layer.main(
+        ["--hidden", "64", "--moe-intermediate", "32", "--experts", "4", "--rows", "1,20", "--reps", "2"]
+    )
     out = capsys.readouterr().out
     assert "dense MLP 64" in out and out.count("MoE / dense") == 2, out
 

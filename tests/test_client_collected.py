@@ -51,6 +51,11 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_a_dropped_client_is_collected_without_a_hang(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "frontend")], capture_output=True, text=True,
-                       timeout=120, cwd=Path(__file__).parent.parent)
+    r = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "frontend")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parent.parent,
+    )
     assert r.returncode == 0 and r.stdout.strip() == "collected", r.stderr

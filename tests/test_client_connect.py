@@ -56,7 +56,9 @@ def exited_endpoint(tiny_model) -> str:
 
 
 @pytest.mark.parametrize("where", ["exited", "never existed"])
-def test_a_sync_client_with_no_engine_gets_a_typed_error_within_the_bound(where, exited_endpoint, tmp_path) -> None:
+def test_a_sync_client_with_no_engine_gets_a_typed_error_within_the_bound(
+    where, exited_endpoint, tmp_path
+) -> None:
     endpoint = exited_endpoint if where == "exited" else f"ipc://{tmp_path}/no-such-engine"
     client = Client(endpoint, connect_timeout_s=BOUND_S)
     try:
@@ -65,14 +67,20 @@ def test_a_sync_client_with_no_engine_gets_a_typed_error_within_the_bound(where,
         _assert_unreachable(e, endpoint)
         assert time.monotonic() - t0 >= BOUND_S * 0.9  # it did wait for the engine, as long as it said
         # Dead from then on, every call at once and typed: stats, streams, sessions.
-        for call in (client.stats, lambda: list(client.stream([1, 2], None)), lambda: client.open_session(64)):
+        for call in (
+            client.stats,
+            lambda: list(client.stream([1, 2], None)),
+            lambda: client.open_session(64),
+        ):
             _assert_unreachable(_within(call, 5.0), endpoint)
     finally:
         client.close()
 
 
 @pytest.mark.parametrize("where", ["exited", "never existed"])
-def test_an_async_client_with_no_engine_gets_a_typed_error_within_the_bound(where, exited_endpoint, tmp_path) -> None:
+def test_an_async_client_with_no_engine_gets_a_typed_error_within_the_bound(
+    where, exited_endpoint, tmp_path
+) -> None:
     endpoint = exited_endpoint if where == "exited" else f"ipc://{tmp_path}/no-such-engine"
 
     async def main() -> BaseException:
@@ -99,7 +107,9 @@ def test_the_default_bound_is_a_few_seconds(tmp_path) -> None:
         assert 4.0 <= time.monotonic() - t0  # CONNECT_TIMEOUT_S = 5 s, not forever nor at once
 
 
-def test_an_engine_that_binds_late_inside_the_bound_is_served_and_a_late_one_never_sees_the_call(tmp_path) -> None:
+def test_an_engine_that_binds_late_inside_the_bound_is_served_and_a_late_one_never_sees_the_call(
+    tmp_path,
+) -> None:
     """The frontend's end played by a ROUTER: one that binds 0.5 s after the client starts gets its frame;
     one that binds after the bound ran out gets nothing, not even the frame queued before (nothing runs
     for nobody)."""
@@ -109,7 +119,9 @@ def test_an_engine_that_binds_late_inside_the_bound_is_served_and_a_late_one_nev
             endpoint = f"ipc://{tmp_path}/frontend-{late_s}"
             client = Client(endpoint, connect_timeout_s=bound_s)
             result: list[BaseException] = []
-            t = threading.Thread(target=lambda c=client, r=result: r.append(_within(c.stats, GRACE_S)), daemon=True)
+            t = threading.Thread(
+                target=lambda c=client, r=result: r.append(_within(c.stats, GRACE_S)), daemon=True
+            )
             t.start()
             time.sleep(late_s)
             frontend = ctx.socket(zmq.ROUTER)
@@ -129,7 +141,8 @@ def test_an_engine_that_binds_late_inside_the_bound_is_served_and_a_late_one_nev
 
 
 def test_death_watch_bound_in_code(tmp_path) -> None:
-    """The policy alone, on a fake clock: unreachable only past the deadline and only while no handshake came."""
+    """The policy alone, on a fake clock: unreachable only past the deadline and only while no handshake
+    came."""
     now = [100.0]
     watch = DeathWatch("ipc://x", 2.0, clock=lambda: now[0])
     assert watch.unreachable() is None

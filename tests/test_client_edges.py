@@ -26,8 +26,14 @@ MAX_REQUEST_BYTES = 64 * 1024
 @pytest.fixture(scope="module")
 def engine(tiny_model, request):
     model = tiny_model("llama")
-    c = Client.launch(str(model), dtype="float32", kv_cache_tokens=16384, max_running_requests=64, debug_integrity=True,
-                      max_request_bytes=MAX_REQUEST_BYTES)
+    c = Client.launch(
+        str(model),
+        dtype="float32",
+        kv_cache_tokens=16384,
+        max_running_requests=64,
+        debug_integrity=True,
+        max_request_bytes=MAX_REQUEST_BYTES,
+    )
     request.addfinalizer(c.close)
     return model, c
 
@@ -48,7 +54,9 @@ def _assert_aborted_early(client: Client, before, n: int = 1) -> None:
     _wait_idle(client)
     st = client.stats()
     assert st.requests_aborted - before.requests_aborted == n
-    assert st.decode_tokens - before.decode_tokens < n * LONG.max_tokens // 2, "the abandoned request kept decoding"
+    assert st.decode_tokens - before.decode_tokens < n * LONG.max_tokens // 2, (
+        "the abandoned request kept decoding"
+    )
     check_idle_engine(client)
 
 
@@ -98,7 +106,8 @@ def test_cancelled_async_call_and_left_async_stream_abort(engine) -> None:
 
 def test_an_error_in_generate_batch_aborts_the_rest(engine) -> None:
     _, c = engine
-    prompts: list[list[int]] = [[3, 4, 5 + i] for i in range(6)] + [[10**9]]  # the last: outside the vocabulary
+    # the last: outside the vocabulary
+    prompts: list[list[int]] = [[3, 4, 5 + i] for i in range(6)] + [[10**9]]
     before = c.stats()
     with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
         c.generate_batch(prompts, LONG, progress=False)

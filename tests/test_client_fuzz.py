@@ -35,15 +35,24 @@ _params = st.one_of(
     _values,
 )
 _near_valid = st.fixed_dictionaries(
-    {"type": st.sampled_from(["generate", "abort", "stats", "outputs", "error", "nope", ""]),
-     "rid": st.one_of(st.text(min_size=1, max_size=12).map(lambda s: "fz-" + s), st.text(max_size=300), _values)},
+    {
+        "type": st.sampled_from(["generate", "abort", "stats", "outputs", "error", "nope", ""]),
+        "rid": st.one_of(
+            st.text(min_size=1, max_size=12).map(lambda s: "fz-" + s), st.text(max_size=300), _values
+        ),
+    },
     optional={
         "text": st.one_of(st.text(max_size=24), _values),
         "token_ids": st.one_of(st.lists(st.integers(-5, 1100), max_size=8), _values),
         "messages": st.one_of(
-            st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "x"]),
-                                            "content": st.text(max_size=12)}), max_size=3),
-            _values),
+            st.lists(
+                st.fixed_dictionaries(
+                    {"role": st.sampled_from(["user", "system", "x"]), "content": st.text(max_size=12)}
+                ),
+                max_size=3,
+            ),
+            _values,
+        ),
         "params": _params,
     },
 ).map(msgspec.msgpack.encode)

@@ -87,8 +87,11 @@ def test_client_frames_accepts_the_client_encoding() -> None:
         ([b"id", b"a", b"b"], "invalid_request.malformed", False),
         ([b"id"], "invalid_request.malformed", False),
         ([b"id", msgspec.msgpack.encode({"type": "nope", "rid": "r9"})], "invalid_request.malformed", True),
-        ([b"id", msgspec.msgpack.encode({"type": "generate", "rid": "r9", "text": 5})], "invalid_request.malformed",
-         True),
+        (
+            [b"id", msgspec.msgpack.encode({"type": "generate", "rid": "r9", "text": 5})],
+            "invalid_request.malformed",
+            True,
+        ),
         ([b"id", encode(build_request("x" * 5000, None, "big"))], "invalid_request.too_large", True),
         ([b"id", encode(AbortRequest(""))], "invalid_request.rid", False),
         ([b"id", encode(AbortRequest("r" * (MAX_RID_LEN + 1)))], "invalid_request.rid", False),

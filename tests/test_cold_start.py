@@ -50,6 +50,16 @@ def test_structured_start_benchmark_reports(tiny_model, tmp_path: Path) -> None:
     out = tmp_path / "start.json"
     assert main(["--model", str(tiny_model("llama")), "--runs", "1", "--cold-cache", "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())
-    for k in ("ready_s", "first_s", "warm_s", "free_s", "new_schema_s", "first_over_warm", "first_over_new_schema"):
+    for k in (
+        "ready_s",
+        "first_s",
+        "warm_s",
+        "free_s",
+        "new_schema_s",
+        "first_over_warm",
+        "first_over_new_schema",
+    ):
         assert row[k] > 0, k
-    assert 0 <= row["first_queue_s"] <= row["first_s"] and 0 <= row["new_schema_queue_s"] <= row["new_schema_s"]
+    assert (
+        0 <= row["first_queue_s"] <= row["first_s"] and 0 <= row["new_schema_queue_s"] <= row["new_schema_s"]
+    )

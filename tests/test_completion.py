@@ -17,7 +17,9 @@ def _final() -> FinalInfo:
 def test_completion_reads_the_final_record_it_was_given() -> None:
     comp = Completion("a")
     comp.add(RequestOutput("a", "he", [1]))
-    assert comp.final is None and comp.finish_reason is None and comp.metrics is None and comp.prompt_tokens == 0
+    assert (
+        comp.final is None and comp.finish_reason is None and comp.metrics is None and comp.prompt_tokens == 0
+    )
     final = _final()
     comp.add(RequestOutput("a", "y", [2], final))
     assert comp.text == "hey" and comp.token_ids == [1, 2] and comp.final is final

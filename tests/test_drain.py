@@ -25,7 +25,9 @@ def _until(cond, what: str, timeout_s: float = 30.0) -> None:
         time.sleep(0.01)
 
 
-def _streams(client: Client, n: int, max_tokens: int) -> tuple[list[threading.Thread], dict, threading.Barrier]:
+def _streams(
+    client: Client, n: int, max_tokens: int
+) -> tuple[list[threading.Thread], dict, threading.Barrier]:
     """n streams in threads; the barrier opens once each has its first output."""
     results: dict[int, object] = {}
     first = threading.Barrier(n + 1)
@@ -89,22 +91,36 @@ def test_the_drain_timeout_aborts_what_still_runs(tiny_model) -> None:
 
 
 def test_post_drain_behind_the_admin_key_and_what_http_clients_see(tiny_model) -> None:
-    served = Served(tiny_model("llama"), "--api-key", "k", "--admin-api-key", "admin", "--drain-timeout-s", "120",
-                    "--served-model-name", "tiny").ready()
+    served = Served(
+        tiny_model("llama"),
+        "--api-key",
+        "k",
+        "--admin-api-key",
+        "admin",
+        "--drain-timeout-s",
+        "120",
+        "--served-model-name",
+        "tiny",
+    ).ready()
     auth = {"Authorization": "Bearer k"}
     try:
         body = {"model": "tiny", "prompt": "Go on", "max_tokens": 300, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", served.url + "/v1/completions", json=body, headers=auth, timeout=120) as running:
+        with httpx.stream(
+            "POST", served.url + "/v1/completions", json=body, headers=auth, timeout=120
+        ) as running:
             assert running.status_code == 200
             lines = running.iter_lines()
             next(lines)  # running
             assert httpx.post(served.url + "/drain").status_code == 401  # not without the key
-            for refused in (auth, {"x-api-key": "k"}, {"Authorization": "Bearer admin2"}):  # nor the inference key
+            # nor the inference key
+            for refused in (auth, {"x-api-key": "k"}, {"Authorization": "Bearer admin2"}):
                 r = httpx.post(served.url + "/drain", headers=refused)
                 assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_admin_key", r.text
             assert httpx.get(served.url + "/health").status_code == 200
             r = httpx.post(served.url + "/drain", headers={"Authorization": "Bearer admin"})
-            assert r.status_code == 202 and r.json()["status"] == "draining" and r.json()["running"] == 1, r.text
+            assert r.status_code == 202 and r.json()["status"] == "draining" and r.json()["running"] == 1, (
+                r.text
+            )
             health = httpx.get(served.url + "/health")
             assert health.status_code == 503 and health.json()["error"]["code"] == ErrorCode.DRAINING
             for stream in (False, True):
@@ -114,7 +130,9 @@ def test_post_drain_behind_the_admin_key_and_what_http_clients_see(tiny_model) -
                 assert late.status_code == 503 and err["code"] == ErrorCode.DRAINING, late.text
                 assert err["type"] == "service_unavailable" and "POST /drain" in err["message"]
             rest = [ln for ln in lines if ln.startswith("data: ")]
-        assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in rest[-2].replace(" ", ""), rest[-2:]
+        assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in rest[-2].replace(" ", ""), rest[
+            -2:
+        ]
         assert served.proc.wait(60) == 0  # drained, so it stopped by itself
     finally:
         served.close()

@@ -24,7 +24,9 @@ def _workload(vocab: int) -> tuple[list[list[int]], list[SamplingParams]]:
         if kind == 0:
             params.append(SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
         elif kind == 1:
-            params.append(SamplingParams(max_tokens=24, temperature=0.9, top_p=0.9, seed=100 + i, ignore_eos=True))
+            params.append(
+                SamplingParams(max_tokens=24, temperature=0.9, top_p=0.9, seed=100 + i, ignore_eos=True)
+            )
         else:
             params.append(SamplingParams(max_tokens=1 + i % 5, temperature=0.0, ignore_eos=True))
     return prompts, params
@@ -39,8 +41,14 @@ def engines(tiny_model, request):
     need = sum(len(p) + 24 for p in prompts)
     out = {}
     for mode in (True, False):
-        c = Client.launch(str(model), dtype="float32", kv_cache_tokens=need // 3, async_scheduling=mode, debug_integrity=True,
-                          max_num_batched_tokens=256)
+        c = Client.launch(
+            str(model),
+            dtype="float32",
+            kv_cache_tokens=need // 3,
+            async_scheduling=mode,
+            debug_integrity=True,
+            max_num_batched_tokens=256,
+        )
         request.addfinalizer(c.close)
         out[mode] = c
     return model, out
@@ -85,7 +93,9 @@ def test_async_abort_with_a_step_in_flight(engines) -> None:
     _, clients = engines
     for c in clients.values():
         for k in range(5):
-            stream = c.stream([1, 2, 3 + k], SamplingParams(max_tokens=500, ignore_eos=True), request_id=f"ab{k}")
+            stream = c.stream(
+                [1, 2, 3 + k], SamplingParams(max_tokens=500, ignore_eos=True), request_id=f"ab{k}"
+            )
             got = [next(stream) for _ in range(1 + k)]
             c.abort(f"ab{k}")
             rest = list(stream)

@@ -30,7 +30,9 @@ def test_small_device_pool_with_host_tier_matches_a_large_pool(tiny_model, launc
     shape = dict(turns=3, n_conv=8, user=40, out=8)  # 8 x 144 tokens of KV in the end
     large = launch_client(model, kv_cache_tokens=4096)
     want = _conversations(large, **shape)
-    tiered = launch_client(model, kv_cache_tokens=8 * 144 // 8 + 16, host_kv_tokens=4096, debug_integrity=True)
+    tiered = launch_client(
+        model, kv_cache_tokens=8 * 144 // 8 + 16, host_kv_tokens=4096, debug_integrity=True
+    )
     got = _conversations(tiered, **shape)
     for turn, ((p, w), (q, g)) in enumerate(zip(want, got)):
         what = f"turn {turn // 8} conversation {turn % 8}"
@@ -54,7 +56,9 @@ def test_prompt_logprobs_from_a_start_use_the_cache_and_equal_no_cache(tiny_mode
     cached.generate(prompt + [5], SamplingParams(max_tokens=2, **GREEDY))  # earlier traffic: the prefix
     before = cached.stats().prefill_tokens
     hit = cached.generate(prompt, params)
-    assert cached.stats().prefill_tokens - before == len(prompt) - (start - 1), "the cache served start-1 tokens"
+    assert cached.stats().prefill_tokens - before == len(prompt) - (start - 1), (
+        "the cache served start-1 tokens"
+    )
     full = cached.generate(prompt, SamplingParams(max_tokens=2, prompt_logprobs=3, **GREEDY))
     check_idle_engine(cached)
 

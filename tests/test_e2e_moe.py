@@ -43,7 +43,9 @@ def test_concurrent_greedy_parity_with_transformers(name: str, tiny_model, launc
     equal = 0
     for p, out in zip(ps, outs):
         assert out.finish_reason == "length" and out.completion_tokens == MAX_TOKENS
-        equal += assert_greedy_parity(out.token_ids, greedy(model, p, MAX_TOKENS), f"{name} prompt len {len(p)}")
+        equal += assert_greedy_parity(
+            out.token_ids, greedy(model, p, MAX_TOKENS), f"{name} prompt len {len(p)}"
+        )
     assert equal >= len(ps) - 1, f"only {equal}/{len(ps)} sequences equal"
     check_idle_engine(client)
 
@@ -57,7 +59,8 @@ def test_prefix_cache_hits_prefill_only_the_suffix(tiny_model, launch_client) ->
     first = client.generate(a, GREEDY).token_ids
     before = client.stats().prefill_tokens
     second = client.generate(b, GREEDY).token_ids
-    assert client.stats().prefill_tokens - before == len(b) - len(system)  # the shared 160 came from the cache
+    # the shared 160 came from the cache
+    assert client.stats().prefill_tokens - before == len(b) - len(system)
     assert_greedy_parity(first, greedy(model, a, MAX_TOKENS), "first")
     assert_greedy_parity(second, greedy(model, b, MAX_TOKENS), "second, on a cached prefix")
     assert client.generate(a, GREEDY).token_ids == first  # a full hit: all but the last token cached

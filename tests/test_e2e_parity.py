@@ -31,7 +31,9 @@ def test_concurrent_greedy_parity_with_transformers(arch: str, tiny_model, launc
     for p, out in zip(ps, outs):
         assert out.finish_reason == "length"
         assert out.completion_tokens == MAX_TOKENS and out.prompt_tokens == len(p)
-        equal += assert_greedy_parity(out.token_ids, greedy(model, p, MAX_TOKENS), f"{arch} prompt len {len(p)}")
+        equal += assert_greedy_parity(
+            out.token_ids, greedy(model, p, MAX_TOKENS), f"{arch} prompt len {len(p)}"
+        )
     # Near-ties are rare with these decisive models; most sequences must match in full.
     assert equal >= len(ps) - 2, f"only {equal}/{len(ps)} sequences equal"
     check_idle_engine(client)
@@ -49,7 +51,9 @@ def test_bf16_greedy_parity_with_transformers_bf16(backend: str, tiny_model, lau
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     outs = client.generate_batch(ps, params, progress=False)
     equal = sum(
-        assert_greedy_parity(o.token_ids, greedy(model, p, 16, torch.bfloat16), f"bf16 len {len(p)}", NEAR_TIE_BF16)
+        assert_greedy_parity(
+            o.token_ids, greedy(model, p, 16, torch.bfloat16), f"bf16 len {len(p)}", NEAR_TIE_BF16
+        )
         for p, o in zip(ps, outs)
     )
     # Tiny random models have many bf16-sized gaps: the rule above is the main check (4 of 6 matched in
@@ -58,8 +62,11 @@ def test_bf16_greedy_parity_with_transformers_bf16(backend: str, tiny_model, lau
     check_idle_engine(client)
 
 
-@pytest.mark.parametrize(("kv_dtype", "backend"), [("float16", "cpu"), ("float16", "torch"), ("bfloat16", "cpu")],
-                         ids=["f16-cpu", "f16-torch", "bf16-cpu"])
+@pytest.mark.parametrize(
+    ("kv_dtype", "backend"),
+    [("float16", "cpu"), ("float16", "torch"), ("bfloat16", "cpu")],
+    ids=["f16-cpu", "f16-torch", "bf16-cpu"],
+)
 def test_half_kv_greedy_parity_with_transformers_fp32(kv_dtype: str, backend: str, tiny_model,
                                                       launch_client) -> None:
     """A float32 model over a float16 or bfloat16 KV pool (--kv-cache-dtype) against transformers in float32,

@@ -29,8 +29,12 @@ def test_seeded_sampling_reproducible_across_runs_and_batches(engine) -> None:
     others = [[7] * n for n in (3, 40, 90)]
     batch = client.generate_batch(
         [others[0], prompt, others[1], others[2]],
-        [SamplingParams(max_tokens=30, temperature=0.8, ignore_eos=True), p,
-         SamplingParams(max_tokens=10, seed=5, ignore_eos=True), SamplingParams(max_tokens=20, ignore_eos=True)],
+        [
+            SamplingParams(max_tokens=30, temperature=0.8, ignore_eos=True),
+            p,
+            SamplingParams(max_tokens=10, seed=5, ignore_eos=True),
+            SamplingParams(max_tokens=20, ignore_eos=True),
+        ],
         progress=False,
     )
     assert alone1 == alone2 == batch[1].token_ids
@@ -46,7 +50,9 @@ def _fields(p: SamplingParams) -> dict:
 def test_stream_concatenation_equals_full_decode_cjk_and_emoji(engine) -> None:
     model, client = engine
     tok = AutoTokenizer.from_pretrained(str(model))
-    for i, prompt in enumerate(["你好，世界！今天天气很好。", "東京の夜 🌃 and emoji 👨‍👩‍👧 🇯🇵", "混合 text 😀 with 中文"]):
+    for i, prompt in enumerate(
+        ["你好，世界！今天天气很好。", "東京の夜 🌃 and emoji 👨‍👩‍👧 🇯🇵", "混合 text 😀 with 中文"]
+    ):
         params = SamplingParams(max_tokens=48, temperature=1.0, seed=i, ignore_eos=True)
         deltas = list(client.stream(prompt, params))
         ids = [t for d in deltas for t in d.token_ids]

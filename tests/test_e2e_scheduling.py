@@ -43,7 +43,9 @@ def test_shared_prefix_prefills_only_the_suffix_and_matches_cache_off(tiny_model
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_kv_pressure_200_requests_retract_and_match_unconstrained(tiny_model, launch_client, page_size) -> None:
+def test_kv_pressure_200_requests_retract_and_match_unconstrained(
+    tiny_model, launch_client, page_size
+) -> None:
     model = tiny_model("qwen2")
     rng = random.Random(11)
     prompts = [[rng.randrange(3, 1000) for _ in range(rng.randrange(8, 64))] for _ in range(200)]
@@ -96,8 +98,9 @@ def test_stop_string_across_token_boundary(qwen3_engine, include: bool) -> None:
     k = next(i for i in range(3, 39) if len(texts[i]) >= 2 and len(texts[i + 1]) >= 2
              and "\ufffd" not in texts[i] + texts[i + 1])
     stop = texts[k][-2:] + texts[k + 1][:2]
-    out = client.generate(prompt, SamplingParams(max_tokens=40, stop=[stop], include_stop_str_in_output=include,
-                                                 **GREEDY))
+    out = client.generate(
+        prompt, SamplingParams(max_tokens=40, stop=[stop], include_stop_str_in_output=include, **GREEDY)
+    )
     cut = full.text.index(stop)
     assert out.finish_reason == "stop" and out.matched_stop == stop
     assert out.text == full.text[: cut + (len(stop) if include else 0)]
@@ -177,7 +180,9 @@ def test_abort_while_queued_prefilling_and_decoding(tiny_model, launch_client) -
             d = await decoding
             # A 1,800-token prompt prefills 16 tokens a step: abort it in the middle.
             base = (await c.stats()).prefill_tokens
-            prefill = asyncio.create_task(collect(c, [3 + i % 1000 for i in range(1800)], "prefilling", max_tokens=100))
+            prefill = asyncio.create_task(
+                collect(c, [3 + i % 1000 for i in range(1800)], "prefilling", max_tokens=100)
+            )
             while (await c.stats()).prefill_tokens - base < 64 and not prefill.done():
                 await asyncio.sleep(0.01)
             await c.abort("prefilling")

@@ -45,7 +45,9 @@ def _evict_everything(engine: Client, rng: random.Random) -> None:
     assert again.cached_tokens < 60, "the other traffic should have evicted the first of it"
 
 
-def test_six_turns_and_a_branch_through_a_session_equal_the_turns_sent_whole(engine, tiny_model, launch_client):
+def test_six_turns_and_a_branch_through_a_session_equal_the_turns_sent_whole(
+    engine, tiny_model, launch_client
+):
     model = tiny_model("llama")
     rng = random.Random(11)
     turns: list[tuple[list[int], list[int]]] = []  # (whole prompt, output) of each turn
@@ -57,7 +59,8 @@ def test_six_turns_and_a_branch_through_a_session_equal_the_turns_sent_whole(eng
             before = engine.stats().prefill_tokens
             c = session.generate(new, {"max_tokens": 8, **GREEDY})
             computed = engine.stats().prefill_tokens - before
-            if k:  # nothing of earlier turns computed again: the last output token (never fed) and the new ones
+            # nothing of earlier turns computed again: the last output token (never fed) and the new ones
+            if k:
                 assert computed == 1 + len(new), (k, computed)
                 assert c.prefix_source == "session" and c.cached_tokens == len(context) - 1
             assert c.prompt_tokens == len(context) + len(new)
@@ -96,7 +99,10 @@ def test_timeout_gives_the_kv_back(engine) -> None:
 
 def test_bad_session_ids_and_caps_over_zmq_are_typed_errors_and_the_engine_serves_on(engine) -> None:
     cases = [
-        (lambda: engine.generate([1, 2], {"max_tokens": 2}, session=SessionParams("nope")), ErrorCode.SESSION_UNKNOWN),
+        (
+            lambda: engine.generate([1, 2], {"max_tokens": 2}, session=SessionParams("nope")),
+            ErrorCode.SESSION_UNKNOWN,
+        ),
         (lambda: engine.close_session("nope"), ErrorCode.SESSION_UNKNOWN),
         (lambda: engine.open_session(capacity_tokens=10_000), ErrorCode.SESSION_CAPACITY),
         (lambda: engine.open_session(capacity_tokens=0), ErrorCode.SESSION),
@@ -134,12 +140,18 @@ def test_sessions_and_priority_over_http(served, engine) -> None:
     chat = oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
                                        extra_body={"session_params": {"id": sid}, "priority": 4})
     assert chat.usage.prompt_tokens > r2.usage.prompt_tokens  # it continued the latest turn
-    assert httpx.post(url + "/close_session", json={"session_id": sid}).json() == {"session_id": sid, "closed": True}
+    assert httpx.post(url + "/close_session", json={"session_id": sid}).json() == {
+        "session_id": sid,
+        "closed": True,
+    }
 
     def bad(path: str, body: dict, code: str | None, param: str | None = None) -> None:
         r = httpx.post(url + path, json=body)
         err = r.json()["error"]
-        assert r.status_code == 400 and err["type"] == "invalid_request_error" and err["message"], (path, r.text)
+        assert r.status_code == 400 and err["type"] == "invalid_request_error" and err["message"], (
+            path,
+            r.text,
+        )
         if code is not None:
             assert err["code"] == code, (path, err)
         if param is not None:

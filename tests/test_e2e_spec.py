@@ -48,8 +48,15 @@ def engines(models, request):
         key = (model, mode, tuple(sorted(opts.items())))
         if key not in made:
             spec = {} if mode == "off" else SPEC
-            c = Client.launch(str(models[model]), dtype="float32", kv_cache_tokens=opts.pop("kv", 8192), max_running_requests=64,
-                              async_scheduling=mode != "sync", **spec, **opts)
+            c = Client.launch(
+                str(models[model]),
+                dtype="float32",
+                kv_cache_tokens=opts.pop("kv", 8192),
+                max_running_requests=64,
+                async_scheduling=mode != "sync",
+                **spec,
+                **opts,
+            )
             request.addfinalizer(c.close)
             made[key] = c
         return made[key]
@@ -107,8 +114,11 @@ def test_runs_end_inside_accepted_spans_like_off(engines) -> None:
     last = list(on.stream(ps[0], SamplingParams(max_tokens=20, **GREEDY)))[-1]
     st = on.stats()
     assert last.load is not None
-    assert (last.load.spec_draft_tokens, last.load.spec_accepted_tokens, last.load.spec_accepted_per_position) == (
-        st.spec_draft_tokens, st.spec_accepted_tokens, st.spec_accepted_per_position)
+    assert (
+        last.load.spec_draft_tokens,
+        last.load.spec_accepted_tokens,
+        last.load.spec_accepted_per_position,
+    ) == (st.spec_draft_tokens, st.spec_accepted_tokens, st.spec_accepted_per_position)
     assert 0 < last.load.spec_num_drafts <= st.spec_draft_tokens
     check_idle_engine(on)
 

@@ -74,20 +74,46 @@ def test_json_schemas_200_requests_validate(engines, mode: bool) -> None:
         schemas.append(schema)
     outs = client.generate_batch(prompts, params, progress=False)
     valid = sum(_valid(o.text, s) for o, s in zip(outs, schemas))
-    assert all(o.finish_reason == "stop" for o in outs), [o.finish_reason for o in outs if o.finish_reason != "stop"]
+    assert all(o.finish_reason == "stop" for o in outs), [
+        o.finish_reason for o in outs if o.finish_reason != "stop"
+    ]
     assert valid == 200, f"{valid}/200 valid"
     check_idle_engine(client)
 
 
 STRICT_SCHEMAS = [
-    {"type": "object", "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 8},
-                                      "city": {"enum": ["東京", "café", "naïve 😀"]}},
-     "required": ["name", "city"], "additionalProperties": False},
-    {"type": "array", "items": {"type": "array", "items": {"type": "string", "maxLength": 3},
-                                "minItems": 1, "maxItems": 2}, "minItems": 1, "maxItems": 3},
-    {"type": "object", "properties": {"rows": {"type": "array", "maxItems": 2, "items": {
-        "type": "object", "properties": {"k": {"type": "string", "maxLength": 4}, "v": {"type": "boolean"}},
-        "required": ["k", "v"], "additionalProperties": False}}}, "required": ["rows"], "additionalProperties": False},
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "minLength": 1, "maxLength": 8},
+            "city": {"enum": ["東京", "café", "naïve 😀"]},
+        },
+        "required": ["name", "city"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "array",
+        "items": {"type": "array", "items": {"type": "string", "maxLength": 3}, "minItems": 1, "maxItems": 2},
+        "minItems": 1,
+        "maxItems": 3,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "rows": {
+                "type": "array",
+                "maxItems": 2,
+                "items": {
+                    "type": "object",
+                    "properties": {"k": {"type": "string", "maxLength": 4}, "v": {"type": "boolean"}},
+                    "required": ["k", "v"],
+                    "additionalProperties": False,
+                },
+            }
+        },
+        "required": ["rows"],
+        "additionalProperties": False,
+    },
     {"type": "string", "minLength": 2, "maxLength": 12},
 ]
 
@@ -111,14 +137,26 @@ def test_400_length_bounded_unicode_outputs_parse_strictly(engines) -> None:
 def test_regex_ebnf_and_choice_hold(engines) -> None:
     client = engines[True]
     cases = [
-        (SamplingParams(max_tokens=64, regex=r"[a-z]{2,5}-\d{3}", seed=1), lambda t: re.fullmatch(r"[a-z]{2,5}-\d{3}", t)),
-        (SamplingParams(max_tokens=64, grammar='root ::= "(" num ("+" num)* ")"\nnum ::= [1-9] [0-9]?', seed=2),
-         lambda t: re.fullmatch(r"\([1-9][0-9]?(\+[1-9][0-9]?)*\)", t)),
-        (SamplingParams(max_tokens=64, choice=["yes", "no", "東京 🗼"], seed=3), lambda t: t in ("yes", "no", "東京 🗼")),
+        (
+            SamplingParams(max_tokens=64, regex=r"[a-z]{2,5}-\d{3}", seed=1),
+            lambda t: re.fullmatch(r"[a-z]{2,5}-\d{3}", t),
+        ),
+        (
+            SamplingParams(
+                max_tokens=64, grammar='root ::= "(" num ("+" num)* ")"\nnum ::= [1-9] [0-9]?', seed=2
+            ),
+            lambda t: re.fullmatch(r"\([1-9][0-9]?(\+[1-9][0-9]?)*\)", t),
+        ),
+        (
+            SamplingParams(max_tokens=64, choice=["yes", "no", "東京 🗼"], seed=3),
+            lambda t: t in ("yes", "no", "東京 🗼"),
+        ),
     ]
     for sp, ok in cases:
         for k in range(5):
-            sp2 = SamplingParams(**{**{f: getattr(sp, f) for f in sp.__struct_fields__}, "seed": 100 * k + (sp.seed or 0)})
+            sp2 = SamplingParams(
+                **{**{f: getattr(sp, f) for f in sp.__struct_fields__}, "seed": 100 * k + (sp.seed or 0)}
+            )
             out = client.generate([11, 12, 13], sp2)
             assert out.finish_reason == "stop" and ok(out.text), (sp2, out.text)
     # Any JSON: unbounded, so a random-weight model may run out of tokens mid-string; whatever ends

@@ -16,8 +16,11 @@ from tests.reference import assert_greedy_parity, greedy
 from tests.test_lifecycle import _serve, assert_killing_stops_engine
 
 
-@pytest.mark.parametrize("arch,kw", [("llama", {}), ("qwen2", {}), ("qwen3", {}), ("qwen3", {"num_kv_heads": 1})],
-                         ids=["llama", "qwen2", "qwen3", "qwen3-1kv"])
+@pytest.mark.parametrize(
+    "arch,kw",
+    [("llama", {}), ("qwen2", {}), ("qwen3", {}), ("qwen3", {"num_kv_heads": 1})],
+    ids=["llama", "qwen2", "qwen3", "qwen3-1kv"],
+)
 def test_tp2_equals_tp1(arch: str, kw: dict, tiny_model, launch_client) -> None:
     model = tiny_model(arch, **kw)
     rng = random.Random(4)
@@ -37,16 +40,40 @@ def test_killing_rank_1_stops_the_engine(tiny_model) -> None:
 
 
 def test_two_nodes_over_tcp_on_loopback(tiny_model) -> None:
-    """--nnodes 2: node 1 runs only its worker rank; node 0 runs the rest; torch.distributed meets over TCP."""
+    """--nnodes 2: node 1 runs only its worker rank; node 0 runs the rest; torch.distributed meets over
+    TCP."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     model = str(tiny_model("llama"))
-    common = ["--dtype", "float32", "--tp-size", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{port}"]
+    common = [
+        "--dtype",
+        "float32",
+        "--tp-size",
+        "2",
+        "--nnodes",
+        "2",
+        "--dist-init-addr",
+        f"127.0.0.1:{port}",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     node1 = subprocess.Popen(
-        [sys.executable, "-m", "tandem.launch.cli", "serve", "--model", model, "--kv-cache-tokens", "4096", *common,
-         "--node-rank", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+        [
+            sys.executable,
+            "-m",
+            "tandem.launch.cli",
+            "serve",
+            "--model",
+            model,
+            "--kv-cache-tokens",
+            "4096",
+            *common,
+            "--node-rank",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
     )
     node0: subprocess.Popen | None = None
     try:

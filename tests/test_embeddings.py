@@ -53,7 +53,9 @@ class Engine:
         self.runner = ModelRunner(self.cfg, self.info)
         self.sched = Scheduler(self.cfg, self.info, self.runner.num_kv_slots)
 
-    def run(self, reqs: list[TokenizedRequest], also: list[str] = ()) -> dict[str, EmbeddingOutput | list[int]]:  # type: ignore[assignment]
+    def run(
+        self, reqs: list[TokenizedRequest], also: list[str] = ()
+    ) -> dict[str, EmbeddingOutput | list[int]]:  # type: ignore[assignment]
         """also: requests added before that end now."""
         for r in reqs:
             self.sched.add_request(r)
@@ -157,7 +159,9 @@ def test_embeddings_wait_in_the_priority_order(tiny_model) -> None:
     eng = Engine(tiny_model("llama"), "last", scheduling_policy="priority", max_running_requests=1)
     done: list[str] = []
     for rid, prio in (("low", 2), ("high", -1), ("mid", 0)):
-        eng.sched.add_request(TokenizedRequest(rid, _prompt(12, 1), SamplingParams(), prio, embed=EmbedParams()))
+        eng.sched.add_request(
+            TokenizedRequest(rid, _prompt(12, 1), SamplingParams(), prio, embed=EmbedParams())
+        )
     while eng.sched.has_work:
         eng.sched.commit(eng.runner.execute(eng.sched.schedule()))  # type: ignore[arg-type]
         done += [e.rid for m in eng.sched.take_outbox() if isinstance(m, EmbeddingBatch) for e in m.outputs]

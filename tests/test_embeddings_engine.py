@@ -46,7 +46,9 @@ def test_64_embeddings_mixed_with_16_generations(engine) -> None:
         async with AsyncClient(engine.endpoint) as ac:
             calls = []
             for i in range(80):  # every fifth a generation, submitted all at once
-                calls.append(ac.generate(gens[i // 5], GREEDY) if i % 5 == 4 else ac.embed(embeds[i - i // 5]))
+                calls.append(
+                    ac.generate(gens[i // 5], GREEDY) if i % 5 == 4 else ac.embed(embeds[i - i // 5])
+                )
             return await asyncio.gather(*calls)
 
     results = asyncio.run(mixed())

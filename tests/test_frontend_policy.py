@@ -92,7 +92,9 @@ def test_bad_frames_are_answered_only_when_the_request_is_known_and_not_in_fligh
     fe.on_client_frames([b"slow", msgspec.msgpack.encode({"type": "nope", "rid": "a"})])  # "a" is in flight
     fe.on_client_frames([b"slow", b"\xc1"])  # no request id to answer
     fe.on_client_frames([b"slow", msgspec.msgpack.encode({"type": "nope", "rid": "new"})])
-    assert [(i, m["rid"], m["code"]) for i, m in clients.sent] == [(b"slow", "new", "invalid_request.malformed")]
+    assert [(i, m["rid"], m["code"]) for i, m in clients.sent] == [
+        (b"slow", "new", "invalid_request.malformed")
+    ]
     assert sched.sent == [] and set(fe.owner) == {"a", "b", "c"}
 
 

@@ -2,7 +2,8 @@
 layer every third, one KV head, soft-capped logits, linear RoPE scaling on the global layers): greedy tokens
 equal transformers' for prompts far past the window, tied and untied, async and not, chunked prefill, pages of
 4, prefix-cache hits, with the sliding layers' own pool (which keeps one window per cached request) and
-without, TP=2 with its one KV head replicated; its GGUF file is its directory's model; `tandem serve` takes its
+without, TP=2 with its one KV head replicated; its GGUF file is its directory's model; `tandem serve` takes
+its
 chat template; a config with an unknown rope_type or a bad sliding-window pattern is one line from serve."""
 from __future__ import annotations
 
@@ -44,13 +45,27 @@ def _parity(model: Path, ps: list[list[int]], outs: list, what: str) -> int:
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
 
 
-@pytest.mark.parametrize("tied,opts", [
-    # prompts chunked by 64 beside decodes; the sliding layers' own pool (the default)
-    (True, {"async_scheduling": True, "max_num_batched_tokens": 64}),
-    # every layer's KV in the one pool: the sliding layers mask by their window only
-    (False, {"async_scheduling": False, "page_size": 4, "chunked_prefill_tokens": 40, "sliding_window_kv": False}),
-], ids=["tied-async-chunked-own-pool", "untied-sync-pages4-shared-pool"])
-def test_greedy_parity_with_transformers_and_prefix_hits(tied: bool, opts: dict, tiny_model, launch_client) -> None:
+@pytest.mark.parametrize(
+    "tied,opts",
+    [
+        # prompts chunked by 64 beside decodes; the sliding layers' own pool (the default)
+        (True, {"async_scheduling": True, "max_num_batched_tokens": 64}),
+        # every layer's KV in the one pool: the sliding layers mask by their window only
+        (
+            False,
+            {
+                "async_scheduling": False,
+                "page_size": 4,
+                "chunked_prefill_tokens": 40,
+                "sliding_window_kv": False,
+            },
+        ),
+    ],
+    ids=["tied-async-chunked-own-pool", "untied-sync-pages4-shared-pool"],
+)
+def test_greedy_parity_with_transformers_and_prefix_hits(
+    tied: bool, opts: dict, tiny_model, launch_client
+) -> None:
     model = tiny_model("gemma3", tie_embeddings=tied)
     client = launch_client(model, debug_integrity=True, **opts)
     ps = prompts()
@@ -83,7 +98,9 @@ def test_bf16_greedy_parity_with_transformers_bf16(tiny_model, launch_client) ->
     model = tiny_model("gemma3")
     client = launch_client(model, dtype="bfloat16")
     ps = prompts(seed=5)[2::2]
-    outs = client.generate_batch(ps, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True), progress=False)
+    outs = client.generate_batch(
+        ps, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True), progress=False
+    )
     equal = sum(assert_greedy_parity(o.token_ids, greedy(model, p, 16, torch.bfloat16), f"bf16 len {len(p)}",
                                      NEAR_TIE_BF16) for p, o in zip(ps, outs, strict=True))
     assert equal >= len(ps) // 2, f"only {equal}/{len(ps)} sequences equal"
@@ -103,7 +120,8 @@ def test_tp2_with_one_kv_head_equals_tp1(tiny_model, launch_client) -> None:
 def test_gguf_file_is_its_directorys_model(tiny_model, tmp_path) -> None:
     """llama.cpp's layout (norms stored as 1 + w, the pattern as per-layer flags, local RoPE base, softcap,
     linear scaling) read back: F32 gives the directory's logits exactly. (Quantized files run through the
-    CPU step graph in tests/kernels/test_cpu_step_graph.py, and Gemma 3 270M's in tests/test_gemma3_270m.py.)"""
+    CPU step graph in tests/kernels/test_cpu_step_graph.py, and Gemma 3 270M's in
+    tests/test_gemma3_270m.py.)"""
     import torch
 
     from tandem.worker.loader import load_model
@@ -139,12 +157,23 @@ def test_serve_answers_chat_through_the_models_template(tiny_model) -> None:
 
 
 BAD_CONFIGS = {
-    "rope_type": ({"rope_parameters": {"full_attention": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0},
-                                       "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
-                  "rope_parameters.full_attention.rope_type: 'yarn' is not supported"),
-    "pattern": ({"layer_types": None, "sliding_window_pattern": 0},
-                "sliding_window_pattern: 0 is not a layer count >= 1"),
-    "layer_types": ({"layer_types": ["sliding_attention", "local", "full_attention"]}, "config field layer_types"),
+    "rope_type": (
+        {
+            "rope_parameters": {
+                "full_attention": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            }
+        },
+        "rope_parameters.full_attention.rope_type: 'yarn' is not supported",
+    ),
+    "pattern": (
+        {"layer_types": None, "sliding_window_pattern": 0},
+        "sliding_window_pattern: 0 is not a layer count >= 1",
+    ),
+    "layer_types": (
+        {"layer_types": ["sliding_attention", "local", "full_attention"]},
+        "config field layer_types",
+    ),
     "window": ({"sliding_window": -4}, "sliding_window: -4 is not a key count"),
 }
 

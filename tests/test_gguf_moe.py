@@ -1,5 +1,6 @@
 """GGUF files of MoE models, written from made models with gguf's writer as llama.cpp lays them out (3-D
-ffn_*_exps expert tensors, the router in F32, Mixtral as a "llama" file with permuted Q/K): the experts load to
+ffn_*_exps expert tensors, the router in F32, Mixtral as a "llama" file with permuted Q/K): the experts load
+to
 gguf's dequantization, stay in their blocks on CPU in float32 and run like the dequantized model, the engine
 on the .gguf gives transformers' tokens on its converted directory, and an expert count that does not match
 the tensors is a one-line error."""
@@ -47,7 +48,9 @@ def moe_gguf(tiny_model, tmp_path_factory):  # a factory
     return get
 
 
-@pytest.mark.parametrize(("arch", "qtype"), [("qwen3_moe", "Q8_0"), ("mixtral", "Q4_0"), ("qwen2_moe", "F16")])
+@pytest.mark.parametrize(
+    ("arch", "qtype"), [("qwen3_moe", "Q8_0"), ("mixtral", "Q4_0"), ("qwen2_moe", "F16")]
+)
 def test_expert_weights_equal_gguf_dequantization(arch: str, qtype: str, moe_gguf) -> None:
     path = moe_gguf(arch, qtype)
     ours = dict(iter_gguf_weights(path, read_model_config(path), torch.float32, progress=False))
@@ -64,10 +67,19 @@ def test_expert_weights_equal_gguf_dequantization(arch: str, qtype: str, moe_ggu
     assert router.tensor_type.name == "F32"  # as llama.cpp keeps it
 
 
-@pytest.mark.parametrize(("arch", "qtype", "size"), [("qwen3_moe", "Q8_0", "tiny"), ("qwen2_moe", "Q4_0", "tiny"),
-                                                     ("mixtral", "Q5_1", "tiny"), ("qwen3_moe", "Q4_K", "small"),
-                                                     ("mixtral", "Q4_K_M", "small")])
-def test_quantized_experts_run_from_their_blocks(arch: str, qtype: str, size: str, moe_gguf, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    ("arch", "qtype", "size"),
+    [
+        ("qwen3_moe", "Q8_0", "tiny"),
+        ("qwen2_moe", "Q4_0", "tiny"),
+        ("mixtral", "Q5_1", "tiny"),
+        ("qwen3_moe", "Q4_K", "small"),
+        ("mixtral", "Q4_K_M", "small"),
+    ],
+)
+def test_quantized_experts_run_from_their_blocks(
+    arch: str, qtype: str, size: str, moe_gguf, monkeypatch
+) -> None:
     """On CPU in float32 every expert keeps the file's blocks (the kernel's weights are gguf's dequantized
     ones exactly) and the logits match the model loaded dequantized."""
     path = str(moe_gguf(arch, qtype, size))
@@ -97,10 +109,14 @@ def test_quantized_experts_run_from_their_blocks(arch: str, qtype: str, size: st
     assert torch.equal(logits[0].argmax(-1), logits[1].argmax(-1))
 
 
-@pytest.mark.parametrize(("arch", "qtype", "size"), [("qwen3_moe", "Q8_0", "tiny"), ("mixtral", "Q4_K_M", "small")])
+@pytest.mark.parametrize(
+    ("arch", "qtype", "size"), [("qwen3_moe", "Q8_0", "tiny"), ("mixtral", "Q4_K_M", "small")]
+)
 def test_engine_on_the_gguf_gives_transformers_tokens_on_its_converted_directory(
-        arch: str, qtype: str, size: str, moe_gguf, launch_client, tmp_path) -> None:
-    """The engine runs the .gguf from its blocks; transformers runs `tandem convert`'s float32 directory of the
+    arch: str, qtype: str, size: str, moe_gguf, launch_client, tmp_path
+) -> None:
+    """The engine runs the .gguf from its blocks; transformers runs `tandem convert`'s float32 directory of
+    the
     same file (every expert weight in it): greedy tokens equal up to near-ties."""
     path = moe_gguf(arch, qtype, size)
     directory = convert(path, tmp_path / "converted")

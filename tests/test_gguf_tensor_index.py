@@ -37,8 +37,9 @@ def test_the_index_gives_what_ggufs_reader_gives(qtype: str, tiny_model, tmp_pat
     _same_as_reader(path)  # read back from the file
 
 
-def test_a_later_start_parses_nothing_and_a_bad_index_is_written_anew(tiny_model, tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_later_start_parses_nothing_and_a_bad_index_is_written_anew(
+    tiny_model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = write_gguf(tiny_model("llama"), tmp_path / "m.gguf", "Q4_1")
     gguf_tensor_index(path)
     saved = index_mod.open_gguf

@@ -51,15 +51,24 @@ def test_tokenizer_info_is_kept_on_disk_per_tokenizer(tiny_model, cache_dir: Pat
     second.compiler  # noqa: B018
     assert second.info_from_cache and second._tokenizer is None  # no tokenizer loaded at all
     a, b = first.tokenizer_info, second.tokenizer_info
-    assert (a.decoded_vocab, a.stop_token_ids, a.vocab_type) == (b.decoded_vocab, b.stop_token_ids, b.vocab_type)
+    assert (a.decoded_vocab, a.stop_token_ids, a.vocab_type) == (
+        b.decoded_vocab,
+        b.stop_token_ids,
+        b.vocab_type,
+    )
     opening = first._tokenizer.encode('{"', add_special_tokens=False)
     assert torch.equal(_mask_after(first, opening), _mask_after(second, opening))
-    # Any change to the tokenizer's files is another key (here: another EOS token); a broken file is built again.
+    # Any change to the tokenizer's files is another key (here: another EOS token); a broken file is built
+    # again.
     other = tmp_path / "other"
     other.mkdir()
     for f in model.iterdir():
         (other / f.name).write_bytes(f.read_bytes())
-    tok = (other / "tokenizer_config.json").read_text().replace('"eos_token": "<|endoftext|>"', '"eos_token": "<|im_end|>"')
+    tok = (
+        (other / "tokenizer_config.json")
+        .read_text()
+        .replace('"eos_token": "<|endoftext|>"', '"eos_token": "<|im_end|>"')
+    )
     assert tok != (model / "tokenizer_config.json").read_text()
     (other / "tokenizer_config.json").write_text(tok)
     vocab = read_model_info(model).vocab_size
@@ -137,7 +146,9 @@ def test_abort_while_starting_compiles_nothing(tiny_model, cache_dir: Path) -> N
     svc.shutdown()
 
 
-def test_a_failed_start_fails_the_waiting_request_and_the_next_one_builds_it(tiny_model, cache_dir: Path) -> None:
+def test_a_failed_start_fails_the_waiting_request_and_the_next_one_builds_it(
+    tiny_model, cache_dir: Path
+) -> None:
     model = tiny_model("llama")
     starting: Future = Future()
     s = _sched(model, starting)

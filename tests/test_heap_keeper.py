@@ -31,7 +31,9 @@ print(json.dumps({"before": before, "after": s.rss, "in_use": s.in_use, "free": 
 
 
 def test_a_freed_peak_stays_resident_until_the_trim_gives_it_back() -> None:
-    out = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=120, check=True
+    )
     r = json.loads(out.stdout.strip().splitlines()[-1])
     mb = 1 << 20
     assert r["released"] >= 200 * mb, r  # the peak was resident after its free, and the trim returned it

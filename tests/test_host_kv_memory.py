@@ -20,7 +20,9 @@ def test_tokens_follow_the_kv_bytes_per_token_dtype_and_page(tiny_model) -> None
     assert kv_bytes_per_token(mc, torch.float32) == per_token
     cfg = EngineConfig(model="x", host_kv_memory_gb=0.01)
     assert host_pool_tokens(cfg, mc, torch.float32) == 10**7 // per_token
-    assert host_pool_tokens(cfg, mc, torch.bfloat16) == 10**7 // (per_token // 2), "half the bytes, twice the tokens"
+    assert host_pool_tokens(cfg, mc, torch.bfloat16) == 10**7 // (per_token // 2), (
+        "half the bytes, twice the tokens"
+    )
     paged = EngineConfig(model="x", host_kv_memory_gb=0.01, page_size=16)
     assert host_pool_tokens(paged, mc, torch.float32) == 10**7 // per_token // 16 * 16
     assert host_pool_tokens(EngineConfig(model="x", host_kv_tokens=640), mc, torch.float32) == 640

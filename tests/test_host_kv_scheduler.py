@@ -16,9 +16,16 @@ from tests.test_scheduler_core import req, run
 
 def make(slots: int, host: int, depth: int = 1, page: int = 1, policy: str = "write_back",
          max_running: int = 64, budget: int = 256) -> tuple[Scheduler, FakeWorker]:
-    cfg = EngineConfig(model="x", max_num_batched_tokens=budget, max_running_requests=max_running,
-                       async_scheduling=depth == 2, page_size=page, host_kv_tokens=host, host_kv_policy=policy,
-                       debug_integrity=True)
+    cfg = EngineConfig(
+        model="x",
+        max_num_batched_tokens=budget,
+        max_running_requests=max_running,
+        async_scheduling=depth == 2,
+        page_size=page,
+        host_kv_tokens=host,
+        host_kv_policy=policy,
+        debug_integrity=True,
+    )
     info = ModelInfo(vocab_size=VOCAB, max_model_len=1024, eos_token_ids=[0], architecture="fake")
     return Scheduler(cfg, info, slots), FakeWorker(slots + page - 1)
 
@@ -50,7 +57,9 @@ def idle_accounting(sched: Scheduler) -> None:
 @pytest.mark.parametrize("depth", [1, 2])
 @pytest.mark.parametrize("page", [1, 4])
 @pytest.mark.parametrize("policy", ["write_back", "write_through"])
-def test_small_device_pool_with_host_tier_gives_same_outputs_and_hits(depth: int, page: int, policy: str) -> None:
+def test_small_device_pool_with_host_tier_gives_same_outputs_and_hits(
+    depth: int, page: int, policy: str
+) -> None:
     # 16 conversations x 4 turns of 24 user + 8 output tokens: 2048 tokens of KV, the device holds 1/8.
     shape = dict(n_conv=16, turns=4, user=24, out=8)
     sched, worker = make(256, 4096, depth, page, policy, max_running=2)
@@ -141,7 +150,9 @@ def test_retraction_and_random_aborts_with_loads_never_leak(seed: int, depth: in
     bases = [[rng.randrange(1, VOCAB) for _ in range(48)] for _ in range(4)]
     prompts = {}
     for i in range(40):
-        p = rng.choice(bases)[: rng.randrange(8, 48)] + [rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 9))]
+        p = rng.choice(bases)[: rng.randrange(8, 48)] + [
+            rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 9))
+        ]
         prompts[f"r{i}"] = (p, rng.randrange(2, 24))
     order = list(prompts)
     aborted: set[str] = set()
@@ -168,7 +179,9 @@ def test_retraction_and_random_aborts_with_loads_never_leak(seed: int, depth: in
     assert set(ends) == set(prompts), "every request ends exactly once"
     for rid, (p, n) in prompts.items():
         if ends[rid][0] == "abort":
-            assert rid in aborted and outputs.get(rid, []) == expected_output(p, n)[: len(outputs.get(rid, []))]
+            assert (
+                rid in aborted and outputs.get(rid, []) == expected_output(p, n)[: len(outputs.get(rid, []))]
+            )
         else:
             assert outputs[rid] == expected_output(p, n), rid
     assert sched.stats.retractions > 0 and sched.kv.host_hit_tokens > 0, "the scenario must exercise both"

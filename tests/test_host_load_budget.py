@@ -46,7 +46,9 @@ def test_a_load_shrinks_the_prefill_beside_it() -> None:
     so = sched.schedule()
     assert so is not None and _loaded(so) == 64
     cost = 64 // HOST_LOAD_DIVISOR
-    assert _tokens(sched, so) == {"again": 16, "fresh": 64 - cost - 16}, "the load's cost comes off the budget"
+    assert _tokens(sched, so) == {"again": 16, "fresh": 64 - cost - 16}, (
+        "the load's cost comes off the budget"
+    )
     sched.commit(worker.execute(so))
     outputs, _ = run(sched, worker, 1)
     assert outputs["again"] == expected_output(prompt + [5] * 16, 2)

@@ -17,7 +17,9 @@ class Pools:
     def __init__(self, device: int = 64, host: int = 64, page: int = 1, write_through: bool = False) -> None:
         self.dev = KVAllocator(device, page)
         self.host = KVAllocator(host, page)
-        self.cache = RadixCache(self.dev.free, page, (WriteThrough if write_through else WriteBack)(self.host))
+        self.cache = RadixCache(
+            self.dev.free, page, (WriteThrough if write_through else WriteBack)(self.host)
+        )
 
     def cache_seq(self, key: list[int]) -> list[int]:
         """Compute key from scratch (fresh device slots) and cache it, like a finished request does."""

@@ -14,8 +14,13 @@ from tandem.protocol.tokenizer_loader import load_tokenizer
 from tests.scripted_engine import KEY, NAME, Reply, scripted_app, transport
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-TOOLS = [{"name": "get_weather", "description": "weather of a city",
-          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+TOOLS = [
+    {
+        "name": "get_weather",
+        "description": "weather of a city",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+]
 USER = [{"role": "user", "content": "weather in Paris?"}]
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
@@ -60,18 +65,25 @@ def test_thinking_and_text_whole_streamed_and_accumulated(qwen3, tok) -> None:
         return whole, events, final
 
     whole, events, final = _run(app, body)
-    assert tok.decode(engine.prompts[0]).startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n")
+    assert tok.decode(engine.prompts[0]).startswith(
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
+    )
     assert [b.type for b in whole.content] == ["thinking", "text"]
     assert whole.content[0].thinking == "They want weather." and whole.content[1].text == "It is sunny."
     assert whole.stop_reason == "end_turn" and whole.stop_sequence is None and whole.role == "assistant"
-    assert whole.usage.input_tokens == len(engine.prompts[0]) and whole.usage.output_tokens == len(_pieces(text))
+    assert whole.usage.input_tokens == len(engine.prompts[0]) and whole.usage.output_tokens == len(
+        _pieces(text)
+    )
     types = [e.type for e in events]
     assert types[0] == "message_start" and types[-2:] == ["message_delta", "message_stop"]
     assert types.count("content_block_start") == types.count("content_block_stop") == 2
     deltas = [e.delta for e in events if e.type == "content_block_delta"]
     assert "".join(d.thinking for d in deltas if d.type == "thinking_delta") == "They want weather."
     assert "".join(d.text for d in deltas if d.type == "text_delta") == "It is sunny."
-    assert events[-2].delta.stop_reason == "end_turn" and events[-2].usage.output_tokens == whole.usage.output_tokens
+    assert (
+        events[-2].delta.stop_reason == "end_turn"
+        and events[-2].usage.output_tokens == whole.usage.output_tokens
+    )
     assert [b.model_dump() for b in final.content] == [b.model_dump() for b in whole.content]
     assert final.stop_reason == "end_turn"
 
@@ -83,14 +95,30 @@ def test_tool_use_and_tool_result(qwen3, tok) -> None:
         engine.script(_pieces(f"Checking.\n{CALL}", 5))
         whole = await c.messages.create(model=NAME, max_tokens=64, messages=USER, tools=TOOLS)
         engine.script(_pieces(f"Checking.\n{CALL}", 5))
-        events = [e async for e in await c.messages.create(model=NAME, max_tokens=64, messages=USER, tools=TOOLS,
-                                                             stream=True)]
+        events = [
+            e
+            async for e in await c.messages.create(
+                model=NAME, max_tokens=64, messages=USER, tools=TOOLS, stream=True
+            )
+        ]
         use = whole.content[1]
         engine.script(["Sunny."])
-        after = await c.messages.create(model=NAME, max_tokens=64, tools=TOOLS, messages=[
-            *USER, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in whole.content]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "21C, clear"},
-                                         {"type": "text", "text": "And tomorrow?"}]}])
+        after = await c.messages.create(
+            model=NAME,
+            max_tokens=64,
+            tools=TOOLS,
+            messages=[
+                *USER,
+                {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in whole.content]},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": use.id, "content": "21C, clear"},
+                        {"type": "text", "text": "And tomorrow?"},
+                    ],
+                },
+            ],
+        )
         return whole, events, after
 
     whole, events, after = _run(app, body)
@@ -98,7 +126,11 @@ def test_tool_use_and_tool_result(qwen3, tok) -> None:
     use = whole.content[1]
     assert use.name == "get_weather" and use.input == {"city": "Paris"}
     starts = [e.content_block for e in events if e.type == "content_block_start"]
-    assert [b.type for b in starts] == ["text", "tool_use"] and starts[1].name == use.name and starts[1].input == {}
+    assert (
+        [b.type for b in starts] == ["text", "tool_use"]
+        and starts[1].name == use.name
+        and starts[1].input == {}
+    )
     parts = [e.delta.partial_json for e in events if e.type == "content_block_delta"
              and e.delta.type == "input_json_delta"]
     assert len(parts) > 1 and json.loads("".join(parts)) == {"city": "Paris"}
@@ -125,8 +157,13 @@ def test_stop_reasons_sampling_and_forced_tools(qwen3) -> None:
         anyone = await c.messages.create(model=NAME, max_tokens=20, messages=USER, tools=TOOLS,
                                          tool_choice={"type": "any", "disable_parallel_tool_use": True})
         engine.script(['{"a": 1}'])
-        structured = await c.messages.create(model=NAME, max_tokens=20, messages=USER, cache_control={
-            "type": "ephemeral"}, output_config={"effort": "low", "format": {"type": "json_schema", "schema": SCHEMA}})
+        structured = await c.messages.create(
+            model=NAME,
+            max_tokens=20,
+            messages=USER,
+            cache_control={"type": "ephemeral"},
+            output_config={"effort": "low", "format": {"type": "json_schema", "schema": SCHEMA}},
+        )
         return stopped, cut, forced, anyone, structured
 
     stopped, cut, forced, anyone, structured = _run(app, body)
@@ -154,7 +191,8 @@ def test_count_tokens_and_thinking_switch(qwen3, tok) -> None:
     n = _run(app, body)
     assert n.input_tokens == len(engine.prompts[0])
     assert tok.decode(engine.prompts[1]).endswith("assistant\n<think>\n\n</think>\n\n")
-    assert tok.decode(engine.prompts[2]).endswith("<|im_start|>assistant\n")  # adaptive: the template's default
+    # adaptive: the template's default
+    assert tok.decode(engine.prompts[2]).endswith("<|im_start|>assistant\n")
 
 
 def test_errors_in_anthropic_shape_and_the_server_keeps_serving(qwen3) -> None:
@@ -174,7 +212,9 @@ def test_errors_in_anthropic_shape_and_the_server_keeps_serving(qwen3) -> None:
     async def body(c):
         # The SDK checks max_tokens itself; a raw request without it gets the server's 400.
         async with transport(app) as http:
-            raw = await http.post("/v1/messages", headers={"x-api-key": KEY}, json={"model": NAME, "messages": USER})
+            raw = await http.post(
+                "/v1/messages", headers={"x-api-key": KEY}, json={"model": NAME, "messages": USER}
+            )
         assert raw.status_code == 400 and raw.json()["error"]["type"] == "invalid_request_error"
         assert "max_tokens" in raw.json()["error"]["message"]
         bad = [dict(max_tokens=5, messages=[]), dict(max_tokens=0, messages=USER),

@@ -74,19 +74,30 @@ def test_chat_reasoning_streamed_whole_and_in_the_python_client(oai, engine, tin
 
 def test_responses_with_the_openai_client(oai, engine) -> None:
     r = oai.responses.create(model=NAME, input="Hello there", max_output_tokens=12, temperature=0)
-    ref = engine.generate([{"role": "user", "content": "Hello there"}], {"max_tokens": 12, "temperature": 0.0})
+    ref = engine.generate(
+        [{"role": "user", "content": "Hello there"}], {"max_tokens": 12, "temperature": 0.0}
+    )
     assert r.output_text == ref.text and r.usage.output_tokens == ref.completion_tokens
     assert r.usage.input_tokens == ref.prompt_tokens
     assert r.status == ("incomplete" if ref.finish_reason == "length" else "completed")
     events = list(oai.responses.create(model=NAME, input="Hello there", max_output_tokens=12, temperature=0,
                                        stream=True))
-    assert events[0].type == "response.created" and events[-1].type in ("response.completed", "response.incomplete")
+    assert events[0].type == "response.created" and events[-1].type in (
+        "response.completed",
+        "response.incomplete",
+    )
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == r.output_text
     # The next turn continues the stored conversation: the same as sending it whole.
     nxt = oai.responses.create(model=NAME, input="And then?", previous_response_id=r.id, max_output_tokens=8,
                                temperature=0)
-    ref2 = engine.generate([{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": r.output_text},
-                            {"role": "user", "content": "And then?"}], {"max_tokens": 8, "temperature": 0.0})
+    ref2 = engine.generate(
+        [
+            {"role": "user", "content": "Hello there"},
+            {"role": "assistant", "content": r.output_text},
+            {"role": "user", "content": "And then?"},
+        ],
+        {"max_tokens": 8, "temperature": 0.0},
+    )
     assert nxt.output_text == ref2.text and nxt.usage.input_tokens == ref2.prompt_tokens
     with pytest.raises(openai.NotFoundError):
         oai.responses.create(model=NAME, input="x", previous_response_id="resp_unknown")
@@ -100,11 +111,19 @@ def test_responses_tool_call_streamed_and_whole(oai) -> None:
     call = next(o for o in whole.output if o.type == "function_call")
     assert call.name == "get_weather" and json.loads(call.arguments)["city"] in ("Paris", "Oslo")
     events = list(oai.responses.create(**kw, stream=True))
-    assert "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta") == call.arguments
+    assert (
+        "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+        == call.arguments
+    )
     done = [e for e in events if e.type == "response.function_call_arguments.done"]
     assert [e.arguments for e in done] == [call.arguments]
-    follow = oai.responses.create(model=NAME, previous_response_id=whole.id, tools=tools, max_output_tokens=4,
-                                  input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    follow = oai.responses.create(
+        model=NAME,
+        previous_response_id=whole.id,
+        tools=tools,
+        max_output_tokens=4,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+    )
     assert follow.status in ("completed", "incomplete")
 
 
@@ -116,8 +135,11 @@ def test_messages_with_the_anthropic_client(claude, engine) -> None:
     assert m.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[ref.finish_reason]
     assert m.usage.input_tokens + m.usage.cache_read_input_tokens == ref.prompt_tokens
     assert m.usage.output_tokens == ref.completion_tokens
-    events = list(claude.messages.create(model=NAME, max_tokens=12, messages=msgs, extra_body={"temperature": 0},
-                                         stream=True))
+    events = list(
+        claude.messages.create(
+            model=NAME, max_tokens=12, messages=msgs, extra_body={"temperature": 0}, stream=True
+        )
+    )
     assert [e.type for e in events][:2] == ["message_start", "content_block_start"]
     assert "".join(e.delta.text for e in events if e.type == "content_block_delta") == ref.text
     assert events[-2].delta.stop_reason == m.stop_reason and events[-1].type == "message_stop"
@@ -125,9 +147,14 @@ def test_messages_with_the_anthropic_client(claude, engine) -> None:
 
 
 def test_messages_tool_use_streamed_and_whole(claude) -> None:
-    kw = dict(model=NAME, max_tokens=40, messages=[{"role": "user", "content": "weather?"}],
-              tools=[{"name": "get_weather", "input_schema": CITY}], tool_choice={"type": "tool", "name": "get_weather"},
-              extra_body={"temperature": 0})
+    kw = dict(
+        model=NAME,
+        max_tokens=40,
+        messages=[{"role": "user", "content": "weather?"}],
+        tools=[{"name": "get_weather", "input_schema": CITY}],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        extra_body={"temperature": 0},
+    )
     m = claude.messages.create(**kw)
     assert m.stop_reason == "tool_use" and m.content[0].type == "tool_use"
     assert m.content[0].name == "get_weather" and m.content[0].input["city"] in ("Paris", "Oslo")
@@ -151,6 +178,8 @@ def test_bad_input_on_each_new_route_and_still_serving(served, claude, oai, engi
     with pytest.raises(openai.BadRequestError) as e:
         oai.responses.create(model=NAME, input=[{"type": "function_call_output"}])
     assert e.value.response.json()["error"]["type"] == "invalid_request_error"
-    assert claude.messages.create(model=NAME, max_tokens=2, messages=[{"role": "user", "content": "x"}]).content
+    assert claude.messages.create(
+        model=NAME, max_tokens=2, messages=[{"role": "user", "content": "x"}]
+    ).content
     assert oai.responses.create(model=NAME, input="x", max_output_tokens=2).output
     check_idle_engine(engine)

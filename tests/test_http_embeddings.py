@@ -1,5 +1,7 @@
 """POST /v1/embeddings through the official `openai` client against `tandem serve`: the engine's vectors as
-floats and base64, every input shape, usage, and bad input in OpenAI's error shape while the server serves on."""
+floats and base64, every input shape, usage, and bad input in OpenAI's error shape while the server serves
+on."""
+
 from __future__ import annotations
 
 import base64
@@ -17,8 +19,17 @@ NAME = "tiny-embed"
 
 @pytest.fixture(scope="module")
 def served(tiny_model):
-    s = Served(tiny_model("qwen3"), "--kv-cache-tokens", "4096", "--max-model-len", "128", "--pooling", "mean",
-               "--served-model-name", NAME).ready()
+    s = Served(
+        tiny_model("qwen3"),
+        "--kv-cache-tokens",
+        "4096",
+        "--max-model-len",
+        "128",
+        "--pooling",
+        "mean",
+        "--served-model-name",
+        NAME,
+    ).ready()
     yield s
     assert s.close() == 0
 
@@ -63,11 +74,16 @@ def test_token_id_inputs_and_extras(oai, engine) -> None:
     assert [d.embedding for d in r.data] == [e.embedding for e in engine.embed_batch(ids)]
     one = oai.embeddings.create(model=NAME, input=ids[0], encoding_format="float")
     assert one.data[0].embedding == r.data[0].embedding and one.usage.prompt_tokens == 4
-    raw = oai.embeddings.create(model=NAME, input="abc", encoding_format="float", extra_body={"normalize": False})
+    raw = oai.embeddings.create(
+        model=NAME, input="abc", encoding_format="float", extra_body={"normalize": False}
+    )
     assert raw.data[0].embedding == engine.embed("abc", normalize=False).embedding
-    full = oai.embeddings.create(model=NAME, input="abc", encoding_format="float", dimensions=64)  # the full size
+    # the full size
+    full = oai.embeddings.create(model=NAME, input="abc", encoding_format="float", dimensions=64)
     assert len(full.data[0].embedding) == 64
-    urgent = oai.embeddings.create(model=NAME, input="abc", encoding_format="float", extra_body={"priority": -3})
+    urgent = oai.embeddings.create(
+        model=NAME, input="abc", encoding_format="float", extra_body={"priority": -3}
+    )
     assert urgent.data[0].embedding == full.data[0].embedding
 
 

@@ -17,23 +17,58 @@ from tests.conftest import check_idle_engine
 from tests.served import Served
 
 KEY, ADMIN, NAME = "sk-fuzz", "admin-fuzz", "tiny"
-CHECKS = ("not_a_server_error", "negative_data_rejection", "status_code_conformance", "content_type_conformance",
-          "response_schema_conformance")
+CHECKS = (
+    "not_a_server_error",
+    "negative_data_rejection",
+    "status_code_conformance",
+    "content_type_conformance",
+    "response_schema_conformance",
+)
 EXAMPLES = 25  # per operation, per phase: ~4,000 cases in about a minute here
 
 
 def test_schemathesis_finds_nothing_and_cannot_stop_the_server(tiny_model, tmp_path: Path) -> None:
-    served = Served(tiny_model("llama"), "--api-key", KEY, "--admin-api-key", ADMIN, "--served-model-name", NAME,
-                    "--max-model-len", "128", "--kv-cache-tokens", "4096").ready()
+    served = Served(
+        tiny_model("llama"),
+        "--api-key",
+        KEY,
+        "--admin-api-key",
+        ADMIN,
+        "--served-model-name",
+        NAME,
+        "--max-model-len",
+        "128",
+        "--kv-cache-tokens",
+        "4096",
+    ).ready()
     try:
         operations = sum(len(ops) for ops in httpx.get(served.url + "/openapi.json").json()["paths"].values())
         assert operations >= 20
         run = subprocess.run(
-            [str(Path(sys.executable).parent / "schemathesis"), "run", served.url + "/openapi.json",
-             "-H", f"Authorization: Bearer {KEY}", "--checks", ",".join(CHECKS), "--max-examples", str(EXAMPLES),
-             "--seed", "0", "--workers", "1", "--request-timeout", "60", "--generation-database", "none",
-             "--no-color"],
-            capture_output=True, text=True, timeout=900, cwd=tmp_path,
+            [
+                str(Path(sys.executable).parent / "schemathesis"),
+                "run",
+                served.url + "/openapi.json",
+                "-H",
+                f"Authorization: Bearer {KEY}",
+                "--checks",
+                ",".join(CHECKS),
+                "--max-examples",
+                str(EXAMPLES),
+                "--seed",
+                "0",
+                "--workers",
+                "1",
+                "--request-timeout",
+                "60",
+                "--generation-database",
+                "none",
+                "--no-color",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            cwd=tmp_path,
         )
         out = run.stdout + run.stderr
         assert run.returncode == 0, out[-6000:]
@@ -43,8 +78,12 @@ def test_schemathesis_finds_nothing_and_cannot_stop_the_server(tiny_model, tmp_p
         assert cases and int(cases[1]) == int(cases[2]) >= 1000, out[-3000:]
         # The fuzzer never drained it: still serving, nothing left running, no KV leaked.
         assert httpx.get(served.url + "/health").status_code == 200
-        r = httpx.post(served.url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
-                       json={"model": NAME, "prompt": "after the fuzzer", "max_tokens": 3, "ignore_eos": True})
+        r = httpx.post(
+            served.url + "/v1/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=60,
+            json={"model": NAME, "prompt": "after the fuzzer", "max_tokens": 3, "ignore_eos": True},
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
         with Client(served.endpoint) as client:
             check_idle_engine(client)

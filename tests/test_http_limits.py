@@ -47,8 +47,11 @@ def test_bodies_over_the_limit_are_413_and_never_reach_the_app() -> None:
                 for _ in range(5):
                     yield b"x" * 300  # no Content-Length: counted as it arrives
 
-            return [await h.post("/tokenize", content=b"x" * 1001), await h.post("/tokenize", content=chunks()),
-                    await h.post("/tokenize", content=b"x" * 1000)]
+            return [
+                await h.post("/tokenize", content=b"x" * 1001),
+                await h.post("/tokenize", content=chunks()),
+                await h.post("/tokenize", content=b"x" * 1000),
+            ]
 
     big, chunked, fits = asyncio.run(scenario())
     for r in (big, chunked):
@@ -92,7 +95,9 @@ class _EndlessClient:
         self.aborted.append(rid)
 
 
-def test_outputs_left_unread_are_capped_then_the_request_is_aborted_typed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_outputs_left_unread_are_capped_then_the_request_is_aborted_typed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(choices, "MAX_UNREAD_OUTPUTS", 50)  # scaled down from 1024
 
     async def scenario() -> tuple[ChoiceRun, list]:
@@ -127,8 +132,15 @@ def test_many_unread_streams_and_huge_bodies_leave_memory_bounded_and_the_engine
     from tests.conftest import check_idle_engine
 
     streams, cap = 200, 16  # scaled down from 10,000 and the default 512
-    served = Served(tiny_model("llama"), "--max-concurrent-requests", str(cap), "--max-request-bytes", "1000000",
-                    "--served-model-name", "tiny").ready()
+    served = Served(
+        tiny_model("llama"),
+        "--max-concurrent-requests",
+        str(cap),
+        "--max-request-bytes",
+        "1000000",
+        "--served-model-name",
+        "tiny",
+    ).ready()
     try:
         http = psutil.Process(served.pids["tandem-http"])
         before = http.memory_info().rss

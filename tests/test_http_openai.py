@@ -55,13 +55,24 @@ def test_completion_is_what_the_engine_generates(oai, engine) -> None:
     ref = engine.generate("The river", {"max_tokens": 12, "temperature": 0.0})
     assert r.model == NAME and r.object == "text_completion"
     assert r.choices[0].text == ref.text and r.choices[0].finish_reason == ref.finish_reason
-    assert r.usage.prompt_tokens == ref.prompt_tokens and r.usage.completion_tokens == ref.completion_tokens == 12
+    assert (
+        r.usage.prompt_tokens == ref.prompt_tokens
+        and r.usage.completion_tokens == ref.completion_tokens == 12
+    )
     m = ref.metrics  # the scheduler's timeline, returned with the final output
     assert 0 <= m.queue_s <= m.ttft_s <= m.e2e_s and m.decode_s > 0 and m.retractions == []
     assert m.e2e_s == pytest.approx(m.ttft_s + m.decode_s)
     # Streamed, the same text arrives in pieces, then a usage-only chunk.
-    chunks = list(oai.completions.create(model=NAME, prompt="The river", max_tokens=12, temperature=0, stream=True,
-                                         stream_options={"include_usage": True}))
+    chunks = list(
+        oai.completions.create(
+            model=NAME,
+            prompt="The river",
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == ref.text
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -78,15 +89,27 @@ def test_token_id_prompt_and_batch_of_prompts(oai, engine) -> None:
 
 
 def test_chat_stream_equals_whole(oai, engine) -> None:
-    msgs = [{"role": "system", "content": "Be brief."},
-            {"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": " there"}]}]
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": " there"}]},
+    ]
     r = oai.chat.completions.create(model=NAME, messages=msgs, max_completion_tokens=10, temperature=0)
-    ref = engine.generate([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}],
-                          {"max_tokens": 10, "temperature": 0.0})
+    ref = engine.generate(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}],
+        {"max_tokens": 10, "temperature": 0.0},
+    )
     assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == ref.text
     assert r.usage.prompt_tokens == ref.prompt_tokens
-    chunks = list(oai.chat.completions.create(model=NAME, messages=msgs, max_tokens=10, temperature=0, stream=True,
-                                              stream_options={"include_usage": True}))
+    chunks = list(
+        oai.chat.completions.create(
+            model=NAME,
+            messages=msgs,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.text
     assert chunks[-1].usage.total_tokens == ref.prompt_tokens + 10
@@ -102,7 +125,9 @@ def test_n_choices_and_seeds(oai) -> None:
     # The prompt is counted once; its choices after the first share its prefix in the cache.
     single = oai.completions.create(model=NAME, prompt="Once upon", max_tokens=1)
     assert a.usage.prompt_tokens == single.usage.prompt_tokens
-    chat = oai.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}], n=3, max_tokens=4)
+    chat = oai.chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": "hi"}], n=3, max_tokens=4
+    )
     assert sorted(c.index for c in chat.choices) == [0, 1, 2]
 
 
@@ -115,7 +140,9 @@ def test_logprobs_both_formats(oai) -> None:
         assert v <= 0 and len(top) <= 3
         assert max(top.values()) == pytest.approx(v, abs=1e-4)  # greedy: the chosen token is the top one
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
-    echo = oai.completions.create(model=NAME, prompt="The sky", max_tokens=3, temperature=0, logprobs=1, echo=True)
+    echo = oai.completions.create(
+        model=NAME, prompt="The sky", max_tokens=3, temperature=0, logprobs=1, echo=True
+    )
     e = echo.choices[0]
     assert e.text.startswith("The sky") and e.logprobs.token_logprobs[0] is None
     assert len(e.logprobs.tokens) == echo.usage.prompt_tokens + 3
@@ -143,13 +170,33 @@ def test_response_format_json_schema(oai) -> None:
     jsonschema.validate(json.loads(r.choices[0].text), SCHEMA)
 
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather of a city",
-                                           "parameters": {"type": "object",
-                                                          "properties": {"city": {"enum": ["Paris", "Oslo"]}},
-                                                          "required": ["city"], "additionalProperties": False}}},
-         {"type": "function", "function": {"name": "get_time", "parameters": {
-             "type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"],
-             "additionalProperties": False}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "weather of a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"enum": ["Paris", "Oslo"]}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {
+                "type": "object",
+                "properties": {"tz": {"enum": ["UTC", "CET"]}},
+                "required": ["tz"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
 
 
 def _streamed_choice(chunks: list) -> tuple[str | None, list[tuple[str, str]], str | None, int]:
@@ -180,11 +227,22 @@ def test_tool_calls(oai) -> None:
     ch = r.choices[0]
     assert ch.finish_reason == "tool_calls" and ch.message.content is None
     call = ch.message.tool_calls[0]
-    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
-    # One call at most (parallel_tool_calls=False), so the random model's JSON always closes within max_tokens;
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in (
+        "Paris",
+        "Oslo",
+    )
+    # One call at most (parallel_tool_calls=False), so the random model's JSON always closes within
+    # max_tokens;
     # with parallel calls allowed it may keep adding items until max_tokens cuts the array ("length").
-    r = oai.chat.completions.create(model=NAME, messages=msgs, tools=TOOLS, max_tokens=60, tool_choice="required",
-                                    parallel_tool_calls=False, stream=True)
+    r = oai.chat.completions.create(
+        model=NAME,
+        messages=msgs,
+        tools=TOOLS,
+        max_tokens=60,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        stream=True,
+    )
     _, calls, finish, _ = _streamed_choice(list(r))
     assert len(calls) == 1 and calls[0][0] in ("get_weather", "get_time") and json.loads(calls[0][1])
     assert finish == "tool_calls"
@@ -197,8 +255,14 @@ def test_tool_calls(oai) -> None:
 
 @pytest.mark.parametrize("how", ["named", "required", "hermes"])
 def test_tool_calls_stream_as_they_grow(oai, how) -> None:
-    kw: dict = dict(model=NAME, messages=[{"role": "user", "content": "weather?"}], tools=TOOLS, max_tokens=200,
-                    temperature=1.0, seed=5)
+    kw: dict = dict(
+        model=NAME,
+        messages=[{"role": "user", "content": "weather?"}],
+        tools=TOOLS,
+        max_tokens=200,
+        temperature=1.0,
+        seed=5,
+    )
     if how == "named":
         kw["tool_choice"] = {"type": "function", "function": {"name": "get_time"}}
     elif how == "required":
@@ -223,7 +287,9 @@ def test_stop_strings(oai) -> None:
     full = oai.completions.create(model=NAME, prompt="Tell", max_tokens=24, temperature=0).choices[0].text
     stop = full[len(full) // 2:len(full) // 2 + 2]
     assert len(stop) == 2
-    r = oai.completions.create(model=NAME, prompt="Tell", max_tokens=24, temperature=0, stop=[stop, "\x00never"])
+    r = oai.completions.create(
+        model=NAME, prompt="Tell", max_tokens=24, temperature=0, stop=[stop, "\x00never"]
+    )
     assert r.choices[0].finish_reason == "stop"
     assert r.choices[0].text == full[:full.index(stop)]
 
@@ -251,14 +317,20 @@ def test_errors_in_openai_shape(served, oai) -> None:
         if param is not None:
             assert err["param"] == param, (kw, err)
     with pytest.raises(openai.BadRequestError) as e:  # a bad chat message part
-        oai.chat.completions.create(model=NAME, messages=[{"role": "user", "content": [{"type": "image_url"}]}])
+        oai.chat.completions.create(
+            model=NAME, messages=[{"role": "user", "content": [{"type": "image_url"}]}]
+        )
     assert _err(e.value)["param"].startswith("messages")
-    r = httpx.post(served.url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, content=b"{not json")
+    r = httpx.post(
+        served.url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, content=b"{not json"
+    )
     assert r.status_code == 400 and "error" in r.json()
     # Streaming: an error the engine reports up front is an HTTP status too, not a broken stream.
     with pytest.raises(openai.BadRequestError):
         oai.completions.create(model=NAME, prompt="x", max_tokens=2, stream=True, extra_body={"top_k": 0})
-    assert oai.completions.create(model=NAME, prompt="still serving", max_tokens=2).choices[0].text is not None
+    assert (
+        oai.completions.create(model=NAME, prompt="still serving", max_tokens=2).choices[0].text is not None
+    )
 
 
 def test_no_operator_route_without_an_admin_key(served, oai) -> None:
@@ -269,7 +341,9 @@ def test_no_operator_route_without_an_admin_key(served, oai) -> None:
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", r.text
     assert "/drain" not in httpx.get(served.url + "/openapi.json").json()["paths"]
     assert httpx.get(served.url + "/health").status_code == 200
-    out = oai.completions.create(model=NAME, prompt="still serving", max_tokens=2, extra_body={"ignore_eos": True})
+    out = oai.completions.create(
+        model=NAME, prompt="still serving", max_tokens=2, extra_body={"ignore_eos": True}
+    )
     assert out.usage.completion_tokens == 2
 
 
@@ -280,7 +354,9 @@ def test_tokenize_detokenize_models_version_health(served, oai, engine) -> None:
     d = httpx.post(served.url + "/detokenize", json={"tokens": t["tokens"]}, headers=h).json()
     assert d["prompt"].endswith("hello world")
     assert httpx.post(served.url + "/detokenize", json={"tokens": [10**9]}, headers=h).status_code == 400
-    tc = httpx.post(served.url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}, headers=h).json()
+    tc = httpx.post(
+        served.url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}, headers=h
+    ).json()
     ref = oai.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=1)
     assert tc["count"] == ref.usage.prompt_tokens
     models = oai.models.list().data
@@ -290,10 +366,20 @@ def test_tokenize_detokenize_models_version_health(served, oai, engine) -> None:
 
 
 def test_metrics_move(served, oai) -> None:
-    before = {k: _metric(served, f"tandem:{k}") for k in (
-        "generation_tokens_total", "prompt_tokens_total", "request_success_total", "e2e_request_latency_seconds_count",
-        "time_to_first_token_seconds_count", "inter_token_latency_seconds_count", "prefix_cache_queries_total",
-        "prefix_cache_hits_total", "request_queue_time_seconds_count")}
+    before = {
+        k: _metric(served, f"tandem:{k}")
+        for k in (
+            "generation_tokens_total",
+            "prompt_tokens_total",
+            "request_success_total",
+            "e2e_request_latency_seconds_count",
+            "time_to_first_token_seconds_count",
+            "inter_token_latency_seconds_count",
+            "prefix_cache_queries_total",
+            "prefix_cache_hits_total",
+            "request_queue_time_seconds_count",
+        )
+    }
     stream = oai.completions.create(model=NAME, prompt="The long road " * 4, max_tokens=200, stream=True,
                                     extra_body={"ignore_eos": True})
     seen_running = 0.0
@@ -302,15 +388,23 @@ def test_metrics_move(served, oai) -> None:
             seen_running = _metric(served, "tandem:num_requests_running")
             assert _metric(served, "tandem:kv_cache_usage_perc") > 0
     assert seen_running >= 1
-    r = oai.completions.create(model=NAME, prompt="The long road " * 4, max_tokens=5)  # the same prompt: cached
+    # the same prompt: cached
+    r = oai.completions.create(model=NAME, prompt="The long road " * 4, max_tokens=5)
     after = {k: _metric(served, f"tandem:{k}") for k in before}
     assert after["generation_tokens_total"] - before["generation_tokens_total"] == 205
     assert after["prompt_tokens_total"] - before["prompt_tokens_total"] == 2 * r.usage.prompt_tokens
-    for k in ("request_success_total", "e2e_request_latency_seconds_count", "time_to_first_token_seconds_count",
-              "request_queue_time_seconds_count"):
+    for k in (
+        "request_success_total",
+        "e2e_request_latency_seconds_count",
+        "time_to_first_token_seconds_count",
+        "request_queue_time_seconds_count",
+    ):
         assert after[k] - before[k] == 2, k
     assert after["inter_token_latency_seconds_count"] - before["inter_token_latency_seconds_count"] >= 199
-    assert after["prefix_cache_queries_total"] - before["prefix_cache_queries_total"] == 2 * r.usage.prompt_tokens
+    assert (
+        after["prefix_cache_queries_total"] - before["prefix_cache_queries_total"]
+        == 2 * r.usage.prompt_tokens
+    )
     assert after["prefix_cache_hits_total"] - before["prefix_cache_hits_total"] >= r.usage.prompt_tokens - 1
     assert r.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens - 1
     assert 'finished_reason="length"' in httpx.get(served.url + "/metrics").text
@@ -360,26 +454,66 @@ def test_bench_serve_against_the_server(served, tmp_path, tiny_model, capsys) ->
     from tandem.benchmarks.cli import main as bench_main
 
     out = tmp_path / "res"
-    assert bench_main(["serve", "--base-url", served.url, "--model", NAME, "--api-key", KEY,
-                       "--tokenizer", str(tiny_model("llama")), "--dataset", "shared-prefix", "--prefix-len", "32",
-                       "--num-prompts", "6", "--input-len", "4:8", "--output-len", "3:5", "--request-rate", "50,inf",
-                       "--max-concurrency", "4", "--slo-ttft-ms", "60000", "--label", "t", "--result-dir", str(out)]) == 0
+    assert (
+        bench_main(
+            [
+                "serve",
+                "--base-url",
+                served.url,
+                "--model",
+                NAME,
+                "--api-key",
+                KEY,
+                "--tokenizer",
+                str(tiny_model("llama")),
+                "--dataset",
+                "shared-prefix",
+                "--prefix-len",
+                "32",
+                "--num-prompts",
+                "6",
+                "--input-len",
+                "4:8",
+                "--output-len",
+                "3:5",
+                "--request-rate",
+                "50,inf",
+                "--max-concurrency",
+                "4",
+                "--slo-ttft-ms",
+                "60000",
+                "--label",
+                "t",
+                "--result-dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     res = json.loads((out / "t.json").read_text())["results"]
     assert [r["request_rate"] for r in res] == [50.0, "inf"]
     for r in res:
         assert r["completed"] == 6 and r["failed"] == 0, r["errors"]
-        assert r["total_output_tokens"] == sum(r["output_lens"]) and all(3 <= n <= 5 for n in r["output_lens"])
+        assert r["total_output_tokens"] == sum(r["output_lens"]) and all(
+            3 <= n <= 5 for n in r["output_lens"]
+        )
         assert 0 < r["median_ttft_ms"] <= r["p99_ttft_ms"] and r["mean_e2el_ms"] >= r["mean_ttft_ms"]
         assert r["request_goodput"] == pytest.approx(r["request_throughput"])  # a generous SLO: every request
         assert sum(r["output_throughput_timeline"]) == pytest.approx(r["total_output_tokens"])
-    assert sorted(p.name for p in out.glob("*.png")) == ["t_latency.png", "t_throughput.png", "t_timeline.png"]
+    assert sorted(p.name for p in out.glob("*.png")) == [
+        "t_latency.png",
+        "t_throughput.png",
+        "t_timeline.png",
+    ]
     # Runs side by side: one PNG and a markdown table, a row per server and rate; other rates are refused.
     from tandem.benchmarks import serve_compare
 
     capsys.readouterr()
     assert serve_compare.main(["--out", str(out / "cmp.png"), str(out / "t.json"), str(out / "t.json")]) == 0
     rows = capsys.readouterr().out.strip().splitlines()
-    assert len(rows) == 2 + 4 and rows[2].startswith("| t | 50.0 | 6/6 |") and (out / "cmp.png").stat().st_size
+    assert (
+        len(rows) == 2 + 4 and rows[2].startswith("| t | 50.0 | 6/6 |") and (out / "cmp.png").stat().st_size
+    )
     other = json.loads((out / "t.json").read_text())
     other["results"] = other["results"][:1]
     (out / "u.json").write_text(json.dumps(other))

@@ -45,7 +45,9 @@ def test_the_document_lists_every_answer(app) -> None:
     # A stream is documented by one event's schema (the fuzzer checks each event against it): `data` a string.
     event = chat["200"]["content"]["text/event-stream"]["schema"]
     assert event["required"] == ["data"] and event["properties"]["data"]["type"] == "string"
-    anthropic = doc["paths"]["/v1/messages"]["post"]["responses"]["400"]["content"]["application/json"]["schema"]
+    anthropic = doc["paths"]["/v1/messages"]["post"]["responses"]["400"]["content"]["application/json"][
+        "schema"
+    ]
     assert anthropic["properties"]["type"] == {"const": "error"}
     assert list(doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
     assert "503" in doc["paths"]["/health"]["get"]["responses"]
@@ -61,7 +63,8 @@ def test_values_the_schema_forbids_are_400s_in_the_apis_shape(app) -> None:
     cases = [
         ("/detokenize", {"tokens": ["0"]}, "tokens"),  # a string where an integer goes (it was decoded: 200)
         ("/detokenize", {"tokens": [-1]}, "tokens"),
-        ("/open_session", {"capacity_tokens": 2**70}, "capacity_tokens"),  # was a plain-text 500 (OverflowError)
+        # was a plain-text 500 (OverflowError)
+        ("/open_session", {"capacity_tokens": 2**70}, "capacity_tokens"),
         ("/open_session", {"capacity_tokens": 16, "timeout": MAX_SESSION_TIMEOUT_S + 1}, "timeout"),
         ("/v1/completions", {"model": NAME, "prompt": "x", "max_tokens": "2"}, "max_tokens"),
         ("/v1/completions", {"model": NAME, "prompt": "x", "stop": [""]}, "stop"),
@@ -73,7 +76,9 @@ def test_values_the_schema_forbids_are_400s_in_the_apis_shape(app) -> None:
         assert r.status_code == 400 and r.headers["content-type"] == "application/json", (body, r.text)
         err = r.json()["error"]
         assert err["type"] == "invalid_request_error" and field in (err["param"] or ""), (body, err)
-    ok = _call(app, "POST", "/v1/completions", {"model": NAME, "prompt": "x", "max_tokens": 2, "unknown": None})
+    ok = _call(
+        app, "POST", "/v1/completions", {"model": NAME, "prompt": "x", "max_tokens": 2, "unknown": None}
+    )
     assert ok.status_code == 200, ok.text  # a null extra asks for nothing, as the document says
 
 
@@ -99,7 +104,9 @@ def test_the_client_refuses_a_capacity_it_cannot_send(tmp_path) -> None:
 def test_an_empty_prompt_with_echo_and_logprobs_is_a_400(app) -> None:
     # The fuzzer's 500 (IndexError): echo's logprobs read the first token of a prompt that had none.
     for prompt in ("", [], [[]], [[1], []]):
-        r = _call(app, "POST", "/v1/completions", {"model": NAME, "prompt": prompt, "echo": True, "logprobs": 1})
+        r = _call(
+            app, "POST", "/v1/completions", {"model": NAME, "prompt": prompt, "echo": True, "logprobs": 1}
+        )
         assert r.status_code == 400, (prompt, r.text)
         assert r.json()["error"]["code"] == ErrorCode.EMPTY_PROMPT, (prompt, r.text)
 
@@ -110,8 +117,11 @@ def test_token_ids_past_the_vocabulary_are_refused_and_documented(app) -> None:
     doc = _call(app, "GET", "/openapi.json").json()
     ids = doc["components"]["schemas"]["DetokenizeRequest"]["properties"]["tokens"]["items"]
     assert ids["minimum"] == 0 and ids["maximum"] == 1023 and "x-token-id" not in ids
-    for body in ({"model": NAME, "prompt": [2**70, 0]}, {"model": NAME, "prompt": "x", "stop_token_ids": [2**70]},
-                 {"model": NAME, "input": [2**70]}):
+    for body in (
+        {"model": NAME, "prompt": [2**70, 0]},
+        {"model": NAME, "prompt": "x", "stop_token_ids": [2**70]},
+        {"model": NAME, "input": [2**70]},
+    ):
         path = "/v1/embeddings" if "input" in body else "/v1/completions"
         r = _call(app, "POST", path, body)
         assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", (body, r.text)

@@ -44,7 +44,8 @@ def test_overload_is_503_then_serving_goes_on(served) -> None:
         queued = threading.Thread(target=lambda: answers.append(httpx.post(
             served.url + "/v1/completions", timeout=60, json={**long, "stream": False, "max_tokens": 4})))
         queued.start()
-        _wait(lambda: engine.stats().waiting == 1, "the second request never queued")  # ... and the one queue place
+        # ... and the one queue place
+        _wait(lambda: engine.stats().waiting == 1, "the second request never queued")
 
         def one(i: int) -> openai.APIStatusError | None:
             try:

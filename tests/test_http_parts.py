@@ -28,7 +28,9 @@ def test_dead_engine_is_503(tiny_model) -> None:
         client = AsyncClient("ipc:///tmp/tandem-test-nobody-here", engine=gone)
         st = ServerState(client, AutoTokenizer.from_pretrained(model), read_model_info(model), model, "m",
                          Metrics("m"))
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(st)), base_url="http://t") as h:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=create_app(st)), base_url="http://t"
+        ) as h:
             health = await h.get("/health")
             comp = await h.post("/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 2})
         await client.close()
@@ -51,7 +53,9 @@ def test_serve_options() -> None:
         _parser().parse_args(["serve", "--model", "m", "--htttp-port", "1"])
     with pytest.raises(ValueError, match="port"):
         ServeConfig(port=70000)
-    args = _parser().parse_args(["serve", "--model", "m", "--reasoning-parser", "auto", "--response-store", "4"])
+    args = _parser().parse_args(
+        ["serve", "--model", "m", "--reasoning-parser", "auto", "--response-store", "4"]
+    )
     assert config_from_args(args, ServeConfig) == ServeConfig(reasoning_parser="auto", response_store=4)
     with pytest.raises(ValueError, match="reasoning_parser='qwen4'"):
         ServeConfig(reasoning_parser="qwen4")

@@ -10,7 +10,10 @@ from tests.scripted_engine import KEY, NAME, scripted_app, transport
 
 ROUTES = [
     ("/v1/completions", {"model": NAME, "prompt": "hi", "max_tokens": 2}),
-    ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    (
+        "/v1/chat/completions",
+        {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    ),
     ("/v1/responses", {"model": NAME, "input": "hi", "max_output_tokens": 2}),
 ]
 
@@ -46,8 +49,11 @@ def test_a_session_request_is_one_engine_request(app) -> None:
     engine, app = app
     calls = len(engine.priorities)
     comp, chat = ROUTES[0][1], ROUTES[1][1]
-    for path, body in (("/v1/completions", {**comp, "n": 2}), ("/v1/completions", {**comp, "prompt": ["a", "b"]}),
-                       ("/v1/chat/completions", {**chat, "n": 3})):
+    for path, body in (
+        ("/v1/completions", {**comp, "n": 2}),
+        ("/v1/completions", {**comp, "prompt": ["a", "b"]}),
+        ("/v1/chat/completions", {**chat, "n": 3}),
+    ):
         r = _post(app, path, {**body, "session_params": {"id": "s"}})
         assert r.status_code == 400 and r.json()["error"]["param"] == "session_params", r.text
     r = _post(app, "/v1/completions", {**comp, "session_params": {"id": "s", "offset": 3}})

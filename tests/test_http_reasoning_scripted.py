@@ -44,7 +44,9 @@ async def _chat(app, engine, pieces: list[str] | Reply, **kw) -> tuple:
 
 
 def _streamed(chunks) -> tuple[str, str, list]:
-    reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
+    reasoning = "".join(
+        getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices
+    )
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
     return reasoning, content, calls
@@ -98,7 +100,9 @@ def test_tool_calls_come_from_the_content_only(qwen3, how) -> None:
     reasoning, content, calls = _streamed(chunks)
     assert reasoning == whole.message.reasoning_content and content == "Checking."
     assert calls[0].function.name == "get_weather"
-    assert "".join(c.function.arguments or "" for c in calls) == whole.message.tool_calls[0].function.arguments
+    assert (
+        "".join(c.function.arguments or "" for c in calls) == whole.message.tool_calls[0].function.arguments
+    )
 
 
 def test_chat_template_kwargs_reach_the_template(qwen3) -> None:
@@ -106,7 +110,9 @@ def test_chat_template_kwargs_reach_the_template(qwen3) -> None:
 
     async def go() -> None:
         async with transport(app) as http:
-            oai = openai.AsyncOpenAI(base_url="http://scripted/v1", api_key=KEY, http_client=http, max_retries=0)
+            oai = openai.AsyncOpenAI(
+                base_url="http://scripted/v1", api_key=KEY, http_client=http, max_retries=0
+            )
             msgs = [{"role": "user", "content": "hi"}]
             await oai.chat.completions.create(model=NAME, messages=msgs, max_tokens=5)
             await oai.chat.completions.create(model=NAME, messages=msgs, max_tokens=5,
@@ -119,7 +125,9 @@ def test_chat_template_kwargs_reach_the_template(qwen3) -> None:
     _run(go())
     tok = load_tokenizer(qwen3)
     on, off = (tok.decode(p) for p in engine.prompts)
-    assert on.endswith("<|im_start|>assistant\n") and off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert on.endswith("<|im_start|>assistant\n") and off.endswith(
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
 
 
 def test_reply_cut_off_while_thinking(qwen3) -> None:

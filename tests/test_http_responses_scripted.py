@@ -14,9 +14,18 @@ from tandem.protocol.tokenizer_loader import load_tokenizer
 from tests.scripted_engine import KEY, NAME, Reply, scripted_app, transport
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
-TOOLS = [{"type": "function", "name": "get_weather", "description": "weather of a city",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                         "required": ["city"]}}]
+TOOLS = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +45,9 @@ def _pieces(text: str, step: int = 3) -> list[str]:
 def _run(app, body):
     async def go():
         async with transport(app) as http:
-            oai = openai.AsyncOpenAI(base_url="http://scripted/v1", api_key=KEY, http_client=http, max_retries=0)
+            oai = openai.AsyncOpenAI(
+                base_url="http://scripted/v1", api_key=KEY, http_client=http, max_retries=0
+            )
             return await body(oai)
     return asyncio.run(go())
 
@@ -47,7 +58,9 @@ def test_text_reply_whole_and_streamed(qwen3, tok) -> None:
 
     async def body(oai):
         engine.script(_pieces(text))
-        whole = await oai.responses.create(model=NAME, input="hi", instructions="Be kind.", max_output_tokens=40)
+        whole = await oai.responses.create(
+            model=NAME, input="hi", instructions="Be kind.", max_output_tokens=40
+        )
         engine.script(_pieces(text))
         events = [e async for e in await oai.responses.create(model=NAME, input="hi", instructions="Be kind.",
                                                                max_output_tokens=40, stream=True)]
@@ -86,17 +99,27 @@ def test_function_call_and_its_output_next_turn(qwen3, tok) -> None:
         engine.script(_pieces(f"Let me check.\n{CALL}", 4))
         first = await oai.responses.create(model=NAME, input="weather in Paris?", tools=TOOLS)
         engine.script(_pieces(f"Let me check.\n{CALL}", 4))
-        events = [e async for e in await oai.responses.create(model=NAME, input="weather in Paris?", tools=TOOLS,
-                                                               stream=True)]
+        events = [
+            e
+            async for e in await oai.responses.create(
+                model=NAME, input="weather in Paris?", tools=TOOLS, stream=True
+            )
+        ]
         call = next(o for o in first.output if o.type == "function_call")
         engine.script(["It is sunny."])
         second = await oai.responses.create(model=NAME, previous_response_id=first.id, tools=TOOLS, input=[
             {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21C"}])
         # The same turn sent whole: the earlier output items go back in as input.
         engine.script(["It is sunny."])
-        again = await oai.responses.create(model=NAME, tools=TOOLS, input=[
-            {"role": "user", "content": "weather in Paris?"}, *[o.model_dump(exclude_none=True) for o in first.output],
-            {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21C"}])
+        again = await oai.responses.create(
+            model=NAME,
+            tools=TOOLS,
+            input=[
+                {"role": "user", "content": "weather in Paris?"},
+                *[o.model_dump(exclude_none=True) for o in first.output],
+                {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21C"},
+            ],
+        )
         return first, events, second, again
 
     first, events, second, again = _run(app, body)
@@ -107,8 +130,11 @@ def test_function_call_and_its_output_next_turn(qwen3, tok) -> None:
     assert call.call_id.startswith("call_") and call.status == "completed"
     args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
     assert args == call.arguments
-    assert len([e for e in events if e.type == "response.function_call_arguments.delta"]) > 1  # streamed in pieces
-    assert [e.arguments for e in events if e.type == "response.function_call_arguments.done"] == [call.arguments]
+    # streamed in pieces
+    assert len([e for e in events if e.type == "response.function_call_arguments.delta"]) > 1
+    assert [e.arguments for e in events if e.type == "response.function_call_arguments.done"] == [
+        call.arguments
+    ]
     added = [e.item.type for e in events if e.type == "response.output_item.added"]
     assert added == ["message", "function_call"]
     assert second.output_text == "It is sunny." and second.previous_response_id == first.id
@@ -147,8 +173,13 @@ def test_structured_output_limits_and_cut_off(qwen3) -> None:
 
     async def body(oai):
         engine.script(['{"a": 1}'])
-        r = await oai.responses.create(model=NAME, input="json", text={"format": {
-            "type": "json_schema", "name": "x", "schema": schema, "strict": True}}, temperature=0.5, top_p=0.9)
+        r = await oai.responses.create(
+            model=NAME,
+            input="json",
+            text={"format": {"type": "json_schema", "name": "x", "schema": schema, "strict": True}},
+            temperature=0.5,
+            top_p=0.9,
+        )
         engine.script(Reply(["cut", " off"], "length"))
         cut = await oai.responses.create(model=NAME, input="long", max_output_tokens=2, stream=True)
         cut_events = [e async for e in cut]
@@ -164,7 +195,8 @@ def test_structured_output_limits_and_cut_off(qwen3) -> None:
     final = cut_events[-1].response
     assert final.status == "incomplete" and final.incomplete_details.reason == "max_output_tokens"
     assert final.output[0].status == "incomplete" and final.output_text == "cut off"
-    assert engine.params[2]["json_schema"] == TOOLS[0]["parameters"]  # a named function: its arguments' schema
+    # a named function: its arguments' schema
+    assert engine.params[2]["json_schema"] == TOOLS[0]["parameters"]
     assert forced.output[0].type == "function_call" and json.loads(forced.output[0].arguments) == {
         "name": "get_weather", "arguments": {"city": "Oslo"}}
 

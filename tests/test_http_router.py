@@ -24,7 +24,9 @@ def _free_port() -> int:
 
 def _finished(url: str) -> float:
     text = httpx.get(url + "/metrics").text
-    return sum(float(m.group(1)) for m in re.finditer(r"^tandem:request_success_total\{[^}]*\} (\S+)$", text, re.M))
+    return sum(
+        float(m.group(1)) for m in re.finditer(r"^tandem:request_success_total\{[^}]*\} (\S+)$", text, re.M)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,9 @@ def replicas(tiny_model, tmp_path_factory):
                     break
             except httpx.TransportError:
                 pass
-            assert router.poll() is None and time.monotonic() < deadline, f"router did not come up:\n{log.read_text()}"
+            assert router.poll() is None and time.monotonic() < deadline, (
+                f"router did not come up:\n{log.read_text()}"
+            )
             time.sleep(0.5)
         yield url, [e.url for e in engines]
     finally:
@@ -87,4 +91,5 @@ def test_requests_spread_and_prefixes_stick(replicas) -> None:
     outs = [_complete(router, f"{system}\nQuestion {i}: {rng.choice(words)}?") for i in range(6)]
     moved = [_finished(w) - b for w, b in zip(workers, before)]
     assert sorted(moved) == [0, 6], moved  # the shared prefix stays on one replica...
-    assert all(o["usage"]["prompt_tokens_details"]["cached_tokens"] > 100 for o in outs[1:])  # ...where it is cached
+    # ...where it is cached
+    assert all(o["usage"]["prompt_tokens_details"]["cached_tokens"] > 100 for o in outs[1:])

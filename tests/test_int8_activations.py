@@ -43,7 +43,8 @@ def test_the_option_is_a_flag_and_an_ops_field() -> None:
     assert cfg == EngineConfig("m", cpu_int8_activations=True)
     assert not config_from_args(_parser().parse_args(["serve", "--model", "m"])).cpu_int8_activations
     assert not resolve_ops("cpu", torch.float32).int8_activations
-    assert not resolve_ops("cpu", torch.bfloat16, int8_activations=True).int8_activations  # no C kernels there
+    # no C kernels there
+    assert not resolve_ops("cpu", torch.bfloat16, int8_activations=True).int8_activations
 
 
 @needs_cc

@@ -77,7 +77,9 @@ def test_rewrite_touches_only_length_bounded_strings() -> None:
 def test_bounded_string_counts_characters_and_admits_no_raw_controls(
     service: GrammarCompilerService, tokenizer  # noqa: F811
 ) -> None:
-    g = service.matcher(service.compile(GrammarSpec.from_fields(json_schema={"type": "string", "maxLength": 2})))
+    g = service.matcher(
+        service.compile(GrammarSpec.from_fields(json_schema={"type": "string", "maxLength": 2}))
+    )
 
     def accepts(text: str) -> bool:
         g.reset()

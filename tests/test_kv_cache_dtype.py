@@ -27,8 +27,21 @@ def test_a_bad_value_is_a_clear_error(tiny_model) -> None:
         EngineConfig.from_options("m", kv_cache_dtype=16)
     assert EngineConfig.from_options("m", kv_cache_dtype="float16").kv_cache_dtype == "float16"
     assert EngineConfig("m").kv_cache_dtype == "auto"
-    r = subprocess.run([sys.executable, "-m", "tandem.launch.cli", "serve", "--model", str(tiny_model("llama")),
-                        "--kv-cache-dtype", "fp8"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tandem.launch.cli",
+            "serve",
+            "--model",
+            str(tiny_model("llama")),
+            "--kv-cache-dtype",
+            "fp8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1
     assert f"tandem serve: invalid engine option kv_cache_dtype='fp8': {why}" in r.stderr
     assert "Traceback" not in r.stderr
@@ -57,7 +70,9 @@ def test_a_write_rounds_to_nearest_even_as_torch_does(dtype: torch.dtype) -> Non
 
 def _runner(model, monkeypatch, available: int, **opts: object) -> ModelRunner:
     # A fixed amount of free RAM, so the pool's size depends on the KV element alone.
-    monkeypatch.setattr("tandem.worker.memory.psutil.virtual_memory", lambda: SimpleNamespace(available=available))
+    monkeypatch.setattr(
+        "tandem.worker.memory.psutil.virtual_memory", lambda: SimpleNamespace(available=available)
+    )
     cfg = EngineConfig(model=str(model), device="cpu", dtype="float32", max_running_requests=8, **opts)
     return ModelRunner(cfg, read_model_info(cfg.model))
 

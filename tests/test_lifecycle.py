@@ -19,11 +19,27 @@ from tandem.worker.heap_keeper import HeapKeeper
 FATAL_MARK = 993
 
 
-def _serve(model, *flags: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, dict[str, int]]:
+def _serve(
+    model, *flags: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str, dict[str, int]]:
     pids: dict[str, int] = {}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tandem.launch.cli", "serve", "--model", str(model), "--kv-cache-tokens", "4096", "--no-http", *flags],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        [
+            sys.executable,
+            "-m",
+            "tandem.launch.cli",
+            "serve",
+            "--model",
+            str(model),
+            "--kv-cache-tokens",
+            "4096",
+            "--no-http",
+            *flags,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -136,8 +152,18 @@ def test_unknown_engine_option_is_an_error(tiny_model) -> None:
     with pytest.raises(TypeError, match="unknown engine option"):
         Client.launch(str(tiny_model("llama")), kv_cache_tokenz=100)
     r = subprocess.run(
-        [sys.executable, "-m", "tandem.launch.cli", "serve", "--model", str(tiny_model("llama")), "--no-such-flag"],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "tandem.launch.cli",
+            "serve",
+            "--model",
+            str(tiny_model("llama")),
+            "--no-such-flag",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert r.returncode != 0 and "unrecognized arguments" in r.stderr
 

@@ -1,4 +1,5 @@
-"""`--llama-cpp DIR` on `tandem bench latency`: llama-bench found in a build directory, its JSON read, the ratio
+"""`--llama-cpp DIR` on `tandem bench latency`: llama-bench found in a build directory, its JSON read, the
+ratio
 printed and recorded (against a stand-in llama-bench: no llama.cpp build is part of the project)."""
 from __future__ import annotations
 
@@ -48,9 +49,28 @@ def test_llama_bench_output_is_read(tmp_path: Path) -> None:
 def test_latency_prints_llama_cpp_beside_tandem(tiny_model, tmp_path: Path, capsys) -> None:
     gguf = write_gguf(tiny_model("llama"), tmp_path / "m.gguf", "Q4_1")
     out = tmp_path / "latency.json"
-    rc = main(["latency", "--model", str(gguf), "--prompt-len", "16", "--output-len", "16", "--num-requests", "1",
-               "--kv-cache-tokens", "1024", "--skip-baseline", "--llama-cpp", str(_fake_build(tmp_path / "lc")),
-               "--llama-cpp-args", "--repack 0", "--json", str(out)])
+    rc = main(
+        [
+            "latency",
+            "--model",
+            str(gguf),
+            "--prompt-len",
+            "16",
+            "--output-len",
+            "16",
+            "--num-requests",
+            "1",
+            "--kv-cache-tokens",
+            "1024",
+            "--skip-baseline",
+            "--llama-cpp",
+            str(_fake_build(tmp_path / "lc")),
+            "--llama-cpp-args",
+            "--repack 0",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     # a value that starts with '-' is the flags to pass, not the next option of ours
     argv = json.loads((tmp_path / "lc" / "argv.json").read_text())
@@ -75,9 +95,30 @@ def test_a_directory_runs_beside_the_gguf_llama_bench_is_given(tiny_model, tmp_p
     """A float32 directory against llama.cpp's F32 GGUF of the same weights: --llama-cpp-model."""
     f32 = write_gguf(tiny_model("llama"), tmp_path / "f32.gguf", "F32")
     out = tmp_path / "latency.json"
-    rc = main(["latency", "--model", str(tiny_model("llama")), "--dtype", "float32", "--prompt-len", "8",
-               "--output-len", "4", "--num-requests", "1", "--kv-cache-tokens", "1024", "--skip-baseline",
-               "--llama-cpp", str(_fake_build(tmp_path / "lc")), "--llama-cpp-model", str(f32), "--json", str(out)])
+    rc = main(
+        [
+            "latency",
+            "--model",
+            str(tiny_model("llama")),
+            "--dtype",
+            "float32",
+            "--prompt-len",
+            "8",
+            "--output-len",
+            "4",
+            "--num-requests",
+            "1",
+            "--kv-cache-tokens",
+            "1024",
+            "--skip-baseline",
+            "--llama-cpp",
+            str(_fake_build(tmp_path / "lc")),
+            "--llama-cpp-model",
+            str(f32),
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     argv = json.loads((tmp_path / "lc" / "argv.json").read_text())
     assert argv[argv.index("-m") + 1] == str(f32)

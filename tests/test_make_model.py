@@ -236,7 +236,8 @@ def test_moe_model_loads_in_transformers_with_every_weight(moe_models: dict[str,
 
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 def test_moe_model_is_decisive_in_its_routing_and_logits(moe_models: dict[str, Path], arch: str) -> None:
-    """The router's k-th and (k+1)-th logits stand well apart (an engine that rounds differently picks the same
+    """The router's k-th and (k+1)-th logits stand well apart (an engine that rounds differently picks the
+    same
     experts), and the output logits are as decisive as the dense models'."""
     model = AutoModelForCausalLM.from_pretrained(moe_models[arch]).eval()
     tok = AutoTokenizer.from_pretrained(moe_models[arch])
@@ -257,7 +258,9 @@ def test_moe_model_is_decisive_in_its_routing_and_logits(moe_models: dict[str, P
 
 
 def test_moe_overrides_and_bench_size(tmp_path: Path) -> None:
-    path = make_model("qwen3_moe", "tiny", tmp_path / "k8", num_experts=4, experts_per_tok=4, tie_embeddings=True)
+    path = make_model(
+        "qwen3_moe", "tiny", tmp_path / "k8", num_experts=4, experts_per_tok=4, tie_embeddings=True
+    )
     cfg = AutoConfig.from_pretrained(path)
     assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.tie_word_embeddings) == (4, 4, True)
     with safe_open(path / "model.safetensors", "pt") as f:
@@ -268,8 +271,23 @@ def test_moe_overrides_and_bench_size(tmp_path: Path) -> None:
     bench = build_config("qwen3_moe", "bench", SIZES["bench"].vocab, eos_id=0)
     assert (bench.num_experts, bench.num_experts_per_tok) == (8, 2)
     assert bench.num_experts_per_tok * bench.moe_intermediate_size == SIZES["bench"].intermediate
-    assert main(["--arch", "mixtral", "--size", "tiny", "--out", str(tmp_path / "cli"), "--experts-per-tok", "1",
-                 "--tie-embeddings", "true"]) == 0
+    assert (
+        main(
+            [
+                "--arch",
+                "mixtral",
+                "--size",
+                "tiny",
+                "--out",
+                str(tmp_path / "cli"),
+                "--experts-per-tok",
+                "1",
+                "--tie-embeddings",
+                "true",
+            ]
+        )
+        == 0
+    )
     assert AutoConfig.from_pretrained(tmp_path / "cli").num_experts_per_tok == 1
 
 

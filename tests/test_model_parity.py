@@ -54,11 +54,17 @@ VARIANTS = {
     # An attention scale apart from head_dim's, a window of 6, every other layer global, local and global
     # RoPE bases, scaled global RoPE, soft-capped logits; untied, one KV head.
     "gemma3-scalar-softcap": lambda: Gemma3TextConfig(
-        **{**COMMON, "num_key_value_heads": 1, "num_hidden_layers": 4}, head_dim=24, query_pre_attn_scalar=40,
-        sliding_window=6, layer_types=["sliding_attention", "full_attention"] * 2, final_logit_softcapping=5.0,
-        tie_word_embeddings=False, rope_parameters={
+        **{**COMMON, "num_key_value_heads": 1, "num_hidden_layers": 4},
+        head_dim=24,
+        query_pre_attn_scalar=40,
+        sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        final_logit_softcapping=5.0,
+        tie_word_embeddings=False,
+        rope_parameters={
             "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
     ),
 }
 
@@ -101,7 +107,9 @@ def _hf_logits(model, tokens: list[int]) -> torch.Tensor:
 def test_mixed_batch_matches_hf(hf_and_dir, backend):
     """With sliding-window layers: in the shared pool and in one of their own."""
     hf, path = hf_and_dir
-    model = load_model(path, torch.float32, torch.device("cpu"), ops=resolve_ops("cpu", torch.float32, backend))
+    model = load_model(
+        path, torch.float32, torch.device("cpu"), ops=resolve_ops("cpu", torch.float32, backend)
+    )
     g = torch.Generator().manual_seed(1)
     seqs = {n: torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (5, 7, 12, 17, 23, 40)}
     ref = {n: _hf_logits(hf, s) for n, s in seqs.items()}
@@ -109,7 +117,8 @@ def test_mixed_batch_matches_hf(hf_and_dir, backend):
         pool = Pool(model, swa=swa)
         rows = {n: pool.add(n) for n in seqs}
         # Step 1: the decode requests' contexts and the first chunk (10 tokens) of the 23-token prompt.
-        # Step 2 mixes decodes (lengths 5/17/40, so several length groups), fresh prefills (12, 7) and chunk 2.
+        # Step 2 mixes decodes (lengths 5/17/40, so several length groups), fresh prefills (12, 7) and chunk
+        # 2.
         # Entries: (sequence, first new position, seq_len after the step).
         step1 = [(5, 0, 4), (17, 0, 16), (40, 0, 39), (23, 0, 10)]
         step2 = [(5, 4, 5), (12, 0, 12), (23, 10, 23), (17, 16, 17), (7, 0, 7), (40, 39, 40)]

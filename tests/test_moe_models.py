@@ -45,8 +45,15 @@ def moe_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("moe")
     dirs = {name: make_model(arch, "tiny", root / name, seed=3, **kw) for name, (arch, kw) in MADE.items()}
     # A Qwen3-MoE whose second layer is a dense MLP (mlp_only_layers), made by transformers itself.
-    cfg = Qwen3MoeConfig(**COMMON, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, head_dim=16,
-                         norm_topk_prob=True, mlp_only_layers=[1])
+    cfg = Qwen3MoeConfig(
+        **COMMON,
+        moe_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        head_dim=16,
+        norm_topk_prob=True,
+        mlp_only_layers=[1],
+    )
     hf = AutoModelForCausalLM.from_config(cfg)
     _randomize(hf, seed=5)
     dirs["qwen3_moe-dense-layer"] = root / "dense-layer"
@@ -84,7 +91,9 @@ EXPERTS = {"c": {}, "torch": {"TANDEM_NO_NATIVE": "1", "TANDEM_TRITON": "0"},
            "triton": {"TANDEM_NO_NATIVE": "1", "TANDEM_TRITON": "1"}}
 
 
-@pytest.mark.parametrize("experts", [pytest.param(k, marks=cpu_triton) if k == "triton" else k for k in EXPERTS])
+@pytest.mark.parametrize(
+    "experts", [pytest.param(k, marks=cpu_triton) if k == "triton" else k for k in EXPERTS]
+)
 @pytest.mark.parametrize("name", [*MADE, "qwen3_moe-dense-layer"])
 def test_mixed_batches_match_transformers(name: str, experts: str, moe_dirs) -> None:
     path = moe_dirs[name]
@@ -93,7 +102,10 @@ def test_mixed_batches_match_transformers(name: str, experts: str, moe_dirs) -> 
     model = load_model(str(path), torch.float32, "cpu", ops=ops)
     moe = [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, FusedMoE)]
     assert moe and all(m.native == ops.native for m in moe)
-    assert ops.native or ops.moe_experts is {"torch": experts_ref, "triton": experts_triton, "c": experts_ref}[experts]
+    assert (
+        ops.native
+        or ops.moe_experts is {"torch": experts_ref, "triton": experts_triton, "c": experts_ref}[experts]
+    )
     assert isinstance(model.model.layers[1].mlp, LlamaMLP) is name.endswith("dense-layer")
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(1)
@@ -130,7 +142,9 @@ def test_missing_or_stray_expert_weights_are_errors(moe_dirs, tmp_path) -> None:
     shutil.copytree(src, bad)
     missing = {k: v for k, v in weights.items() if k != "model.layers.1.block_sparse_moe.experts.3.w3.weight"}
     save_file(missing, str(bad / "model.safetensors"))
-    with pytest.raises(ValueError, match=r"missing 1 expert weights, e.g. \['model.layers.1.mlp.experts.3.up_proj'"):
+    with pytest.raises(
+        ValueError, match=r"missing 1 expert weights, e.g. \['model.layers.1.mlp.experts.3.up_proj'"
+    ):
         load_model(str(bad), torch.float32, "cpu")
     cfg = json.loads((src / "config.json").read_text())
     (bad / "config.json").write_text(json.dumps({**cfg, "num_local_experts": 4}))

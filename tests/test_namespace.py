@@ -41,7 +41,13 @@ def test_public_api_is_one_import() -> None:
 
     assert (tandem.Client, tandem.AsyncClient, tandem.SamplingParams, tandem.EmbedParams) == (
         Client, AsyncClient, SamplingParams, EmbedParams)
-    for name in ("TandemError", "InvalidRequestError", "RequestFailedError", "OverloadedError", "EngineDeadError"):
+    for name in (
+        "TandemError",
+        "InvalidRequestError",
+        "RequestFailedError",
+        "OverloadedError",
+        "EngineDeadError",
+    ):
         assert getattr(tandem, name) is getattr(errors, name) and name in tandem.__all__
     with pytest.raises(AttributeError):
         tandem.NoSuchThing  # noqa: B018

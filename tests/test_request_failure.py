@@ -73,7 +73,9 @@ def test_unattributed_step_fault_fails_every_request_of_that_step(depth: int) ->
     outputs, ends = run(sched, worker, depth, on_step=add_rest)
     rid_of_row: dict[int, str] = {}
     for so in inner.steps:
-        rid_of_row.update({r.req_pool_idx: by_prompt[tuple(r.token_ids[: r.num_prompt])] for r in so.new_reqs})
+        rid_of_row.update(
+            {r.req_pool_idx: by_prompt[tuple(r.token_ids[: r.num_prompt])] for r in so.new_reqs}
+        )
         if so.step_id == worker.failed[0].step_id:
             break
     in_step = {rid_of_row[s.req_pool_idx] for s in worker.failed[0].scheduled}
@@ -99,7 +101,10 @@ def test_scheduler_commit_fault_fails_one_request(depth: int, monkeypatch: pytes
 
 
 def test_injection_spec_is_checked() -> None:
-    assert fault_injection._parse("worker.step:7, scheduler.commit:9") == {"worker.step": 7, "scheduler.commit": 9}
+    assert fault_injection._parse("worker.step:7, scheduler.commit:9") == {
+        "worker.step": 7,
+        "scheduler.commit": 9,
+    }
     with pytest.raises(ValueError, match="SITE:TOKEN"):
         fault_injection._parse("worker:x")
 
@@ -118,7 +123,9 @@ def test_engine_survives_injected_faults(tiny_model, launch_client, monkeypatch:
     alone = [o.token_ids for o in client.generate_batch(prompts, greedy, progress=False)]
 
     got: list = []
-    batch = threading.Thread(target=lambda: got.append(client.generate_batch(prompts, greedy, progress=False)))
+    batch = threading.Thread(
+        target=lambda: got.append(client.generate_batch(prompts, greedy, progress=False))
+    )
     batch.start()
     other = Client(client.endpoint)  # a second client: the faulty requests run beside the batch
     try:

@@ -261,8 +261,10 @@ def test_default_rows_skip_processing() -> None:
     assert not (st.penalty_rows or st.logprob_rows or st.prompt_logprob_rows)
 
 
-@pytest.mark.parametrize(("temperature", "top_k", "top_p", "min_p"),
-                         [(0.7, 20, 1.0, 0.0), (1.3, -1, 0.8, 0.0), (1.0, 30, 0.9, 0.02), (0.9, -1, 1.0, 0.05)])
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p", "min_p"),
+    [(0.7, 20, 1.0, 0.0), (1.3, -1, 0.8, 0.0), (1.0, 30, 0.9, 0.02), (0.9, -1, 1.0, 0.05)],
+)
 def test_sample_draws_from_sampling_probs(temperature: float, top_k: int, top_p: float, min_p: float) -> None:
     """The distribution speculative decoding verifies against (sampling_probs) is the one sample() draws
     from: 20,000 draws of one row, beside a greedy row, fit it (chi-square) and never leave its support."""

@@ -18,9 +18,17 @@ from tests.fake_worker import VOCAB, FakeWorker, expected_output, true_drafts
 
 def make(slots: int = 4096, depth: int = 1, budget: int = 256, max_running: int = 64, max_len: int = 512,
          page: int = 1, cache: bool = True, chunk: int | None = None, spec: int = 0, drafter=true_drafts):
-    cfg = EngineConfig(model="x", max_num_batched_tokens=budget, max_running_requests=max_running,
-                       async_scheduling=depth == 2, page_size=page, prefix_cache=cache, chunked_prefill_tokens=chunk,
-                       speculative_method="ngram" if spec else None, num_speculative_tokens=spec or 4)
+    cfg = EngineConfig(
+        model="x",
+        max_num_batched_tokens=budget,
+        max_running_requests=max_running,
+        async_scheduling=depth == 2,
+        page_size=page,
+        prefix_cache=cache,
+        chunked_prefill_tokens=chunk,
+        speculative_method="ngram" if spec else None,
+        num_speculative_tokens=spec or 4,
+    )
     info = ModelInfo(vocab_size=VOCAB, max_model_len=max_len, eos_token_ids=[0], architecture="fake")
     return Scheduler(cfg, info, slots), FakeWorker(slots + page - 1, drafter=drafter, k=spec)
 

@@ -37,8 +37,16 @@ class Clock:
 
 def make(slots: int = 4096, depth: int = 1, page: int = 1, cache: bool = True, cap: int | None = None,
          host: int = 0):
-    cfg = EngineConfig(model="x", max_num_batched_tokens=256, max_running_requests=16, async_scheduling=depth == 2,
-                       page_size=page, prefix_cache=cache, session_kv_tokens=cap, host_kv_tokens=host)
+    cfg = EngineConfig(
+        model="x",
+        max_num_batched_tokens=256,
+        max_running_requests=16,
+        async_scheduling=depth == 2,
+        page_size=page,
+        prefix_cache=cache,
+        session_kv_tokens=cap,
+        host_kv_tokens=host,
+    )
     info = ModelInfo(vocab_size=VOCAB, max_model_len=1024, eos_token_ids=[0], architecture="fake")
     sched = Scheduler(cfg, info, slots)
     sched.sessions.clock = Clock()
@@ -103,7 +111,9 @@ def other_traffic(sched, worker, driver, rng: random.Random, tokens: int) -> Non
 
 @pytest.mark.parametrize("depth", [1, 2])
 @pytest.mark.parametrize("page", [1, 4])
-def test_six_turns_through_a_session_equal_the_whole_turns_with_no_earlier_turn_recomputed(depth, page) -> None:
+def test_six_turns_through_a_session_equal_the_whole_turns_with_no_earlier_turn_recomputed(
+    depth, page
+) -> None:
     rng = random.Random(depth * 10 + page)
     sched, worker, driver = make(slots=512, depth=depth, page=page, cap=256)
     sid = open_session(driver, capacity=256)

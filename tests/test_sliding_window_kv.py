@@ -39,7 +39,11 @@ class WindowWorker(FakeWorker):
         spans = {}  # row -> the positions this step computes (drafts the proposer did not match: none)
         for s in so.scheduled:
             row = s.req_pool_idx
-            drafts = len(self.drafts.get(row, [])[: s.num_drafts]) if row not in {r.req_pool_idx for r in so.new_reqs} else 0
+            drafts = (
+                len(self.drafts.get(row, [])[: s.num_drafts])
+                if row not in {r.req_pool_idx for r in so.new_reqs}
+                else 0
+            )
             spans[row] = (computed[row], computed[row] + s.num_tokens - (s.num_drafts - drafts))
         out = super().execute(so)
         for row, (start, end) in spans.items():
@@ -131,7 +135,9 @@ def test_retraction_under_a_short_sliding_pool_loses_nothing() -> None:
 @pytest.mark.parametrize("right", [0, 2, 4])
 @pytest.mark.parametrize("depth", [1, 2])
 def test_rejected_drafts_give_back_no_sliding_kv_a_query_still_reads(depth: int, right: int) -> None:
-    """Draft tokens are committed, then the rejected ones rolled back: what goes back is counted after that."""
+    """Draft tokens are committed, then the rejected ones rolled back: what goes back is counted after
+    that."""
+
     def drafter(tokens: list[int], k: int) -> list[int]:
         good = expected_output(tokens, k)
         return good[:right] + [(t + 1) % VOCAB for t in good[right:]]
@@ -196,9 +202,18 @@ def test_pool_sizes_give_the_memory_past_the_sliding_cap_to_the_full_pool(monkey
     from tandem.protocol.model_config import ModelConfig
     from tandem.worker import memory
 
-    hf = {"architectures": ["Gemma3ForCausalLM"], "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 3,
-          "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": 128,
-          "sliding_window": WINDOW, "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]}
+    hf = {
+        "architectures": ["Gemma3ForCausalLM"],
+        "vocab_size": 100,
+        "hidden_size": 64,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "intermediate_size": 128,
+        "sliding_window": WINDOW,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+    }
     mc = ModelConfig.from_hf(hf)
     monkeypatch.setattr(memory, "_free_bytes", lambda device: 10 << 20)
     budget, f32, cpu = 5 << 20, torch.float32, torch.device("cpu")
@@ -209,6 +224,9 @@ def test_pool_sizes_give_the_memory_past_the_sliding_cap_to_the_full_pool(monkey
     assert full == (budget - swa * per_swa) // per_full > budget // (per_full + per_swa)
     for off in (EngineConfig(model="x", kv_memory_fraction=0.5, sliding_window_kv=False),
                 EngineConfig(model="x", kv_memory_fraction=0.5, host_kv_tokens=64)):
-        assert memory.kv_pool_sizes(off, mc, f32, cpu, useful_max=10**9) == (budget // (per_full + per_swa), 0)
+        assert memory.kv_pool_sizes(off, mc, f32, cpu, useful_max=10**9) == (
+            budget // (per_full + per_swa),
+            0,
+        )
     given = EngineConfig(model="x", kv_cache_tokens=100, max_running_requests=64)
     assert memory.kv_pool_sizes(given, mc, f32, cpu, useful_max=10**9) == (100, 100)  # never more than full

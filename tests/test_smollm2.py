@@ -19,20 +19,41 @@ NAME = "smollm2-135m-instruct"
 # A 135M model on a CPU: converting it and starting two engines is minutes on a busy machine.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # real weights: the slower tier (make test-slow)
 MAX_TOKENS = 64
-ENGINE = {"dtype": "float32", "kv_cache_tokens": 24576, "max_num_batched_tokens": 512, "chunked_prefill_tokens": 128,
-          "async_scheduling": True}
+ENGINE = {
+    "dtype": "float32",
+    "kv_cache_tokens": 24576,
+    "max_num_batched_tokens": 512,
+    "chunked_prefill_tokens": 128,
+    "async_scheduling": True,
+}
 
 PLAIN = [
-    "The", "def fibonacci(n):\n", "import numpy as np\n\nx = np.", "SELECT name, age FROM users WHERE",
-    "Once upon a time, in a land far away,", "中国的首都是", "我最喜欢的季节是秋天，因为", "🙂🙂🙂 emoji party 🎉",
-    "The quick brown fox 🦊 jumps over", "1, 2, 3, 5, 8, 13,", "<html>\n  <body>\n    <h1>",
-    "Q: What is the boiling point of water?\nA:", "fn main() {\n    let v: Vec<i32> =",
+    "The",
+    "def fibonacci(n):\n",
+    "import numpy as np\n\nx = np.",
+    "SELECT name, age FROM users WHERE",
+    "Once upon a time, in a land far away,",
+    "中国的首都是",
+    "我最喜欢的季节是秋天，因为",
+    "🙂🙂🙂 emoji party 🎉",
+    "The quick brown fox 🦊 jumps over",
+    "1, 2, 3, 5, 8, 13,",
+    "<html>\n  <body>\n    <h1>",
+    "Q: What is the boiling point of water?\nA:",
+    "fn main() {\n    let v: Vec<i32> =",
 ]
 CHAT = [
-    "What is the capital of France?", "Write a Python function that reverses a string.",
-    "用中文介绍一下你自己。", "Give me three emoji that describe summer.", "Explain recursion in one sentence.",
-    "What is 12 * 7?", "Translate 'good morning' to Spanish.", "Write a haiku about the sea 🌊.",
-    "List three prime numbers.", "什么是机器学习？", "How do I sort a list in JavaScript?",
+    "What is the capital of France?",
+    "Write a Python function that reverses a string.",
+    "用中文介绍一下你自己。",
+    "Give me three emoji that describe summer.",
+    "Explain recursion in one sentence.",
+    "What is 12 * 7?",
+    "Translate 'good morning' to Spanish.",
+    "Write a haiku about the sea 🌊.",
+    "List three prime numbers.",
+    "什么是机器学习？",
+    "How do I sort a list in JavaScript?",
 ]
 
 
@@ -50,8 +71,12 @@ def prompts(smol: Path) -> list[list[int]]:
     corpus = tok(CORPUS_PATH.read_text(encoding="utf-8")[:5000]).input_ids
     out = [tok("Hello").input_ids[:1]]  # one token
     out += [tok(t).input_ids for t in PLAIN]
-    out += [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True, tokenize=True,
-                                    return_dict=True)["input_ids"] for c in CHAT]
+    out += [
+        tok.apply_chat_template(
+            [{"role": "user", "content": c}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        for c in CHAT
+    ]
     # Long ones, each a prefix of the next: the later ones find the earlier ones' KV in the prefix cache.
     out += [corpus[:n] for n in (150, 300, 450, 600)]
     long_chat = tok.decode(corpus[1000:1400])

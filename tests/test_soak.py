@@ -28,10 +28,33 @@ HEAP = "worker heap in use flat after warm-up"  # present with enough heap sampl
 
 
 def test_a_short_soak_ends_every_request_once_and_leaves_the_engine_whole(tiny_model, tmp_path) -> None:
-    cmd = [sys.executable, "-m", "tandem.launch.cli", "bench", "soak", "--model", str(tiny_model("llama")),
-           "--dtype", "float32", "--minutes", "0.75", "--sample-s", "5", "--zmq-threads", "4", "--http-clients", "4",
-           "--speculative-method", "ngram", "--grammar-compile-timeout-s", "0.1", "--heap-trim-period-s", "5",
-           "--result-dir", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tandem.launch.cli",
+        "bench",
+        "soak",
+        "--model",
+        str(tiny_model("llama")),
+        "--dtype",
+        "float32",
+        "--minutes",
+        "0.75",
+        "--sample-s",
+        "5",
+        "--zmq-threads",
+        "4",
+        "--http-clients",
+        "4",
+        "--speculative-method",
+        "ngram",
+        "--grammar-compile-timeout-s",
+        "0.1",
+        "--heap-trim-period-s",
+        "5",
+        "--result-dir",
+        str(tmp_path),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     result = json.loads((tmp_path / "soak.json").read_text())
     assert (tmp_path / "soak.png").stat().st_size > 10_000
@@ -48,7 +71,9 @@ def test_a_short_soak_ends_every_request_once_and_leaves_the_engine_whole(tiny_m
     assert any(k.startswith("zmq.bad.") for k in kinds) and any(k.startswith("http.bad.") for k in kinds)
     engine = result["engine_counters"]
     # The pool is small enough to retract, the host tier reloads prefixes, speculation drafts.
-    assert engine["retractions"] > 0 and engine["host_hit_tokens"] > 0 and engine["spec_draft_tokens"] > 0, engine
+    assert engine["retractions"] > 0 and engine["host_hit_tokens"] > 0 and engine["spec_draft_tokens"] > 0, (
+        engine
+    )
     assert len(result["samples"]) >= 5
     heaps = [s["engine"]["worker_heap"] for s in result["samples"] if s["engine"].get("worker_heap")]
     if HeapKeeper(1.0).available:  # the worker trimmed its heap every 5 s and its samples reached the stats

@@ -48,10 +48,16 @@ def test_growth_after_warmup_fails_and_noise_or_warmup_growth_does_not() -> None
     fds = [40 + rng.choice((0, 1, -1)) for _ in range(n)]
     assert _verdicts(growth_checks(_samples(flat, fds), warmup_s=180))["no RSS or fd growth after warm-up"]
     assert _verdicts(growth_checks(_samples(warming, fds), warmup_s=200))["no RSS or fd growth after warm-up"]
-    assert not _verdicts(growth_checks(_samples(leaking, fds), warmup_s=180))["no RSS or fd growth after warm-up"]
+    assert not _verdicts(growth_checks(_samples(leaking, fds), warmup_s=180))[
+        "no RSS or fd growth after warm-up"
+    ]
     fd_leak = [40 + i // 4 for i in range(n)]
-    assert not _verdicts(growth_checks(_samples(flat, fd_leak), warmup_s=180))["no RSS or fd growth after warm-up"]
-    assert not _verdicts(growth_checks(_samples(flat[:3], fds[:3]), warmup_s=0))["no RSS or fd growth after warm-up"]
+    assert not _verdicts(growth_checks(_samples(flat, fd_leak), warmup_s=180))[
+        "no RSS or fd growth after warm-up"
+    ]
+    assert not _verdicts(growth_checks(_samples(flat[:3], fds[:3]), warmup_s=0))[
+        "no RSS or fd growth after warm-up"
+    ]
 
 
 def test_a_growing_worker_heap_fails_even_while_rss_is_flat() -> None:
@@ -63,8 +69,15 @@ def test_a_growing_worker_heap_fails_even_while_rss_is_flat() -> None:
     def with_heap(in_use_mb: list[float]) -> list[dict]:
         samples = _samples(flat, fds)
         for s, mb in zip(samples, in_use_mb):
-            s["engine"] = {"worker_heap": {"in_use": int(mb * 2**20), "free": 50 << 20, "rss": int(1400 * 2**20),
-                                           "trims": 1, "released": 0}}
+            s["engine"] = {
+                "worker_heap": {
+                    "in_use": int(mb * 2**20),
+                    "free": 50 << 20,
+                    "rss": int(1400 * 2**20),
+                    "trims": 1,
+                    "released": 0,
+                }
+            }
         return samples
 
     steady = with_heap([300 + rng.uniform(-5, 5) for _ in range(n)])
@@ -72,7 +85,9 @@ def test_a_growing_worker_heap_fails_even_while_rss_is_flat() -> None:
     assert _verdicts(growth_checks(steady, warmup_s=180))["worker heap in use flat after warm-up"]
     v = _verdicts(growth_checks(leak, warmup_s=180))
     assert v["no RSS or fd growth after warm-up"] and not v["worker heap in use flat after warm-up"]
-    assert "worker heap in use flat after warm-up" not in _verdicts(growth_checks(_samples(flat, fds), warmup_s=180))
+    assert "worker heap in use flat after warm-up" not in _verdicts(
+        growth_checks(_samples(flat, fds), warmup_s=180)
+    )
 
 
 def test_engine_state_checks() -> None:

@@ -29,7 +29,9 @@ def first_right(m: int):
 
 def check_counters(sched: Scheduler, r: Req) -> None:
     """What a request's counters must say, from the steps in flight alone."""
-    in_flight = [(s, s.reqs.index(r)) for s in sched.inflight if r in s.reqs and s.epochs[s.reqs.index(r)] == r.epoch]
+    in_flight = [
+        (s, s.reqs.index(r)) for s in sched.inflight if r in s.reqs and s.epochs[s.reqs.index(r)] == r.epoch
+    ]
     assert r.num_inflight_steps == len(in_flight)
     tokens = sum(s.num_tokens[i] for s, i in in_flight)
     assert r.kv_committed_len == r.num_computed_tokens - tokens
@@ -160,7 +162,9 @@ def test_no_match_rows_run_as_plain_decodes(depth: int, every: int) -> None:
     """Rows without a match verify nothing: the worker computes one token, the scheduler rolls the
     scheduled drafts back like rejected ones (counters, placeholders and KV at every step), and the
     draft totals count only what was verified. every=1: a row that never matches."""
-    sched, worker = make(depth=depth, spec=K, drafter=matches_when(lambda t: every > 1 and len(t) % every == 0))
+    sched, worker = make(
+        depth=depth, spec=K, drafter=matches_when(lambda t: every > 1 and len(t) % every == 0)
+    )
     prompt = [5, 6, 7, 8, 9]
     sched.add_request(req("a", prompt, max_tokens=30))
 

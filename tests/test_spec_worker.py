@@ -32,7 +32,9 @@ class Recorder:
         return out
 
 
-def _generate(model: Path, prompts: list[list[int]], depth: int, spec: bool) -> tuple[dict, Recorder, Scheduler]:
+def _generate(
+    model: Path, prompts: list[list[int]], depth: int, spec: bool
+) -> tuple[dict, Recorder, Scheduler]:
     cfg = EngineConfig(model=str(model), kv_cache_tokens=2048, max_running_requests=8, device="cpu",
                        dtype="float32", async_scheduling=depth == 2, debug_integrity=True,
                        speculative_method="ngram" if spec else None, num_speculative_tokens=K)
@@ -41,7 +43,9 @@ def _generate(model: Path, prompts: list[list[int]], depth: int, spec: bool) -> 
     sched = Scheduler(cfg, info, runner.num_kv_slots, num_swa_slots=runner.num_swa_slots)
     rec = Recorder(runner)
     for i, p in enumerate(prompts):
-        sched.add_request(TokenizedRequest(f"r{i}", p, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)))
+        sched.add_request(
+            TokenizedRequest(f"r{i}", p, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+        )
     outputs, _ = run(sched, rec, depth)
     return outputs, rec, sched
 

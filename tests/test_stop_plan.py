@@ -36,7 +36,9 @@ def test_a_second_signal_or_no_drain_time_stops_at_once() -> None:
     plan = StopPlan(10.0, _Clock())
     plan.on_signal("stopped (SIGTERM)")
     assert plan.on_signal("stopped (SIGINT)") is False
-    assert plan.due() == Stop("stopped (SIGINT) during the drain (stopped (SIGTERM))", ErrorCode.ENGINE_DEAD, 0)
+    assert plan.due() == Stop(
+        "stopped (SIGINT) during the drain (stopped (SIGTERM))", ErrorCode.ENGINE_DEAD, 0
+    )
 
     plan = StopPlan(0.0, _Clock())
     assert plan.on_signal("stopped (SIGTERM)") is False

@@ -24,8 +24,9 @@ def test_plain_class_loads_like_autotokenizer(tiny_model, arch: str) -> None:
     for t in TEXTS:
         assert ours(t).input_ids == auto(t).input_ids
     chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
-    assert ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == auto.apply_chat_template(
-        chat, tokenize=False, add_generation_prompt=True)
+    assert ours.apply_chat_template(
+        chat, tokenize=False, add_generation_prompt=True
+    ) == auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     assert (ours.eos_token_id, ours.bos_token_id, ours.all_special_ids) == (
         auto.eos_token_id, auto.bos_token_id, auto.all_special_ids)
 
@@ -55,10 +56,12 @@ def test_other_classes_go_through_autotokenizer(tiny_model, tmp_path: Path) -> N
 def test_the_launcher_and_its_spawn_targets_import_no_torch() -> None:
     """The launcher imports each process's entry function to spawn it: none may pull in torch, transformers
     or xgrammar (the worker's failed-step module once did, ~1 s before any process started)."""
-    code = ("import sys; import tandem.launch.serve, tandem.launch.launcher; "
-            "from tandem.worker.process import run_worker; from tandem.scheduler.process import run_scheduler; "
-            "from tandem.frontend.server.process import run_frontend; from tandem.frontend.http.process import run_http; "
-            "from tandem.detokenizer.process import run_detokenizer; "
-            "print(sorted(m for m in ('torch', 'transformers', 'xgrammar') if m in sys.modules))")
+    code = (
+        "import sys; import tandem.launch.serve, tandem.launch.launcher; "
+        "from tandem.worker.process import run_worker; from tandem.scheduler.process import run_scheduler; "
+        "from tandem.frontend.server.process import run_frontend; from tandem.frontend.http.process import run_http; "
+        "from tandem.detokenizer.process import run_detokenizer; "
+        "print(sorted(m for m in ('torch', 'transformers', 'xgrammar') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

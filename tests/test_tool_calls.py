@@ -7,15 +7,27 @@ from hypothesis import strategies as st
 
 from tandem.frontend.http.tool_calls import ParsedDelta, ToolCallParser
 
-HERMES = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "when": ["now", '
-          '{"x": "a \\"}\\" b"}]}}\n</tool_call>\n<tool_call>{"arguments": {"q": 1}, "name": "later"}</tool_call>\n')
+HERMES = (
+    'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "when": ["now", '
+    '{"x": "a \\"}\\" b"}]}}\n</tool_call>\n<tool_call>{"arguments": {"q": 1}, "name": "later"}</tool_call>\n'
+)
 TEXTS = {
-    "auto": [HERMES, "plain answer", "a < b <tool", "no <tool_call> here", '<tool_call>{"x": 1}</tool_call>',
-             '<tool_call>{"name": "a", "arguments": </tool_call>', '<tool_call>{"name": "a", "arguments": {"k": [1',
-             '<tool_call>{"name": "a"}</tool_call> then text', '<tool_call>{"name": "s", "arguments": "{\\"k\\": 2}"}'
-             '</tool_call>', "x <tool_call><tool_call>{\"name\": \"n\", \"arguments\": {}}</tool_call>y"],
-    "required": ['[{"name": "get_time", "arguments": {"tz": "UTC"}}, {"name": "b", "arguments": {"v": [1, "]"]}}]',
-                 '[{"name": "get_time", "arguments": {"tz": "U'],
+    "auto": [
+        HERMES,
+        "plain answer",
+        "a < b <tool",
+        "no <tool_call> here",
+        '<tool_call>{"x": 1}</tool_call>',
+        '<tool_call>{"name": "a", "arguments": </tool_call>',
+        '<tool_call>{"name": "a", "arguments": {"k": [1',
+        '<tool_call>{"name": "a"}</tool_call> then text',
+        '<tool_call>{"name": "s", "arguments": "{\\"k\\": 2}"}</tool_call>',
+        'x <tool_call><tool_call>{"name": "n", "arguments": {}}</tool_call>y',
+    ],
+    "required": [
+        '[{"name": "get_time", "arguments": {"tz": "UTC"}}, {"name": "b", "arguments": {"v": [1, "]"]}}]',
+        '[{"name": "get_time", "arguments": {"tz": "U',
+    ],
     "named": ['{"city": "Oslo"}', '{"city": "Os'],
 }
 
@@ -61,7 +73,10 @@ def test_whole_text() -> None:
     p = _whole("auto", TEXTS["auto"][6])  # cut off by max_tokens inside the arguments: they stay cut
     assert p.content == "" and (p.calls[0].name, p.calls[0].arguments) == ("a", '{"k": [1')
     p = _whole("required", TEXTS["required"][0])
-    assert [(c.name, c.arguments) for c in p.calls] == [("get_time", '{"tz": "UTC"}'), ("b", '{"v": [1, "]"]}')]
+    assert [(c.name, c.arguments) for c in p.calls] == [
+        ("get_time", '{"tz": "UTC"}'),
+        ("b", '{"v": [1, "]"]}'),
+    ]
     assert p.content == ""
     assert [(c.name, c.arguments) for c in _whole("named", '{"city": "Oslo"}').calls] == [
         ("get_weather", '{"city": "Oslo"}')]
@@ -75,7 +90,9 @@ def test_content_streams_ahead_and_arguments_grow() -> None:
     first = p.feed('"arguments": {"ci').tool_calls
     assert first == [{"index": 0, "id": p.calls[0].id, "type": "function",
                       "function": {"name": "get_weather", "arguments": '{"ci'}}]
-    assert p.feed('ty": "Paris"}}\n</tool_').tool_calls == [{"index": 0, "function": {"arguments": 'ty": "Paris"}'}}]
+    assert p.feed('ty": "Paris"}}\n</tool_').tool_calls == [
+        {"index": 0, "function": {"arguments": 'ty": "Paris"}'}}
+    ]
     assert not p.feed("call>") and not p.finish()
     named = _parser("named")
     assert named.feed("").tool_calls[0]["function"] == {"name": "get_weather", "arguments": ""}
@@ -83,7 +100,9 @@ def test_content_streams_ahead_and_arguments_grow() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(case=st.sampled_from([(m, t) for m, ts in TEXTS.items() for t in ts]), cuts=st.lists(st.integers(0, 200)))
+@given(
+    case=st.sampled_from([(m, t) for m, ts in TEXTS.items() for t in ts]), cuts=st.lists(st.integers(0, 200))
+)
 def test_any_pieces_add_up_to_the_whole(case: tuple[str, str], cuts: list[int]) -> None:
     mode, text = case
     whole = _whole(mode, text)

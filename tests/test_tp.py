@@ -139,6 +139,8 @@ def test_moe_rank_holds_a_slice_of_every_expert(model_dirs: list[str]) -> None:
     inter = f13.shape[1] // 2
     half = inter // TP
     assert w13.shape == (f13.shape[0], 2 * half, f13.shape[2])
-    assert torch.equal(w13[:, :half], f13[:, half:inter]) and torch.equal(w13[:, half:], f13[:, inter + half :])
+    assert torch.equal(w13[:, :half], f13[:, half:inter]) and torch.equal(
+        w13[:, half:], f13[:, inter + half :]
+    )
     assert torch.equal(weight(part.experts, "w2"), weight(full.experts, "w2")[:, :, half:])
     assert torch.equal(part.gate.weight, full.gate.weight)

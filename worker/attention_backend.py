@@ -39,7 +39,9 @@ class AttentionBackend(ABC):
     name: str
 
     @abstractmethod
-    def plan(self, batch: ForwardBatch, kv: KVCache, window: int = 0, slot_map: torch.Tensor | None = None) -> Any:
+    def plan(
+        self, batch: ForwardBatch, kv: KVCache, window: int = 0, slot_map: torch.Tensor | None = None
+    ) -> Any:
         """What every layer of this step shares (built once per step); window > 0: what the sliding-window
         layers share, slot_map their pool's slot for each of the table's (None: they use the table's)."""
 
@@ -62,7 +64,7 @@ class TorchBackend(AttentionBackend):
             kv.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens,
             seq_lens_cpu=batch.seq_lens_cpu, extend_lens_cpu=batch.extend_lens_cpu,
             req_pool_indices_cpu=batch.req_pool_indices_cpu, window=window, slot_map=slot_map,
-        ), _loc(batch, slot_map))  # fmt: skip
+        ), _loc(batch, slot_map))
 
     def forward(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, plan: Any,
@@ -73,7 +75,7 @@ class TorchBackend(AttentionBackend):
         return paged_attention_ref(
             q, kv.k[layer_id], kv.v[layer_id], kv.req_to_token, b.req_pool_indices, b.seq_lens, b.extend_lens,
             scale, plan=plan.attn, new_kv=(k, v),
-        )  # fmt: skip
+        )
 
 
 class CpuBackend(TorchBackend):
@@ -89,9 +91,18 @@ class CpuBackend(TorchBackend):
              ) -> TorchPlan | CpuPlan:
         if not self.native:
             return super().plan(batch, kv, window, slot_map)
-        return CpuPlan(batch, cpu_paged_attention.plan_cpu_attention(
-            kv.req_to_token, batch.req_pool_indices_cpu, batch.seq_lens_cpu, batch.extend_lens_cpu, window, slot_map,
-        ), _loc(batch, slot_map))  # fmt: skip
+        return CpuPlan(
+            batch,
+            cpu_paged_attention.plan_cpu_attention(
+                kv.req_to_token,
+                batch.req_pool_indices_cpu,
+                batch.seq_lens_cpu,
+                batch.extend_lens_cpu,
+                window,
+                slot_map,
+            ),
+            _loc(batch, slot_map),
+        )
 
     def forward(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, plan: Any,
@@ -123,7 +134,7 @@ class TritonBackend(AttentionBackend):
             q, kv.k[layer_id], kv.v[layer_id], kv.req_to_token, b.req_pool_indices, b.seq_lens,
             b.extend_lens, scale, cu_lens=plan.cu_lens, max_extend=plan.max_extend, window=plan.window,
             slot_map=plan.slot_map,
-        )  # fmt: skip
+        )
 
 
 def _loc(batch: ForwardBatch, slot_map: torch.Tensor | None) -> torch.Tensor | None:

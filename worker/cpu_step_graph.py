@@ -79,7 +79,9 @@ class CpuStepGraph:
         self.model, self.kv, self.max_batch = model, kv, mb
         self.num_runs = 0  # decode steps run through here (the tests check that they were)
         i64 = {"dtype": torch.int64}
-        self.ids, self.positions, self.slots, self.rows, self.lens = (torch.zeros(mb, **i64) for _ in range(5))
+        self.ids, self.positions, self.slots, self.rows, self.lens = (
+            torch.zeros(mb, **i64) for _ in range(5)
+        )
         self.swa_slots = torch.zeros(mb, **i64)  # the step's slots in the sliding layers' own pool
         self._inputs = {"input_ids": self.ids, "positions": self.positions, "out_cache_loc": self.slots,
                         "req_pool_indices": self.rows, "seq_lens": self.lens}
@@ -101,7 +103,8 @@ class CpuStepGraph:
                 del rec.nodes[recorded:]
         # [max_batch] int64: each row's argmax of the logits, the ARGMAX node's output (None: no such node)
         self.greedy: torch.Tensor | None = None
-        if self.logits is not None and not model.transforms_logits:  # greedy sampling's tokens of these logits
+        # greedy sampling's tokens of these logits
+        if self.logits is not None and not model.transforms_logits:
             self.greedy = rec.temp(mb, dtype=torch.int64)
             rec.nodes.append(Node(sg.ARGMAX, logits=self.logits, ld=self.logits.stride(0),
                                   vocab=self.logits.shape[1], out=self.greedy))

@@ -2,7 +2,8 @@
 
 A decode step (every request one new token and one logit row) launches some ten kernels per layer; for a
 small model on a fast GPU the launches, not the math, set the step time. So the model's forward up to the
-LM head (`hidden_states`) for a decode batch is captured once per size bucket when the worker starts (largest bucket first, all sharing
+LM head (`hidden_states`) for a decode batch is captured once per size bucket when the worker starts (largest
+bucket first, all sharing
 one memory pool) and replayed: a step's inputs are copied into the graph's static buffers and the rows
 past the batch are padded so that they write only the padding KV slot 0 and read one entry of row 0's
 table (slot 0 too when that row is free: the table starts zeroed). The LM head runs after the replay,
@@ -41,7 +42,12 @@ MAX_GRAPH_BATCH = 512
 def graphs_apply(cfg: EngineConfig, device: torch.device, backend: AttentionBackend) -> bool:
     """Decode graphs on CUDA unless --enforce-eager: one rank (the all-reduce of tensor parallelism is not
     captured) and the Triton attention backend (the torch ones build their plan from host lists)."""
-    return device.type == "cuda" and not cfg.enforce_eager and cfg.tp_size == 1 and isinstance(backend, TritonBackend)
+    return (
+        device.type == "cuda"
+        and not cfg.enforce_eager
+        and cfg.tp_size == 1
+        and isinstance(backend, TritonBackend)
+    )
 
 
 def decode_buckets(max_batch: int) -> list[int]:
@@ -65,7 +71,13 @@ class DecodeGraphs:
         n = self.buckets[-1]
         i64 = {"dtype": torch.int64, "device": device}
         # ForwardBatch field -> the value its padding rows hold; _buf: field -> its static buffer
-        self._pads = {"input_ids": 0, "positions": 0, "out_cache_loc": 0, "req_pool_indices": 0, "seq_lens": 1}
+        self._pads = {
+            "input_ids": 0,
+            "positions": 0,
+            "out_cache_loc": 0,
+            "req_pool_indices": 0,
+            "seq_lens": 1,
+        }
         self._buf = {name: torch.full((n,), pad, **i64) for name, pad in self._pads.items()}
         self._ones = torch.ones(n, **i64)
         self._arange = torch.arange(n, **i64)

@@ -2,7 +2,8 @@
 
 On a GPU the extra query rows of a verify step cost next to nothing, so every matched draft is verified.
 On a CPU each row costs: SmolLM2's layers and head take ~2.5 ms more per added row at batch 16, ~2% of
-that step (`python -m tandem.benchmarks.linear_shape`), while an accepted draft saves one row's share of a step,
+that step (`python -m tandem.benchmarks.linear_shape`), while an accepted draft saves one row's share of a
+step,
 1/B of it at batch B. Draft position j (1-based) pays off when the chance that it is accepted,
 alpha^j, exceeds ROW_COST * B: at batch 1 nearly every draft does, at batch 16 only those of rows whose
 drafts keep being accepted, and from batch ~50 none (the scheduler's reservation for them is rolled

@@ -1,4 +1,5 @@
-"""What one model forward step computes: the new tokens of several requests, laid out request after request."""
+"""What one model forward step computes: the new tokens of several requests, laid out request after
+request."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ class ForwardBatch:
 
     @classmethod
     def build(cls, **fields: torch.Tensor | list[int] | None) -> ForwardBatch:
-        """Keyword constructor from ready tensors (and optionally the *_cpu lists); same as ForwardBatch(...)."""
+        """Keyword constructor from ready tensors (and optionally the *_cpu lists); same as
+        ForwardBatch(...)."""
         return cls(**fields)  # type: ignore[arg-type]
 
     @classmethod

@@ -49,7 +49,8 @@ _PER_LAYER = (
 
 
 def gguf_to_hf_names(arch: str, num_layers: int) -> dict[str, str]:
-    """GGUF tensor name -> HF parameter name (``blk.0.attn_q.weight`` -> ``model.layers.0.self_attn.q_proj.weight``)."""
+    """GGUF tensor name -> HF parameter name (``blk.0.attn_q.weight`` ->
+    ``model.layers.0.self_attn.q_proj.weight``)."""
     import gguf
 
     arch_id = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
@@ -108,7 +109,9 @@ class GGUFBlocks:
 def unpermute_qk_rows(raw: np.ndarray, n_head: int) -> np.ndarray:
     """unpermute_qk for any array whose rows are the weight's output rows (quantized blocks included)."""
     half = raw.shape[0] // n_head // 2
-    return np.ascontiguousarray(raw.reshape(n_head, half, 2, *raw.shape[1:]).swapaxes(1, 2).reshape(raw.shape))
+    return np.ascontiguousarray(
+        raw.reshape(n_head, half, 2, *raw.shape[1:]).swapaxes(1, 2).reshape(raw.shape)
+    )
 
 
 def iter_gguf_weights(
@@ -139,8 +142,11 @@ def iter_gguf_weights(
             continue
         if t.tensor_type.name in keep_blocks and len(t.shape) == 2 and t.data.ndim == 2:
             blocks = GGUFBlocks(np.asarray(t.data), t.tensor_type.name, int(t.shape[0]))
-            if arch == "llama" and module in heads:  # a permutation of whole rows: the blocks move as they are
-                blocks = GGUFBlocks(unpermute_qk_rows(blocks.raw, heads[module]), blocks.qtype, blocks.in_features)
+            # a permutation of whole rows: the blocks move as they are
+            if arch == "llama" and module in heads:
+                blocks = GGUFBlocks(
+                    unpermute_qk_rows(blocks.raw, heads[module]), blocks.qtype, blocks.in_features
+                )
             yield name, blocks
             continue
         try:
@@ -160,21 +166,28 @@ def iter_gguf_weights(
 
 
 def _expert_stack(path: str | Path, t: Any, keep_blocks: frozenset[str]) -> list[torch.Tensor | GGUFBlocks]:
-    """A 3-D ffn_*_exps tensor as its experts' [rows, inputs] weights: views of the file's blocks, or float32."""
+    """A 3-D ffn_*_exps tensor as its experts' [rows, inputs] weights: views of the file's blocks, or
+    float32."""
     import gguf
 
     if t.tensor_type.name in keep_blocks and t.data.ndim == 3:
-        return [GGUFBlocks(np.asarray(t.data[e]), t.tensor_type.name, int(t.shape[0])) for e in range(t.data.shape[0])]
+        return [
+            GGUFBlocks(np.asarray(t.data[e]), t.tensor_type.name, int(t.shape[0]))
+            for e in range(t.data.shape[0])
+        ]
     try:
         w = gguf.quants.dequantize(t.data, t.tensor_type)
     except NotImplementedError:
-        raise ModelLoadError(f"{path}: tensor {t.name!r} has type {t.tensor_type.name}, which cannot be dequantized") from None
+        raise ModelLoadError(
+            f"{path}: tensor {t.name!r} has type {t.tensor_type.name}, which cannot be dequantized"
+        ) from None
     w = torch.from_numpy(np.array(w, dtype=np.float32).reshape(tuple(int(d) for d in reversed(t.shape))))
     return list(w)
 
 
 def _per_expert(name: str, experts: list[torch.Tensor | GGUFBlocks]) -> Iterator[tuple[str, Any]]:
-    """model.layers.N.mlp.experts.gate_proj.weight -> model.layers.N.mlp.experts.E.gate_proj.weight, each E."""
+    """model.layers.N.mlp.experts.gate_proj.weight -> model.layers.N.mlp.experts.E.gate_proj.weight, each
+    E."""
     head, _, which = name.rpartition(".experts.")
     for e, w in enumerate(experts):
         yield f"{head}.experts.{e}.{which}", w

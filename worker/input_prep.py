@@ -36,7 +36,8 @@ class PromptLogprobsPlan:
 
 def plan_prompt_logprobs(sched: list[ScheduledReq], state: RequestState) -> PromptLogprobsPlan | None:
     """The logits at positions start .. end-1 of a step's chunk predict tokens start+1 .. end; those whose
-    target is a prompt token at or after the row's prompt_logprob_start are reported. None when no row needs any."""
+    target is a prompt token at or after the row's prompt_logprob_start are reported. None when no row needs
+    any."""
     if not state.prompt_logprob_rows:
         return None
     idx: list[int] = []

@@ -50,14 +50,24 @@ class KVCache:
 
         # Zero-filled, not empty: attention pads short requests with slot 0 and masks it out, and a masked
         # score times a NaN left over in uninitialised memory would still poison the output.
-        self.k: list[torch.Tensor] = [torch.zeros(shape(i), dtype=dtype, device=device) for i in range(num_layers)]
-        self.v: list[torch.Tensor] = [torch.zeros(shape(i), dtype=dtype, device=device) for i in range(num_layers)]
+        self.k: list[torch.Tensor] = [
+            torch.zeros(shape(i), dtype=dtype, device=device) for i in range(num_layers)
+        ]
+        self.v: list[torch.Tensor] = [
+            torch.zeros(shape(i), dtype=dtype, device=device) for i in range(num_layers)
+        ]
         # Row r, column j: KV slot of token j of the request living in row r. The engine fills it.
         self.req_to_token = torch.zeros((max_reqs, max_context), dtype=torch.int64, device=device)
         pin = self.device.type == "cuda"
         host_shape = (host_slots, num_kv_heads, head_dim)
-        self.host_k = [torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for _ in range(num_layers if host_slots else 0)]
-        self.host_v = [torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for _ in range(num_layers if host_slots else 0)]
+        self.host_k = [
+            torch.zeros(host_shape, dtype=dtype, pin_memory=pin)
+            for _ in range(num_layers if host_slots else 0)
+        ]
+        self.host_v = [
+            torch.zeros(host_shape, dtype=dtype, pin_memory=pin)
+            for _ in range(num_layers if host_slots else 0)
+        ]
 
     def map_swa(self, slots: torch.Tensor, swa_slots: torch.Tensor) -> None:
         """Record where the sliding-window layers keep the KV of these full slots (the scheduler's map)."""
@@ -102,4 +112,6 @@ class KVCache:
             for i, j, h in host_runs(c.to_device_src):
                 for pool, host in pairs:
                     for layer, hpool in zip(pool, host):
-                        layer.index_copy_(0, dst[i:j], hpool[h : h + j - i].to(self.device, non_blocking=True))
+                        layer.index_copy_(
+                            0, dst[i:j], hpool[h : h + j - i].to(self.device, non_blocking=True)
+                        )

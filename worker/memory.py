@@ -10,7 +10,9 @@ import torch
 from tandem.protocol.engine_config import EngineConfig
 
 
-def kv_bytes_per_token(model_config: Any, dtype: torch.dtype, tp_size: int = 1, layers: int | None = None) -> int:
+def kv_bytes_per_token(
+    model_config: Any, dtype: torch.dtype, tp_size: int = 1, layers: int | None = None
+) -> int:
     """Bytes one token's K/V costs on one rank (which caches only its local KV heads), in `layers` layers
     (default: all)."""
     elem = torch.tensor([], dtype=dtype).element_size()
@@ -60,7 +62,9 @@ def kv_pool_tokens(
 ) -> int:
     if cfg.kv_cache_tokens is not None:
         return cfg.kv_cache_tokens
-    n = int(_free_bytes(device) * cfg.kv_memory_fraction) // kv_bytes_per_token(model_config, dtype, cfg.tp_size)
+    n = int(_free_bytes(device) * cfg.kv_memory_fraction) // kv_bytes_per_token(
+        model_config, dtype, cfg.tp_size
+    )
     # More slots than every request row can ever use is memory for nothing.
     return max(16, min(n, useful_max))
 

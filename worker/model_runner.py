@@ -138,7 +138,9 @@ class ModelRunner:
                 so = trimmed
         plp = plan_prompt_logprobs(so.scheduled, st)
         pool = plan_pooling(so.scheduled, st, self.cfg.pooling)
-        batch = prepare_inputs(so.scheduled, st, self.kv, self.ops, plp, pool.hidden_indices if pool else None)
+        batch = prepare_inputs(
+            so.scheduled, st, self.kv, self.ops, plp, pool.hidden_indices if pool else None
+        )
         greedy = None  # the CPU step graph's argmax of each row's logits, when it has that node
         if pool is not None:  # the pooled tokens' hidden states follow the rows that need logits
             h = self.model.hidden_states(batch, self.kv)
@@ -168,7 +170,9 @@ class ModelRunner:
     def _check_faults(self, so: SchedulerOutput) -> None:
         poisoned = self.poisoned.intersection(s.req_pool_idx for s in so.scheduled)
         if poisoned:
-            raise RequestFault([], ErrorCode.FAILED_INTERNAL, f"skipped: rows {sorted(poisoned)} failed before")
+            raise RequestFault(
+                [], ErrorCode.FAILED_INTERNAL, f"skipped: rows {sorted(poisoned)} failed before"
+            )
         for r in so.new_reqs:
             try:
                 fault_injection.check("worker.step", r.token_ids[: r.num_prompt])
@@ -214,7 +218,9 @@ class ModelRunner:
     ) -> PendingStep:
         tokens = None
         if any(s.num_drafts for s in so.scheduled):
-            tokens, step.num_sampled, step.logprobs = sample_with_drafts(logits, so.scheduled, self.state, self._sample)
+            tokens, step.num_sampled, step.logprobs = sample_with_drafts(
+                logits, so.scheduled, self.state, self._sample
+            )
         elif rows:
             tokens, step.logprobs = self._sample(logits, rows, greedy)
         ops = self.ops
@@ -246,13 +252,21 @@ class ModelRunner:
         raw = logits[lp_sel_t] if lp_sel else None
         if st.penalty_rows or st.min_tokens_rows:
             process_logits(logits, rows, st)
-        if (greedy is not None and greedy.shape[0] == len(rows) and not (st.penalty_rows or st.min_tokens_rows)
-                and all(greedy_row(st.temperature[r], st.top_k[r]) for r in rows)):
+        if (
+            greedy is not None
+            and greedy.shape[0] == len(rows)
+            and not (st.penalty_rows or st.min_tokens_rows)
+            and all(greedy_row(st.temperature[r], st.top_k[r]) for r in rows)
+        ):
             tokens = greedy
         else:
             tokens = sample(
-                logits, [st.temperature[r] for r in rows], [st.top_k[r] for r in rows],
-                [st.top_p[r] for r in rows], [st.min_p[r] for r in rows], [st.seeded_generator(r) for r in rows],
+                logits,
+                [st.temperature[r] for r in rows],
+                [st.top_k[r] for r in rows],
+                [st.top_p[r] for r in rows],
+                [st.min_p[r] for r in rows],
+                [st.seeded_generator(r) for r in rows],
                 st.device_params(rows_t),
             )
         if raw is None:

@@ -21,7 +21,8 @@ def apply_penalties_(
     use_counts: bool = True,
 ) -> torch.Tensor:
     """In place on logits [k, V]; tokens [k, L]: each row's prompt then its outputs, L = max(num_tokens)
-    (num_prompt, num_tokens: [k] on logits' device; every row has at least one token). Repetition penalty over prompt and output tokens (logit > 0: / rp, else
+    (num_prompt, num_tokens: [k] on logits' device; every row has at least one token). Repetition penalty over
+    prompt and output tokens (logit > 0: / rp, else
     * rp), then logit -= frequency * count + presence * (count > 0) over output tokens. use_*: skip a
     term that is a no-op for every row (decided by the caller on the host)."""
     dev = logits.device

@@ -44,7 +44,11 @@ class PendingStep:
             if self.prev_end is not None:
                 self.idle_s = max(0.0, self.prev_end.elapsed_time(self.start) / 1000)
         sampled = self.tokens.tolist() if self.tokens is not None else []
-        vectors = {r: v.cpu().numpy().astype("<f4").tobytes() for r, v in self.embeddings.items()} if self.embeddings else None
+        vectors = (
+            {r: v.cpu().numpy().astype("<f4").tobytes() for r, v in self.embeddings.items()}
+            if self.embeddings
+            else None
+        )
         return ModelRunnerOutput(
             self.step_id, sampled, num_sampled=self.num_sampled, num_drafts=self.num_drafts,
             logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs,

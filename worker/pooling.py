@@ -48,7 +48,9 @@ def plan_pooling(sched: Sequence[ScheduledReq], state: RequestState, method: str
     return plan if plan.rows or plan.done else None
 
 
-def pool_hidden(plan: PoolingPlan, hidden: torch.Tensor, state: RequestState, method: str) -> dict[int, torch.Tensor]:
+def pool_hidden(
+    plan: PoolingPlan, hidden: torch.Tensor, state: RequestState, method: str
+) -> dict[int, torch.Tensor]:
     """hidden [len(plan.hidden_indices), H]: added to each row's pool; the vectors (float32, on the device)
     of the rows that are done: averaged for mean, cut to `dimensions`, then L2-normalized if asked."""
     off = 0

@@ -82,10 +82,18 @@ def run_worker(cfg_bytes: bytes, ep_bytes: bytes, rank: int) -> None:
         if results is not None:
             results.send(encode(WorkerReady(runner.num_kv_slots, runner.max_reqs, runner.max_context,
                                          runner.num_host_slots, runner.num_swa_slots)))
-        launcher.send(encode(Ready("worker", rank, f"kv_slots={runner.num_kv_slots} swa_kv_slots={runner.num_swa_slots} "
-                                      f"host_kv_slots={runner.num_host_slots} dtype={runner.dtype} "
-                                      f"kv_dtype={runner.kv_dtype} attention={runner.model.attn_backend.name} "
-                                      f"pid={os.getpid()}")))
+        launcher.send(
+            encode(
+                Ready(
+                    "worker",
+                    rank,
+                    f"kv_slots={runner.num_kv_slots} swa_kv_slots={runner.num_swa_slots} "
+                    f"host_kv_slots={runner.num_host_slots} dtype={runner.dtype} "
+                    f"kv_dtype={runner.kv_dtype} attention={runner.model.attn_backend.name} "
+                    f"pid={os.getpid()}",
+                )
+            )
+        )
 
     decode = worker_in_decoder()
     try:

@@ -123,7 +123,9 @@ class RequestState:
 
     def device_params(self, rows: torch.Tensor) -> DeviceParams:
         """The sampling parameters of `rows` (a device tensor of row indices), gathered on the device."""
-        return DeviceParams(self.temperature_t[rows], self.top_k_t[rows], self.top_p_t[rows], self.min_p_t[rows])
+        return DeviceParams(
+            self.temperature_t[rows], self.top_k_t[rows], self.top_p_t[rows], self.min_p_t[rows]
+        )
 
     def num_outputs(self, i: int) -> int:
         return self.num_tokens[i] - self.num_prompt[i]

@@ -79,7 +79,9 @@ def greedy_row(temperature: float, top_k: int) -> bool:
     return float(temperature) < GREEDY_BELOW_TEMPERATURE or int(top_k) == 1
 
 
-def _greedy_rows(temperature: torch.Tensor | Sequence[float], top_k: torch.Tensor | Sequence[int]) -> list[bool]:
+def _greedy_rows(
+    temperature: torch.Tensor | Sequence[float], top_k: torch.Tensor | Sequence[int]
+) -> list[bool]:
     return [greedy_row(t, k) for t, k in zip(_as_list(temperature), _as_list(top_k), strict=True)]
 
 
@@ -98,7 +100,7 @@ def _probs(
     dp = dp or DeviceParams(
         torch.tensor([float(t) for t in _as_list(temperature)], device=dev), torch.tensor(ks, device=dev),
         torch.tensor(ps, device=dev), torch.tensor(mps, device=dev),
-    )  # fmt: skip
+    )
     is_greedy = (dp.temperature < GREEDY_BELOW_TEMPERATURE) | (dp.top_k == 1) if any(greedy) else None
     temp_t = dp.temperature if is_greedy is None else dp.temperature.masked_fill(is_greedy, 1.0)
     x = logits / temp_t.to(logits.dtype)[:, None]

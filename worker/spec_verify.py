@@ -113,7 +113,8 @@ def sample_with_drafts(
     plain_lps = None
     if plain:
         plain_tokens, plain_lps = sample_plain(
-            logits[torch.tensor([offsets[i] for i in plain], device=dev)], [samplers[i].req_pool_idx for i in plain]
+            logits[torch.tensor([offsets[i] for i in plain], device=dev)],
+            [samplers[i].req_pool_idx for i in plain],
         )
         parts.append(plain_tokens)
     k = max(samplers[i].num_drafts for i in spec)

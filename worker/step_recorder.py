@@ -10,8 +10,8 @@ node (an embedding lookup, a residual add, the embedding's scale folded into its
 rows that get logits, all of them in a decode step), and any other refuses the recording with its name. So
 a model replays exactly what its forward computes, or steps eagerly: no recording code per model.
 
-Every buffer an op makes is a fresh temporary while recording; afterwards each is given memory from a pool
-by its live range (first to last node naming it), so a step's activations share a few buffers.
+Every buffer an op makes is a fresh temporary while recording; worker/step_buffers.py then gives each
+memory by its live range.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from tandem.kernels.ops import Ops
 from tandem.worker.attention_backend import AttentionBackend
 from tandem.worker.forward_batch import ForwardBatch
 from tandem.worker.kv_cache import KVCache
+from tandem.worker.step_buffers import lay_out
 
 F32 = torch.float32
 aten = torch.ops.aten
@@ -92,14 +93,18 @@ class StepRecorder:
                 raise Unrecordable(f"Ops.{name}")
             return op
 
-        calls = {f.name: (getattr(self, self.RECORDERS[f.name]) if f.name in self.RECORDERS else refuse(f.name))
-                 for f in dataclasses.fields(ops) if callable(getattr(ops, f.name))}
+        calls = {
+            f.name: (getattr(self, self.RECORDERS[f.name]) if f.name in self.RECORDERS else refuse(f.name))
+            for f in dataclasses.fields(ops)
+            if callable(getattr(ops, f.name))
+        }
         return dataclasses.replace(ops, **calls)
 
     def temp(self, *shape: int, dtype: torch.dtype = F32) -> torch.Tensor:
         """A buffer an op makes: not written while recording (so, at any size, its pages are never touched);
         `finish` gives it pool memory, or keeps it as an output."""
-        with self.quiet(), torch.inference_mode(False):  # a plain tensor: the replay's outputs are written after
+        # a plain tensor: the replay's outputs are written after
+        with self.quiet(), torch.inference_mode(False):
             t = torch.empty(shape, dtype=dtype)
         self._temps[t.untyped_storage().data_ptr()] = t
         return t
@@ -129,8 +134,20 @@ class StepRecorder:
                 if add.arg("x") == Ptr.of(x) and add.arg("ldx") == x.stride(0) and add.arg("n") == x.shape[1]:
                     self.nodes.pop()
                     delta, ldd = add.arg("delta"), add.arg("ldd")  # type: ignore[assignment]
-            self.nodes.append(Node(sg.NORM, x=x, ldx=x.stride(0), delta=delta, ldd=ldd, w=weight, n=x.shape[1],
-                                   eps=eps, out=out, ldo=out.stride(0)))
+            self.nodes.append(
+                Node(
+                    sg.NORM,
+                    x=x,
+                    ldx=x.stride(0),
+                    delta=delta,
+                    ldd=ldd,
+                    w=weight,
+                    n=x.shape[1],
+                    eps=eps,
+                    out=out,
+                    ldo=out.stride(0),
+                )
+            )
             return out
         if _rows(x, 3) and delta is None and x.stride(1) == x.shape[2]:  # each token's heads, a row each
             out = self.temp(*x.shape)
@@ -167,7 +184,11 @@ class StepRecorder:
                bias: torch.Tensor | None) -> torch.Tensor:
         """kernels/linear_product.py's choice: the blocks, or a float weight for rows the kernel takes."""
         w = quant if quant is not None else dense if dense is not None and dense_takes(dense, x) else None
-        if w is None or not _rows(x) or (bias is not None and (bias.dtype != F32 or not bias.is_contiguous())):
+        if (
+            w is None
+            or not _rows(x)
+            or (bias is not None and (bias.dtype != F32 or not bias.is_contiguous()))
+        ):
             raise Unrecordable("a linear product in torch (no weight form the C kernel takes)")
         int8 = self.int8 and quant is not None
         y = self.temp(x.shape[0], w.out_features)
@@ -190,10 +211,28 @@ class StepRecorder:
             raise Unrecordable("an MoE layer of a layout the C kernel does not take")
         ids, wts = self.temp(x.shape[0], top_k, dtype=torch.int64), self.temp(x.shape[0], top_k)
         y = self.temp(*x.shape)
-        self.nodes.append(Node(
-            sg.MOE, x=x, H=x.shape[1], ldx=x.stride(0), router=router, E=w13.num_experts, k=top_k,
-            renorm=int(renormalize), ids=ids, wts=wts, w13=w13.pointers, kind13=w13.kind, N13=w13.out_features,
-            w2=w2.pointers, kind2=w2.kind, I=w2.in_features, y=y, ldy=y.stride(0)))
+        self.nodes.append(
+            Node(
+                sg.MOE,
+                x=x,
+                H=x.shape[1],
+                ldx=x.stride(0),
+                router=router,
+                E=w13.num_experts,
+                k=top_k,
+                renorm=int(renormalize),
+                ids=ids,
+                wts=wts,
+                w13=w13.pointers,
+                kind13=w13.kind,
+                N13=w13.out_features,
+                w2=w2.pointers,
+                kind2=w2.kind,
+                I=w2.in_features,
+                y=y,
+                ldy=y.stride(0),
+            )
+        )
         return y
 
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
@@ -207,17 +246,49 @@ class StepRecorder:
             raise Unrecordable("attention of a layout the C kernel does not take")
         kp, vp, rtt, pool = kv.k[layer], kv.v[layer], kv.req_to_token, KV_TYPES[kv.dtype]
         mapped = bool(window) and slot_map is not None
-        self.nodes.append(Node(sg.KV_WRITE, k=k, ldk=k.stride(0), v=v, ldv=v.stride(0), k_pool=kp, v_pool=vp,
-                               width=Hkv * D, slots=self.swa_slots if mapped else b.out_cache_loc, pool_type=pool))
+        self.nodes.append(
+            Node(
+                sg.KV_WRITE,
+                k=k,
+                ldk=k.stride(0),
+                v=v,
+                ldv=v.stride(0),
+                k_pool=kp,
+                v_pool=vp,
+                width=Hkv * D,
+                slots=self.swa_slots if mapped else b.out_cache_loc,
+                pool_type=pool,
+            )
+        )
         work_stride = H // Hkv * (-(-self.max_context // 8) * 8)  # a thread's scores
         out = self.temp(q.shape[0], H, D)
-        self.nodes.append(Node(
-            sg.ATTENTION, q=q, ldq=q.stride(0), ldqh=q.stride(1), k_pool=kp, v_pool=vp, slot_stride=kp.stride(0),
-            rtt=rtt, ld_rtt=rtt.stride(0), rows=b.req_pool_indices, lens=b.seq_lens,
-            slot_buf=self.scratch("attn_slots", 8 * self.mb * rtt.shape[1]), H=H, Hkv=Hkv, D=D, scale=scale,
-            out=out, work=self.scratch("attn_work", 4 * self.threads * work_stride), work_stride=work_stride,
-            min_keys=paged_attention.PARALLEL_MIN_KEYS, pool_type=pool, window=window,
-            slot_map=kv.swa_map if mapped else None))
+        self.nodes.append(
+            Node(
+                sg.ATTENTION,
+                q=q,
+                ldq=q.stride(0),
+                ldqh=q.stride(1),
+                k_pool=kp,
+                v_pool=vp,
+                slot_stride=kp.stride(0),
+                rtt=rtt,
+                ld_rtt=rtt.stride(0),
+                rows=b.req_pool_indices,
+                lens=b.seq_lens,
+                slot_buf=self.scratch("attn_slots", 8 * self.mb * rtt.shape[1]),
+                H=H,
+                Hkv=Hkv,
+                D=D,
+                scale=scale,
+                out=out,
+                work=self.scratch("attn_work", 4 * self.threads * work_stride),
+                work_stride=work_stride,
+                min_keys=paged_attention.PARALLEL_MIN_KEYS,
+                pool_type=pool,
+                window=window,
+                slot_map=kv.swa_map if mapped else None,
+            )
+        )
         return out
 
     # ---- torch's ops in the forward (the guard's) -----------------------------------------------------
@@ -253,55 +324,18 @@ class StepRecorder:
                 with self.quiet():
                     return table.view(table.shape)
             if idx is self.batch.positions and table.dim() == 2 and table.is_contiguous():
-                rows = self.temp(self.mb, table.shape[1], dtype=table.dtype)  # never filled: a node reads the table
+                # never filled: a node reads the table
+                rows = self.temp(self.mb, table.shape[1], dtype=table.dtype)
                 self._gathers[rows.untyped_storage().data_ptr()] = (table, idx)
                 return rows
         raise Unrecordable(f"torch op {func}")
 
-    # ---- memory ---------------------------------------------------------------------------------------
     def finish(self, outputs: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The nodes as the replayer takes them, and the buffers they point into (keep them alive): each
-        temporary given pool memory by its live range; outputs (read after the replay) their own."""
-        kept = {t.untyped_storage().data_ptr() for t in outputs}
-        first: dict[int, int] = {}
-        last: dict[int, int] = {}
-        for i, node in enumerate(self.nodes):
-            for p in node.pointers():
-                if p.base in self._gathers:
-                    raise Unrecordable("a kernel reading gathered rows torch never computed")
-                if isinstance(p.base, int) and p.base in self._temps and p.base not in kept:
-                    first.setdefault(p.base, i)
-                    last[p.base] = i
-        where: dict[int | str, int] = {}
-        buffers: list[torch.Tensor] = [self._temps[k].zero_() for k in kept if k in self._temps]
-        free: list[torch.Tensor] = []
-        by_start: dict[int, list[int]] = {}
-        by_end: dict[int, list[int]] = {}
-        for k in first:
-            by_start.setdefault(first[k], []).append(k)
-            by_end.setdefault(last[k], []).append(k)
-        held: dict[int, torch.Tensor] = {}
-        for i in range(len(self.nodes)):
-            for k in by_start.get(i, ()):
-                need = self._temps[k].untyped_storage().nbytes()
-                fits = [j for j, b in enumerate(free) if b.numel() >= need]
-                if fits:  # the smallest free buffer that holds it
-                    buf = free.pop(min(fits, key=lambda j: free[j].numel()))
-                else:
-                    buf = torch.zeros(need, dtype=torch.uint8)
-                    buffers.append(buf)
-                held[k], where[k] = buf, buf.data_ptr()
-            for k in by_end.get(i, ()):
-                free.append(held.pop(k))
-        for name, nbytes in self._scratch.items():
-            buffers.append(torch.zeros(max(nbytes, 8), dtype=torch.uint8))
-            where[name] = buffers[-1].data_ptr()
-
-        def address(p: Ptr) -> int:
-            return where[p.base] + p.offset if p.base in where else int(p.base) + p.offset
-
-        rows = [node.row(address) for node in self.nodes]
-        return torch.tensor(rows, dtype=torch.int64).reshape(len(rows), sg.NODE_ARGS + 1), buffers
+        """The nodes as the replayer takes them, and the buffers they point into (worker/step_buffers.py);
+        outputs are the buffers read after the replay."""
+        if any(p.base in self._gathers for node in self.nodes for p in node.pointers()):
+            raise Unrecordable("a kernel reading gathered rows torch never computed")
+        return lay_out(self.nodes, self._temps, outputs, self._scratch)
 
 
 class _Guard(TorchDispatchMode):
@@ -326,9 +360,19 @@ class _RecordingBackend(AttentionBackend):
     def __init__(self, rec: StepRecorder) -> None:
         self.rec = rec
 
-    def plan(self, batch: ForwardBatch, kv: KVCache, window: int = 0, slot_map: torch.Tensor | None = None) -> Any:
+    def plan(
+        self, batch: ForwardBatch, kv: KVCache, window: int = 0, slot_map: torch.Tensor | None = None
+    ) -> Any:
         return window, slot_map
 
-    def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, plan: Any,
-                scale: float) -> torch.Tensor:
+    def forward(
+        self,
+        layer_id: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv: KVCache,
+        plan: Any,
+        scale: float,
+    ) -> torch.Tensor:
         return self.rec.attention(layer_id, q, k, v, *plan, scale)

@@ -95,7 +95,9 @@ def _post_huge(host: str, port: int, mb: int, chunked: bool) -> dict[str, Any]:
     and closes: a client that sent on before reading would meet a reset instead of the status)."""
     s = socket.create_connection((host, port), timeout=120)
     length = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {mb * 2**20}"
-    s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n{length}\r\n\r\n".encode())
+    s.sendall(
+        f"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n{length}\r\n\r\n".encode()
+    )
     chunk, sent = b" " * 2**20, 0
     try:
         while sent < mb and not select.select([s], [], [], 0.01)[0]:
@@ -129,7 +131,9 @@ def many_grammars(endpoint: str, n: int, concurrency: int) -> dict[str, Any]:
         async def one(i: int) -> None:
             async with slots:
                 try:
-                    await client.generate("JSON please", {"max_tokens": 16, "json_schema": schema(offset + i)})
+                    await client.generate(
+                        "JSON please", {"max_tokens": 16, "json_schema": schema(offset + i)}
+                    )
                     key = "ok"
                 except TandemError as e:
                     key = str(e.code)
@@ -143,16 +147,29 @@ def many_grammars(endpoint: str, n: int, concurrency: int) -> dict[str, Any]:
     burst = asyncio.run(run(0, n))
     t1 = time.monotonic()
     paced = asyncio.run(run(n, concurrency))
-    return {"grammars": n, "at_once": burst, "at_once_s": round(t1 - t0, 1), f"{concurrency}_at_a_time": paced,
-            "paced_s": round(time.monotonic() - t1, 1)}
+    return {
+        "grammars": n,
+        "at_once": burst,
+        "at_once_s": round(t1 - t0, 1),
+        f"{concurrency}_at_a_time": paced,
+        "paced_s": round(time.monotonic() - t1, 1),
+    }
 
 
 def run(cfg: EngineConfig, max_concurrent: int, streams: int, stream_tokens: int, body_mb: int, grammars: int,
         result_dir: Path, label: str) -> int:
     engine = ServedEngine([*config_to_argv(cfg), "--port", "0", "--served-model-name", NAME,
                            "--max-concurrent-requests", str(max_concurrent)])
-    result: dict[str, Any] = {"config": {**cfg.options(), "model": cfg.model, "max_concurrent_requests": max_concurrent,
-                                         "streams": streams, "stream_tokens": stream_tokens, "body_mb": body_mb}}
+    result: dict[str, Any] = {
+        "config": {
+            **cfg.options(),
+            "model": cfg.model,
+            "max_concurrent_requests": max_concurrent,
+            "streams": streams,
+            "stream_tokens": stream_tokens,
+            "body_mb": body_mb,
+        }
+    }
     try:
         probe = Client(engine.endpoint)
         for name, scenario in (("unread_streams", lambda: unread_streams(engine, streams, stream_tokens)),
@@ -161,7 +178,11 @@ def run(cfg: EngineConfig, max_concurrent: int, streams: int, stream_tokens: int
             with PeakRss(engine) as rss:
                 outcome = scenario()
             st = probe.stats()
-            result[name] = {**outcome, "rss": rss.report(), "grammar_cache_mb": round(st.grammar_cache_bytes / 2**20, 1)}
+            result[name] = {
+                **outcome,
+                "rss": rss.report(),
+                "grammar_cache_mb": round(st.grammar_cache_bytes / 2**20, 1),
+            }
             print(f"{name}: {json.dumps(result[name])}", flush=True)
         c = probe.generate("still there?", {"max_tokens": 4, "ignore_eos": True})
         result["still_answering"] = c.completion_tokens == 4

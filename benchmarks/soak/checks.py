@@ -38,13 +38,24 @@ def ledger_checks(records: list[Record], engine_ended: int) -> list[Check]:
     by = Counter((r.kind, r.outcome, r.detail[:60]) for r in unexpected)
     reached = sum(r.reaches_scheduler for r in records)
     return [
-        Check("every request ended", not lost, f"{len(records)} requests, {len(lost)} never ended"
-              + (f" (first: {lost[0].kind})" if lost else "")),
+        Check(
+            "every request ended",
+            not lost,
+            f"{len(records)} requests, {len(lost)} never ended"
+            + (f" (first: {lost[0].kind})" if lost else ""),
+        ),
         Check("no request ended twice", not doubled, f"{len(doubled)} ended more than once"),
-        Check("every outcome is the one its kind predicts", not unexpected,
-              f"{len(unexpected)} unexpected" + "".join(f"; {n} x {k} -> {o} {d}" for (k, o, d), n in by.most_common(5))),
-        Check("the engine ended each request it was given exactly once", engine_ended == reached,
-              f"scheduler ended {engine_ended}, the soak sent it {reached}"),
+        Check(
+            "every outcome is the one its kind predicts",
+            not unexpected,
+            f"{len(unexpected)} unexpected"
+            + "".join(f"; {n} x {k} -> {o} {d}" for (k, o, d), n in by.most_common(5)),
+        ),
+        Check(
+            "the engine ended each request it was given exactly once",
+            engine_ended == reached,
+            f"scheduler ended {engine_ended}, the soak sent it {reached}",
+        ),
     ]
 
 
@@ -52,10 +63,16 @@ def engine_checks(stats: Any) -> list[Check]:
     back = stats.kv_free + stats.kv_cached == stats.kv_pool_size and stats.kv_cache_locked == 0
     idle = stats.running == 0 and stats.waiting == 0 and stats.frontend_pending == 0
     return [
-        Check("KV free back to the whole pool", back,
-              f"{stats.kv_free} free + {stats.kv_cached} cached of {stats.kv_pool_size}, {stats.kv_cache_locked} locked"),
-        Check("nothing left running or pending", idle,
-              f"running {stats.running}, waiting {stats.waiting}, frontend pending {stats.frontend_pending}"),
+        Check(
+            "KV free back to the whole pool",
+            back,
+            f"{stats.kv_free} free + {stats.kv_cached} cached of {stats.kv_pool_size}, {stats.kv_cache_locked} locked",
+        ),
+        Check(
+            "nothing left running or pending",
+            idle,
+            f"running {stats.running}, waiting {stats.waiting}, frontend pending {stats.frontend_pending}",
+        ),
         Check("prefix-cache integrity", stats.integrity == "ok", stats.integrity),
     ]
 
@@ -87,19 +104,27 @@ def growth_checks(samples: list[dict[str, Any]], warmup_s: float) -> list[Check]
         rss_tol = RSS_TOLERANCE_MB + RSS_TOLERANCE_SHARE * float(np.mean(rss))
         worst.append(f"{name} {rss_rise:+.1f} MB (tol {rss_tol:.0f}), {fd_rise:+.1f} fds")
         if rss_rise > rss_tol:
-            bad.append(f"{name}: RSS rose {rss_rise:.1f} MB over {ts[-1] - ts[0]:.0f} s (tolerance {rss_tol:.0f})")
+            bad.append(
+                f"{name}: RSS rose {rss_rise:.1f} MB over {ts[-1] - ts[0]:.0f} s (tolerance {rss_tol:.0f})"
+            )
         if fd_rise > FD_TOLERANCE:
             bad.append(f"{name}: open fds rose {fd_rise:.1f} (tolerance {FD_TOLERANCE:g})")
     checks = [Check("no RSS or fd growth after warm-up", not bad, "; ".join(bad or worst))]
     heap = [(s["t"], s["engine"]["worker_heap"]) for s in after if s["engine"].get("worker_heap")]
-    if len(heap) >= MIN_GROWTH_SAMPLES:  # glibc only: a leak shows here even while RSS hides it in freed pages
+    # glibc only: a leak shows here even while RSS hides it in freed pages
+    if len(heap) >= MIN_GROWTH_SAMPLES:
         ts, used = [t for t, _ in heap], [h["in_use"] / 2**20 for _, h in heap]
         rise, tol = _rise(ts, used), RSS_TOLERANCE_MB + RSS_TOLERANCE_SHARE * float(np.mean(used))
         last = heap[-1][1]
-        checks.append(Check("worker heap in use flat after warm-up", rise <= tol,
-                             f"{rise:+.1f} MB (tol {tol:.0f}); at the end {last['in_use'] / 2**20:.0f} MB in use, "
-                             f"{last['free'] / 2**20:.0f} MB free in the arenas, {last['trims']} trims gave back "
-                             f"{last['released'] / 2**20:.0f} MB"))
+        checks.append(
+            Check(
+                "worker heap in use flat after warm-up",
+                rise <= tol,
+                f"{rise:+.1f} MB (tol {tol:.0f}); at the end {last['in_use'] / 2**20:.0f} MB in use, "
+                f"{last['free'] / 2**20:.0f} MB free in the arenas, {last['trims']} trims gave back "
+                f"{last['released'] / 2**20:.0f} MB",
+            )
+        )
     cache = max((s["engine"].get("grammar_cache_bytes", 0) for s in samples), default=0)
     return checks + [Check("grammar cache within its bound", cache <= CACHE_BYTES,
                            f"at most {cache / 2**20:.1f} MB of {CACHE_BYTES / 2**20:.0f}")]

@@ -14,8 +14,15 @@ import aiohttp
 from tandem.benchmarks.soak.kinds import Shape, bad_http, text_prompt
 from tandem.benchmarks.soak.ledger import Ledger, Record
 
-KINDS = (("completion", 3), ("chat_stream", 3), ("stream_left", 2), ("json", 1), ("echo_logprobs", 1), ("bad", 2),
-         ("health", 0.5))
+KINDS = (
+    ("completion", 3),
+    ("chat_stream", 3),
+    ("stream_left", 2),
+    ("json", 1),
+    ("echo_logprobs", 1),
+    ("bad", 2),
+    ("health", 0.5),
+)
 OK = ("ok",)
 
 
@@ -73,7 +80,9 @@ class HttpTraffic:
         rec, n = self.ledger.begin("http.completion", OK, True), rng.randint(8, 128)
 
         async def go() -> None:
-            async with s.post(self.url + "/v1/completions", json=self._body(rng, n, prompt=text_prompt(rng))) as r:
+            async with s.post(
+                self.url + "/v1/completions", json=self._body(rng, n, prompt=text_prompt(rng))
+            ) as r:
                 if r.status != 200:
                     self.ledger.end(rec, await _error_outcome(r))
                     return
@@ -119,7 +128,11 @@ class HttpTraffic:
                     if leave_after and chunks >= leave_after:
                         self.ledger.end(rec, "left", "", chunks, None if first is None else first - t0)
                         return  # the response closes here: the server aborts the request
-            tpot = (last - first) / (chunks - 1) if first is not None and last is not None and chunks > 1 else None
+            tpot = (
+                (last - first) / (chunks - 1)
+                if first is not None and last is not None and chunks > 1
+                else None
+            )
             bad = "" if finish in ("length", "stop") else f"BAD: finish {finish}"
             self.ledger.end(rec, "ok", bad, chunks, None if first is None else first - t0, tpot)
 
@@ -133,8 +146,12 @@ class HttpTraffic:
 
     async def _json(self, s: aiohttp.ClientSession, rng: random.Random) -> None:
         rec = self.ledger.begin("http.json", OK, True)
-        body = self._body(rng, 64, messages=[{"role": "user", "content": "Answer in JSON: " + text_prompt(rng)}],
-                          response_format={"type": "json_object"})
+        body = self._body(
+            rng,
+            64,
+            messages=[{"role": "user", "content": "Answer in JSON: " + text_prompt(rng)}],
+            response_format={"type": "json_object"},
+        )
 
         async def go() -> None:
             async with s.post(self.url + "/v1/chat/completions", json=body) as r:
@@ -172,14 +189,18 @@ class HttpTraffic:
 
     async def _bad(self, s: aiohttp.ClientSession, rng: random.Random) -> None:
         name, body, status, code = rng.choice(self.bad)
-        rec = self.ledger.begin(f"http.bad.{name}", (f"http:{status}:{code}" if code else f"http:{status}",), False)
+        rec = self.ledger.begin(
+            f"http.bad.{name}", (f"http:{status}:{code}" if code else f"http:{status}",), False
+        )
 
         async def go() -> None:
             kw: dict[str, Any] = {"data": body, "headers": {"Content-Type": "application/json"}} \
                 if isinstance(body, bytes) else {"json": body}
             async with s.post(self.url + "/v1/completions", **kw) as r:
                 outcome = await _error_outcome(r) if r.status != 200 else "ok"
-                self.ledger.end(rec, outcome if code or not outcome.startswith(f"http:{status}") else f"http:{status}")
+                self.ledger.end(
+                    rec, outcome if code or not outcome.startswith(f"http:{status}") else f"http:{status}"
+                )
 
         await self._call(rec, go())
 

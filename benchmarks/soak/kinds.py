@@ -8,8 +8,10 @@ from typing import Any
 
 from tandem.protocol.errors import ErrorCode
 
-WORDS = ("the river stone light window morning paper garden silver engine winter music table orange cloud "
-         "letter bridge forest quiet number yellow market simple travel mountain story dinner station").split()
+WORDS = (
+    "the river stone light window morning paper garden silver engine winter music table orange cloud "
+    "letter bridge forest quiet number yellow market simple travel mountain story dinner station"
+).split()
 
 # Small schemas, compiled once and cached: the structured requests that must succeed.
 SCHEMAS: tuple[dict[str, Any], ...] = (
@@ -70,7 +72,12 @@ def bad_zmq(shape: Shape) -> list[tuple[str, Any, dict[str, Any], str]]:
         ("token_id", [shape.vocab + 5], {}, ErrorCode.TOKEN_ID),
         ("stop_token_id", "hi", {"stop_token_ids": [shape.vocab + 1]}, ErrorCode.TOKEN_ID),
         ("prompt_too_long", too_long, {}, ErrorCode.PROMPT_TOO_LONG),
-        ("prompt_plus_max_tokens", [shape.token_ids[0]] * 8, {"max_tokens": shape.context}, ErrorCode.PROMPT_TOO_LONG),
+        (
+            "prompt_plus_max_tokens",
+            [shape.token_ids[0]] * 8,
+            {"max_tokens": shape.context},
+            ErrorCode.PROMPT_TOO_LONG,
+        ),
     ]
 
 

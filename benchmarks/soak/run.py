@@ -66,16 +66,22 @@ def _soak(cfg: EngineConfig, engine: ServedEngine, duration: float, zmq_threads:
     deadline = t0 + duration
     zmq = ZmqTraffic(engine.endpoint, shape, ledger, deadline)
     http = HttpTraffic(engine.url, shape, ledger, deadline)
-    slow_period = max(20.0, 3 * SLOW_FACTOR * cfg.grammar_compile_timeout_s)  # its compile ends before the next
-    threads = [threading.Thread(target=zmq.worker, args=(seed + i,), name=f"zmq-{i}") for i in range(zmq_threads)]
+    # its compile ends before the next
+    slow_period = max(20.0, 3 * SLOW_FACTOR * cfg.grammar_compile_timeout_s)
+    threads = [
+        threading.Thread(target=zmq.worker, args=(seed + i,), name=f"zmq-{i}") for i in range(zmq_threads)
+    ]
     threads += [threading.Thread(target=zmq.cancelled_calls, args=(seed + 100,), name="cancel"),
                 threading.Thread(target=zmq.slow_grammars, args=(slow_period,), name="slow-grammar"),
                 threading.Thread(target=zmq.raw_frames, args=(2.0, 30), name="raw"),
                 threading.Thread(target=http.run, args=(http_clients, seed + 200, 60.0), name="http")]
     for t in threads:
         t.start()
-    print(f"soak: {duration / 60:g} min of traffic, {zmq_threads} Client threads, {http_clients} HTTP clients; "
-          f"samples every {sample_s:g} s, warm-up {warmup:g} s", flush=True)
+    print(
+        f"soak: {duration / 60:g} min of traffic, {zmq_threads} Client threads, {http_clients} HTTP clients; "
+        f"samples every {sample_s:g} s, warm-up {warmup:g} s",
+        flush=True,
+    )
     for t in threads:
         t.join(max(1.0, deadline - time.monotonic()) + 300)
     hung = [t.name for t in threads if t.is_alive()]
@@ -90,7 +96,9 @@ def _soak(cfg: EngineConfig, engine: ServedEngine, duration: float, zmq_threads:
     sampler.close()
     after = probe.stats()
     records = ledger.snapshot()
-    ended = (after.requests_finished + after.requests_failed) - (before.requests_finished + before.requests_failed)
+    ended = (after.requests_finished + after.requests_failed) - (
+        before.requests_finished + before.requests_failed
+    )
     checks = [Check("traffic threads all returned", not hung, ", ".join(hung) or "all")]
     checks += ledger_checks(records, ended) + engine_checks(after)
     checks += growth_checks(sampler.samples, warmup)
@@ -103,7 +111,9 @@ def _soak(cfg: EngineConfig, engine: ServedEngine, duration: float, zmq_threads:
     left = [n for n, p in kids.items() if p.is_running() and p.pid != engine.proc.pid]
     checks.append(Check("engine stops cleanly (exit 0, no process left)", code == 0 and not left,
                         f"exit {code}, left: {left}"))
-    return _report(cfg, records, sampler.samples, checks, before, after, result_dir, label, warmup, duration, t0)
+    return _report(
+        cfg, records, sampler.samples, checks, before, after, result_dir, label, warmup, duration, t0
+    )
 
 
 def _compile_grammars(client: Client) -> None:
@@ -126,8 +136,12 @@ def _compile_grammars(client: Client) -> None:
 def _still_answering(client: Client, url: str) -> Check:
     try:
         c = client.generate("still there?", {"max_tokens": 4, "ignore_eos": True})
-        body = json.dumps({"model": SERVED_NAME, "prompt": "still there?", "max_tokens": 4, "ignore_eos": True})
-        req = urllib.request.Request(url + "/v1/completions", body.encode(), {"Content-Type": "application/json"})
+        body = json.dumps(
+            {"model": SERVED_NAME, "prompt": "still there?", "max_tokens": 4, "ignore_eos": True}
+        )
+        req = urllib.request.Request(
+            url + "/v1/completions", body.encode(), {"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=60) as r:
             http_tokens = json.loads(r.read())["usage"]["completion_tokens"]
         with urllib.request.urlopen(url + "/health", timeout=60) as r:
@@ -135,7 +149,9 @@ def _still_answering(client: Client, url: str) -> Check:
     except Exception as e:
         return Check("engine still answering (ZMQ, HTTP, /health)", False, f"{type(e).__name__}: {e}")
     ok = c.completion_tokens == 4 and http_tokens == 4 and health == 200
-    return Check("engine still answering (ZMQ, HTTP, /health)", ok, f"{c.completion_tokens}, {http_tokens}, {health}")
+    return Check(
+        "engine still answering (ZMQ, HTTP, /health)", ok, f"{c.completion_tokens}, {http_tokens}, {health}"
+    )
 
 
 def _report(cfg: EngineConfig, records: list, samples: list[dict[str, Any]], checks: list[Check], before: Any,
@@ -149,13 +165,25 @@ def _report(cfg: EngineConfig, records: list, samples: list[dict[str, Any]], che
         "decode_tokens", "host_hit_tokens", "spec_draft_tokens", "spec_accepted_tokens")}
     result = {
         "config": {**cfg.options(), "model": cfg.model, "minutes": duration / 60, "warmup_s": warmup},
-        "cpu": _cpu_name(), "requests": len(records),
+        "cpu": _cpu_name(),
+        "requests": len(records),
         "by_kind_and_outcome": {f"{k} -> {o}": n for (k, o), n in sorted(kinds.items(), key=str)},
-        "engine_counters": counters, "checks": [asdict(c) for c in checks], "samples": samples,
+        "engine_counters": counters,
+        "checks": [asdict(c) for c in checks],
+        "samples": samples,
         "unexpected_records": unexpected,
         # Every request, compact: kind, outcome, start and end (s from the start of the traffic), TTFT, TPOT.
-        "records": [[r.kind, r.outcome, round(r.start - t0, 3), None if r.end_t is None else round(r.end_t - t0, 3),
-                     r.ttft and round(r.ttft, 4), r.tpot and round(r.tpot, 4)] for r in records],
+        "records": [
+            [
+                r.kind,
+                r.outcome,
+                round(r.start - t0, 3),
+                None if r.end_t is None else round(r.end_t - t0, 3),
+                r.ttft and round(r.ttft, 4),
+                r.tpot and round(r.tpot, 4),
+            ]
+            for r in records
+        ],
     }
     result_dir.mkdir(parents=True, exist_ok=True)
     path = result_dir / f"{label}.json"

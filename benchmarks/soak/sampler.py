@@ -56,10 +56,27 @@ class Sampler:
                 continue
         try:
             st = self.client.stats(timeout_s=30)
-            stats: dict[str, Any] = {k: getattr(st, k) for k in (
-                "kv_pool_size", "kv_free", "kv_cached", "kv_cache_locked", "running", "waiting", "retractions",
-                "requests_finished", "requests_failed", "requests_aborted", "host_hit_tokens", "host_kv_used",
-                "spec_draft_tokens", "spec_accepted_tokens", "grammar_cache_bytes", "integrity")}
+            stats: dict[str, Any] = {
+                k: getattr(st, k)
+                for k in (
+                    "kv_pool_size",
+                    "kv_free",
+                    "kv_cached",
+                    "kv_cache_locked",
+                    "running",
+                    "waiting",
+                    "retractions",
+                    "requests_finished",
+                    "requests_failed",
+                    "requests_aborted",
+                    "host_hit_tokens",
+                    "host_kv_used",
+                    "spec_draft_tokens",
+                    "spec_accepted_tokens",
+                    "grammar_cache_bytes",
+                    "integrity",
+                )
+            }
             stats["worker_heap"] = None if st.worker_heap is None else msgspec.structs.asdict(st.worker_heap)
         except Exception as e:  # recorded: the checks fail an engine that stops answering
             stats = {"error": f"{type(e).__name__}: {e}"}

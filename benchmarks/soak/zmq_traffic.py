@@ -24,7 +24,11 @@ OK = ("ok",)
 
 
 def _params(rng: random.Random, max_tokens: int) -> dict[str, Any]:
-    p: dict[str, Any] = {"max_tokens": max_tokens, "temperature": rng.choice((0.0, 0.7, 1.0)), "seed": rng.randrange(1 << 30)}
+    p: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "temperature": rng.choice((0.0, 0.7, 1.0)),
+        "seed": rng.randrange(1 << 30),
+    }
     if rng.random() < 0.3:
         p["top_p"] = 0.9
     if rng.random() < 0.2:
@@ -81,8 +85,9 @@ class ZmqTraffic:
         self._generate(rng, chat=True)
 
     def _stream(self, rng: random.Random, leave_after: int | None = None) -> None:
-        rec = self.ledger.begin("zmq.stream_left" if leave_after else "zmq.stream", ("left", "ok") if leave_after else OK,
-                                True)
+        rec = self.ledger.begin(
+            "zmq.stream_left" if leave_after else "zmq.stream", ("left", "ok") if leave_after else OK, True
+        )
         n = rng.randint(16, 160)
 
         def call() -> None:
@@ -96,7 +101,11 @@ class ZmqTraffic:
                 last, tokens, deltas = now, tokens + len(d.token_ids), deltas + 1
                 if d.finished:
                     tpot = (last - first) / (tokens - 1) if first is not None and tokens > 1 else None
-                    detail = "" if d.finish_reason in ("length", "stop") and tokens <= n else f"BAD: {d.finish_reason} {tokens}"
+                    detail = (
+                        ""
+                        if d.finish_reason in ("length", "stop") and tokens <= n
+                        else f"BAD: {d.finish_reason} {tokens}"
+                    )
                     self.ledger.end(rec, "ok", detail, tokens, None if first is None else first - t0, tpot)
                     return
                 if leave_after and deltas >= leave_after:
@@ -114,7 +123,10 @@ class ZmqTraffic:
 
         def call() -> None:
             c = self.client.generate(prompt, {**_params(rng, n), "logprobs": 3, "prompt_logprobs": 2})
-            got = (len(c.logprobs.token_ids) if c.logprobs else 0, len(c.prompt_logprobs.token_ids) if c.prompt_logprobs else 0)
+            got = (
+                len(c.logprobs.token_ids) if c.logprobs else 0,
+                len(c.prompt_logprobs.token_ids) if c.prompt_logprobs else 0,
+            )
             want = (c.completion_tokens, len(prompt) - 1)
             detail = _check_end(c, n) or ("" if got == want else f"BAD: logprobs for {got}, want {want}")
             self.ledger.end(rec, "ok", detail, c.completion_tokens)
@@ -126,7 +138,9 @@ class ZmqTraffic:
         schema = rng.choice(SCHEMAS)
 
         def call() -> None:
-            c = self.client.generate(text_prompt(rng), {"max_tokens": 64, "temperature": 0.0, "json_schema": schema})
+            c = self.client.generate(
+                text_prompt(rng), {"max_tokens": 64, "temperature": 0.0, "json_schema": schema}
+            )
             detail = _check_end(c, 64)
             if c.finish_reason == "stop":
                 try:
@@ -143,18 +157,24 @@ class ZmqTraffic:
         def call() -> None:
             c = self.client.generate(text_prompt(rng), {"max_tokens": 8, "choice": CHOICES})
             ok = c.finish_reason == "stop" and c.text in CHOICES
-            self.ledger.end(rec, "ok", "" if ok else f"BAD: {c.finish_reason} {c.text!r}", c.completion_tokens)
+            self.ledger.end(
+                rec, "ok", "" if ok else f"BAD: {c.finish_reason} {c.text!r}", c.completion_tokens
+            )
 
         self._run(rec, call)
 
     def _bad(self, rng: random.Random) -> None:
         name, prompt, params, code = rng.choice(self.bad)
         rec = self.ledger.begin(f"zmq.bad.{name}", (f"error:{code}",), False)
-        self._run(rec, lambda: self.ledger.end(rec, "ok", str(self.client.generate(prompt, params).text)[:80]))
+        self._run(
+            rec, lambda: self.ledger.end(rec, "ok", str(self.client.generate(prompt, params).text)[:80])
+        )
 
     def _bad_grammar(self, rng: random.Random) -> None:
         rec = self.ledger.begin("zmq.bad.grammar", (f"error:{ErrorCode.INVALID_GRAMMAR}",), True)
-        self._run(rec, lambda: self.ledger.end(rec, "ok", self.client.generate("hi", {"regex": "(["}).text[:80]))
+        self._run(
+            rec, lambda: self.ledger.end(rec, "ok", self.client.generate("hi", {"regex": "(["}).text[:80])
+        )
 
     def _duplicate_rid(self, rng: random.Random) -> None:
         live = self.ledger.begin("zmq.stream_left", ("left", "ok"), True)
@@ -196,7 +216,9 @@ class ZmqTraffic:
         try:
             while time.monotonic() < self.deadline:
                 rec = self.ledger.begin("zmq.cancelled", ("cancelled", "ok"), True)
-                task = asyncio.ensure_future(client.generate(id_prompt(rng, self.shape), {"max_tokens": rng.randint(64, 256)}))
+                task = asyncio.ensure_future(
+                    client.generate(id_prompt(rng, self.shape), {"max_tokens": rng.randint(64, 256)})
+                )
                 await asyncio.sleep(rng.uniform(0.05, 1.0))
                 task.cancel()
                 try:
@@ -223,14 +245,23 @@ class ZmqTraffic:
             while time.monotonic() < self.deadline:
                 rid = f"raw-{n}"
                 frames: list[tuple[str, list[bytes], str]] = [
-                    ("malformed", [msgspec.msgpack.encode({"type": "nope", "rid": rid})], f"error:{ErrorCode.MALFORMED}"),
+                    (
+                        "malformed",
+                        [msgspec.msgpack.encode({"type": "nope", "rid": rid})],
+                        f"error:{ErrorCode.MALFORMED}",
+                    ),
                     ("garbage", [b"\xc1\x00"], "unanswered"),
                     ("bad_rid", [encode(GenerateRequest("", text="hi"))], "unanswered"),
                     ("extra_frames", [b"a", b"b"], "unanswered"),
                 ]
                 if n % too_large_every == 0:
-                    frames.append(("too_large", [msgspec.msgpack.encode({"type": "generate", "rid": rid, "text": big})],
-                                   f"error:{ErrorCode.TOO_LARGE}"))
+                    frames.append(
+                        (
+                            "too_large",
+                            [msgspec.msgpack.encode({"type": "generate", "rid": rid, "text": big})],
+                            f"error:{ErrorCode.TOO_LARGE}",
+                        )
+                    )
                 name, parts, expect = frames[n % len(frames)] if n % too_large_every else frames[-1]
                 rec = self.ledger.begin(f"zmq.raw.{name}", (expect,), False)
                 sock.send_multipart(parts)

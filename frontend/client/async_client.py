@@ -72,8 +72,14 @@ class AsyncClient:
     creation, else every call raises EngineDeadError (code engine_dead.unreachable) naming the endpoint;
     None waits as long as it takes. Once connected, the connection is the liveness signal (see README)."""
 
-    def __init__(self, endpoint: str, *, engine: subprocess.Popen | None = None,
-                 reasoning_parser: str | None = None, connect_timeout_s: float | None = CONNECT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        engine: subprocess.Popen | None = None,
+        reasoning_parser: str | None = None,
+        connect_timeout_s: float | None = CONNECT_TIMEOUT_S,
+    ) -> None:
         check_style(reasoning_parser, allow_auto=False)  # the client has no chat template to read `auto` from
         self._death = DeathWatch(endpoint, connect_timeout_s)  # first: a bad bound fails before any socket
         self.endpoint = endpoint
@@ -81,7 +87,8 @@ class AsyncClient:
         self._engine = engine
         self._ctx = zmq.Context()
         self._sock, self._monitor = open_dealer(self._ctx, endpoint)
-        # By close(), or when this client is collected unclosed (a caller who forgot it): never by the collector.
+        # By close(), or when this client is collected unclosed (a caller who forgot it): never by the
+        # collector.
         self._release = weakref.finalize(self, release, self._ctx, self._sock, self._monitor)
         self._release.atexit = False  # at exit the process frees it all; nothing to stop or close
         self._router = Router()
@@ -96,7 +103,9 @@ class AsyncClient:
         this process dies."""
         check_style(reasoning_parser, allow_auto=False)
         proc, endpoint = start_engine_process(model, **engine_options)
-        return cls(endpoint, engine=proc, reasoning_parser=reasoning_parser, connect_timeout_s=connect_timeout_s)
+        return cls(
+            endpoint, engine=proc, reasoning_parser=reasoning_parser, connect_timeout_s=connect_timeout_s
+        )
 
     async def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None, *,
                        priority: int = 0, session: SessionParams | None = None) -> Completion:
@@ -146,7 +155,9 @@ class AsyncClient:
         says and L2-normalized unless told not to; `dimensions` keeps a Matryoshka model's first values."""
         req = build_embed_request(input, EmbedParams(dimensions=dimensions, normalize=normalize), request_id,
                                   priority)
-        outs = [o async for o in self._outputs(req.rid, self._open(req.rid, encode_msg(req), is_request=True))]
+        outs = [
+            o async for o in self._outputs(req.rid, self._open(req.rid, encode_msg(req), is_request=True))
+        ]
         assert len(outs) == 1 and isinstance(outs[0], EmbeddingOutput)  # one output, the final one
         return Embedding.of(outs[0])
 
@@ -187,8 +198,11 @@ class AsyncClient:
         manager to close it."""
         from tandem.frontend.client.session import AsyncSession
 
-        if isinstance(capacity_tokens, bool) or not isinstance(capacity_tokens, int) \
-                or not 1 <= capacity_tokens <= MAX_SESSION_TOKENS:  # past it the message cannot even be encoded
+        if (
+            isinstance(capacity_tokens, bool)
+            or not isinstance(capacity_tokens, int)
+            or not 1 <= capacity_tokens <= MAX_SESSION_TOKENS
+        ):  # past it the message cannot even be encoded
             raise InvalidRequestError(f"capacity_tokens must be an int in [1, {MAX_SESSION_TOKENS}], got "
                                       f"{capacity_tokens!r}", ErrorCode.SESSION)
         rid = new_rid()
@@ -273,7 +287,9 @@ class AsyncClient:
         if self._death.deadline is not None and not self._death.connected:  # look again when it passes
             loop.call_later(max(0.0, self._death.deadline - self._death.clock()) + 0.01, self._on_readable)
 
-    async def _outputs(self, rid: str, items: asyncio.Queue[Item]) -> AsyncIterator[RequestOutput | EmbeddingOutput]:
+    async def _outputs(
+        self, rid: str, items: asyncio.Queue[Item]
+    ) -> AsyncIterator[RequestOutput | EmbeddingOutput]:
         done = False
         try:
             while not done:
@@ -307,7 +323,8 @@ class AsyncClient:
                 self._loop.remove_reader(self._monitor.FD)
             return
         self._receive()
-        self._watch_connection()  # after draining the socket, so a typed reason the frontend sent on its way down wins
+        # after draining the socket, so a typed reason the frontend sent on its way down wins
+        self._watch_connection()
 
     def _watch_connection(self) -> None:
         """The monitor's events, then the connect deadline: the engine lost, or never reached in time."""
@@ -317,13 +334,15 @@ class AsyncClient:
                 return
         why = self._death.unreachable()
         if why is not None:
-            # What was sent waits in the socket's queue: dropped, so an engine that comes up later never runs it.
+            # What was sent waits in the socket's queue: dropped, so an engine that comes up later never runs
+            # it.
             with contextlib.suppress(zmq.ZMQError):
                 self._sock.disconnect(self.endpoint)
             self._router.fail_all(why, ErrorCode.UNREACHABLE)
 
     async def _watch(self) -> None:
-        """Twice a second: the owned engine process still alive (and, belt and braces, nothing left unread)."""
+        """Twice a second: the owned engine process still alive (and, belt and braces, nothing left
+        unread)."""
         while self._router.dead is None:
             await asyncio.sleep(0.5)
             self._on_readable()

@@ -36,21 +36,30 @@ class Client:
     """`connect_timeout_s`: as AsyncClient's (an engine must answer within it, else calls raise
     EngineDeadError, code engine_dead.unreachable)."""
 
-    def __init__(self, endpoint: str, *, engine: subprocess.Popen | None = None,
-                 reasoning_parser: str | None = None, connect_timeout_s: float | None = CONNECT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        engine: subprocess.Popen | None = None,
+        reasoning_parser: str | None = None,
+        connect_timeout_s: float | None = CONNECT_TIMEOUT_S,
+    ) -> None:
         check_style(reasoning_parser, allow_auto=False)
         self.endpoint = endpoint
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tandem-client-io", daemon=True)
         self._thread.start()
-        # A client collected unclosed stops its thread; the AsyncClient, then collected too, closes its sockets.
+        # A client collected unclosed stops its thread; the AsyncClient, then collected too, closes its
+        # sockets.
         self._stop_loop = weakref.finalize(self, _stop_loop, self._loop)
         self._stop_loop.atexit = False  # at exit the process frees it all; nothing to stop or close
         self._lock = threading.Lock()  # orders "hand the loop a call" against "close": no call is stranded
         self._closed = False
         # Its sockets belong to the loop.
         try:
-            self._async: AsyncClient = self._run(_on_loop(endpoint, engine, reasoning_parser, connect_timeout_s))
+            self._async: AsyncClient = self._run(
+                _on_loop(endpoint, engine, reasoning_parser, connect_timeout_s)
+            )
         except BaseException:
             self._stop_loop()
             raise
@@ -63,7 +72,9 @@ class Client:
         `reasoning_text` from its `content`."""
         check_style(reasoning_parser, allow_auto=False)
         proc, endpoint = start_engine_process(model, **engine_options)
-        return cls(endpoint, engine=proc, reasoning_parser=reasoning_parser, connect_timeout_s=connect_timeout_s)
+        return cls(
+            endpoint, engine=proc, reasoning_parser=reasoning_parser, connect_timeout_s=connect_timeout_s
+        )
 
     def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None, *,
                  priority: int = 0, session: SessionParams | None = None) -> Completion:
@@ -71,8 +82,15 @@ class Client:
         session's turn (simpler through open_session())."""
         return self._run(self._async.generate(prompt, params, request_id, priority=priority, session=session))
 
-    def stream(self, prompt: Prompt, params: Params = None, request_id: str | None = None, *, priority: int = 0,
-               session: SessionParams | None = None) -> Iterator[CompletionDelta]:
+    def stream(
+        self,
+        prompt: Prompt,
+        params: Params = None,
+        request_id: str | None = None,
+        *,
+        priority: int = 0,
+        session: SessionParams | None = None,
+    ) -> Iterator[CompletionDelta]:
         deltas = self._async.stream(prompt, params, request_id, priority=priority, session=session)
         try:
             while True:
@@ -98,8 +116,11 @@ class Client:
     ) -> Embedding:
         """The model's final hidden states over `input` (text or token ids), pooled as the engine's --pooling
         says and L2-normalized unless told not to; `dimensions` keeps a Matryoshka model's first values."""
-        return self._run(self._async.embed(input, dimensions=dimensions, normalize=normalize, request_id=request_id,
-                                           priority=priority))
+        return self._run(
+            self._async.embed(
+                input, dimensions=dimensions, normalize=normalize, request_id=request_id, priority=priority
+            )
+        )
 
     def embed_batch(
         self, inputs: Sequence[str | Sequence[int]], *, dimensions: int | None = None, normalize: bool = True,
@@ -164,7 +185,9 @@ class Client:
 
 async def _on_loop(endpoint: str, engine: subprocess.Popen | None, reasoning_parser: str | None,
                    connect_timeout_s: float | None) -> AsyncClient:
-    return AsyncClient(endpoint, engine=engine, reasoning_parser=reasoning_parser, connect_timeout_s=connect_timeout_s)
+    return AsyncClient(
+        endpoint, engine=engine, reasoning_parser=reasoning_parser, connect_timeout_s=connect_timeout_s
+    )
 
 
 async def _shut_down(client: AsyncClient) -> None:

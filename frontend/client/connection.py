@@ -23,7 +23,8 @@ _DEAD_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED | zmq.EVENT_MONITOR_STO
 # A ZMTP peer greeted us: something speaking our protocol is there (a bare TCP listener is not enough).
 _ANSWERED = zmq.EVENT_HANDSHAKE_SUCCEEDED
 CONNECT_TIMEOUT_S = 5.0  # how long a client waits for an engine to answer at its endpoint
-# Over TCP a vanished host sends no FIN: ZMTP heartbeats find it (ipc's peer is on this host: its death closes).
+# Over TCP a vanished host sends no FIN: ZMTP heartbeats find it (ipc's peer is on this host: its death
+# closes).
 HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 2_000, 10_000
 # The client's I/O loop reads whatever arrives; this only bounds what a stalled client process buffers
 # before the frontend sees a full pipe (and aborts that client's requests).
@@ -64,7 +65,9 @@ class DeathWatch:
     def __init__(self, endpoint: str, connect_timeout_s: float | None = CONNECT_TIMEOUT_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if connect_timeout_s is not None and not connect_timeout_s > 0:
-            raise ValueError(f"connect_timeout_s must be > 0 (or None for no bound), got {connect_timeout_s!r}")
+            raise ValueError(
+                f"connect_timeout_s must be > 0 (or None for no bound), got {connect_timeout_s!r}"
+            )
         self.endpoint = endpoint
         self.connect_timeout_s = connect_timeout_s
         self.clock = clock

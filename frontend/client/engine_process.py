@@ -58,7 +58,8 @@ def start_engine_process(model: str, **options: object) -> tuple[subprocess.Pope
     # before that point is bounded here, a little later.
     ours.settimeout(cfg.startup_timeout_s + READY_MARGIN_S)
     try:
-        record = b"".join(iter(lambda: ours.recv(65536), b""))  # the engine shuts its side once it has written
+        # the engine shuts its side once it has written
+        record = b"".join(iter(lambda: ours.recv(65536), b""))
     except TimeoutError:
         stop_engine_process(proc)
         raise RuntimeError(f"engine not ready after {cfg.startup_timeout_s + READY_MARGIN_S:g} s "

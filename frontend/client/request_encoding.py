@@ -40,7 +40,9 @@ def _build(prompt: Prompt, params: Params, rid: str) -> GenerateRequest:
     if isinstance(prompt, str):
         return GenerateRequest(rid, text=prompt, params=raw)
     if not isinstance(prompt, Sequence):
-        raise InvalidRequestError(f"prompt must be a string, token ids or chat messages, not {type(prompt).__name__}")
+        raise InvalidRequestError(
+            f"prompt must be a string, token ids or chat messages, not {type(prompt).__name__}"
+        )
     items = list(prompt)
     if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
         return GenerateRequest(rid, token_ids=items, params=raw)

@@ -51,7 +51,9 @@ def chat_messages(body: CountTokensRequest) -> list[ChatMessage]:
             if isinstance(b, TextBlock):
                 text += b.text
             elif isinstance(b, ToolUseBlock):
-                calls.append(ToolCall(id=b.id, function=FunctionCall(name=b.name, arguments=json.dumps(b.input))))
+                calls.append(
+                    ToolCall(id=b.id, function=FunctionCall(name=b.name, arguments=json.dumps(b.input)))
+                )
             elif isinstance(b, ToolResultBlock):
                 if text:  # text before a result stays before it
                     out.append(ChatMessage(role=m.role, content=text))
@@ -68,7 +70,10 @@ def chat_messages(body: CountTokensRequest) -> list[ChatMessage]:
 
 
 def _tools(body: CountTokensRequest) -> ToolSetup:
-    fns = [FunctionDef(name=t.name, description=t.description, parameters=t.input_schema) for t in body.tools or []]
+    fns = [
+        FunctionDef(name=t.name, description=t.description, parameters=t.input_schema)
+        for t in body.tools or []
+    ]
     tc = body.tool_choice
     parallel = not (tc and tc.disable_parallel_tool_use)
     if tc is None or tc.type == "auto":
@@ -116,8 +121,12 @@ def _stop(body: MessagesRequest, reply: ReplyParser) -> tuple[str, str | None]:
 
 def _usage(usage: Usage) -> dict:
     # Anthropic counts the prompt tokens read from the cache apart from input_tokens.
-    return {"input_tokens": usage.prompt_tokens - usage.cached_tokens, "output_tokens": usage.completion_tokens,
-            "cache_read_input_tokens": usage.cached_tokens, "cache_creation_input_tokens": 0}
+    return {
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens,
+        "output_tokens": usage.completion_tokens,
+        "cache_read_input_tokens": usage.cached_tokens,
+        "cache_creation_input_tokens": 0,
+    }
 
 
 async def create_message(st: ServerState, body: MessagesRequest, request: Request) -> Response:
@@ -153,8 +162,14 @@ async def create_message(st: ServerState, body: MessagesRequest, request: Reques
             for e in on(d):
                 yield sse(e, e["type"])
         stop_reason, stop_sequence = _stop(body, reply)
-        yield sse({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                   "usage": _usage(usage)}, "message_delta")
+        yield sse(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                "usage": _usage(usage),
+            },
+            "message_delta",
+        )
         yield sse({"type": "message_stop"}, "message_stop")
 
     def error_event(err: APIError) -> bytes:

@@ -25,7 +25,9 @@ class MessageBuilder:
         if d.reasoning:
             events += self._text("thinking", d.reasoning)
         # Text after a call (its block closed) goes after it; text before one, before it.
-        after_call = bool(self._calls) and (self._open is None or self.blocks[self._open]["type"] == "tool_use")
+        after_call = bool(self._calls) and (
+            self._open is None or self.blocks[self._open]["type"] == "tool_use"
+        )
         if after_call:
             events += self._call_parts(d.tool_calls)
         if d.content:
@@ -60,7 +62,9 @@ class MessageBuilder:
         assert index is not None
         self.blocks[index][kind] += text
         delta_type, key = _DELTA[kind]
-        events.append({"type": "content_block_delta", "index": index, "delta": {"type": delta_type, key: text}})
+        events.append(
+            {"type": "content_block_delta", "index": index, "delta": {"type": delta_type, key: text}}
+        )
         return events
 
     def _call_parts(self, parts: list[dict]) -> list[Event]:
@@ -68,7 +72,9 @@ class MessageBuilder:
         for p in parts:
             if "id" in p:
                 events += self._close()
-                events += self._start({"type": "tool_use", "id": p["id"], "name": p["function"]["name"], "input": {}})
+                events += self._start(
+                    {"type": "tool_use", "id": p["id"], "name": p["function"]["name"], "input": {}}
+                )
                 self._calls[p["index"]] = index = len(self.blocks) - 1
                 self._args[index] = ""
             args = p["function"]["arguments"]

@@ -75,7 +75,9 @@ def create_app(st: ServerState) -> FastAPI:
     async def messages(body: MessagesRequest, request: Request) -> Response:
         return await create_message(st, body, request)
 
-    @app.post("/v1/messages/count_tokens", dependencies=authed, responses=answers(*BODY, 401, 404, anthropic=True))
+    @app.post(
+        "/v1/messages/count_tokens", dependencies=authed, responses=answers(*BODY, 401, 404, anthropic=True)
+    )
     async def count_tokens(body: CountTokensRequest) -> dict:
         return count_message_tokens(st, body)
 
@@ -107,8 +109,9 @@ def create_app(st: ServerState) -> FastAPI:
         st.check_model(body.model)
         bad = [t for t in body.tokens if not 0 <= t < st.info.vocab_size]
         if bad:
-            raise errors.APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {st.info.vocab_size})",
-                                  "tokens")
+            raise errors.APIError(
+                400, f"token id {bad[0]} is outside the vocabulary [0, {st.info.vocab_size})", "tokens"
+            )
         return {"prompt": st.tokenizer.decode(body.tokens)}
 
     @app.get("/health", response_class=Response, responses={200: {"description": "serving"}, **answers(503)})
@@ -117,7 +120,9 @@ def create_app(st: ServerState) -> FastAPI:
         try:
             stats = await asyncio.wait_for(st.client.stats(), HEALTH_TIMEOUT_S)
         except (TandemError, asyncio.TimeoutError) as e:
-            return JSONResponse(errors.error_body(503, f"engine not serving: {e or 'no answer'}"), status_code=503)
+            return JSONResponse(
+                errors.error_body(503, f"engine not serving: {e or 'no answer'}"), status_code=503
+            )
         if stats.draining:  # what a load balancer or Kubernetes' readiness probe needs to stop sending here
             return errors.draining(stats).response()
         return Response(status_code=200)

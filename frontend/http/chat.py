@@ -47,8 +47,13 @@ def _loads_or_str(s: str) -> Any:
         return s
 
 
-def render_chat(tokenizer: Any, messages: list[ChatMessage], tools: list[dict] | None = None,
-                add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None) -> list[int]:
+def render_chat(
+    tokenizer: Any,
+    messages: list[ChatMessage],
+    tools: list[dict] | None = None,
+    add_generation_prompt: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
     """Token ids of the conversation, through the frontend process's own chat rendering."""
     try:
         return prompt_tokens.render_chat(tokenizer, [_template_message(m) for m in messages], tools,
@@ -101,5 +106,7 @@ class ToolSetup:
 def chat_tools(req: ChatCompletionRequest) -> ToolSetup:
     tc = req.tool_choice
     if isinstance(tc, NamedToolChoice):
-        return ToolSetup([t.function for t in req.tools or []], "named", tc.function.name, req.parallel_tool_calls)
+        return ToolSetup(
+            [t.function for t in req.tools or []], "named", tc.function.name, req.parallel_tool_calls
+        )
     return ToolSetup([t.function for t in req.tools or []], tc or "auto", None, req.parallel_tool_calls)

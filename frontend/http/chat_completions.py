@@ -85,7 +85,9 @@ async def create_chat_completion(st: ServerState, body: ChatCompletionRequest, r
     def chunk(c: _Choice, delta: dict, lp: list[dict] | None) -> bytes:
         ch = {"index": c.index, "delta": delta, "logprobs": {"content": lp} if lp is not None else None,
               "finish_reason": c.finish_reason}
-        return sse({**head("chat.completion.chunk"), "choices": [ch], **({"usage": None} if include_usage else {})})
+        return sse(
+            {**head("chat.completion.chunk"), "choices": [ch], **({"usage": None} if include_usage else {})}
+        )
 
     async def chunks(deltas: AsyncIterator[tuple[int, CompletionDelta]]) -> AsyncIterator[bytes]:
         for c in choices:

@@ -40,7 +40,9 @@ class ChoiceRun:
         self._unfinished = set(self.rids)
         self._closing = False
         self._queue: asyncio.Queue[tuple[int, CompletionDelta | TandemError]] = asyncio.Queue()
-        self._tasks = [asyncio.create_task(self._pump(i, p, sp)) for i, (p, sp) in enumerate(zip(prompts, params))]
+        self._tasks = [
+            asyncio.create_task(self._pump(i, p, sp)) for i, (p, sp) in enumerate(zip(prompts, params))
+        ]
 
     async def _pump(self, i: int, prompt: Prompt, params: dict[str, Any]) -> None:
         last: float | None = None

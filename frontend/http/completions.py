@@ -52,12 +52,23 @@ async def create_completion(st: ServerState, body: CompletionRequest, request: R
     prompts = [pid for pid in ids for _ in range(n)]
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     session = session_of(body, len(prompts))  # its turn's request id is the response's id
-    run = ChoiceRun(st.client, st.metrics, prompts, [sp for _ in ids for sp in per_choice(params, n)], body.priority,
-                    session, [cid] if session else None)
+    run = ChoiceRun(
+        st.client,
+        st.metrics,
+        prompts,
+        [sp for _ in ids for sp in per_choice(params, n)],
+        body.priority,
+        session,
+        [cid] if session else None,
+    )
     want_lp = body.logprobs is not None
     choices: list[_Choice] = []
     for k in range(len(prompts)):
-        echo = (texts[k // n] if texts[k // n] is not None else st.tokenizer.decode(ids[k // n])) if body.echo else ""
+        echo = (
+            (texts[k // n] if texts[k // n] is not None else st.tokenizer.decode(ids[k // n]))
+            if body.echo
+            else ""
+        )
         lp = CompletionLogprobs() if want_lp else None
         if lp is not None and body.echo:
             lp.add_first(st, ids[k // n][0])

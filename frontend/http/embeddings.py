@@ -23,7 +23,8 @@ class EmbeddingRequest(Body):
     dimensions: Annotated[int, Field(ge=1)] | None = None
     user: str | None = None
     normalize: bool = True  # tandem's (vLLM's name), sent by the openai client as extra_body
-    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = 0  # lower first (--scheduling-policy priority)
+    # lower first (--scheduling-policy priority)
+    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = 0
 
 
 def _inputs(given: str | list[str] | list[int] | list[list[int]]) -> list[str] | list[list[int]]:

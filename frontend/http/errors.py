@@ -1,5 +1,6 @@
 """Errors in the shape of the API a route belongs to, with the right status: OpenAI's
-{"error": {"message", "type", "param", "code"}}, or Anthropic's {"type": "error", "error": {"type", "message"}}
+{"error": {"message", "type", "param", "code"}}, or Anthropic's {"type": "error", "error": {"type",
+"message"}}
 on the Messages API's routes."""
 from __future__ import annotations
 

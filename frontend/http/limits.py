@@ -1,9 +1,11 @@
 """Bounds at the HTTP door, so that no client can grow the server's memory without limit (docs/limits.md).
 
-- A request body over `max_body_bytes` gets 413 in the route's error shape (OpenAI's, Anthropic's): at once when Content-Length says
+- A request body over `max_body_bytes` gets 413 in the route's error shape (OpenAI's, Anthropic's): at once
+when Content-Length says
   so (nothing is read), else as soon as the bytes received pass the limit. The body is read here, up to the
   limit, and handed to the app as one message (the app would read it whole anyway).
-- At most `max_concurrent` generation (and embedding) requests are served at once; past it they get 503 `overloaded`
+- At most `max_concurrent` generation (and embedding) requests are served at once; past it they get 503
+`overloaded`
   before anything is tokenized or sent to the engine. A streamed request counts until its response is
   written, so clients that stop reading hold their places and cannot make the server take more.
 
@@ -48,7 +50,13 @@ class DoorLimits:
         if body is None:  # the client left while sending
             return
         if body is _OVER:
-            await _reject(send, path, 413, self._too_large(f"more than {self.max_body_bytes} bytes"), ErrorCode.TOO_LARGE)
+            await _reject(
+                send,
+                path,
+                413,
+                self._too_large(f"more than {self.max_body_bytes} bytes"),
+                ErrorCode.TOO_LARGE,
+            )
             return
         gated = path in GENERATION_PATHS
         if gated and self.active >= self.max_concurrent:
@@ -71,7 +79,9 @@ class DoorLimits:
             self.active -= gated
 
     def _too_large(self, size: str) -> str:
-        return f"request body of {size} is over the limit of {self.max_body_bytes} bytes (--max-request-bytes)"
+        return (
+            f"request body of {size} is over the limit of {self.max_body_bytes} bytes (--max-request-bytes)"
+        )
 
     async def _read_body(self, receive: Receive) -> bytes | None:
         """The whole body; _OVER as soon as it passes the limit (the rest is not read); None on disconnect."""
@@ -102,7 +112,15 @@ def _content_length(scope: Scope) -> int | None:
 
 async def _reject(send: Send, path: str, status: int, message: str, code: str) -> None:
     payload = APIError(status, message, None, code).response(path).body  # the route's own error shape
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                            (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": payload})

@@ -9,11 +9,17 @@ def chat_logprobs(st: ServerState, lp: Logprobs) -> list[dict]:
     out = []
     for tid, logprob, top_ids, top_lps in zip(lp.token_ids, lp.logprobs, lp.top_ids, lp.top_logprobs):
         tok = st.token_text(tid)
-        out.append({
-            "token": tok, "logprob": logprob, "bytes": list(tok.encode()),
-            "top_logprobs": [{"token": st.token_text(t), "logprob": v, "bytes": list(st.token_text(t).encode())}
-                             for t, v in zip(top_ids, top_lps)],
-        })
+        out.append(
+            {
+                "token": tok,
+                "logprob": logprob,
+                "bytes": list(tok.encode()),
+                "top_logprobs": [
+                    {"token": st.token_text(t), "logprob": v, "bytes": list(st.token_text(t).encode())}
+                    for t, v in zip(top_ids, top_lps)
+                ],
+            }
+        )
     return out
 
 

@@ -52,7 +52,9 @@ class Metrics:
                                registry=r)
         self.model_name = model_name
         self.ttft = hist("time_to_first_token_seconds", "arrival to first token", _LATENCY)
-        self.itl = hist("inter_token_latency_seconds", "time between output tokens as the server sees them", _ITL)
+        self.itl = hist(
+            "inter_token_latency_seconds", "time between output tokens as the server sees them", _ITL
+        )
         self.e2e = hist("e2e_request_latency_seconds", "arrival to finish", _LATENCY)
         self.queue = hist("request_queue_time_seconds", "arrival to first scheduled", _LATENCY)
         self._seen = EngineLoad()  # engine totals already counted

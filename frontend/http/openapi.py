@@ -33,7 +33,10 @@ _ANTHROPIC_ERROR = {
 _EVENT = {
     "type": "object",
     "required": ["data"],
-    "properties": {"data": {"type": "string", "contentMediaType": "application/json"}, "event": {"type": "string"}},
+    "properties": {
+        "data": {"type": "string", "contentMediaType": "application/json"},
+        "event": {"type": "string"},
+    },
 }
 _WHY = {400: "invalid request (the field is named)", 401: "missing or wrong key", 404: "unknown model or id",
         413: "request body over --max-request-bytes", 500: "the engine failed the request",
@@ -48,7 +51,8 @@ def answers(*statuses: int, anthropic: bool = False, stream: bool = False) -> di
     a `text/event-stream`."""
     schema = _ANTHROPIC_ERROR if anthropic else _OPENAI_ERROR
     out: dict[int | str, dict[str, Any]] = {
-        s: {"description": _WHY[s], "content": {"application/json": {"schema": schema}}} for s in sorted(set(statuses))
+        s: {"description": _WHY[s], "content": {"application/json": {"schema": schema}}}
+        for s in sorted(set(statuses))
     }
     if stream:
         out[200] = {"content": {"text/event-stream": {"schema": _EVENT}}}

@@ -1,4 +1,5 @@
-"""The HTTP process: an AsyncClient of the frontend behind uvicorn (uvloop), one of `tandem serve`'s processes.
+"""The HTTP process: an AsyncClient of the frontend behind uvicorn (uvloop), one of `tandem serve`'s
+processes.
 
 It binds its socket itself, so that port 0 picks a free port, and reports the URL in its Ready record.
 """

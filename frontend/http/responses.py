@@ -61,13 +61,17 @@ def input_messages(items: str | list[Any]) -> list[ChatMessage]:
 
 
 def _output_message(reply: ReplyParser) -> ChatMessage:
-    calls = [ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in reply.calls]
+    calls = [
+        ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in reply.calls
+    ]
     return ChatMessage(role="assistant", content=reply.content or None, tool_calls=calls or None,
                        reasoning_content=reply.reasoning)
 
 
 def _tools(body: ResponsesRequest) -> ToolSetup:
-    fns = [FunctionDef(name=t.name, description=t.description, parameters=t.parameters) for t in body.tools or []]
+    fns = [
+        FunctionDef(name=t.name, description=t.description, parameters=t.parameters) for t in body.tools or []
+    ]
     tc = body.tool_choice
     if isinstance(tc, NamedFunctionChoice):
         return ToolSetup(fns, "named", tc.name, body.parallel_tool_calls)
@@ -75,9 +79,15 @@ def _tools(body: ResponsesRequest) -> ToolSetup:
 
 
 def _params(body: ResponsesRequest, tools: ToolSetup) -> dict[str, Any]:
-    p: dict[str, Any] = {"max_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
-                         "top_k": body.top_k, "min_p": body.min_p, "repetition_penalty": body.repetition_penalty,
-                         "seed": body.seed}
+    p: dict[str, Any] = {
+        "max_tokens": body.max_output_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "top_k": body.top_k,
+        "min_p": body.min_p,
+        "repetition_penalty": body.repetition_penalty,
+        "seed": body.seed,
+    }
     if body.stop is not None:
         p["stop"] = [body.stop] if isinstance(body.stop, str) else body.stop
     fmt = body.text.format if body.text else None
@@ -92,14 +102,28 @@ def _params(body: ResponsesRequest, tools: ToolSetup) -> dict[str, Any]:
 
 def _head(st: ServerState, body: ResponsesRequest) -> dict[str, Any]:
     """What a response repeats of its request."""
-    return {"id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": int(time.time()),
-            "model": st.model_name, "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
-            "previous_response_id": body.previous_response_id, "parallel_tool_calls": body.parallel_tool_calls,
-            "temperature": body.temperature, "top_p": body.top_p, "metadata": body.metadata or {},
-            "tool_choice": body.tool_choice if isinstance(body.tool_choice, str) else body.tool_choice.model_dump(),
-            "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
-            "text": body.text.model_dump(exclude_none=True, by_alias=True) if body.text else {"format": {"type": "text"}},
-            "store": body.store, "user": body.user}
+    return {
+        "id": f"resp_{uuid.uuid4().hex}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": st.model_name,
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "previous_response_id": body.previous_response_id,
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "metadata": body.metadata or {},
+        "tool_choice": body.tool_choice
+        if isinstance(body.tool_choice, str)
+        else body.tool_choice.model_dump(),
+        "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
+        "text": body.text.model_dump(exclude_none=True, by_alias=True)
+        if body.text
+        else {"format": {"type": "text"}},
+        "store": body.store,
+        "user": body.user,
+    }
 
 
 async def create_response(st: ServerState, body: ResponsesRequest, request: Request) -> Response:
@@ -108,9 +132,13 @@ async def create_response(st: ServerState, body: ResponsesRequest, request: Requ
     if body.previous_response_id is not None:
         stored = st.responses.get(body.previous_response_id)
         if stored is None:
-            raise APIError(404, f"Previous response with id '{body.previous_response_id}' not found (unknown, "
-                           f"or dropped: the server keeps the last {st.responses.capacity}).",
-                           "previous_response_id", "previous_response_not_found")
+            raise APIError(
+                404,
+                f"Previous response with id '{body.previous_response_id}' not found (unknown, "
+                f"or dropped: the server keeps the last {st.responses.capacity}).",
+                "previous_response_id",
+                "previous_response_not_found",
+            )
         history = stored.messages
     turn = history + input_messages(body.input)
     system = [ChatMessage(role="system", content=body.instructions)] if body.instructions is not None else []
@@ -155,14 +183,19 @@ async def create_response(st: ServerState, body: ResponsesRequest, request: Requ
 def _usage(st: ServerState, usage: Usage, reply: ReplyParser) -> dict:
     # The reply's text is split, not its tokens: the reasoning's share is its text tokenized again.
     thinking = len(st.tokenizer.encode(reply.reasoning, add_special_tokens=False)) if reply.reasoning else 0
-    return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
-            "output_tokens": usage.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": min(thinking, usage.completion_tokens)},
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens}
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": min(thinking, usage.completion_tokens)},
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+    }
 
 
 def stored_response(st: ServerState, response_id: str) -> dict:
     stored = st.responses.get(response_id)
     if stored is None:
-        raise APIError(404, f"Response with id '{response_id}' not found.", "response_id", "response_not_found")
+        raise APIError(
+            404, f"Response with id '{response_id}' not found.", "response_id", "response_not_found"
+        )
     return stored.body

@@ -62,7 +62,9 @@ class ResponseBuilder:
         self.status = "incomplete" if cut else "completed"
         self.incomplete_details = {"reason": "max_output_tokens"} if cut else None
         self.usage = usage
-        events.append(self.event("response.incomplete" if cut else "response.completed", response=self.body()))
+        events.append(
+            self.event("response.incomplete" if cut else "response.completed", response=self.body())
+        )
         return events
 
     # --- items ---
@@ -85,10 +87,22 @@ class ResponseBuilder:
 
     def _open_item(self, kind: str) -> list[Event]:
         if kind == "reasoning":
-            item: dict = {"type": "reasoning", "id": _id("rs"), "summary": [], "content": [], "status": "in_progress"}
+            item: dict = {
+                "type": "reasoning",
+                "id": _id("rs"),
+                "summary": [],
+                "content": [],
+                "status": "in_progress",
+            }
             part: dict = {"type": "reasoning_text", "text": ""}
         else:
-            item = {"type": "message", "id": _id("msg"), "status": "in_progress", "role": "assistant", "content": []}
+            item = {
+                "type": "message",
+                "id": _id("msg"),
+                "status": "in_progress",
+                "role": "assistant",
+                "content": [],
+            }
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         self.output.append(item)
         self._open = index = len(self.output) - 1
@@ -114,18 +128,32 @@ class ResponseBuilder:
         done = "response.reasoning_text.done" if item["type"] == "reasoning" else "response.output_text.done"
         extra = {} if item["type"] == "reasoning" else {"logprobs": []}
         return events + [
-            self.event(done, item_id=item["id"], output_index=index, content_index=0, text=part["text"], **extra),
-            self.event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
-                        part=dict(part)),
-            self.event("response.output_item.done", output_index=index, item=_copy(item))]
+            self.event(
+                done, item_id=item["id"], output_index=index, content_index=0, text=part["text"], **extra
+            ),
+            self.event(
+                "response.content_part.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                part=dict(part),
+            ),
+            self.event("response.output_item.done", output_index=index, item=_copy(item)),
+        ]
 
     def _call_parts(self, parts: list[dict]) -> list[Event]:
         events: list[Event] = []
         for p in parts:
             if "id" in p:  # a new call: its own item, after whatever was open
                 events += self._close(False)
-                item = {"type": "function_call", "id": _id("fc"), "call_id": p["id"], "name": p["function"]["name"],
-                        "arguments": "", "status": "in_progress"}
+                item = {
+                    "type": "function_call",
+                    "id": _id("fc"),
+                    "call_id": p["id"],
+                    "name": p["function"]["name"],
+                    "arguments": "",
+                    "status": "in_progress",
+                }
                 self.output.append(item)
                 self._calls[p["index"]] = len(self.output) - 1
                 events.append(self.event("response.output_item.added", output_index=len(self.output) - 1,

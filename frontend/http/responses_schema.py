@@ -61,8 +61,10 @@ def _item_type(v: Any) -> str:
 
 
 InputItem = Annotated[
-    Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[ReasoningItem, Tag("reasoning")],
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(_item_type),
 ]
 
@@ -124,4 +126,5 @@ class ResponsesRequest(Body):
     repetition_penalty: float = 1.0
     stop: str | list[str] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = 0  # lower first (--scheduling-policy priority)
+    # lower first (--scheduling-policy priority)
+    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = 0

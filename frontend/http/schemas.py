@@ -27,7 +27,8 @@ TokenId = Annotated[int, Field(ge=0, le=2**31 - 1, json_schema_extra={"x-token-i
 
 
 def _document_extras(schema: dict[str, Any], cls: type[Body]) -> None:
-    """The document says what is taken: other keys only as null, and the SGLang extensions at their defaults."""
+    """The document says what is taken: other keys only as null, and the SGLang extensions at their
+    defaults."""
     schema["additionalProperties"] = {"type": "null"}
     for k, v in cls.unasked.items():
         schema.setdefault("properties", {})[k] = {"const": v}
@@ -35,7 +36,9 @@ def _document_extras(schema: dict[str, Any], cls: type[Body]) -> None:
 
 class Body(BaseModel):
     # strict: a number given as a string (or a bool as a number) is refused, as OpenAI's own server does.
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True, json_schema_extra=_document_extras)
+    model_config = ConfigDict(
+        extra="forbid", populate_by_name=True, strict=True, json_schema_extra=_document_extras
+    )
     unasked: ClassVar[dict[str, Any]] = {}  # keys dropped when they hold these values
 
     @model_validator(mode="before")
@@ -103,7 +106,8 @@ class SamplingBody(Body):
     regex: str | None = None
     choice: Annotated[list[str], Field(min_length=1)] | None = None
     grammar: str | None = None
-    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = 0  # lower first (--scheduling-policy priority)
+    # lower first (--scheduling-policy priority)
+    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = 0
     session_params: SessionParamsBody | None = None
 
 
@@ -172,7 +176,8 @@ class ChatCompletionRequest(SamplingBody):
 
 class OpenSessionRequest(Body):
     capacity_tokens: Annotated[int, Field(ge=1, le=MAX_SESSION_TOKENS)]
-    timeout: Annotated[float, Field(gt=0, le=MAX_SESSION_TIMEOUT_S)] | None = None  # idle seconds; default: the client's
+    # idle seconds; default: the client's
+    timeout: Annotated[float, Field(gt=0, le=MAX_SESSION_TIMEOUT_S)] | None = None
 
 
 class CloseSessionRequest(Body):

@@ -50,7 +50,9 @@ class ServerState:
         """A reply's parser, told whether the prompt's end (the template's doing) opened a think block."""
         if self.reasoning is None:
             return None
-        return ReasoningParser(self.reasoning, opens_reasoning(self.tokenizer.decode(prompt_ids[-PROMPT_TAIL:])))
+        return ReasoningParser(
+            self.reasoning, opens_reasoning(self.tokenizer.decode(prompt_ids[-PROMPT_TAIL:]))
+        )
 
     def check_key(self, request: Request) -> None:
         if self.api_key is not None and not _key_matches(request, self.api_key):

@@ -55,7 +55,9 @@ class ClientFrames:
         """ROUTER frames [identity, message] into the sender and its message."""
         if len(frames) != 2:
             ident = frames[0] if frames else None
-            return BadFrames(ident, None, ErrorCode.MALFORMED, f"expected 1 message frame, got {len(frames) - 1}")
+            return BadFrames(
+                ident, None, ErrorCode.MALFORMED, f"expected 1 message frame, got {len(frames) - 1}"
+            )
         ident, data = frames
         if len(data) > self.max_request_bytes:
             return BadFrames(
@@ -67,5 +69,7 @@ class ClientFrames:
         except msgspec.DecodeError as e:  # also ValidationError: a known encoding of an unknown shape or tag
             return BadFrames(ident, peek_rid(data), ErrorCode.MALFORMED, f"undecodable request: {e}")
         if not 0 < len(msg.rid) <= MAX_RID_LEN:
-            return BadFrames(ident, None, ErrorCode.BAD_RID, f"request id must be 1..{MAX_RID_LEN} characters")
+            return BadFrames(
+                ident, None, ErrorCode.BAD_RID, f"request id must be 1..{MAX_RID_LEN} characters"
+            )
         return ident, msg

@@ -66,7 +66,8 @@ def run_frontend(cfg_bytes: bytes, ep_bytes: bytes) -> None:
         info = read_model_info(cfg.model, cfg.max_model_len)
         clients = make_socket(ctx, zmq.ROUTER, ep.client, bind=True)
         clients.setsockopt(zmq.SNDHWM, CLIENT_SND_HWM)
-        clients.setsockopt(zmq.RCVHWM, CLIENT_RCV_HWM)  # a flooding client waits, the frontend's memory doesn't grow
+        # a flooding client waits, the frontend's memory doesn't grow
+        clients.setsockopt(zmq.RCVHWM, CLIENT_RCV_HWM)
         clients.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full or vanished client raises instead of dropping
         inbox = make_socket(ctx, zmq.PULL, ep.frontend_in, bind=True)
         scheduler = make_socket(ctx, zmq.PUSH, ep.scheduler_in, bind=False)
@@ -129,7 +130,9 @@ class Frontend:
         except Exception as e:  # one request's surprise must not stop the engine
             log.error("request %r failed in the frontend:\n%s", msg.rid, traceback.format_exc())
             if isinstance(msg, (GenerateRequest, EmbedRequest)) and msg.rid not in self.owner:
-                self.to_client(ident, RequestError(msg.rid, ErrorCode.FRONTEND_FAILED, f"{type(e).__name__}: {e}"))
+                self.to_client(
+                    ident, RequestError(msg.rid, ErrorCode.FRONTEND_FAILED, f"{type(e).__name__}: {e}")
+                )
 
     def on_bad_frames(self, bad: BadFrames) -> None:
         log.warning("dropped a bad client message (%s: %s)", bad.code, bad.message[:200])
@@ -156,7 +159,9 @@ class Frontend:
             return
         try:
             if msg.rid in self.owner or msg.rid in self.ending:
-                raise InvalidRequestError(f"request id {msg.rid!r} is already in flight", ErrorCode.DUPLICATE_RID)
+                raise InvalidRequestError(
+                    f"request id {msg.rid!r} is already in flight", ErrorCode.DUPLICATE_RID
+                )
             if isinstance(msg, EmbedRequest):
                 embed = decode_embed_params(msg.params)
                 ids = tokenize_prompt(msg, self.tokenizer)
@@ -175,7 +180,14 @@ class Frontend:
 
     # ---- from the engine -------------------------------------------------------------------------
     def on_engine(
-        self, msg: OutputBatch | EmbeddingBatch | RequestError | EngineStats | EngineStopping | SessionReply | Drain,
+        self,
+        msg: OutputBatch
+        | EmbeddingBatch
+        | RequestError
+        | EngineStats
+        | EngineStopping
+        | SessionReply
+        | Drain,
     ) -> None:
         if isinstance(msg, EngineStopping):
             self.farewell(msg.reason, msg.code)
@@ -219,7 +231,8 @@ class Frontend:
         self.check_drained()
 
     def check_drained(self) -> None:
-        """While draining, the launcher hears once that no request is left (aborts of gone clients included)."""
+        """While draining, the launcher hears once that no request is left (aborts of gone clients
+        included)."""
         if self.draining and not self._drained_told and not self.owner and not self.ending:
             self._drained_told = True
             self.to_launcher(Drained())

@@ -67,7 +67,8 @@ def check_embed(ids: list[int], params: EmbedParams, info: ModelInfo) -> None:
     _check_ids(ids, info)
     if len(ids) > info.max_model_len:
         raise InvalidRequestError(
-            f"the input has {len(ids)} tokens; the context holds {info.max_model_len}", ErrorCode.PROMPT_TOO_LONG
+            f"the input has {len(ids)} tokens; the context holds {info.max_model_len}",
+            ErrorCode.PROMPT_TOO_LONG,
         )
     d = params.dimensions
     if d is None or d == info.hidden_size:
@@ -88,7 +89,8 @@ def check_prompt(ids: list[int], params: SamplingParams, info: ModelInfo) -> Non
     limit = info.max_model_len
     if len(ids) >= limit:
         raise InvalidRequestError(
-            f"the prompt has {len(ids)} tokens; the context holds {limit} (room for at least one output needed)",
+            f"the prompt has {len(ids)} tokens; the context holds {limit} "
+            "(room for at least one output needed)",
             ErrorCode.PROMPT_TOO_LONG,
         )
     if params.max_tokens is not None and len(ids) + params.max_tokens > limit:

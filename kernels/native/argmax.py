@@ -37,7 +37,12 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     lib = _library()
     if lib is None:
         raise RuntimeError("the CPU argmax kernel is not available")
-    if logits.dtype != torch.float32 or logits.device.type != "cpu" or logits.dim() != 2 or logits.shape[1] < 1:
+    if (
+        logits.dtype != torch.float32
+        or logits.device.type != "cpu"
+        or logits.dim() != 2
+        or logits.shape[1] < 1
+    ):
         raise ValueError(f"argmax takes float32 CPU logits [rows, n >= 1], got {logits.dtype} "
                          f"{tuple(logits.shape)} on {logits.device}")
     if logits.stride(1) != 1:

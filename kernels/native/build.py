@@ -30,7 +30,9 @@ OPENMP = ("-fopenmp",)
 
 def cache_dir() -> Path:
     root = os.environ.get("TANDEM_KERNEL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tandem", "kernels"
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "tandem",
+        "kernels",
     )
     return Path(root)
 
@@ -55,9 +57,13 @@ def build(source: Path, compiler: str | None = None) -> Path:
     # The headers beside the source, and the .c files it #includes (moe.c builds on quant_linear.c's
     # tiles), are part of what is built.
     included = re.findall(r'^#include "([\w.]+\.c)"', source.read_text(), re.MULTILINE)
-    headers = [h.read_bytes() for h in [*sorted(source.parent.glob("*.h")), *(source.parent / c for c in included)]]
+    headers = [
+        h.read_bytes() for h in [*sorted(source.parent.glob("*.h")), *(source.parent / c for c in included)]
+    ]
     key = hashlib.sha256(
-        b"\0".join([source.read_bytes(), *headers, cc.encode(), " ".join(FLAGS).encode(), _this_cpu().encode()])
+        b"\0".join(
+            [source.read_bytes(), *headers, cc.encode(), " ".join(FLAGS).encode(), _this_cpu().encode()]
+        )
     ).hexdigest()[:16]
     out_dir = cache_dir()
     lib = out_dir / f"{source.stem}-{key}.so"
@@ -71,7 +77,10 @@ def build(source: Path, compiler: str | None = None) -> Path:
         errors = []
         for extra in (OPENMP, ()):
             proc = subprocess.run(
-                [cc, *FLAGS, *extra, "-o", tmp, str(source), "-lm"], capture_output=True, text=True, timeout=120
+                [cc, *FLAGS, *extra, "-o", tmp, str(source), "-lm"],
+                capture_output=True,
+                text=True,
+                timeout=120,
             )
             if proc.returncode == 0:
                 os.replace(tmp, lib)

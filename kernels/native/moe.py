@@ -38,8 +38,27 @@ def _library() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.tandem_moe_f32.restype = i64
     # x T H ldx router E k renorm ids wts w13 kind13 N13 w2 kind2 I y ldy threads
-    lib.tandem_moe_f32.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, i64, ptr, ptr, ptr, i64, i64, ptr, i64, i64,
-                                   ptr, i64, i64]
+    lib.tandem_moe_f32.argtypes = [
+        ptr,
+        i64,
+        i64,
+        i64,
+        ptr,
+        i64,
+        i64,
+        i64,
+        ptr,
+        ptr,
+        ptr,
+        i64,
+        i64,
+        ptr,
+        i64,
+        i64,
+        ptr,
+        i64,
+        i64,
+    ]
     return lib
 
 
@@ -73,7 +92,9 @@ class ExpertWeights:
     def dequantize(self) -> torch.Tensor:
         """The float32 [E, N, K] weights it stands for (the reference's)."""
         if self.kind == F32_KIND:
-            return self.data.transpose(-1, -2).reshape(self.num_experts, -1, self.in_features)[:, : self.out_features]
+            return self.data.transpose(-1, -2).reshape(self.num_experts, -1, self.in_features)[
+                :, : self.out_features
+            ]
         return torch.stack([dequantize_blocks(QuantWeight(d, self.kind, self.out_features, self.in_features))
                             for d in self.data])
 
@@ -84,7 +105,8 @@ def _with_pointers(data: torch.Tensor, kind: int, n: int, k: int) -> ExpertWeigh
 
 
 def pack_experts(w: torch.Tensor | list[QuantWeight]) -> ExpertWeights:
-    """[E, N, K] float32, or E QuantWeights of one kind and shape (an expert's GGUF blocks, quant_pack.pack)."""
+    """[E, N, K] float32, or E QuantWeights of one kind and shape (an expert's GGUF blocks,
+    quant_pack.pack)."""
     if isinstance(w, torch.Tensor):
         return _with_pointers(f32_panels(w), F32_KIND, w.shape[1], w.shape[2])
     if len({(q.kind, q.out_features, q.in_features) for q in w}) != 1:
@@ -97,9 +119,16 @@ def pack_router(w: torch.Tensor) -> torch.Tensor:
     return f32_panels(w)
 
 
-def moe(x: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights, top_k: int, renormalize: bool = False,
-        router: torch.Tensor | None = None, weights: torch.Tensor | None = None, ids: torch.Tensor | None = None,
-        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def moe(
+    x: torch.Tensor,
+    w13: ExpertWeights,
+    w2: ExpertWeights,
+    top_k: int,
+    renormalize: bool = False,
+    router: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
+    ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [T, H] float32 -> (y [T, H], weights [T, k] float32, ids [T, k] int64): routed by `router`
     (pack_router's panels; route_ref's choice) or by the given weights and ids; y is experts_ref's sum."""
     lib = _library()
@@ -107,7 +136,9 @@ def moe(x: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights, top_k: int, reno
         raise RuntimeError("the CPU MoE kernel is not available")
     e, h, inter = w13.num_experts, w2.out_features, w2.in_features
     if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2 or x.shape[1] != h:
-        raise ValueError(f"moe takes float32 CPU x [tokens, {h}], got {x.dtype} {tuple(x.shape)} on {x.device}")
+        raise ValueError(
+            f"moe takes float32 CPU x [tokens, {h}], got {x.dtype} {tuple(x.shape)} on {x.device}"
+        )
     if w13.in_features != h or w13.out_features != 2 * inter or w2.num_experts != e or not 0 < top_k <= e:
         raise ValueError(f"experts of shapes [{w13.out_features}, {w13.in_features}] and [{h}, {inter}] with "
                          f"top_k {top_k} of {e} do not make a SwiGLU layer")
@@ -119,7 +150,9 @@ def moe(x: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights, top_k: int, reno
     if router is None:
         if weights is None or ids is None or ids.shape != (t, top_k) or weights.shape != (t, top_k) or (
                 t and not 0 <= int(ids.min()) <= int(ids.max()) < e):
-            raise ValueError(f"without a router, weights and ids [{t}, {top_k}] with ids below {e} are needed")
+            raise ValueError(
+                f"without a router, weights and ids [{t}, {top_k}] with ids below {e} are needed"
+            )
         weights = weights.float().contiguous()
         ids = ids.to(torch.int64).contiguous()
     else:
@@ -129,10 +162,26 @@ def moe(x: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights, top_k: int, reno
     if t == 0:
         return y, weights, ids
     failed = lib.tandem_moe_f32(
-        x.data_ptr(), t, h, x.stride(0), 0 if router is None else router.data_ptr(), e, top_k, int(renormalize),
-        ids.data_ptr(), weights.data_ptr(), w13.pointers.data_ptr(), w13.kind, w13.out_features,
-        w2.pointers.data_ptr(), w2.kind, inter, y.data_ptr(), y.stride(0), torch.get_num_threads(),
-    )  # fmt: skip
+        x.data_ptr(),
+        t,
+        h,
+        x.stride(0),
+        0 if router is None else router.data_ptr(),
+        e,
+        top_k,
+        int(renormalize),
+        ids.data_ptr(),
+        weights.data_ptr(),
+        w13.pointers.data_ptr(),
+        w13.kind,
+        w13.out_features,
+        w2.pointers.data_ptr(),
+        w2.kind,
+        inter,
+        y.data_ptr(),
+        y.stride(0),
+        torch.get_num_threads(),
+    )
     if failed:
         raise MemoryError(f"the MoE kernel could not allocate its scratch for {t} tokens")
     return y, weights, ids

@@ -1,4 +1,5 @@
-"""RMSNorm (after a residual add, optionally) and SiLU- or GELU-and-multiply on CPU in float32, one C pass each.
+"""RMSNorm (after a residual add, optionally) and SiLU- or GELU-and-multiply on CPU in float32, one C pass
+each.
 
 Between a decoder layer's matrix products torch runs RMSNorm as seven ops and SiLU-times-up as three, each
 a Python call and a pass over memory; at batch 1 that dispatch is most of the time outside the products.
@@ -40,12 +41,18 @@ def available() -> bool:
 
 def supports(*tensors: torch.Tensor) -> bool:
     """Whether the kernels take these: float32 CPU matrices with contiguous rows, and the library built."""
-    return all(
-        t.dtype == torch.float32 and t.device.type == "cpu" and t.dim() == 2 and t.stride(1) == 1 for t in tensors
-    ) and available()
+    return (
+        all(
+            t.dtype == torch.float32 and t.device.type == "cpu" and t.dim() == 2 and t.stride(1) == 1
+            for t in tensors
+        )
+        and available()
+    )
 
 
-def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
     """x += delta in place (when given: the residual stream takes a layer's output), then RMSNorm of x, as
     the reference's rms_norm_ref computes it, into a new tensor. x, delta [rows, n]; weight [n] contiguous."""
     lib = _library()
@@ -57,9 +64,18 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
                          f"weight {tuple(weight.shape)} do not fit")
     out = x.new_empty(rows, n)
     lib.tandem_add_rms_norm_f32(
-        x.data_ptr(), x.stride(0), None if delta is None else delta.data_ptr(), 0 if delta is None else delta.stride(0),
-        weight.data_ptr(), rows, n, eps, out.data_ptr(), n, torch.get_num_threads(),
-    )  # fmt: skip
+        x.data_ptr(),
+        x.stride(0),
+        None if delta is None else delta.data_ptr(),
+        0 if delta is None else delta.stride(0),
+        weight.data_ptr(),
+        rows,
+        n,
+        eps,
+        out.data_ptr(),
+        n,
+        torch.get_num_threads(),
+    )
     return out
 
 

@@ -66,7 +66,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         _i64p, _i64, _i64p,  # slots, slots row stride, lens
         _i64, _i64, _i64, ctypes.c_float,  # heads, kv heads, head_dim, scale
         _f32p, _i64, _i64, _f32p, _i64, _i64,  # out, batch, query block, work, work stride, threads
-    ]  # fmt: skip
+    ]
     for fn, extra in ((lib.tandem_paged_attention_f32, []), (lib.tandem_paged_attention_kv, [_i64]),
                       (lib.tandem_paged_attention_win, [_i64, _i64])):
         fn.restype, fn.argtypes = ctypes.c_int, args + extra  # extra: the pools' KV_TYPES code, the window
@@ -117,7 +117,12 @@ def _prepare(
 ) -> _Launch:
     if not _pools_ok(q, k_pool, v_pool):
         raise ValueError(BAD_TENSORS)
-    if slots.dtype != torch.int64 or lens.dtype != torch.int64 or slots.stride(1) != 1 or not lens.is_contiguous():
+    if (
+        slots.dtype != torch.int64
+        or lens.dtype != torch.int64
+        or slots.stride(1) != 1
+        or not lens.is_contiguous()
+    ):
         raise ValueError("slots and lens must be int64, slots rows and lens contiguous")
     B = slots.shape[0]
     _, H, D = q.shape
@@ -140,10 +145,14 @@ def _prepare(
     items = sum(-(-n // block) for n in q_lens) * hkv
     n = max(1, min(threads or torch.get_num_threads(), items, pairs * hkv // PARALLEL_MIN_KEYS))
     return _Launch(
-        (H, D, hkv, k_pool.shape[0]), total, torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int64),
-        block, work_stride, n,
+        (H, D, hkv, k_pool.shape[0]),
+        total,
+        torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int64),
+        block,
+        work_stride,
+        n,
         WORKSPACE.get("attention_scores", (n * work_stride,), q),  # reused: a fresh one is page-faulted in
-    )  # fmt: skip
+    )
 
 
 def _launch(
@@ -158,12 +167,30 @@ def _launch(
     if c.total == 0:
         return out
     rc = lib.tandem_paged_attention_win(
-        q.data_ptr(), q.stride(0), q.stride(1), None if q_rows is None else q_rows.data_ptr(), c.offsets.data_ptr(),
-        k_pool.data_ptr(), v_pool.data_ptr(), k_pool.stride(0),
-        slots.data_ptr(), slots.stride(0), lens.data_ptr(),
-        H, hkv, D, scale, out.data_ptr(), slots.shape[0], c.block, c.work.data_ptr(), c.work_stride, c.threads,
-        KV_TYPES[k_pool.dtype], window,
-    )  # fmt: skip
+        q.data_ptr(),
+        q.stride(0),
+        q.stride(1),
+        None if q_rows is None else q_rows.data_ptr(),
+        c.offsets.data_ptr(),
+        k_pool.data_ptr(),
+        v_pool.data_ptr(),
+        k_pool.stride(0),
+        slots.data_ptr(),
+        slots.stride(0),
+        lens.data_ptr(),
+        H,
+        hkv,
+        D,
+        scale,
+        out.data_ptr(),
+        slots.shape[0],
+        c.block,
+        c.work.data_ptr(),
+        c.work_stride,
+        c.threads,
+        KV_TYPES[k_pool.dtype],
+        window,
+    )
     if rc:
         raise MemoryError("the CPU paged-attention kernel could not allocate its work list")
     return out
@@ -218,9 +245,15 @@ def plan_cpu_attention(
     width = max(seq_lens, default=0)
     slots = req_to_token[torch.tensor(rows, dtype=torch.int64), :width]
     if slot_map is not None:
-        lo = min((max(0, s - e - window + 1) for s, e in zip(seq_lens, extend_lens)), default=0) if window else 0
+        lo = (
+            min((max(0, s - e - window + 1) for s, e in zip(seq_lens, extend_lens)), default=0)
+            if window
+            else 0
+        )
         slots[:, lo:] = slot_map[slots[:, lo:]]
-    return CpuAttentionPlan(slots, torch.tensor(seq_lens, dtype=torch.int64), list(extend_lens), window=window)
+    return CpuAttentionPlan(
+        slots, torch.tensor(seq_lens, dtype=torch.int64), list(extend_lens), window=window
+    )
 
 
 def paged_attention_cpu(

@@ -1,6 +1,7 @@
 """Linear products on CPU straight from a GGUF file's weight blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
 Q6_K: the types of llama.cpp's Q4_K_M and Q5_K_M files, among others), or from a float model's float32 or
-bfloat16 weight as it is (`dense`: kernels/csrc/dense_rows.h), so every layer of a decode step has one C entry.
+bfloat16 weight as it is (`dense`: kernels/csrc/dense_rows.h), so every layer of a decode step has one C
+entry.
 
 A decode step on CPU is bound by reading the weights: SmolLM2-135M's linear layers are 540 MB in float32
 and 66 MB as the file's Q4_1 blocks. kernels/csrc/quant_linear.c dequantizes each weight in registers, to

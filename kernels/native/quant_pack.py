@@ -2,7 +2,8 @@
 
 `pack` reads a GGUF tensor's blocks into each weight's quantized value q and its scales and lays them out
 in panels of 16 output columns: the scales as the file holds them (float16 d and m, the K-quants' integer
-sub-block scales), then a plane of q's high bits for the 5- and 6-bit types and q's low nibbles. `dequantize` is the
+sub-block scales), then a plane of q's high bits for the 5- and 6-bit types and q's low nibbles. `dequantize`
+is the
 reference the tests hold the kernel to: from that layout, the float32 weight the kernel rebuilds, D * q + M
 with D and M as the kernel computes them, which is gguf's own dequantization of the file exactly.
 """
@@ -27,10 +28,13 @@ GGUF_BLOCKS = {
     "Q5_K": (6, 256, 176),
     "Q6_K": (7, 256, 210),
 }
-# Float weights kept row-major [out, in] as the checkpoint holds them, not repacked (kernels/csrc/dense_rows.h):
+# Float weights kept row-major [out, in] as the checkpoint holds them, not repacked
+# (kernels/csrc/dense_rows.h):
 # the kinds after the blocks', for float32 and bfloat16 layers of a float model on CPU.
 DENSE_KINDS = {"F32": (8, torch.float32), "BF16": (9, torch.bfloat16)}
-_NAMES = {kind: name for name, (kind, _, _) in GGUF_BLOCKS.items()} | {k: n for n, (k, _) in DENSE_KINDS.items()}
+_NAMES = {kind: name for name, (kind, _, _) in GGUF_BLOCKS.items()} | {
+    k: n for n, (k, _) in DENSE_KINDS.items()
+}
 _K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
 _HIGH_BITS = {"Q5_0": 1, "Q5_1": 1, "Q5_K": 1, "Q6_K": 2}  # bits of q above its low nibble
 OFFSETS = {"Q4_0": 8, "Q5_0": 16, "Q6_K": 32}  # gguf's d * (q - offset): M = -offset * D
@@ -41,7 +45,8 @@ _WITH_M = ("Q4_1", "Q5_1")  # d * q + m, m stored
 class QuantWeight:
     """A [out_features, in_features] weight in the kernel's layout (quant_blocks.h)."""
 
-    data: torch.Tensor  # uint8 [panels, K / super-block inputs, super-block bytes]; a dense kind: [out, in] float
+    # uint8 [panels, K / super-block inputs, super-block bytes]; a dense kind: [out, in] float
+    data: torch.Tensor
     kind: int  # GGUF_BLOCKS' kind
     out_features: int
     in_features: int
@@ -66,7 +71,9 @@ def dense(weight: torch.Tensor) -> QuantWeight:
     for kind, dtype in DENSE_KINDS.values():
         if weight.dtype == dtype:
             if weight.dim() != 2 or weight.device.type != "cpu":
-                raise ValueError(f"a dense weight is a 2-d CPU tensor, got {tuple(weight.shape)} on {weight.device}")
+                raise ValueError(
+                    f"a dense weight is a 2-d CPU tensor, got {tuple(weight.shape)} on {weight.device}"
+                )
             return QuantWeight(weight.contiguous(), kind, weight.shape[0], weight.shape[1])
     raise ValueError(f"no dense CPU kernel for {weight.dtype}; supported: float32, bfloat16")
 
@@ -154,7 +161,12 @@ def pack(raw: np.ndarray, qtype: str, in_features: int) -> QuantWeight:
     if qtype not in GGUF_BLOCKS:
         raise ValueError(f"no CPU kernel for GGUF type {qtype}; supported: {', '.join(GGUF_BLOCKS)}")
     kind, elems, block = GGUF_BLOCKS[qtype]
-    if in_features % elems or raw.ndim != 2 or raw.dtype != np.uint8 or raw.shape[1] != in_features // elems * block:
+    if (
+        in_features % elems
+        or raw.ndim != 2
+        or raw.dtype != np.uint8
+        or raw.shape[1] != in_features // elems * block
+    ):
         raise ValueError(f"{qtype} weight of {in_features} inputs: expected uint8 rows of "
                          f"{in_features // elems * block} bytes, got {raw.dtype} {tuple(raw.shape)}")
     n, kb = raw.shape[0], in_features // KBLK
@@ -221,11 +233,17 @@ def unpack(w: QuantWeight) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         b = quants[..., 64 * hb :].reshape(panels, kb, 32, 8)
         q = np.concatenate([b & 15, b >> 4], axis=-1)  # [panels, kb, 32 (k), 16 (column)]
         if hb:
-            words = np.ascontiguousarray(quants[..., : 64 * hb]).view("<u2" if hb == 1 else "<u4").astype(np.uint32)
+            words = (
+                np.ascontiguousarray(quants[..., : 64 * hb])
+                .view("<u2" if hb == 1 else "<u4")
+                .astype(np.uint32)
+            )
             q = q | (_bits(words, PANEL, hb).swapaxes(-1, -2) << 4).astype(np.uint8)
     d, m = halves(0), None
     if qtype == "Q6_K":  # d * sc per 16 inputs
-        d = (d[:, :, None, :] * per_sub(32, 16, np.int8).reshape(panels, -1, 16, PANEL)).reshape(panels, kb, 2, 16)
+        d = (d[:, :, None, :] * per_sub(32, 16, np.int8).reshape(panels, -1, 16, PANEL)).reshape(
+            panels, kb, 2, 16
+        )
     elif qtype in _K_QUANTS:
         sc, mn = per_sub(64, 8, np.uint8), per_sub(64 + 8 * PANEL, 8, np.uint8)
         d = (d[:, :, None, :] * sc.reshape(panels, -1, 8, PANEL)).reshape(panels, kb, 1, 16)

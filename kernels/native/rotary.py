@@ -50,7 +50,8 @@ def supports(x: torch.Tensor, cos: torch.Tensor) -> bool:
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """apply_rotary_ref's result in a new contiguous tensor: x [T, H, D]; cos, sin [T, 1, D] (rows contiguous)."""
+    """apply_rotary_ref's result in a new contiguous tensor: x [T, H, D]; cos, sin [T, 1, D] (rows
+    contiguous)."""
     lib = _library()
     if lib is None or not supports(x, cos) or sin.dtype != cos.dtype or sin.stride(-1) != 1:
         raise ValueError("rotary takes float32 CPU x [T, H, D] (heads contiguous) and [T, 1, D] tables")
@@ -58,6 +59,18 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     if cos.shape != (T, 1, D) or sin.shape != (T, 1, D):
         raise ValueError(f"tables {tuple(cos.shape)}, {tuple(sin.shape)} do not fit x {tuple(x.shape)}")
     out = x.new_empty((T, H, D))
-    lib.tandem_rotary_f32(x.data_ptr(), x.stride(0), x.stride(1), cos.data_ptr(), cos.stride(0), sin.data_ptr(),
-                          sin.stride(0), T, H, D, out.data_ptr(), torch.get_num_threads())
+    lib.tandem_rotary_f32(
+        x.data_ptr(),
+        x.stride(0),
+        x.stride(1),
+        cos.data_ptr(),
+        cos.stride(0),
+        sin.data_ptr(),
+        sin.stride(0),
+        T,
+        H,
+        D,
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
     return out

@@ -1,4 +1,5 @@
-"""The CPU decode-step replayer (kernels/csrc/step_graph.c): a recorded list of kernel calls run with one call.
+"""The CPU decode-step replayer (kernels/csrc/step_graph.c): a recorded list of kernel calls run with one
+call.
 
 worker/step_recorder.py records the nodes; this module names each kind's arguments (`ARGS`: a node is built
 by name, `Node`, never packed by position at its call site), binds the replayer and hands out the entry points
@@ -32,16 +33,70 @@ ARGS: dict[int, tuple[str, ...]] = {
     EMBED: ("table*", "hidden", "ids*", "out*", "ld_out", "scale:f"),
     NORM: ("@add_rms_norm", "x*", "ldx", "delta*", "ldd", "w*", "n", "eps:f", "out*", "ldo"),
     HEAD_NORM: ("@add_rms_norm", "x*", "ld_token", "heads", "w*", "D", "eps:f", "out*", "ld_out_token"),
-    QLINEAR: ("@quant_linear", "x*", "K", "ldx", "w*", "kind", "N", "y*", "ldy", "bias*", "min_macs",
-              "quantize_part", "q8_part", "q8*"),
+    QLINEAR: (
+        "@quant_linear",
+        "x*",
+        "K",
+        "ldx",
+        "w*",
+        "kind",
+        "N",
+        "y*",
+        "ldy",
+        "bias*",
+        "min_macs",
+        "quantize_part",
+        "q8_part",
+        "q8*",
+    ),
     ROTARY: ("@rotary", "x*", "ldx", "ldh", "cos*", "sin*", "D", "H", "positions*", "out*"),
     KV_WRITE: ("k*", "ldk", "v*", "ldv", "k_pool*", "v_pool*", "width", "slots*", "pool_type"),
-    ATTENTION: ("@paged_attention", "q*", "ldq", "ldqh", "k_pool*", "v_pool*", "slot_stride", "rtt*", "ld_rtt",
-                "rows*", "lens*", "slot_buf*", "H", "Hkv", "D", "scale:f", "out*", "work*", "work_stride",
-                "min_keys", "pool_type", "window", "slot_map*"),
+    ATTENTION: (
+        "@paged_attention",
+        "q*",
+        "ldq",
+        "ldqh",
+        "k_pool*",
+        "v_pool*",
+        "slot_stride",
+        "rtt*",
+        "ld_rtt",
+        "rows*",
+        "lens*",
+        "slot_buf*",
+        "H",
+        "Hkv",
+        "D",
+        "scale:f",
+        "out*",
+        "work*",
+        "work_stride",
+        "min_keys",
+        "pool_type",
+        "window",
+        "slot_map*",
+    ),
     SILU_MUL: ("@silu_mul", *_ACT),
-    MOE: ("@moe", "x*", "H", "ldx", "router*", "E", "k", "renorm", "ids*", "wts*", "w13*", "kind13", "N13", "w2*",
-          "kind2", "I", "y*", "ldy"),
+    MOE: (
+        "@moe",
+        "x*",
+        "H",
+        "ldx",
+        "router*",
+        "E",
+        "k",
+        "renorm",
+        "ids*",
+        "wts*",
+        "w13*",
+        "kind13",
+        "N13",
+        "w2*",
+        "kind2",
+        "I",
+        "y*",
+        "ldy",
+    ),
     GELU_MUL: ("@gelu_mul", *_ACT),
     ARGMAX: ("@argmax", "logits*", "ld", "vocab", "out*"),
     ADD: ("x*", "ldx", "delta*", "ldd", "n"),
@@ -72,7 +127,9 @@ class Node:
     def __init__(self, kind: int, /, **args: int | float | Ptr | torch.Tensor | None) -> None:
         given = {n for n, a in zip(NAMES[kind], ARGS[kind], strict=True) if not a.startswith("@")}
         if set(args) != given:
-            raise TypeError(f"node {kind}: missing {sorted(given - set(args))}, unknown {sorted(set(args) - given)}")
+            raise TypeError(
+                f"node {kind}: missing {sorted(given - set(args))}, unknown {sorted(set(args) - given)}"
+            )
         self.kind = kind
         self.args: list[int | Ptr] = []
         for name, a in zip(NAMES[kind], ARGS[kind], strict=True):
@@ -121,25 +178,28 @@ def available() -> bool:
         m.available() for m in (norm_act, paged_attention, quant_linear, rotary, moe, argmax))
 
 
+# Kernel name -> (its binding module, the C entry point a node calls): the part of the kernel the eager path
+# calls. The `_part` entries: thread t of n's share of the eager entry's work (the replayer's one region).
+ENTRIES = {
+    "add_rms_norm": (norm_act, "tandem_add_rms_norm_part"),
+    "silu_mul": (norm_act, "tandem_silu_mul_part"),
+    "gelu_mul": (norm_act, "tandem_gelu_mul_part"),
+    "quant_linear": (quant_linear, "tandem_quant_linear_part"),
+    "quantize_q8": (quant_linear, "tandem_quantize_q8_part"),  # --cpu-int8-activations
+    "quant_linear_q8": (quant_linear, "tandem_quant_linear_q8_part"),
+    "rotary": (rotary, "tandem_rotary_positions_part"),
+    "paged_attention": (paged_attention, "tandem_paged_decode_part"),
+    "moe": (moe, "tandem_moe_f32"),  # a whole call, between the replayer's regions
+    "argmax": (argmax, "tandem_argmax_part"),
+}
+
+
 @functools.cache
 def entry_points() -> dict[str, int]:
-    """Kernel name -> address of the C entry point a node calls: the part of the kernel the eager path calls
-    (kernels/native/*.py bind those)."""
-    # The `_part` entries: thread t of n's share of the eager entry's work (the replayer's one region).
-    libs = {
-        "add_rms_norm": (norm_act._library(), "tandem_add_rms_norm_part"),
-        "silu_mul": (norm_act._library(), "tandem_silu_mul_part"),
-        "gelu_mul": (norm_act._library(), "tandem_gelu_mul_part"),
-        "quant_linear": (quant_linear._library(), "tandem_quant_linear_part"),
-        "quantize_q8": (quant_linear._library(), "tandem_quantize_q8_part"),  # --cpu-int8-activations
-        "quant_linear_q8": (quant_linear._library(), "tandem_quant_linear_q8_part"),
-        "rotary": (rotary._library(), "tandem_rotary_positions_part"),
-        "paged_attention": (paged_attention._library(), "tandem_paged_decode_part"),
-        "moe": (moe._library(), "tandem_moe_f32"),  # a whole call, between the replayer's regions
-        "argmax": (argmax._library(), "tandem_argmax_part"),
-    }
+    """Kernel name -> address of its ENTRIES entry point (kernels/native/*.py bind the same libraries)."""
     out = {}
-    for name, (lib, symbol) in libs.items():
+    for name, (module, symbol) in ENTRIES.items():
+        lib = module._library()
         if lib is None:
             raise RuntimeError(f"the {name} kernel is not available")
         out[name] = ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value or 0
@@ -147,7 +207,8 @@ def entry_points() -> dict[str, int]:
 
 
 def float_bits(x: float) -> int:
-    """A float argument as the int64 the node holds: its float32 bit pattern (as ctypes' c_float rounds it)."""
+    """A float argument as the int64 the node holds: its float32 bit pattern (as ctypes' c_float rounds
+    it)."""
     return struct.unpack("<I", struct.pack("<f", x))[0]
 
 

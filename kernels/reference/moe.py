@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 def route_ref(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits [T, E] -> (weights [T, k] float32, expert ids [T, k] int64): softmax over all experts
-    in float32, the k largest, divided by their sum when `renormalize` (Mixtral; Qwen-MoE's norm_topk_prob)."""
+    in float32, the k largest, divided by their sum when `renormalize` (Mixtral; Qwen-MoE's
+    norm_topk_prob)."""
     probs = torch.softmax(logits.float(), dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
@@ -47,7 +48,9 @@ def sort_by_expert(ids: torch.Tensor, num_experts: int, block: int) -> tuple[tor
     flat = ids.reshape(-1).long()
     pairs = flat.numel()
     dev = flat.device
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(
+        0, flat, torch.ones_like(flat)
+    )
     padded = (counts + block - 1) // block * block
     ends = torch.cumsum(padded, 0)
     order = torch.argsort(flat, stable=True)

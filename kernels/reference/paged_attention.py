@@ -128,7 +128,9 @@ def build_attention_plan(
             by_len.setdefault(e, []).append(i)
     for e, reqs in by_len.items():
         for grp in _group_decodes(reqs, seq_l):
-            plan.decode_groups.append(_padded_group(req_to_token, rows, seq_l, starts, t, grp, e, window, slot_map))
+            plan.decode_groups.append(
+                _padded_group(req_to_token, rows, seq_l, starts, t, grp, e, window, slot_map)
+            )
     batched = {i for reqs in by_len.values() for i in reqs}
 
     for i, e in enumerate(ext_l):
@@ -138,8 +140,9 @@ def build_attention_plan(
         lo = max(0, prefix - window + 1) if window else 0  # the first query's first key
         mask = None
         if prefix > 0 or (window and e > window):  # query j sits at position prefix + j
-            mask = _visible(torch.arange(lo, s, device=dev)[None, :], torch.arange(prefix, s, device=dev)[:, None],
-                            window)
+            mask = _visible(
+                torch.arange(lo, s, device=dev)[None, :], torch.arange(prefix, s, device=dev)[:, None], window
+            )
         slots = req_to_token[rows[i], lo:s]
         plan.extends.append(ExtendSeg(starts[i], e, slots if slot_map is None else slot_map[slots], mask))
     return plan
@@ -263,7 +266,8 @@ def attend_extends(
     for seg in extends:
         rows = slice(seg.start, seg.start + seg.length)
         qs = q[rows].transpose(0, 1).unsqueeze(0).to(cd)  # [1, H, E, D]
-        if new_kv is not None and len(seg.slots) == seg.length:  # fresh prefill: its keys are this step's, as stored
+        # fresh prefill: its keys are this step's, as stored
+        if new_kv is not None and len(seg.slots) == seg.length:
             k, v = (x[rows].transpose(0, 1).unsqueeze(0).to(k_pool.dtype).to(cd) for x in new_kv)
         else:
             k = _gather("k", k_pool, seg.slots).transpose(0, 1).unsqueeze(0).to(cd)  # [1, Hkv, S, D]

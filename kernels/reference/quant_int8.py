@@ -16,7 +16,8 @@ from tandem.kernels.native.quant_pack import KBLK, OFFSETS, QuantRows, QuantWeig
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """x float32 [M, K] -> q int8 [M, K], d float32 [M, K / 32], s int64 [M, K / 32, 2], sd float32 [M, K / 32]."""
+    """x float32 [M, K] -> q int8 [M, K], d float32 [M, K / 32], s int64 [M, K / 32, 2], sd float32 [M, K /
+    32]."""
     xb = x.detach().float().numpy().reshape(x.shape[0], -1, KBLK)
     finite = np.isfinite(xb).all(-1)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
@@ -65,5 +66,7 @@ def int8_linear_ref(x: torch.Tensor, w: QuantWeight | QuantRows) -> torch.Tensor
             isum = qx[:, ks].astype(np.int64) @ qw[:, ks].T  # exact
             acc = fma32(d[None, :, b, g] * dx[:, b, None], isum.astype(np.float32), acc)
         if m is not None:
-            acc = fma32(np.broadcast_to(m[None, :, b], acc.shape), np.broadcast_to(sd[:, b, None], acc.shape), acc)
+            acc = fma32(
+                np.broadcast_to(m[None, :, b], acc.shape), np.broadcast_to(sd[:, b, None], acc.shape), acc
+            )
     return torch.from_numpy(acc)

@@ -41,7 +41,7 @@ def prepare_inputs_triton(
             input_ids, positions, out_cache_loc,
             tokens.stride(0), req_to_token.stride(0),
             BLOCK=PREP_BLOCK,
-        )  # fmt: skip
+        )
     return input_ids, positions, out_cache_loc
 
 
@@ -71,7 +71,7 @@ def _prep_kernel(
     ids_ptr, pos_ptr, loc_ptr,
     tok_stride, tab_stride,
     BLOCK: tl.constexpr,
-):  # fmt: skip
+):
     i = tl.program_id(0)
     row = tl.load(rows_ptr + i).to(tl.int64)
     start = tl.load(starts_ptr + i).to(tl.int64)

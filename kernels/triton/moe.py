@@ -38,7 +38,7 @@ def _kernel() -> Any:
         N, K, num_pairs, top_k, s_a, s_we, s_wn, s_o,
         A_BY_TOKEN: tl.constexpr, SCALE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ):  # fmt: skip
+    ):
         mb = tl.program_id(0)
         nb = tl.program_id(1)
         e = tl.load(block_expert + mb)
@@ -52,9 +52,14 @@ def _kernel() -> Any:
             for k0 in range(0, K, BLOCK_K):
                 kk = k0 + tl.arange(0, BLOCK_K)
                 k_ok = kk < K
-                av = tl.load(a + row[:, None] * s_a + kk[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
-                wv = tl.load(w + e * s_we + n[None, :] * s_wn + kk[:, None], mask=k_ok[:, None] & n_ok[None, :],
-                             other=0.0)
+                av = tl.load(
+                    a + row[:, None] * s_a + kk[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0
+                )
+                wv = tl.load(
+                    w + e * s_we + n[None, :] * s_wn + kk[:, None],
+                    mask=k_ok[:, None] & n_ok[None, :],
+                    other=0.0,
+                )
                 acc += tl.dot(av, wv, input_precision="ieee", out_dtype=tl.float32)
             if SCALE:
                 acc = acc * tl.load(weights + pair, mask=ok, other=0.0)[:, None]
@@ -64,15 +69,23 @@ def _kernel() -> Any:
     return grouped
 
 
-def _launch(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, pair_ids: torch.Tensor, block_expert: torch.Tensor,
-            weights: torch.Tensor, top_k: int, by_token: bool) -> None:
+def _launch(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor,
+    pair_ids: torch.Tensor,
+    block_expert: torch.Tensor,
+    weights: torch.Tensor,
+    top_k: int,
+    by_token: bool,
+) -> None:
     n, k = w.shape[1], w.shape[2]
     grid = (block_expert.numel(), -(-n // BLOCK_N))
     _kernel()[grid](
         a, w, out, pair_ids, block_expert, weights, n, k, out.shape[0], top_k,
         a.stride(0), w.stride(0), w.stride(1), out.stride(0),
         A_BY_TOKEN=by_token, SCALE=not by_token, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-    )  # fmt: skip
+    )
 
 
 def experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,

@@ -1,5 +1,6 @@
 """Paged attention over a slot-addressed KV pool as Triton kernels: the CUDA path. Same layout and
-result as kernels/reference/paged_attention.py's `paged_attention_ref`, which the tests compare them with (under
+result as kernels/reference/paged_attention.py's `paged_attention_ref`, which the tests compare them with
+(under
 TRITON_INTERPRET=1 on CPU, natively on a GPU).
 
 Each program reads its request's KV slots through the req_to_token row where they lie (no gather into a
@@ -46,7 +47,7 @@ def _kernels() -> dict[str, Any]:
         scale, G: tl.constexpr, D: tl.constexpr,
         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
         WINDOW: tl.constexpr, MAPPED: tl.constexpr,
-    ):  # fmt: skip
+    ):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         row = tl.load(rows + b)
@@ -76,7 +77,9 @@ def _kernels() -> dict[str, Any]:
             p = tl.exp(s - m_new[:, None])
             alpha = tl.exp(m_i - m_new)
             vb = tl.load(v_pool + kvo, mask=kv_ok, other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision="ieee", out_dtype=tl.float32)
+            acc = acc * alpha[:, None] + tl.dot(
+                p.to(vb.dtype), vb, input_precision="ieee", out_dtype=tl.float32
+            )
             l_i = l_i * alpha + tl.sum(p, 1)
             m_i = m_new
         oo = b * s_ot + (kvh * G + g[:, None]) * s_oh + d[None, :]
@@ -89,7 +92,7 @@ def _kernels() -> dict[str, Any]:
         scale, G: tl.constexpr, D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
         WINDOW: tl.constexpr, MAPPED: tl.constexpr,
-    ):  # fmt: skip
+    ):
         b = tl.program_id(0)
         h = tl.program_id(1)
         mb = tl.program_id(2)
@@ -111,7 +114,8 @@ def _kernels() -> dict[str, Any]:
             acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
             # Keys past this block's last position are masked for every row: stop there.
             end = tl.minimum(seq_len, seq_len - ext + mb * BLOCK_M + BLOCK_M)
-            # ... and, with a window, keys before this block's first query's window for every row: start there.
+            # ... and, with a window, keys before this block's first query's window for every row: start
+            # there.
             lo = tl.maximum(seq_len - ext + mb * BLOCK_M - WINDOW + 1, 0) if WINDOW > 0 else 0
             for n0 in range(lo, end, BLOCK_N):
                 n = n0 + tl.arange(0, BLOCK_N)
@@ -132,12 +136,16 @@ def _kernels() -> dict[str, Any]:
                 p = tl.exp(s - m_new[:, None])
                 alpha = tl.exp(m_i - m_new)
                 vb = tl.load(v_pool + kvo, mask=kv_ok, other=0.0)
-                acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision="ieee", out_dtype=tl.float32)
+                acc = acc * alpha[:, None] + tl.dot(
+                    p.to(vb.dtype), vb, input_precision="ieee", out_dtype=tl.float32
+                )
                 l_i = l_i * alpha + tl.sum(p, 1)
                 m_i = m_new
             l_i = tl.where(m_ok, l_i, 1.0)
             oo = (first + m[:, None]) * s_ot + h * s_oh + d[None, :]
-            tl.store(out + oo, (acc / l_i[:, None]).to(out.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+            tl.store(
+                out + oo, (acc / l_i[:, None]).to(out.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :]
+            )
 
     return {"decode": decode, "extend": extend}
 
@@ -172,7 +180,7 @@ def paged_attention_triton(
     strides = (
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), out.stride(0), out.stride(1),
         req_to_token.stride(0),
-    )  # fmt: skip
+    )
     kern = _kernels()
     mapped = {"WINDOW": window, "MAPPED": slot_map is not None}
     smap = req_to_token if slot_map is None else slot_map  # any pointer when not MAPPED
@@ -180,10 +188,10 @@ def paged_attention_triton(
         kern["decode"][(b, hkv)](
             q, k_pool, v_pool, out, req_to_token, req_pool_indices, seq_lens, smap, *strides, scale,
             G=g, D=d, BLOCK_G=_pow2(g), BLOCK_D=_pow2(d), BLOCK_N=BLOCK_N, **mapped,
-        )  # fmt: skip
+        )
     else:
         kern["extend"][(b, h, -(-max_extend // BLOCK_M))](
             q, k_pool, v_pool, out, req_to_token, req_pool_indices, seq_lens, extend_lens, cu_lens, smap,
             *strides, scale, G=g, D=d, BLOCK_M=BLOCK_M, BLOCK_D=_pow2(d), BLOCK_N=BLOCK_N, **mapped,
-        )  # fmt: skip
+        )
     return out

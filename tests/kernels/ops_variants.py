@@ -35,16 +35,21 @@ def switches(env: dict[str, str]) -> Iterator[None]:
 
 
 def triton_runs(device: torch.device) -> bool:
-    """Triton kernels run on `device`'s tensors: natively on CUDA, interpreted on CPU (tests/kernels/conftest)."""
+    """Triton kernels run on `device`'s tensors: natively on CUDA, interpreted on CPU
+    (tests/kernels/conftest)."""
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 # A test that runs Triton kernels on CPU tensors: only under the interpreter (machines without a GPU).
-cpu_triton = pytest.mark.skipif(not triton_runs(torch.device("cpu")),
-                                reason="Triton runs natively here (tests/kernels/test_gpu.py), not interpreted")
+cpu_triton = pytest.mark.skipif(
+    not triton_runs(torch.device("cpu")),
+    reason="Triton runs natively here (tests/kernels/test_gpu.py), not interpreted",
+)
 
 
-def ops_variants(device: str = "cpu", dtype: torch.dtype = torch.float32, attention: str = "auto") -> list[Ops]:
+def ops_variants(
+    device: str = "cpu", dtype: torch.dtype = torch.float32, attention: str = "auto"
+) -> list[Ops]:
     """The distinct Ops resolve_ops returns here for device and dtype, in the order of _SWITCHES."""
     dev = torch.device(device)
     found: list[Ops] = []

@@ -10,13 +10,30 @@ import pytest
 
 from tandem.kernels.native import build as native_build
 
-x86_only = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the SIMD path is x86's AVX2")
+x86_only = pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64"), reason="the SIMD path is x86's AVX2"
+)
 
 
 def portable_build(source: Path, out_dir: Path) -> ctypes.CDLL:
     lib = out_dir / f"{source.stem}-portable.so"
-    subprocess.run([native_build.find_compiler(), "-O2", "-march=x86-64", "-fno-math-errno", "-shared", "-fPIC",
-                    "-o", str(lib), str(source), "-lm"], check=True, capture_output=True, timeout=120)  # fmt: skip
+    subprocess.run(
+        [
+            native_build.find_compiler(),
+            "-O2",
+            "-march=x86-64",
+            "-fno-math-errno",
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(lib),
+            str(source),
+            "-lm",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     return ctypes.CDLL(str(lib))
 
 
@@ -25,6 +42,10 @@ def march_build(source: Path, out_dir: Path, march: str) -> ctypes.CDLL:
     narrower x86 target runs here too: its SIMD path is the one such a CPU compiles)."""
     lib = out_dir / f"{source.stem}-{march}.so"
     flags = [f if f != "-march=native" else f"-march={march}" for f in native_build.FLAGS]
-    subprocess.run([native_build.find_compiler(), *flags, *native_build.OPENMP, "-o", str(lib), str(source), "-lm"],
-                   check=True, capture_output=True, timeout=120)  # fmt: skip
+    subprocess.run(
+        [native_build.find_compiler(), *flags, *native_build.OPENMP, "-o", str(lib), str(source), "-lm"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     return ctypes.CDLL(str(lib))

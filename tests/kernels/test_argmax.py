@@ -9,7 +9,9 @@ import torch
 from tandem.kernels.native import argmax as native_argmax
 from tandem.kernels.native.argmax import argmax
 
-pytestmark = pytest.mark.skipif(not native_argmax.available(), reason="needs a C compiler for the CPU kernels")
+pytestmark = pytest.mark.skipif(
+    not native_argmax.available(), reason="needs a C compiler for the CPU kernels"
+)
 
 INF, NAN = float("inf"), float("nan")
 

@@ -30,7 +30,7 @@ def test_parse_cpuinfo_reads_first_processor() -> None:
     ("flags", "expected"),
     [("avx2 fma", torch.float32), ("avx2 avx512f", torch.float32), ("avx512f avx512_bf16", torch.bfloat16),
      ("amx_bf16 amx_tile", torch.bfloat16)],
-)  # fmt: skip
+)
 def test_auto_dtype_follows_cpu_flags(flags: str, expected: torch.dtype) -> None:
     """On CPU `auto` computes in float32 and keeps a float checkpoint's linear weights in bf16 where the CPU
     multiplies bf16 natively; explicit dtypes win; a GGUF file keeps its blocks (weights of its own)."""

@@ -12,7 +12,9 @@ from tandem.kernels.native import quant_linear as native_linear
 from tandem.kernels.native.quant_linear import DENSE_MAX_ROWS
 from tandem.worker.layers import ColumnParallelLinear, RowParallelLinear, VocabEmbedding
 
-needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+needs_onednn = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"
+)
 
 
 @needs_onednn
@@ -44,7 +46,9 @@ def test_only_cpu_float32_weights_are_packed() -> None:
     assert not packable(torch.randn(4, 4, dtype=torch.float64))
 
 
-def _layers(dtype: torch.dtype = torch.float32) -> tuple[ColumnParallelLinear, RowParallelLinear, VocabEmbedding]:
+def _layers(
+    dtype: torch.dtype = torch.float32,
+) -> tuple[ColumnParallelLinear, RowParallelLinear, VocabEmbedding]:
     torch.manual_seed(0)
     col = ColumnParallelLinear(32, [24, 24], True, dtype, "cpu")
     row = RowParallelLinear(48, 32, False, dtype, "cpu")
@@ -63,7 +67,8 @@ def test_without_the_c_kernel_layers_pack_for_onednn_and_free_the_plain_weight(m
     col.pack_for_cpu()
     row.pack_for_cpu()
     head.pack_for_cpu(keep_weight=True)
-    assert col.weight is None and row.weight is None and head.weight is not None  # the embedding still looks up
+    # the embedding still looks up
+    assert col.weight is None and row.weight is None and head.weight is not None
     assert col.dense is None and head.head_dense is None
     after = (col(x), row(col(x)), head.logits(x), head(ids))
     for a, b in zip(before, after, strict=True):
@@ -95,7 +100,9 @@ def test_float_weights_serve_the_c_kernel_and_torch_from_one_tensor(weights: tor
         torch.testing.assert_close(col(x).double(), ref, **tol)
         h = torch.randn(rows, 48)
         torch.testing.assert_close(row(h).double(), h.double() @ row.weight.double().T, **tol)
-        torch.testing.assert_close(head.logits(x).double(), x.double() @ head.head_dense.data.double().T, **tol)
+        torch.testing.assert_close(
+            head.logits(x).double(), x.double() @ head.head_dense.data.double().T, **tol
+        )
     untied = _layers()[2]
     untied.pack_for_cpu(keep_weight=False, weight_dtype=weights)
     assert untied.weight is None and untied.head_dense.data.dtype == weights

@@ -53,8 +53,15 @@ def test_decodes_match_reference_and_dense(d: int, hkv: int, group: int) -> None
     c = make_case(reqs, hkv, group, seed=d + 10 * hkv + group, d=d)
     args = (c["q"], c["k_pool"], c["v_pool"])
     got = paged_attention_cpu(*args, _cpu_plan(c), c["scale"])
-    ref = paged_attention_ref(*args, c["req_to_token"], c["req_pool_indices"], c["seq_lens"], c["extend_lens"],
-                              c["scale"], plan=_plan(c))  # fmt: skip
+    ref = paged_attention_ref(
+        *args,
+        c["req_to_token"],
+        c["req_pool_indices"],
+        c["seq_lens"],
+        c["extend_lens"],
+        c["scale"],
+        plan=_plan(c),
+    )
     dense = naive(*args, c["slot_lists"], c["seq_lens"].tolist(), c["extend_lens"].tolist(), c["scale"])
     torch.testing.assert_close(got, ref, atol=2e-6, rtol=1e-5)
     torch.testing.assert_close(got, dense, atol=2e-6, rtol=1e-5)
@@ -88,7 +95,9 @@ def test_a_query_is_the_same_whatever_runs_beside_it() -> None:
     one_thread = paged_decode(q, kp, vp, table, lens, 1, c["scale"], threads=1)
     assert torch.equal(together, one_thread)
     for b in range(4):
-        alone = paged_decode(q[b : b + 1], kp, vp, table[b : b + 1, : lens[b]], lens[b : b + 1], 1, c["scale"])
+        alone = paged_decode(
+            q[b : b + 1], kp, vp, table[b : b + 1, : lens[b]], lens[b : b + 1], 1, c["scale"]
+        )
         assert torch.equal(alone[0], together[b])
     # Request 0 verifying 4 rows ending at its position 69: its last row is its decode above; the
     # earlier rows equal decodes at positions 66..68.
@@ -162,15 +171,25 @@ def test_the_avx2_build_gives_this_cpus_bits(tmp_path, monkeypatch) -> None:
     reqs = [(40, 1), (20, 20), (90, 5), (3, 1), (60, 17), (77, 5), (150, 1), (31, 3), (12, 12), (45, 1)]
     for seed, (group, d) in enumerate([(3, 64), (1, 128), (5, 32), (7, 16), (2, 40), (4, 24)]):
         c = make_case(reqs, hkv=2, group=group, seed=seed, d=d)
-        for dtype, window in ((torch.float32, 0), (torch.float16, 0), (torch.bfloat16, 0), (torch.float32, 24)):
+        for dtype, window in (
+            (torch.float32, 0),
+            (torch.float16, 0),
+            (torch.bfloat16, 0),
+            (torch.float32, 24),
+        ):
             k, v = c["k_pool"].to(dtype), c["v_pool"].to(dtype)
             cases.append((c, k, v, window))
 
     def run_all() -> list[torch.Tensor]:
         out = []
         for c, k, v, window in cases:
-            plan = plan_cpu_attention(c["req_to_token"], c["req_pool_indices"].tolist(), c["seq_lens"].tolist(),
-                                      c["extend_lens"].tolist(), window)
+            plan = plan_cpu_attention(
+                c["req_to_token"],
+                c["req_pool_indices"].tolist(),
+                c["seq_lens"].tolist(),
+                c["extend_lens"].tolist(),
+                window,
+            )
             out.append(paged_attention_cpu(c["q"], k, v, plan, c["scale"]))
         return out
 

@@ -38,7 +38,9 @@ def gguf_model(tiny_model, tmp_path_factory):  # a factory
     return get
 
 
-def _prefilled(model, pool: Pool, lens: list[int], seed: int, extra: int) -> tuple[list[list[int]], list[int]]:
+def _prefilled(
+    model, pool: Pool, lens: list[int], seed: int, extra: int
+) -> tuple[list[list[int]], list[int]]:
     """Random prompts of `lens` tokens (each with `extra` more to decode), prefilled eagerly into the pool."""
     g = torch.Generator().manual_seed(seed)
     seqs = [torch.randint(0, 500, (n + extra,), generator=g).tolist() for n in lens]
@@ -71,7 +73,9 @@ def _step_both_ways(model, pool: Pool, graph: CpuStepGraph, batch, arch: str, he
     size = batch.batch_size
     assert torch.equal(replayed, eager), (size, (replayed - eager).abs().max())
     greedy = graph.greedy_tokens(size)
-    assert (greedy is None) == (arch == "gemma3") and (greedy is None or torch.equal(greedy, eager.argmax(-1)))
+    assert (greedy is None) == (arch == "gemma3") and (
+        greedy is None or torch.equal(greedy, eager.argmax(-1))
+    )
     assert all(torch.equal(a, b) for a, b in zip(_kv(pool), after_eager, strict=True))
 
 
@@ -164,8 +168,18 @@ def test_kv_write_rounds_like_torch(dtype: torch.dtype) -> None:
     rows = src.shape[0]
     kp, vp = torch.zeros(rows + 3, width, dtype=dtype), torch.zeros(rows + 3, width, dtype=dtype)
     slots = torch.randperm(rows + 3, generator=g)[:rows].contiguous()
-    node = [step_graph.KV_WRITE, src.data_ptr(), width, (-src).data_ptr(), width, kp.data_ptr(), vp.data_ptr(),
-            width, slots.data_ptr(), paged_attention.KV_TYPES[dtype]]
+    node = [
+        step_graph.KV_WRITE,
+        src.data_ptr(),
+        width,
+        (-src).data_ptr(),
+        width,
+        kp.data_ptr(),
+        vp.data_ptr(),
+        width,
+        slots.data_ptr(),
+        paged_attention.KV_TYPES[dtype],
+    ]
     neg = -src
     node[3] = neg.data_ptr()
     step_graph.run(torch.tensor([node + [0] * (step_graph.NODE_ARGS + 1 - len(node))]), rows, 1)
@@ -198,7 +212,9 @@ def test_applies_only_where_every_op_has_a_c_kernel(gguf_model, tiny_model) -> N
     plain = load_model(str(tiny_model("llama")), torch.float32, "cpu", ops=cpu)  # float weights: the C kernel
     plain.pack_cpu_weights()
     assert cpu_graph_applies(EngineConfig(model=path), plain, Pool(plain).kv)
-    half = load_model(str(tiny_model("llama")), torch.bfloat16, "cpu", ops=resolve_ops("cpu", torch.bfloat16, "cpu"))
+    half = load_model(
+        str(tiny_model("llama")), torch.bfloat16, "cpu", ops=resolve_ops("cpu", torch.bfloat16, "cpu")
+    )
     half.pack_cpu_weights()  # bf16 activations: torch's ops, no C kernel takes them
     assert not cpu_graph_applies(EngineConfig(model=path), half, Pool(half).kv)
 
@@ -234,10 +250,18 @@ def test_float_models_replay_their_eager_bits(tiny_model, arch: str, weights: to
     assert not graph.can_run(too_many)
 
 
-@pytest.mark.parametrize("arch,page_size,kv,int8", [("llama", 1, "auto", False), ("llama", 16, "auto", False),
-                                                    ("qwen3", 1, "auto", False), ("qwen3", 16, "float16", False),
-                                                    ("qwen3", 1, "auto", True), ("gemma3", 1, "auto", False),
-                                                    ("gemma3", 16, "float16", False)])
+@pytest.mark.parametrize(
+    "arch,page_size,kv,int8",
+    [
+        ("llama", 1, "auto", False),
+        ("llama", 16, "auto", False),
+        ("qwen3", 1, "auto", False),
+        ("qwen3", 16, "float16", False),
+        ("qwen3", 1, "auto", True),
+        ("gemma3", 1, "auto", False),
+        ("gemma3", 16, "float16", False),
+    ],
+)
 def test_worker_steps_through_the_graph_give_the_eager_tokens(gguf_model, arch: str, page_size: int, kv: str,
                                                               int8: bool) -> None:
     path = str(gguf_model(arch))
@@ -247,8 +271,16 @@ def test_worker_steps_through_the_graph_give_the_eager_tokens(gguf_model, arch: 
     prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (5, 17, 40, 9, 2)]
     outs = {}
     for eager in (True, False):
-        cfg = EngineConfig(model=path, dtype="float32", kv_cache_tokens=4096, max_running_requests=8,
-                           page_size=page_size, enforce_eager=eager, kv_cache_dtype=kv, cpu_int8_activations=int8)
+        cfg = EngineConfig(
+            model=path,
+            dtype="float32",
+            kv_cache_tokens=4096,
+            max_running_requests=8,
+            page_size=page_size,
+            enforce_eager=eager,
+            kv_cache_dtype=kv,
+            cpu_int8_activations=int8,
+        )
         runner = ModelRunner(cfg, read_model_info(cfg.model))
         outs[eager] = generate(cfg, read_model_info(cfg.model), runner, prompts, params)
         assert (isinstance(runner.graphs, CpuStepGraph) and runner.graphs.num_runs > 0) == (not eager)
@@ -258,7 +290,9 @@ def test_worker_steps_through_the_graph_give_the_eager_tokens(gguf_model, arch: 
 
 
 @pytest.mark.parametrize("arch,source", [("llama", "gguf"), ("qwen3", "dir"), ("gemma3", "dir")])
-def test_greedy_steps_take_the_replays_argmax(gguf_model, tiny_model, arch: str, source: str, monkeypatch) -> None:
+def test_greedy_steps_take_the_replays_argmax(
+    gguf_model, tiny_model, arch: str, source: str, monkeypatch
+) -> None:
     """All-greedy decode steps through the graph take their tokens from its argmax node (the sampler is not
     called for them) and give the eager tokens; Gemma's softcapped logits go through the sampler; float
     directories at `--dtype auto` (bf16 weights where the CPU has bf16 matmuls) step through the graph too."""
@@ -306,5 +340,7 @@ def test_moe_models_run_alike_with_the_graph_or_without(gguf_model, arch: str) -
         assert cpu_graph_applies(cfg, runner.model, runner.kv) == (not eager and arch == "qwen3_moe")
         outs[eager] = generate(cfg, read_model_info(cfg.model), runner, prompts, params)
         recorded = isinstance(runner.graphs, CpuStepGraph)
-        assert recorded == (not eager and arch == "qwen3_moe") and (not recorded or runner.graphs.num_runs > 0)
+        assert recorded == (not eager and arch == "qwen3_moe") and (
+            not recorded or runner.graphs.num_runs > 0
+        )
     assert outs[True] == outs[False] and sum(map(len, outs[False].values())) == 3 * 10

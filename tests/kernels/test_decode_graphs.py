@@ -40,7 +40,9 @@ def test_bad_buckets_and_capture_off_cuda_are_refused(tiny_model) -> None:
 
 @pytest.mark.parametrize("backend", ["cpu", "torch", pytest.param("triton", marks=cpu_triton)])
 def test_padded_decode_equals_eager_and_writes_only_its_slots(tiny_model, backend: str) -> None:
-    model = load_model(tiny_model("qwen3"), torch.float32, "cpu", ops=resolve_ops("cpu", torch.float32, backend))
+    model = load_model(
+        tiny_model("qwen3"), torch.float32, "cpu", ops=resolve_ops("cpu", torch.float32, backend)
+    )
     pool = Pool(model, num_slots=600, max_reqs=16)
     pool.free_slots.remove(0)  # slot 0 is the engine's padding slot, never a request's
     graphs = DecodeGraphs(model, pool.kv, max_batch=12, max_context=128, capture=False)

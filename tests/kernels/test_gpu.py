@@ -1,5 +1,6 @@
 """GPU-only checks (skipped without CUDA). Their CPU twins: tests/kernels/test_input_prep.py and
-tests/kernels/test_sliding_window_attention.py (Triton kernels under the interpreter), tests/test_e2e_parity.py,
+tests/kernels/test_sliding_window_attention.py (Triton kernels under the interpreter),
+tests/test_e2e_parity.py,
 tests/test_gemma3.py and tests/test_e2e_async.py (the engine on CPU)."""
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ def test_cuda_fp32_greedy_parity_with_transformers(arch: str, eager: bool, tiny_
                                  progress=False)
     equal = sum(assert_greedy_parity(o.token_ids, greedy(model, p, 32), f"cuda {arch} len {len(p)}")
                 for p, o in zip(prompts, outs))
-    assert equal >= len(prompts) - 1, f"only {equal}/{len(prompts)} sequences equal"  # as on CPU: near-ties are rare
+    # as on CPU: near-ties are rare
+    assert equal >= len(prompts) - 1, f"only {equal}/{len(prompts)} sequences equal"
     check_idle_engine(client)
 
 
@@ -81,13 +83,18 @@ def test_cuda_bf16_greedy_parity_with_transformers_bf16(eager: bool, tiny_model,
     prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (1, 7, 33, 120, 300)]
     outs = client.generate_batch(prompts, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True),
                                  progress=False)
-    equal = sum(assert_greedy_parity(o.token_ids, greedy(model, p, 16, torch.bfloat16), f"cuda bf16 len {len(p)}",
-                                     NEAR_TIE_BF16) for p, o in zip(prompts, outs))
+    equal = sum(
+        assert_greedy_parity(
+            o.token_ids, greedy(model, p, 16, torch.bfloat16), f"cuda bf16 len {len(p)}", NEAR_TIE_BF16
+        )
+        for p, o in zip(prompts, outs)
+    )
     assert equal >= len(prompts) // 2, f"only {equal}/{len(prompts)} sequences equal"  # as on CPU's bf16 test
     check_idle_engine(client)
 
 
-# (seq_len, extend_len) per request; the same shapes as tests/kernels/test_paged_attention_triton.py (not imported:
+# (seq_len, extend_len) per request; the same shapes as tests/kernels/test_paged_attention_triton.py (not
+# imported:
 # it turns the Triton interpreter on, and here the kernels must run natively).
 ATTN_CASES = {
     "decodes": [(1, 1), (64, 1), (65, 1), (150, 1), (7, 1)],
@@ -118,7 +125,8 @@ def test_triton_paged_attention_equals_reference_on_cuda(case: str, dtype: torch
 @pytest.mark.parametrize("mapped", [False, True], ids=["shared-pool", "own-pool"])
 @pytest.mark.parametrize("window", [3, 40])
 def test_triton_sliding_window_attention_equals_dense_on_cuda(window: int, mapped: bool) -> None:
-    """Its CPU twin (interpreted): tests/kernels/test_sliding_window_attention.py, whose cases these are (slots
+    """Its CPU twin (interpreted): tests/kernels/test_sliding_window_attention.py, whose cases these are
+    (slots
     before each window poisoned; the sliding layers' own pool read through its slot map)."""
     from tandem.kernels.triton.paged_attention import paged_attention_triton
     from tests.kernels.test_sliding_window_attention import CASES, _split_pool, windowed_case
@@ -129,12 +137,23 @@ def test_triton_sliding_window_attention_equals_dense_on_cuda(window: int, mappe
         c["req_to_token"] = c["req_to_token"].clamp(min=0)
         k, v, slot_map = _split_pool(c, window, seed=window)
     ext = c["extend_lens"]
-    cuda = {name: c[name].cuda() for name in ("q", "req_to_token", "req_pool_indices", "seq_lens", "extend_lens")}
+    cuda = {
+        name: c[name].cuda() for name in ("q", "req_to_token", "req_pool_indices", "seq_lens", "extend_lens")
+    }
     got = paged_attention_triton(
-        cuda["q"], k.cuda(), v.cuda(), cuda["req_to_token"], cuda["req_pool_indices"], cuda["seq_lens"],
-        cuda["extend_lens"], c["scale"], cu_lens=(torch.cumsum(ext, 0) - ext).cuda(), max_extend=int(ext.max()),
-        window=window, slot_map=None if slot_map is None else slot_map.cuda(),
-    )  # fmt: skip
+        cuda["q"],
+        k.cuda(),
+        v.cuda(),
+        cuda["req_to_token"],
+        cuda["req_pool_indices"],
+        cuda["seq_lens"],
+        cuda["extend_lens"],
+        c["scale"],
+        cu_lens=(torch.cumsum(ext, 0) - ext).cuda(),
+        max_extend=int(ext.max()),
+        window=window,
+        slot_map=None if slot_map is None else slot_map.cuda(),
+    )
     torch.testing.assert_close(got.cpu(), c["dense"], atol=2e-5, rtol=1e-4)
 
 
@@ -232,7 +251,9 @@ def test_host_kv_tier_on_cuda_matches_a_large_pool(tiny_model, launch_client) ->
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     large = launch_client(model, device="cuda", kv_cache_tokens=8192)
     want = [c.token_ids for c in large.generate_batch(prompts, params, progress=False)]
-    tiered = launch_client(model, device="cuda", kv_cache_tokens=256, host_kv_tokens=4096, max_running_requests=2)
+    tiered = launch_client(
+        model, device="cuda", kv_cache_tokens=256, host_kv_tokens=4096, max_running_requests=2
+    )
     for _ in range(2):  # the second round finds the prompts in the host tier
         got = [c.token_ids for c in tiered.generate_batch(prompts, params, progress=False)]
         assert got == want

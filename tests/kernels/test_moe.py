@@ -21,7 +21,9 @@ from tests.gguf_files import K_QUANTS, QTYPES, k_quant_blocks
 from tests.kernels.ops_variants import cpu_triton, switches
 from tests.kernels.portable_build import march_build, portable_build, x86_only
 
-needs_cc = pytest.mark.skipif(native_build.find_compiler() is None, reason="no C compiler to build the kernel")
+needs_cc = pytest.mark.skipif(
+    native_build.find_compiler() is None, reason="no C compiler to build the kernel"
+)
 
 
 def _layer(t: int, e: int, h: int, inter: int, seed: int) -> tuple[torch.Tensor, ...]:
@@ -70,7 +72,8 @@ def test_a_token_is_the_same_alone_in_a_batch_and_on_one_thread() -> None:
 
 
 def _blocks(qtype: str, w: torch.Tensor, seed: int) -> list:
-    """Each expert of [E, N, K] as the kernel's layout of a GGUF tensor of `qtype` (K-quants: random blocks)."""
+    """Each expert of [E, N, K] as the kernel's layout of a GGUF tensor of `qtype` (K-quants: random
+    blocks)."""
     out = []
     for e, m in enumerate(w.numpy()):
         if qtype in K_QUANTS:
@@ -82,8 +85,17 @@ def _blocks(qtype: str, w: torch.Tensor, seed: int) -> list:
 
 
 @needs_cc
-@pytest.mark.parametrize(("q13", "q2"), [("Q8_0", "Q8_0"), ("Q4_0", "Q4_1"), ("Q5_0", "Q5_1"), ("Q4_K", "Q6_K"),
-                                         ("Q5_K", "F32"), ("F32", "Q8_0")])
+@pytest.mark.parametrize(
+    ("q13", "q2"),
+    [
+        ("Q8_0", "Q8_0"),
+        ("Q4_0", "Q4_1"),
+        ("Q5_0", "Q5_1"),
+        ("Q4_K", "Q6_K"),
+        ("Q5_K", "F32"),
+        ("F32", "Q8_0"),
+    ],
+)
 @pytest.mark.parametrize("t", [1, 3, 24])
 def test_cpu_experts_from_gguf_blocks(q13: str, q2: str, t: int) -> None:
     """The experts from quantized blocks compute with gguf's dequantized weights (few rows: the direct
@@ -126,9 +138,13 @@ def test_portable_build_matches_the_reference(tmp_path, monkeypatch) -> None:
         x, w13, w2, router = _layer(20, 8, 256, 48, seed=5)
         weights, ids = route_ref(x @ router.T, 2, True)
         p13 = cpu_moe.pack_experts(_blocks("Q4_K", w13, 3))
-        y, _, got_ids = cpu_moe.moe(x, p13, cpu_moe.pack_experts(w2), 2, True, router=cpu_moe.pack_router(router))
+        y, _, got_ids = cpu_moe.moe(
+            x, p13, cpu_moe.pack_experts(w2), 2, True, router=cpu_moe.pack_router(router)
+        )
         assert torch.equal(got_ids, ids)
-        torch.testing.assert_close(y, experts_ref(x, p13.dequantize(), w2, weights, ids), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(
+            y, experts_ref(x, p13.dequantize(), w2, weights, ids), atol=1e-4, rtol=1e-4
+        )
     finally:
         cpu_moe._library.cache_clear()
 
@@ -176,9 +192,13 @@ def test_pairs_sorted_by_expert_in_whole_blocks(t: int, e: int, k: int) -> None:
 # tests/kernels/test_gpu.py runs bfloat16 natively.
 @cpu_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(("t", "e", "k", "h", "inter"), [(1, 8, 2, 64, 32), (7, 8, 8, 64, 48), (40, 4, 1, 48, 24),
-                                                         (0, 4, 2, 32, 16)])
-def test_triton_experts_equal_the_reference(t: int, e: int, k: int, h: int, inter: int, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    ("t", "e", "k", "h", "inter"),
+    [(1, 8, 2, 64, 32), (7, 8, 8, 64, 48), (40, 4, 1, 48, 24), (0, 4, 2, 32, 16)],
+)
+def test_triton_experts_equal_the_reference(
+    t: int, e: int, k: int, h: int, inter: int, dtype: torch.dtype
+) -> None:
     x, w13, w2, router = _layer(t, e, h, inter, seed=11 + t)
     x, w13, w2 = x.to(dtype), w13.to(dtype), w2.to(dtype)
     weights, ids = route_ref(x.float() @ router.T, k, True)

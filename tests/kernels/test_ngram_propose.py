@@ -50,7 +50,9 @@ def test_reference_follows_the_rule_on_examples() -> None:
 
 
 def _random_case(rng: random.Random, width: int, rows: int) -> tuple[torch.Tensor, list[list[int]]]:
-    tokens = torch.randint(0, 1000, (rows, width), generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
+    tokens = torch.randint(
+        0, 1000, (rows, width), generator=torch.Generator().manual_seed(rng.randrange(1 << 30))
+    )
     seqs = []
     for r in range(rows):
         length = rng.choice([1, 2, 3, 5, 17, BLOCK - 1, BLOCK + 3, width - 2, width])

@@ -15,7 +15,9 @@ from tandem.kernels.reference.norm_act import gelu_mul_ref, rms_norm_ref, silu_m
 from tests.kernels.ops_variants import ops_params
 from tests.kernels.portable_build import portable_build, x86_only
 
-pytestmark = pytest.mark.skipif(native_build.find_compiler() is None, reason="no C compiler to build the kernel")
+pytestmark = pytest.mark.skipif(
+    native_build.find_compiler() is None, reason="no C compiler to build the kernel"
+)
 
 
 @pytest.mark.parametrize("n", [20, 64, 576, 1536])
@@ -117,7 +119,11 @@ def test_every_implementation_matches_the_reference(ops: Ops) -> None:
     """What the layers call, each way resolve_ops can pick it here; [T, heads, D] views (Qwen3's q/k norms)
     included, which the C pass does not take."""
     g = torch.Generator().manual_seed(7)
-    x, delta, w = torch.randn(6, 64, generator=g), torch.randn(6, 64, generator=g), torch.randn(64, generator=g)
+    x, delta, w = (
+        torch.randn(6, 64, generator=g),
+        torch.randn(6, 64, generator=g),
+        torch.randn(64, generator=g),
+    )
     tol = {"atol": 1e-5, "rtol": 1e-5}
     torch.testing.assert_close(ops.add_rms_norm(x, None, w, 1e-5), rms_norm_ref(x, w, 1e-5), **tol)
     h = x.clone()
@@ -125,7 +131,11 @@ def test_every_implementation_matches_the_reference(ops: Ops) -> None:
     assert torch.equal(h, x + delta)
     heads = torch.randn(6, 3 * 16 + 5, generator=g)[:, :48].view(6, 3, 16)
     w16 = w[:16].contiguous()
-    torch.testing.assert_close(ops.add_rms_norm(heads, None, w16, 1e-5), rms_norm_ref(heads, w16, 1e-5), **tol)
+    torch.testing.assert_close(
+        ops.add_rms_norm(heads, None, w16, 1e-5), rms_norm_ref(heads, w16, 1e-5), **tol
+    )
     gate_up = torch.randn(6, 128, generator=g)
-    torch.testing.assert_close(ops.silu_mul(gate_up.clone()), silu_mul_ref(gate_up.clone()), atol=1e-6, rtol=2e-6)
+    torch.testing.assert_close(
+        ops.silu_mul(gate_up.clone()), silu_mul_ref(gate_up.clone()), atol=1e-6, rtol=2e-6
+    )
     torch.testing.assert_close(ops.gelu_mul(gate_up.clone()), gelu_mul_ref(gate_up), atol=2e-6, rtol=4e-6)

@@ -52,7 +52,7 @@ def make_case(reqs: list[tuple[int, int]], hkv: int, group: int, seed: int, d: i
     return {
         "q": q, "k_pool": k_pool, "v_pool": v_pool, "req_to_token": req_to_token, "req_pool_indices": rows,
         "seq_lens": seq_lens, "extend_lens": extend_lens, "scale": d**-0.5, "slot_lists": slot_lists,
-    }  # fmt: skip
+    }
 
 
 def run_case(reqs: list[tuple[int, int]], hkv: int, group: int, seed: int) -> None:

@@ -27,7 +27,7 @@ def run_triton(c: dict) -> torch.Tensor:
     return paged_attention_triton(
         c["q"], c["k_pool"], c["v_pool"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], ext,
         c["scale"], cu_lens=torch.cumsum(ext, 0) - ext, max_extend=int(ext.max()),
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("d", [16, 24])
@@ -38,7 +38,7 @@ def test_triton_matches_reference(case: str, group: int, d: int) -> None:
     expected = paged_attention_ref(
         c["q"], c["k_pool"], c["v_pool"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"],
         c["extend_lens"], c["scale"],
-    )  # fmt: skip
+    )
     torch.testing.assert_close(run_triton(c), expected, atol=2e-5, rtol=1e-4)
 
 

@@ -143,7 +143,10 @@ def test_error_is_within_what_8_bit_activations_allow(qtype: str) -> None:
 def test_a_fused_layer_of_several_types_takes_each_parts_path() -> None:
     from tests.gguf_files import k_quant_blocks
 
-    parts = [pack(k_quant_blocks("Q4_K", 40, 256, 0), "Q4_K", 256), pack(k_quant_blocks("Q6_K", 6, 256, 1), "Q6_K", 256)]
+    parts = [
+        pack(k_quant_blocks("Q4_K", 40, 256, 0), "Q4_K", 256),
+        pack(k_quant_blocks("Q6_K", 6, 256, 1), "Q6_K", 256),
+    ]
     w = QuantRows(tuple(parts))
     x = torch.randn(9, 256, generator=torch.Generator().manual_seed(3))
     assert torch.equal(_int8(x, w), torch.cat([int8_linear_ref(x, p) for p in parts], 1))
@@ -166,8 +169,18 @@ def _extreme(qtype: str, n: int, k: int) -> np.ndarray:
 
 def _call(fn, x: torch.Tensor, w, threads: int = 2) -> torch.Tensor:
     y = torch.empty(x.shape[0], w.out_features)
-    fn(x.data_ptr(), x.shape[0], w.in_features, x.stride(0), w.data.data_ptr(), w.kind, w.out_features, y.data_ptr(),
-       w.out_features, threads)
+    fn(
+        x.data_ptr(),
+        x.shape[0],
+        w.in_features,
+        x.stride(0),
+        w.data.data_ptr(),
+        w.kind,
+        w.out_features,
+        y.data_ptr(),
+        w.out_features,
+        threads,
+    )
     return y
 
 
@@ -205,6 +218,7 @@ def test_every_simd_path_and_the_portable_loops_give_the_same_bits(tmp_path) -> 
             assert torch.equal(_call(lib.tandem_quant_linear_q8, x, big), want), (qtype, name)
     x = _edge_rows()
     want = quantize_activations(x)
-    for name, lib in builds.items():  # the activations themselves (a tiny block's q need not reach the output)
+    # the activations themselves (a tiny block's q need not reach the output)
+    for name, lib in builds.items():
         for got, ref in zip(_quantize(lib, x), want, strict=True):
             np.testing.assert_array_equal(got, ref, err_msg=name)

@@ -80,7 +80,8 @@ def test_products_match_the_float32_reference(qtype: str, n: int, k: int) -> Non
     w = pack(raw, qtype, k)
     ref_w = _gguf_dequant(raw, qtype, k)
     g = torch.Generator().manual_seed(n)
-    # 1-15 rows: weights dequantized in registers; 16 and more: through the float32 scratch; 150: two row blocks
+    # 1-15 rows: weights dequantized in registers; 16 and more: through the float32 scratch; 150: two row
+    # blocks
     for rows in (*range(1, 21), 64, 150):
         x = torch.randn(rows, k, generator=g)
         got = quant_linear(x, w).double()

@@ -16,7 +16,9 @@ from tandem.kernels.reference.paged_attention import build_attention_plan, paged
 from tests.kernels.ops_variants import cpu_triton
 from tests.kernels.test_paged_attention import NUM_SLOTS, make_case
 
-needs_cc = pytest.mark.skipif(native_build.find_compiler() is None, reason="no C compiler to build the kernel")
+needs_cc = pytest.mark.skipif(
+    native_build.find_compiler() is None, reason="no C compiler to build the kernel"
+)
 
 CASES = {
     "mixed": [(30, 1), (25, 25), (140, 1), (60, 17), (3, 1), (9, 9), (75, 1), (41, 40), (2, 1)],
@@ -68,8 +70,12 @@ def test_reference_matches_dense(case: str, group: int, window: int) -> None:
     plan = build_attention_plan(c["req_to_token"], c["req_pool_indices"], c["seq_lens"], c["extend_lens"],
                                 seq_lens_cpu=c["seq_lens"].tolist(), window=window)
     fresh = [s == e for s, e in CASES[case]]
-    new_k = torch.cat([c["k_pool"][sl[s - e:]] for sl, (s, e) in zip(c["slot_lists"], CASES[case], strict=True)])
-    new_v = torch.cat([c["v_pool"][sl[s - e:]] for sl, (s, e) in zip(c["slot_lists"], CASES[case], strict=True)])
+    new_k = torch.cat(
+        [c["k_pool"][sl[s - e :]] for sl, (s, e) in zip(c["slot_lists"], CASES[case], strict=True)]
+    )
+    new_v = torch.cat(
+        [c["v_pool"][sl[s - e :]] for sl, (s, e) in zip(c["slot_lists"], CASES[case], strict=True)]
+    )
     got = _ref(c, window, plan=plan, new_kv=(new_k, new_v) if any(fresh) else None)
     torch.testing.assert_close(got, c["dense"], atol=2e-5, rtol=1e-5)
 
@@ -151,5 +157,5 @@ def test_triton_matches_the_reference(case: str, window: int, mapped: bool) -> N
     got = paged_attention_triton(
         c["q"], k, v, c["req_to_token"], c["req_pool_indices"], c["seq_lens"], ext, c["scale"],
         cu_lens=torch.cumsum(ext, 0) - ext, max_extend=int(ext.max()), window=window, slot_map=slot_map,
-    )  # fmt: skip
+    )
     torch.testing.assert_close(got, c["dense"], atol=2e-5, rtol=1e-4)

@@ -85,8 +85,14 @@ def test_rejection_rule_detects_a_wrong_distribution(tiny_model) -> None:
     draft = int(p.argmax())
     gens = [torch.Generator().manual_seed(i) for i in range(N_DRAWS)]
     out, _ = verify(
-        logits.expand(N_DRAWS, 2, -1), torch.full((N_DRAWS, 1), draft), torch.ones(N_DRAWS, dtype=torch.int64),
-        [1.0] * N_DRAWS, [-1] * N_DRAWS, [1.0] * N_DRAWS, [0.0] * N_DRAWS, lambda b, j: gens[b],
+        logits.expand(N_DRAWS, 2, -1),
+        torch.full((N_DRAWS, 1), draft),
+        torch.ones(N_DRAWS, dtype=torch.int64),
+        [1.0] * N_DRAWS,
+        [-1] * N_DRAWS,
+        [1.0] * N_DRAWS,
+        [0.0] * N_DRAWS,
+        lambda b, j: gens[b],
     )
     observed = torch.bincount(out[:, 0], minlength=p.numel()).double()
     wrong = (logits[0] / 0.9).softmax(-1).double() * N_DRAWS  # the temperature a little off

@@ -60,7 +60,9 @@ class ScaledMLP(LlamaMLP):
 
 
 def _model(tiny_model, arch: str = "llama"):
-    model = load_model(str(tiny_model(arch)), torch.float32, "cpu", ops=resolve_ops("cpu", torch.float32, "cpu"))
+    model = load_model(
+        str(tiny_model(arch)), torch.float32, "cpu", ops=resolve_ops("cpu", torch.float32, "cpu")
+    )
     model.pack_cpu_weights()  # float weights the C kernel takes: every product a node
     return model
 

@@ -114,7 +114,8 @@ class PackableLinear(nn.Module):
 
 
 def _contiguous(parts: dict[int, GGUFBlocks], order: list[int]) -> list[int]:
-    """The offsets the parts would have if laid end to end from 0 (equal to `order` when they tile the rows)."""
+    """The offsets the parts would have if laid end to end from 0 (equal to `order` when they tile the
+    rows)."""
     out, at = [], 0
     for o in order:
         out.append(at)

@@ -1,4 +1,5 @@
-"""A mixture-of-experts MLP: a softmax top-k router, SwiGLU experts run as one grouped product, and (Qwen2-MoE)
+"""A mixture-of-experts MLP: a softmax top-k router, SwiGLU experts run as one grouped product, and
+(Qwen2-MoE)
 a sigmoid-gated shared expert. Module names follow the checkpoints': mlp.gate, mlp.experts,
 mlp.shared_expert, mlp.shared_expert_gate.
 
@@ -37,8 +38,10 @@ if TYPE_CHECKING:
 
 # A checkpoint's expert weight: per expert (Qwen's gate/up/down_proj, Mixtral's w1/w3/w2) or all experts in
 # one [E, ...] tensor (transformers 5's fused gate_up_proj / down_proj).
-EXPERT_WEIGHT = re.compile(r"^(.*\.mlp\.experts)\.(?:(\d+)\.)?(gate_proj|up_proj|down_proj|w1|w3|w2|gate_up_proj)"
-                           r"(?:\.weight)?$")
+EXPERT_WEIGHT = re.compile(
+    r"^(.*\.mlp\.experts)\.(?:(\d+)\.)?(gate_proj|up_proj|down_proj|w1|w3|w2|gate_up_proj)"
+    r"(?:\.weight)?$"
+)
 EXPERT_ALIASES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 
 
@@ -79,8 +82,16 @@ class Experts(nn.Module):
     parts are written into float tensors made on first need; GGUF blocks are kept until finish_loading, so a
     quantized file never allocates the float32 experts where the C kernel runs."""
 
-    def __init__(self, num_experts: int, hidden: int, inter: int, dtype: torch.dtype, device: Any, tp_rank: int,
-                 native: bool) -> None:
+    def __init__(
+        self,
+        num_experts: int,
+        hidden: int,
+        inter: int,
+        dtype: torch.dtype,
+        device: Any,
+        tp_rank: int,
+        native: bool,
+    ) -> None:
         super().__init__()
         self.num_experts, self.hidden, self.inter, self.tp_rank = num_experts, hidden, inter, tp_rank
         self.dtype, self.device, self.native = dtype, device, native
@@ -149,7 +160,9 @@ class Experts(nn.Module):
                 setattr(self, "packed" + name[1:], packed)
                 setattr(self, name, None)
 
-    def _pack_blocks(self, blocks: dict[tuple[int, int], GGUFBlocks], name: str) -> native_moe.ExpertWeights | None:
+    def _pack_blocks(
+        self, blocks: dict[tuple[int, int], GGUFBlocks], name: str
+    ) -> native_moe.ExpertWeights | None:
         qtypes = {b.qtype for b in blocks.values()}
         if len(qtypes) != 1:
             return None  # gate and up of different types: float32 panels

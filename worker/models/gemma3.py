@@ -88,9 +88,12 @@ class Gemma3Model(nn.Module):
         self, cfg: ModelConfig, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int, tp_size: int
     ) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device, tp_rank, tp_size, ops)
+        self.embed_tokens = VocabEmbedding(
+            cfg.vocab_size, cfg.hidden_size, dtype, device, tp_rank, tp_size, ops
+        )
         self.layers = nn.ModuleList(
-            Gemma3DecoderLayer(cfg, i, dtype, device, ops, tp_rank, tp_size) for i in range(cfg.num_hidden_layers)
+            Gemma3DecoderLayer(cfg, i, dtype, device, ops, tp_rank, tp_size)
+            for i in range(cfg.num_hidden_layers)
         )
         self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device, ops)
 

@@ -72,7 +72,9 @@ class LlamaAttention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is None:
             # q and k sit side by side in each qkv row: rotate both heads-sets with one set of ops.
-            qk = qkv[:, : self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
+            qk = qkv[:, : self.q_size + self.kv_size].view(
+                t, self.num_heads + self.num_kv_heads, self.head_dim
+            )
             qk = self.ops.rotary(qk, cos, sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         else:  # Qwen3 normalises each head (with separate weights for q and k) before RoPE
@@ -125,7 +127,9 @@ class LlamaModel(nn.Module):
         make_mlp: Callable[[int], nn.Module],
     ) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device, tp_rank, tp_size, ops)
+        self.embed_tokens = VocabEmbedding(
+            cfg.vocab_size, cfg.hidden_size, dtype, device, tp_rank, tp_size, ops
+        )
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(cfg, i, dtype, device, ops, tp_rank, tp_size, make_mlp(i))
             for i in range(cfg.num_hidden_layers)
@@ -150,8 +154,16 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, dtype, device)
         self.attn_backend = select_attention_backend(ops)
 
-    def make_mlp(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int,
-                 tp_size: int) -> nn.Module:
+    def make_mlp(
+        self,
+        cfg: ModelConfig,
+        layer_id: int,
+        dtype: torch.dtype,
+        device: Any,
+        ops: Ops,
+        tp_rank: int,
+        tp_size: int,
+    ) -> nn.Module:
         """Layer layer_id's MLP (MoE models override it)."""
         return LlamaMLP(cfg, dtype, device, ops, tp_rank, tp_size)
 
@@ -168,7 +180,8 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
-        """Runs the step's tokens, fills their K/V, returns float32 logits [N, vocab] of batch.logits_indices."""
+        """Runs the step's tokens, fills their K/V, returns float32 logits [N, vocab] of
+        batch.logits_indices."""
         return self.compute_logits(self.hidden_states(batch, kv))
 
     @torch.inference_mode()
@@ -216,7 +229,8 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(module, PackableLinear):
                 module.pack_for_cpu(weight_dtype)
         if self.lm_head is None:
-            self.model.embed_tokens.pack_for_cpu(keep_weight=True, weight_dtype=weight_dtype)  # also the embedding
+            # also the embedding
+            self.model.embed_tokens.pack_for_cpu(keep_weight=True, weight_dtype=weight_dtype)
         else:
             self.lm_head.pack_for_cpu(keep_weight=False, weight_dtype=weight_dtype)
 

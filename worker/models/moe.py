@@ -22,8 +22,16 @@ from tandem.worker.models.llama import LlamaForCausalLM, LlamaMLP
 
 
 class MoEForCausalLM(LlamaForCausalLM):
-    def make_mlp(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: Any, ops: Ops, tp_rank: int,
-                 tp_size: int) -> nn.Module:
+    def make_mlp(
+        self,
+        cfg: ModelConfig,
+        layer_id: int,
+        dtype: torch.dtype,
+        device: Any,
+        ops: Ops,
+        tp_rank: int,
+        tp_size: int,
+    ) -> nn.Module:
         if cfg.is_moe_layer(layer_id):
             return FusedMoE(cfg, dtype, device, ops, tp_rank, tp_size)
         return LlamaMLP(cfg, dtype, device, ops, tp_rank, tp_size)
@@ -47,7 +55,9 @@ class MoEForCausalLM(LlamaForCausalLM):
                 layer = moe.get(m[1].rsplit(".", 1)[0])
                 if layer is None:
                     raise ValueError(f"unexpected weight {name!r} in checkpoint")
-                layer.experts.load(tensor, None if m[2] is None else int(m[2]), EXPERT_ALIASES.get(m[3], m[3]))
+                layer.experts.load(
+                    tensor, None if m[2] is None else int(m[2]), EXPERT_ALIASES.get(m[3], m[3])
+                )
 
         super().load_weights(others())
         missing = [f"{path}.experts.{w}" for path, layer in moe.items() for w in layer.experts.missing()]
@@ -67,7 +77,12 @@ class Qwen3MoeForCausalLM(MoEForCausalLM):
 class Qwen2MoeForCausalLM(MoEForCausalLM):
     @staticmethod
     def arch_flags(hf: dict[str, Any]) -> dict[str, Any]:
-        return {"qkv_bias": bool(hf.get("qkv_bias", True)), "o_bias": False, "mlp_bias": False, "qk_norm": False}
+        return {
+            "qkv_bias": bool(hf.get("qkv_bias", True)),
+            "o_bias": False,
+            "mlp_bias": False,
+            "qk_norm": False,
+        }
 
 
 class MixtralForCausalLM(MoEForCausalLM):
