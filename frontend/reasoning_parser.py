@@ -14,9 +14,12 @@ before one), so any split of a reply into pieces yields the same reasoning and c
 """
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 
-from tandem.protocol.serve_config import REASONING_PARSERS as CHOICES  # the styles, and `auto`
+from tandem.protocol.choices import ReasoningParserName
+
+CHOICES: tuple[str, ...] = typing.get_args(ReasoningParserName)  # the styles, and `auto`
 
 OPEN, CLOSE = "<think>", "</think>"
 STYLES = tuple(c for c in CHOICES if c != "auto")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,10 +32,11 @@ from tandem.kernels.triton import input_prep as tri_input_prep
 from tandem.kernels.triton import moe as tri_moe
 from tandem.kernels.triton import ngram_propose as tri_ngram
 from tandem.kernels.triton import sample_writeback as tri_writeback
+from tandem.protocol.choices import AttentionBackend
 
 log = logging.getLogger(__name__)
 
-ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
+ATTENTION_BACKENDS: tuple[str, ...] = typing.get_args(AttentionBackend)
 
 
 @dataclass(frozen=True)

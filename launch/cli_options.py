@@ -9,6 +9,7 @@ import types
 import typing
 from typing import Any
 
+from tandem.protocol.choices import literal_values
 from tandem.protocol.engine_config import EngineConfig
 
 
@@ -36,6 +37,10 @@ def add_engine_flags(parser: argparse.ArgumentParser, cls: type = EngineConfig) 
         elif tp is bool:
             parser.add_argument(
                 _flag(f.name), action=argparse.BooleanOptionalAction, default=default, help=help_
+            )
+        elif (choices := literal_values(tp)) is not None:  # the values the field's Literal names
+            parser.add_argument(
+                _flag(f.name), choices=choices, default=default, help=f"{help_} (default: {default})"
             )
         else:
             parser.add_argument(_flag(f.name), type=tp, default=default, help=f"{help_} (default: {default})")

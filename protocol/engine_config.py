@@ -9,6 +9,18 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from tandem.protocol.choices import (
+    AttentionBackend,
+    Device,
+    DType,
+    HostKVPolicy,
+    KVCacheDType,
+    Pooling,
+    SchedulingPolicyName,
+    SpeculativeMethod,
+    check_choices,
+)
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -22,7 +34,7 @@ class EngineConfig:
         metadata={"help": "requests queued beyond the running ones; past it: overloaded; default: no limit"},
     )
     max_num_batched_tokens: int = field(default=2048, metadata={"help": "per-step token budget"})
-    scheduling_policy: str = field(
+    scheduling_policy: SchedulingPolicyName = field(
         default="fcfs",
         metadata={
             "help": "fcfs (arrival order) or priority (a request's priority, lower first, "
@@ -47,7 +59,7 @@ class EngineConfig:
         metadata={"help": "host KV tier size in GB (10^9 bytes) per worker, instead of --host-kv-tokens: "
                   "tokens = GB / the model's KV bytes per token at the KV dtype"},
     )
-    host_kv_policy: str = field(
+    host_kv_policy: HostKVPolicy = field(
         default="write_back", metadata={"help": "write_back (copy to host on eviction) or write_through"}
     )
     session_kv_tokens: int | None = field(
@@ -63,19 +75,19 @@ class EngineConfig:
     dist_init_addr: str | None = field(
         default=None, metadata={"help": "host:port of node 0 for torch.distributed init across nodes"}
     )
-    device: str = field(default="auto", metadata={"help": "auto, cpu or cuda"})
-    dtype: str = field(
+    device: Device = field(default="auto", metadata={"help": "auto, cpu or cuda"})
+    dtype: DType = field(
         default="auto",
         metadata={
             "help": "auto (bf16 on CUDA; on CPU fp32 activations, a float checkpoint's weights in bf16 with "
             "AMX or AVX512-BF16, else fp32), float32, bfloat16, float16"
         },
     )
-    kv_cache_dtype: str = field(
+    kv_cache_dtype: KVCacheDType = field(
         default="auto",
         metadata={"help": "the KV pools' element: auto (the activations' dtype), float32, float16, bfloat16"},
     )
-    attention_backend: str = field(
+    attention_backend: AttentionBackend = field(
         default="auto", metadata={"help": "auto (triton on CUDA, cpu on CPU), cpu, torch, triton"}
     )
     cpu_int8_activations: bool = field(
@@ -98,14 +110,14 @@ class EngineConfig:
     )
     torch_threads: int | None = field(default=None, metadata={"help": "worker's torch intra-op threads"})
     async_scheduling: bool = True
-    speculative_method: str | None = field(
+    speculative_method: SpeculativeMethod | None = field(
         default=None, metadata={"help": "ngram: prompt-lookup draft tokens, verified in the forward"}
     )
     num_speculative_tokens: int = field(default=4, metadata={"help": "draft tokens per step (K)"})
     prompt_lookup_min: int = field(default=2, metadata={"help": "shortest n-gram the ngram drafter matches"})
     prompt_lookup_max: int = field(default=4, metadata={"help": "longest n-gram the ngram drafter matches"})
     seed: int = 0
-    pooling: str = field(
+    pooling: Pooling = field(
         default="last",
         metadata={
             "help": "embeddings pool the final hidden states of the prompt: last (its last "
@@ -144,6 +156,8 @@ class EngineConfig:
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"invalid engine option {name}={getattr(self, name)!r}: {why}")
 
+        check_choices(type(self), vars(self), "engine")
+
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < 16:
             raise bad("kv_cache_tokens", "must be >= 16")
         if not 0.0 < self.kv_memory_fraction <= 0.95:
@@ -163,10 +177,6 @@ class EngineConfig:
                 raise bad("host_kv_memory_gb", "needs the prefix cache (the host tier lives under it)")
         if self.host_kv_tokens % self.page_size:
             raise bad("host_kv_tokens", f"must be a multiple of page_size={self.page_size}")
-        if self.scheduling_policy not in ("fcfs", "priority"):
-            raise bad("scheduling_policy", "must be fcfs or priority")
-        if self.host_kv_policy not in ("write_back", "write_through"):
-            raise bad("host_kv_policy", "must be write_back or write_through")
         if self.session_kv_tokens is not None and self.session_kv_tokens < 0:
             raise bad("session_kv_tokens", "must be >= 0 (0: no sessions)")
         if self.chunked_prefill_tokens is not None and self.chunked_prefill_tokens < 1:
@@ -196,22 +206,10 @@ class EngineConfig:
             raise bad("tp_size", f"must be a multiple of nnodes={self.nnodes}")
         if self.nnodes > 1 and not self.dist_init_addr:
             raise bad("dist_init_addr", "is required with nnodes > 1 (host:port of node 0)")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise bad("device", "must be auto, cpu or cuda")
-        if self.speculative_method not in (None, "ngram"):
-            raise bad("speculative_method", "must be ngram (or unset: no speculation)")
         if self.num_speculative_tokens < 1:
             raise bad("num_speculative_tokens", "must be >= 1")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise bad("prompt_lookup_max", f"must be >= prompt_lookup_min={self.prompt_lookup_min} >= 1")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise bad("dtype", "must be auto, float32, bfloat16 or float16")
-        if self.kv_cache_dtype not in ("auto", "float32", "float16", "bfloat16"):
-            raise bad("kv_cache_dtype", "must be auto, float32, float16 or bfloat16")
-        if self.pooling not in ("last", "mean", "cls"):
-            raise bad("pooling", "must be last, mean or cls")
-        if self.attention_backend not in ("auto", "cpu", "torch", "triton"):  # kernels/ops.py's list
-            raise bad("attention_backend", "must be auto, cpu, torch or triton")
 
     @classmethod
     def from_options(cls, model: str, **options: object) -> EngineConfig:
@@ -223,6 +221,7 @@ class EngineConfig:
             raise TypeError(
                 f"unknown engine option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
             )
+        check_choices(cls, options, "engine")  # before msgspec, whose own message names no values
         try:  # msgspec checks each option's type (a str for a bool, a bool for an int) and runs __post_init__
             return msgspec.convert({"model": str(model), **options}, type=cls, strict=True)
         except msgspec.ValidationError as e:

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-# frontend/reasoning_parser.py implements them (protocol imports nothing of the frontend).
-REASONING_PARSERS = ("qwen3", "deepseek-r1", "auto")
+from tandem.protocol.choices import ReasoningParserName, check_choices
 
 
 @dataclass(frozen=True)
@@ -35,7 +34,7 @@ class ServeConfig:
             "written out); past it 503 overloaded"
         },
     )
-    reasoning_parser: str | None = field(default=None, metadata={
+    reasoning_parser: ReasoningParserName | None = field(default=None, metadata={
         "help": "split the model's thinking into reasoning_content: qwen3, deepseek-r1, or auto (from the "
                 "chat template's think markers; none when it has none)"})
     response_store: int = field(default=256, metadata={
@@ -57,9 +56,7 @@ class ServeConfig:
                 "invalid serve option admin_api_key: must differ from api_key (the inference key "
                 "must not reach the operator routes)"
             )
-        if self.reasoning_parser not in (None, *REASONING_PARSERS):
-            raise ValueError(f"invalid serve option reasoning_parser={self.reasoning_parser!r}: "
-                             f"choose from {', '.join(REASONING_PARSERS)}")
+        check_choices(type(self), vars(self), "serve")
         if self.response_store < 0:
             raise ValueError(f"invalid serve option response_store={self.response_store}: must be >= 0")
 

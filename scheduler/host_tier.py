@@ -14,8 +14,10 @@ just drops the copy; a host-only node must be a leaf and leaves the tree.
 from __future__ import annotations
 
 import heapq
+import typing
 from typing import TYPE_CHECKING
 
+from tandem.protocol.choices import HostKVPolicy
 from tandem.scheduler.kv_allocator import KVAllocator
 from tandem.scheduler.tree_node import TreeNode
 
@@ -151,3 +153,4 @@ class WriteThrough(WriteBack):
 
 HostTier = NoHostTier | WriteBack  # WriteThrough is a WriteBack
 POLICIES: dict[str, type[WriteBack]] = {"write_back": WriteBack, "write_through": WriteThrough}
+assert tuple(POLICIES) == typing.get_args(HostKVPolicy)  # --host-kv-policy's values, one each
