@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tandem.scheduler.kv_cache import KVCacheManager
-from tandem.scheduler.priority_policy import SchedulingPolicy
 from tandem.scheduler.req import Req
+from tandem.scheduler.scheduling_policy import SchedulingPolicy
 from tandem.scheduler.spec_decode import Speculation
 from tandem.scheduler.step_plan import StepPlan
 

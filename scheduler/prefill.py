@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from tandem.protocol.messages import NewReqData, WorkerSampling
 from tandem.scheduler.kv_cache import KVCacheManager
-from tandem.scheduler.priority_policy import SchedulingPolicy
 from tandem.scheduler.req import Req
+from tandem.scheduler.scheduling_policy import SchedulingPolicy
 from tandem.scheduler.step_plan import StepPlan
 
 HOST_LOAD_DIVISOR = 16  # host-tier tokens loaded per step-budget token (see the module docstring)

@@ -32,9 +32,9 @@ from tandem.scheduler.embedding import EmbeddingOutbox, take_embeddings
 from tandem.scheduler.finish import FinishReason
 from tandem.scheduler.kv_cache import KVCacheManager
 from tandem.scheduler.prefill import admit_waiting
-from tandem.scheduler.priority_policy import make_policy
 from tandem.scheduler.prompt_logprobs import new_prompt_logprobs
 from tandem.scheduler.req import Req
+from tandem.scheduler.scheduling_policy import make_policy
 from tandem.scheduler.sessions import SessionError, SessionStore
 from tandem.scheduler.spec_decode import SpecStats, Speculation
 from tandem.scheduler.step_plan import InflightStep, StepPlan, to_output

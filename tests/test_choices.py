@@ -14,7 +14,7 @@ from tandem.launch.cli_options import add_engine_flags
 from tandem.protocol import choices
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.serve_config import ServeConfig
-from tandem.scheduler import host_tier
+from tandem.scheduler import host_tier, scheduling_policy
 
 
 @pytest.mark.parametrize("cls", [EngineConfig, ServeConfig])
@@ -55,4 +55,10 @@ def test_serve_options_are_checked_alike() -> None:
 
 def test_the_modules_acting_on_a_value_have_one_entry_each() -> None:
     assert ATTENTION_BACKENDS == typing.get_args(choices.AttentionBackend)
+    assert tuple(scheduling_policy.POLICIES) == typing.get_args(choices.SchedulingPolicyName)
     assert tuple(host_tier.POLICIES) == typing.get_args(choices.HostKVPolicy)
+    for name, cls in scheduling_policy.POLICIES.items():
+        assert scheduling_policy.make_policy(name).name == name and issubclass(
+            cls, scheduling_policy.SchedulingPolicy)
+    with pytest.raises(TypeError):  # the interface is abstract: a policy must implement it all
+        scheduling_policy.SchedulingPolicy()  # type: ignore[abstract]

@@ -11,9 +11,9 @@ from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.messages import TokenizedRequest
 from tandem.protocol.model_info import ModelInfo
 from tandem.protocol.sampling_params import SamplingParams
-from tandem.scheduler.priority_policy import FcfsPolicy, PriorityPolicy, make_policy
 from tandem.scheduler.req import Req
 from tandem.scheduler.scheduler import Scheduler
+from tandem.scheduler.scheduling_policy import FcfsPolicy, PriorityPolicy, make_policy
 from tests.fake_worker import VOCAB, FakeWorker, expected_output
 from tests.test_scheduler_core import run
 
