@@ -6,7 +6,7 @@ import msgspec
 from tandem.protocol.heap_sample import HeapSample
 
 
-class EngineStats(msgspec.Struct, tag="stats"):
+class EngineStats(msgspec.Struct, tag="stats", kw_only=True):  # 33 fields: by name, never by position
     rid: str
     kv_pool_size: int
     kv_free: int

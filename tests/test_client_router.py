@@ -24,7 +24,11 @@ from tandem.protocol.messages import (
 
 
 def _stats(rid: str) -> EngineStats:
-    return EngineStats(rid, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, "ok")
+    zero = dict.fromkeys(("kv_cached", "kv_cache_locked", "running", "waiting", "inflight_steps", "requests_finished",
+                          "requests_aborted", "requests_failed", "retractions", "steps", "prefill_tokens",
+                          "decode_tokens"), 0)
+    return EngineStats(rid=rid, kv_pool_size=16, kv_free=16, schedule_s=0.0, worker_busy_s=0.0, worker_idle_s=0.0,
+                       integrity="ok", **zero)
 
 
 def test_router_delivers_in_order_and_forgets_a_finished_request() -> None:
