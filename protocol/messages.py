@@ -184,11 +184,7 @@ class TokenizedRequest(msgspec.Struct, tag="req"):
     embed: EmbedParams | None = None  # an embedding request: pooled, never sampled
 
 
-class AbortReq(msgspec.Struct, tag="abort"):
-    rid: str
-
-
-SchedulerInMsg = TokenizedRequest | AbortReq | StatsRequest | OpenSession | CloseSession
+SchedulerInMsg = TokenizedRequest | AbortRequest | StatsRequest | OpenSession | CloseSession
 
 
 # ---- scheduler -> worker ---------------------------------------------------------------------
@@ -294,10 +290,6 @@ class ModelRunnerOutput(msgspec.Struct, tag="result"):
     heap: HeapSample | None = None  # every --heap-trim-period-s, on the step after it
 
 
-class WorkerFailure(msgspec.Struct, tag="failure"):
-    message: str
-
-
 class WorkerReady(msgspec.Struct, tag="ready"):
     """First message from rank 0: the memory the scheduler may hand out."""
 
@@ -318,7 +310,7 @@ class StepFailed(msgspec.Struct, tag="step_failed"):
     message: str
 
 
-WorkerMsg = ModelRunnerOutput | StepFailed | WorkerFailure | WorkerReady
+WorkerMsg = ModelRunnerOutput | StepFailed | WorkerFailed | WorkerReady  # WorkerFailed: to the launcher too
 
 
 # ---- scheduler -> detokenizer -> frontend ---------------------------------------------------------

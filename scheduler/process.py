@@ -20,11 +20,10 @@ from tandem.protocol.messages import (
     SampleStep,
     SchedulerOutput,
     StepFailed,
-    WorkerFailure,
     WorkerReady,
 )
 from tandem.protocol.model_info import read_model_info
-from tandem.protocol.stop_messages import Stalled
+from tandem.protocol.stop_messages import Stalled, WorkerFailed
 from tandem.scheduler.scheduler import Scheduler
 from tandem.scheduler.step_driver import StepDriver
 from tandem.scheduler.step_watch import StepWatch
@@ -137,13 +136,14 @@ class SchedulerLoop:
             except zmq.Again:
                 return
             msg = self.decode_result(data)
-            if isinstance(msg, WorkerFailure):
-                print(f"scheduler: worker failed: {msg.message}", file=sys.stderr, flush=True)
+            if isinstance(msg, WorkerFailed):
+                why = f"worker {msg.rank}: {msg.message}"
+                print(f"scheduler: worker failed: {why}", file=sys.stderr, flush=True)
                 if self.launcher is not None:
                     # The worker told the launcher too, which names the cause (it may be a peer's death
                     # this failure only echoes) to every waiting call and stops the engine within a second.
                     time.sleep(STOP_WAIT_S)
-                self._fail_all(f"worker failed: {msg.message}")  # nobody stopped us: say it ourselves
+                self._fail_all(f"worker failed: {why}")  # nobody stopped us: say it ourselves
                 raise SystemExit(1)
             if isinstance(msg, StepFailed):
                 print(f"scheduler: step {msg.step_id} failed: {msg.message}", file=sys.stderr)

@@ -13,7 +13,7 @@ import time
 import msgspec
 
 from tandem.protocol.messages import (
-    AbortReq,
+    AbortRequest,
     CloseSession,
     EngineStats,
     ModelRunnerOutput,
@@ -40,13 +40,13 @@ class StepDriver:
 
     # ---- in ------------------------------------------------------------------------------------
     def on_request(
-        self, msg: TokenizedRequest | AbortReq | StatsRequest | OpenSession | CloseSession
+        self, msg: TokenizedRequest | AbortRequest | StatsRequest | OpenSession | CloseSession
     ) -> EngineStats | SessionReply | RequestError | None:
         """A frontend message; stats and session calls are answered at once (the reply goes to the
         detokenizer)."""
         if isinstance(msg, TokenizedRequest):
             self.sched.add_request(msg)
-        elif isinstance(msg, AbortReq):
+        elif isinstance(msg, AbortRequest):
             self.sched.abort(msg.rid)
         elif isinstance(msg, StatsRequest):
             return self.engine_stats(msg.rid)

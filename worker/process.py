@@ -25,7 +25,6 @@ from tandem.protocol.messages import (
     SampleStep,
     SchedulerOutput,
     Shutdown,
-    WorkerFailure,
     WorkerReady,
 )
 from tandem.protocol.model_info import read_model_info
@@ -103,9 +102,10 @@ def run_worker(cfg_bytes: bytes, ep_bytes: bytes, rank: int) -> None:
         # only echoes) and stops the engine. Exiting now would race the report with this rank's own death.
         first = f"{type(e).__name__}: {e}".splitlines()[0]
         print(f"worker {rank} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        failed = encode(WorkerFailed(rank, first))  # one message, to the scheduler and the launcher
         if results is not None:
-            results.send(encode(WorkerFailure(f"worker {rank}: {first}")))
-        launcher.send(encode(WorkerFailed(rank, first)))
+            results.send(failed)
+        launcher.send(failed)
         time.sleep(STOP_WAIT_S)
         raise SystemExit(1) from e
     if dist is not None:

@@ -26,7 +26,6 @@ from tandem.protocol.codec import encode, frontend_in_decoder
 from tandem.protocol.errors import ErrorCode, InvalidRequestError
 from tandem.protocol.ipc import make_socket
 from tandem.protocol.messages import (
-    AbortReq,
     AbortRequest,
     ClientMsg,
     CloseSession,
@@ -143,7 +142,7 @@ class Frontend:
     def on_client(self, ident: bytes, msg: ClientMsg) -> None:
         if isinstance(msg, AbortRequest):
             if self.owner.get(msg.rid) == ident:  # only the client that submitted a request may abort it
-                self.scheduler.send(encode(AbortReq(msg.rid)))
+                self.scheduler.send(encode(AbortRequest(msg.rid)))
             return
         if isinstance(msg, DrainRequest):
             self.start_drain(msg.reason)
@@ -269,7 +268,7 @@ class Frontend:
         for rid in rids:
             del self.owner[rid]
             self.ending.add(rid)
-            self.scheduler.send(encode(AbortReq(rid)))
+            self.scheduler.send(encode(AbortRequest(rid)))
         for rid in [rid for rid, who in self.query_owner.items() if who == ident]:
             del self.query_owner[rid]
 
