@@ -22,7 +22,7 @@ from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.errors import ErrorCode
 from tandem.protocol.messages import Ready
 from tandem.protocol.serve_config import ServeConfig
-from tandem.protocol.stop_messages import Drained, DrainRequested, Stalled, WorkerFailed
+from tandem.protocol.stop_messages import Drained, DrainRequest, Stalled, WorkerFailed
 
 
 class _Signals:
@@ -108,7 +108,7 @@ def _supervise(launcher: Launcher, cfg: EngineConfig, signals: _Signals) -> int:
                 why = describe_stall(msg, launcher.procs, cfg.step_timeout_s)
                 print(f"tandem: {why}; stopping the engine", file=sys.stderr, flush=True)
                 plan.stop_now(why, ErrorCode.STALLED, exit_code=1)
-            elif isinstance(msg, DrainRequested) and plan.request_drain(msg.reason):
+            elif isinstance(msg, DrainRequest) and plan.request_drain(msg.reason):
                 _start_drain(launcher, plan)
             elif isinstance(msg, Drained):
                 plan.drained()

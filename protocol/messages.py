@@ -19,7 +19,7 @@ from tandem.protocol.engine_stats import EngineStats
 from tandem.protocol.final_info import FinalInfo, HasFinal
 from tandem.protocol.heap_sample import HeapSample
 from tandem.protocol.sampling_params import SamplingParams
-from tandem.protocol.stop_messages import Drain, Drained, DrainRequest, DrainRequested, Stalled, WorkerFailed
+from tandem.protocol.stop_messages import Drain, Drained, DrainRequest, Stalled, WorkerFailed
 
 # A request's priority (--scheduling-policy priority): lower is served first, as in vLLM; 0 by default.
 Priority = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
@@ -162,7 +162,7 @@ class RequestError(msgspec.Struct, tag="error"):
     message: str
 
 
-class StatsRequest(msgspec.Struct, tag="stats"):
+class StatsRequest(msgspec.Struct, tag="stats_request"):
     """Ask the engine for its counters; the scheduler also runs its integrity check."""
 
     rid: str
@@ -290,7 +290,7 @@ class ModelRunnerOutput(msgspec.Struct, tag="result"):
     heap: HeapSample | None = None  # every --heap-trim-period-s, on the step after it
 
 
-class WorkerReady(msgspec.Struct, tag="ready"):
+class WorkerReady(msgspec.Struct, tag="worker_ready"):
     """First message from rank 0: the memory the scheduler may hand out."""
 
     num_kv_slots: int  # usable slots 1..num_kv_slots (slot 0 is the padding slot)
@@ -361,4 +361,4 @@ class Failed(msgspec.Struct, tag="failed"):
     message: str
 
 
-LauncherMsg = Ready | Failed | Stalled | DrainRequested | Drained | WorkerFailed
+LauncherMsg = Ready | Failed | Stalled | DrainRequest | Drained | WorkerFailed

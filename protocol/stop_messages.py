@@ -1,13 +1,15 @@
-"""The messages of an engine's stop: a drain asked for (a client), run (launcher -> frontend) and done
-(frontend -> launcher), a stalled step (scheduler -> launcher) and a worker's failure (worker -> launcher)
-reported. The unions they travel in are in protocol/messages.py."""
+"""The messages of an engine's stop. A drain has three: asked for (`DrainRequest`: a client -> the frontend,
+which passes it on to the launcher), run (`Drain`: launcher -> frontend) and done (`Drained`: frontend ->
+launcher). Then a stalled step (scheduler -> launcher) and a worker's failure (worker -> launcher and
+scheduler). The unions they travel in are in protocol/messages.py."""
 from __future__ import annotations
 
 import msgspec
 
 
-class DrainRequest(msgspec.Struct, tag="drain"):
-    """From a client: drain as SIGTERM does. Answered with the engine's stats."""
+class DrainRequest(msgspec.Struct, tag="drain_request"):
+    """From a client (POST /drain, `Client.drain`): drain as SIGTERM does; answered with the engine's stats.
+    The frontend passes it on to the launcher, which runs it as on SIGTERM."""
 
     rid: str
     reason: str = "a client asked for a drain"
@@ -15,12 +17,6 @@ class DrainRequest(msgspec.Struct, tag="drain"):
 
 class Drain(msgspec.Struct, tag="drain"):
     """From the launcher: refuse new requests, and say `Drained` once none is left."""
-
-    reason: str
-
-
-class DrainRequested(msgspec.Struct, tag="drain_requested"):
-    """From the frontend: a client asked for a drain (POST /drain); the launcher runs it as on SIGTERM."""
 
     reason: str
 

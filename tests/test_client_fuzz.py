@@ -36,7 +36,7 @@ _params = st.one_of(
 )
 _near_valid = st.fixed_dictionaries(
     {
-        "type": st.sampled_from(["generate", "abort", "stats", "outputs", "error", "nope", ""]),
+        "type": st.sampled_from(["generate", "abort", "stats", "stats_request", "outputs", "error", "nope", ""]),
         "rid": st.one_of(
             st.text(min_size=1, max_size=12).map(lambda s: "fz-" + s), st.text(max_size=300), _values
         ),

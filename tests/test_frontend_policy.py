@@ -119,5 +119,5 @@ def test_a_clients_drain_request_reaches_the_launcher_and_is_answered_with_stats
     fe, sched = _frontend(clients)
     fe.launcher = launcher  # type: ignore[assignment]
     fe.on_client_frames([b"other", encode(DrainRequest("d", "POST /drain"))])
-    assert launcher.sent == [{"type": "drain_requested", "reason": "POST /drain"}]
-    assert sched.sent == [{"type": "stats", "rid": "d"}] and fe.draining == "POST /drain"
+    assert launcher.sent == [{"type": "drain_request", "rid": "d", "reason": "POST /drain"}]
+    assert sched.sent == [{"type": "stats_request", "rid": "d"}] and fe.draining == "POST /drain"

@@ -45,7 +45,7 @@ from tandem.protocol.messages import (
 )
 from tandem.protocol.model_info import read_model_info
 from tandem.protocol.sampling_params import SamplingParams
-from tandem.protocol.stop_messages import Drain, Drained, DrainRequest, DrainRequested
+from tandem.protocol.stop_messages import Drain, Drained, DrainRequest
 from tandem.protocol.tokenizer_loader import load_tokenizer
 
 log = logging.getLogger("tandem.frontend")
@@ -146,7 +146,7 @@ class Frontend:
             return
         if isinstance(msg, DrainRequest):
             self.start_drain(msg.reason)
-            self.to_launcher(DrainRequested(msg.reason))  # it keeps the drain's clock and ends it
+            self.to_launcher(msg)  # it keeps the drain's clock and ends it
             msg = StatsRequest(msg.rid)  # the answer: the stats, showing the drain
         if isinstance(msg, (StatsRequest, OpenSession, CloseSession)):  # answered by the scheduler
             self.query_owner[msg.rid] = ident
@@ -236,7 +236,7 @@ class Frontend:
             self._drained_told = True
             self.to_launcher(Drained())
 
-    def to_launcher(self, msg: Drained | DrainRequested) -> None:
+    def to_launcher(self, msg: Drained | DrainRequest) -> None:
         if self.launcher is not None:
             self.launcher.send(encode(msg))
 
