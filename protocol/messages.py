@@ -245,8 +245,9 @@ class KVCopies(msgspec.Struct, array_like=True):
 
 class SchedulerOutput(msgspec.Struct, tag="step"):
     step_id: int
-    # Rows of requests finished or retracted since the previous step: freed before new_reqs are added.
-    finished_req_pool_indices: list[int]
+    # Rows freed since the previous step (their requests finished, were aborted or were retracted): the
+    # worker drops them before new_reqs are added.
+    freed_req_pool_indices: list[int]
     new_reqs: list[NewReqData]
     scheduled: list[ScheduledReq]
     # The engine had no work before this step: the worker's idle gap before it is not a bubble.

@@ -42,7 +42,7 @@ class FakeWorker:
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         self.steps.append(so)
-        for row in so.finished_req_pool_indices:
+        for row in so.freed_req_pool_indices:
             del self.tokens[row], self.computed[row], self.kv[row]
         for r in so.new_reqs:
             if r.req_pool_idx in self.tokens:
@@ -133,13 +133,13 @@ class FaultyWorker:
         self.failed: list[SchedulerOutput] = []
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput | StepFailed:
-        self.poisoned -= set(so.finished_req_pool_indices)
+        self.poisoned -= set(so.freed_req_pool_indices)
         rows = {s.req_pool_idx for s in so.scheduled}
         blamed = [r.req_pool_idx for r in so.new_reqs if self.marker in r.token_ids[: r.num_prompt]]
         if not blamed and not self.poisoned & rows:
             return self.inner.execute(so)
         # rows only
-        self.inner.execute(SchedulerOutput(so.step_id, so.finished_req_pool_indices, so.new_reqs, []))
+        self.inner.execute(SchedulerOutput(so.step_id, so.freed_req_pool_indices, so.new_reqs, []))
         self.poisoned |= rows
         self.failed.append(so)
         return StepFailed(

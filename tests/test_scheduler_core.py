@@ -288,7 +288,7 @@ def test_capacity_freed_by_step_n_is_used_from_n_plus_2() -> None:
     sched.commit(worker.execute(n1))  # a finishes: its row is free from the next step on
     n2 = sched.schedule()
     assert n2 is not None and [r.req_pool_idx for r in n2.new_reqs] == [sched.reqs["b"].req_pool_idx]
-    assert n2.finished_req_pool_indices  # a's row is dropped before b is added
+    assert n2.freed_req_pool_indices  # a's row is dropped before b is added
     sched.commit(worker.execute(n2))
     outputs, _ = run(sched, worker, 2)
     assert outputs["b"] == expected_output([4, 5], 2)

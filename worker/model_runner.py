@@ -122,7 +122,7 @@ class ModelRunner:
         t0, start = self.clock.begin()
         self._current = so
         st = self.state
-        for row in so.finished_req_pool_indices:
+        for row in so.freed_req_pool_indices:
             st.free(row)
             self.poisoned.discard(row)
         for r in so.new_reqs:
