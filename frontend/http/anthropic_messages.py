@@ -25,7 +25,7 @@ from tandem.frontend.http.anthropic_schema import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from tandem.frontend.http.chat import ToolSetup, render_chat
+from tandem.frontend.http.chat import ToolSetup, chat_prompt_ids
 from tandem.frontend.http.choices import ChoiceRun
 from tandem.frontend.http.errors import APIError, anthropic_error_body
 from tandem.frontend.http.reply import ReplyParser
@@ -89,7 +89,7 @@ def _prompt(st: ServerState, body: CountTokensRequest, tools: ToolSetup) -> list
     kwargs = dict(body.chat_template_kwargs or {})
     if body.thinking is not None and body.thinking.type != "adaptive":
         kwargs.setdefault("enable_thinking", body.thinking.type == "enabled")
-    return render_chat(st.tokenizer, chat_messages(body), tools.template_tools(), True, kwargs)
+    return chat_prompt_ids(st.tokenizer, chat_messages(body), tools.template_tools(), True, kwargs)
 
 
 def count_message_tokens(st: ServerState, body: CountTokensRequest) -> dict:

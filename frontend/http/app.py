@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from tandem.frontend.http import errors, openapi
 from tandem.frontend.http.anthropic_messages import count_message_tokens, create_message
 from tandem.frontend.http.anthropic_schema import CountTokensRequest, MessagesRequest
-from tandem.frontend.http.chat import render_chat
+from tandem.frontend.http.chat import chat_prompt_ids
 from tandem.frontend.http.chat_completions import create_chat_completion
 from tandem.frontend.http.completions import create_completion
 from tandem.frontend.http.embeddings import EmbeddingRequest, create_embedding
@@ -98,7 +98,7 @@ def create_app(st: ServerState) -> FastAPI:
         if (body.prompt is None) == (body.messages is None):
             raise errors.APIError(400, "give exactly one of prompt or messages", "prompt")
         if body.messages is not None:
-            ids = render_chat(st.tokenizer, body.messages, None, body.add_generation_prompt,
+            ids = chat_prompt_ids(st.tokenizer, body.messages, None, body.add_generation_prompt,
                               body.chat_template_kwargs)
         else:
             ids = encode_text(st.tokenizer, body.prompt, body.add_special_tokens)

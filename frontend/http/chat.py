@@ -47,14 +47,15 @@ def _loads_or_str(s: str) -> Any:
         return s
 
 
-def render_chat(
+def chat_prompt_ids(
     tokenizer: Any,
     messages: list[ChatMessage],
     tools: list[dict] | None = None,
     add_generation_prompt: bool = True,
     template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
-    """Token ids of the conversation, through the frontend process's own chat rendering."""
+    """The prompt's token ids for an HTTP body's messages: prompt_tokens.render_chat (the frontend's one chat
+    rendering) over the messages as the template reads them, its error in the HTTP API's shape."""
     try:
         return prompt_tokens.render_chat(tokenizer, [_template_message(m) for m in messages], tools,
                                          add_generation_prompt, template_kwargs)

@@ -13,7 +13,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from tandem.frontend.completion import CompletionDelta
-from tandem.frontend.http.chat import chat_tools, render_chat
+from tandem.frontend.http.chat import chat_prompt_ids, chat_tools
 from tandem.frontend.http.choices import ChoiceRun
 from tandem.frontend.http.logprobs import chat_logprobs
 from tandem.frontend.http.reply import ReplyDelta, ReplyParser
@@ -42,7 +42,9 @@ class _Choice:
 async def create_chat_completion(st: ServerState, body: ChatCompletionRequest, request: Request) -> Response:
     st.check_model(body.model)
     tools = chat_tools(body)
-    ids = render_chat(st.tokenizer, body.messages, tools.template_tools(), True, body.chat_template_kwargs)
+    ids = chat_prompt_ids(
+        st.tokenizer, body.messages, tools.template_tools(), True, body.chat_template_kwargs
+    )
     params = chat_params(body)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     session = session_of(body, body.n)  # its turn's request id is the response's id

@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from tandem.frontend.completion import CompletionDelta
-from tandem.frontend.http.chat import ToolSetup, render_chat
+from tandem.frontend.http.chat import ToolSetup, chat_prompt_ids
 from tandem.frontend.http.choices import ChoiceRun
 from tandem.frontend.http.errors import APIError
 from tandem.frontend.http.reply import ReplyParser
@@ -143,7 +143,9 @@ async def create_response(st: ServerState, body: ResponsesRequest, request: Requ
     turn = history + input_messages(body.input)
     system = [ChatMessage(role="system", content=body.instructions)] if body.instructions is not None else []
     tools = _tools(body)
-    ids = render_chat(st.tokenizer, system + turn, tools.template_tools(), True, body.chat_template_kwargs)
+    ids = chat_prompt_ids(
+        st.tokenizer, system + turn, tools.template_tools(), True, body.chat_template_kwargs
+    )
     run = ChoiceRun(st.client, st.metrics, [ids], [_params(body, tools)], body.priority)
     reply = ReplyParser(st.reasoning_parser(ids), tools.parser())
     out = ResponseBuilder(_head(st, body))
