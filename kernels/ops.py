@@ -26,12 +26,12 @@ from tandem.kernels.reference import moe as ref_moe
 from tandem.kernels.reference import ngram_propose as ref_ngram
 from tandem.kernels.reference import norm_act as ref_norm_act
 from tandem.kernels.reference import rotary as ref_rotary
-from tandem.kernels.reference import sample_writeback as ref_writeback
+from tandem.kernels.reference import scatter_2d as ref_scatter
 from tandem.kernels.triton import bitmask as tri_bitmask
 from tandem.kernels.triton import input_prep as tri_input_prep
 from tandem.kernels.triton import moe as tri_moe
 from tandem.kernels.triton import ngram_propose as tri_ngram
-from tandem.kernels.triton import sample_writeback as tri_writeback
+from tandem.kernels.triton import scatter_2d as tri_scatter
 from tandem.protocol.choices import AttentionBackend
 
 log = logging.getLogger(__name__)
@@ -49,8 +49,8 @@ class Ops:
     int8_activations: bool
     host_drafts: bool  # the n-gram proposer runs on the host and returns each row's matched drafts
     prepare_inputs: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-    update_table: Callable[..., None]
-    write_sampled: Callable[..., None]
+    # table[rows, cols] = values: the block table's new KV slots, the sampled tokens into the token buffer
+    scatter_2d: Callable[..., None]
     propose_ngram: Callable[..., list[int] | None]
     apply_bitmask: Callable[..., None]
     add_rms_norm: Callable[..., torch.Tensor]
@@ -119,8 +119,7 @@ def resolve_ops(
         int8_activations=int8_activations and native,
         host_drafts=not triton,
         prepare_inputs=tri_input_prep.prepare_inputs_triton if triton else ref_input_prep.prepare_inputs_ref,
-        update_table=tri_input_prep.update_table_triton if triton else ref_input_prep.update_table_ref,
-        write_sampled=tri_writeback.write_sampled_triton if triton else ref_writeback.write_sampled_ref,
+        scatter_2d=tri_scatter.scatter_2d_triton if triton else ref_scatter.scatter_2d_ref,
         propose_ngram=tri_ngram.propose_ngram_triton if triton else ref_ngram.propose_ngram_ref,
         apply_bitmask=tri_bitmask.apply_bitmask_triton if triton else ref_bitmask.apply_bitmask_ref,
         add_rms_norm=_native_add_rms_norm if native else ref_norm_act.add_rms_norm,

@@ -118,7 +118,7 @@ def prepare_inputs(
         [rows, starts, lens, cu_lens, seq_lens, logits_idx, slot_rows, slot_cols, slot_vals], device
     )
     # The table first: this step's tokens read their slots back from it below.
-    ops.update_table(kv.req_to_token, srow_t, scol_t, sval_t)
+    ops.scatter_2d(kv.req_to_token, srow_t, scol_t, sval_t)
     if kv.swa_map is not None and slot_vals:
         if len(swa_vals) != len(slot_vals):  # a scheduler that does not know the worker's sliding pool
             raise RuntimeError(f"{len(swa_vals)} sliding-window slots for {len(slot_vals)} slots")
@@ -175,4 +175,4 @@ def advance_state(
         sampled_t = sampled.to(state.device)
     else:
         rows_t, cols_t, sampled_t = to_device([rows, cols, sampled], state.device)
-    ops.write_sampled(state.tokens, rows_t, cols_t, sampled_t)
+    ops.scatter_2d(state.tokens, rows_t, cols_t, sampled_t)

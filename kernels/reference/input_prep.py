@@ -1,6 +1,6 @@
 """Device-side input prep in plain torch (the CPU path, and what kernels/triton/input_prep.py is tested
-against): a step's flat token arrays gathered from the persistent request state, and the batched
-block-table update."""
+against): a step's flat token arrays gathered from the persistent request state (the block table's update is
+kernels/reference/scatter_2d.py)."""
 
 from __future__ import annotations
 
@@ -26,11 +26,3 @@ def prepare_inputs_ref(
     positions = starts[req_of_tok] + torch.arange(total, device=rows.device) - cu_lens[req_of_tok]
     tok_rows = rows[req_of_tok]
     return tokens[tok_rows, positions], positions, req_to_token[tok_rows, positions]
-
-
-def update_table_ref(
-    table: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor
-) -> None:
-    """table[rows[k], cols[k]] = values[k] for every k, as one index_put (entries must not collide)."""
-    table.index_put_((rows, cols), values.to(table.dtype))
-

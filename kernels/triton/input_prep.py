@@ -1,6 +1,6 @@
-"""Device-side input prep (docs/architecture.md §4) as Triton kernels: a step's flat token arrays gathered
-from the persistent request state, and the batched block-table update, each with the signature and result
-of its torch reference in kernels/reference/input_prep.py.
+"""Device-side input prep (docs/architecture.md §4) as a Triton kernel: a step's flat token arrays gathered
+from the persistent request state, with the signature and result of its torch reference in
+kernels/reference/input_prep.py (the block table's update is kernels/triton/scatter_2d.py).
 
 Triton is imported and the kernels are jitted on first use, not at import: a CPU-only worker never pays
 for it, and TRITON_INTERPRET (read by triton.jit when it decorates) can still be set by tests after this
@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 PREP_BLOCK = 256  # tokens per loop iteration of a request's program; decodes mask off all but one lane
-SCATTER_BLOCK = 1024  # entries per program of the table update
 
 
 def prepare_inputs_triton(
@@ -43,17 +42,6 @@ def prepare_inputs_triton(
             BLOCK=PREP_BLOCK,
         )
     return input_ids, positions, out_cache_loc
-
-
-def update_table_triton(
-    table: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor
-) -> None:
-    """Same as the reference's update_table_ref: one launch for all of a step's new KV slots."""
-    assert table.stride(1) == 1
-    n = rows.numel()
-    if n:
-        grid = (_cdiv(n, SCATTER_BLOCK),)
-        _kernels()["scatter"][grid](table, rows, cols, values, n, table.stride(0), BLOCK=SCATTER_BLOCK)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -88,15 +76,6 @@ def _prep_kernel(
         tl.store(loc_ptr + out0 + j, tl.load(tab_base + j, mask=m), mask=m)
 
 
-def _scatter_kernel(table_ptr, rows_ptr, cols_ptr, vals_ptr, n, stride, BLOCK: tl.constexpr):
-    k = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = k < n
-    r = tl.load(rows_ptr + k, mask=m).to(tl.int64)
-    c = tl.load(cols_ptr + k, mask=m)
-    v = tl.load(vals_ptr + k, mask=m)
-    tl.store(table_ptr + r * stride + c, v.to(table_ptr.dtype.element_ty), mask=m)
-
-
 @functools.cache
 def _kernels() -> dict[str, Any]:
     global tl
@@ -105,4 +84,4 @@ def _kernels() -> dict[str, Any]:
 
     tl = triton.language
     # n changes every step: no per-value specialisation (n == 1, n % 16), so one compile serves all.
-    return {"prep": triton.jit(_prep_kernel), "scatter": triton.jit(_scatter_kernel, do_not_specialize=["n"])}
+    return {"prep": triton.jit(_prep_kernel)}

@@ -27,10 +27,10 @@ def test_triton_is_not_interpreted() -> None:
 
 
 def test_triton_input_prep_kernels_equal_references_on_cuda() -> None:
-    from tandem.kernels.reference.input_prep import prepare_inputs_ref, update_table_ref
-    from tandem.kernels.reference.sample_writeback import write_sampled_ref
-    from tandem.kernels.triton.input_prep import prepare_inputs_triton, update_table_triton
-    from tandem.kernels.triton.sample_writeback import write_sampled_triton
+    from tandem.kernels.reference.input_prep import prepare_inputs_ref
+    from tandem.kernels.reference.scatter_2d import scatter_2d_ref
+    from tandem.kernels.triton.input_prep import prepare_inputs_triton
+    from tandem.kernels.triton.scatter_2d import scatter_2d_triton
 
     g = torch.Generator().manual_seed(0)
     dev = torch.device("cuda")
@@ -49,13 +49,13 @@ def test_triton_input_prep_kernels_equal_references_on_cuda() -> None:
     c = torch.arange(8, device=dev).repeat(12) + 100
     v = torch.randint(1, 1 << 20, (96,), generator=g).to(dev)
     t1, t2 = table.clone(), table.clone()
-    update_table_ref(t1, r, c, v)
-    update_table_triton(t2, r, c, v)
+    scatter_2d_ref(t1, r, c, v)
+    scatter_2d_triton(t2, r, c, v)
     assert torch.equal(t1, t2)
     s = torch.randint(0, 50_000, (12,), generator=g).to(dev)
     k1, k2 = tokens.clone(), tokens.clone()
-    write_sampled_ref(k1, rows, starts, s)
-    write_sampled_triton(k2, rows, starts, s)
+    scatter_2d_ref(k1, rows, starts, s)
+    scatter_2d_triton(k2, rows, starts, s)
     assert torch.equal(k1, k2)
 
 

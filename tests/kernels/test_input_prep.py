@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from tandem.kernels.ops import resolve_ops
-from tandem.kernels.reference.input_prep import prepare_inputs_ref, update_table_ref
-from tandem.kernels.reference.sample_writeback import write_sampled_ref
-from tandem.kernels.triton.input_prep import PREP_BLOCK, prepare_inputs_triton, update_table_triton
-from tandem.kernels.triton.sample_writeback import write_sampled_triton
+from tandem.kernels.reference.input_prep import prepare_inputs_ref
+from tandem.kernels.reference.scatter_2d import scatter_2d_ref
+from tandem.kernels.triton.input_prep import PREP_BLOCK, prepare_inputs_triton
+from tandem.kernels.triton.scatter_2d import scatter_2d_triton
 from tandem.protocol.messages import ScheduledReq
 from tandem.worker.forward_batch import ForwardBatch
 from tandem.worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs
@@ -79,8 +79,8 @@ def test_table_update_matches_per_request_writes(seed: int) -> None:
         flat_cols += range(s, s + n)
         flat_vals += vals
     ref, tri = table.clone(), table.clone()
-    update_table_ref(ref, _t(flat_rows), _t(flat_cols), _t(flat_vals))
-    update_table_triton(tri, _t(flat_rows), _t(flat_cols), _t(flat_vals))
+    scatter_2d_ref(ref, _t(flat_rows), _t(flat_cols), _t(flat_vals))
+    scatter_2d_triton(tri, _t(flat_rows), _t(flat_cols), _t(flat_vals))
     assert torch.equal(ref, per_req)
     assert torch.equal(tri, per_req)
 
@@ -94,8 +94,8 @@ def test_writeback_matches_ref(dtype: torch.dtype) -> None:
         cols = [rng.randrange(MAX_CTX) for _ in rows]
         sampled = torch.randint(0, 50_000, (n,), generator=g, dtype=dtype)
         ref, tri = tokens.clone(), tokens.clone()
-        write_sampled_ref(ref, _t(rows), _t(cols), sampled)
-        write_sampled_triton(tri, _t(rows), _t(cols), sampled)
+        scatter_2d_ref(ref, _t(rows), _t(cols), sampled)
+        scatter_2d_triton(tri, _t(rows), _t(cols), sampled)
         assert torch.equal(ref, tri)
         assert torch.equal(ref[_t(rows), _t(cols)], sampled.long())
 
