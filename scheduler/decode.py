@@ -25,8 +25,7 @@ def schedule_running(
         if req.embed is None and req.num_outputs_optimistic >= req.max_new_tokens:
             continue
         todo = req.num_tokens_to_compute
-        # A request still prefilling (chunked) draws on the prefill budget; a decode on the step's.
-        prefilling = todo > 1 or req.num_computed_tokens < len(req.origin_input_ids)
+        prefilling = req.is_prefilling  # draws on the prefill budget; a decode on the step's
         n = min(todo, plan.prefill_budget if prefilling else plan.budget)
         if n <= 0:
             continue

@@ -98,6 +98,14 @@ class Req:
         return self.seq_len - self.num_computed_tokens
 
     @property
+    def is_prefilling(self) -> bool:
+        """Its next tokens are a prefill's: prompt tokens, or more than one (a chunk, a retracted request's
+        re-prefill). They draw on the step's prefill budget, take no draft tokens, and their committed KV is
+        offered to the prefix cache as it goes. The one test of it: the scheduler asks here, before a step
+        adds them."""
+        return self.num_computed_tokens < len(self.origin_input_ids) or self.num_tokens_to_compute > 1
+
+    @property
     def num_outputs_optimistic(self) -> int:
         return len(self.output_ids) + self.num_output_placeholders
 

@@ -230,7 +230,7 @@ class Scheduler:
                     req.kv_committed_len = min(req.kv_committed_len, len(req.fill_ids))
                     self._finalize(req)
                     break
-        for req, epoch, n, drafts in zip(step.reqs, step.epochs, step.num_tokens, step.num_drafts):
+        for req, epoch, prefilling in zip(step.reqs, step.epochs, step.prefills):
             if epoch != req.epoch or req.finished():
                 continue
             if req.to_finish is not None and req.num_inflight_steps == 0:
@@ -238,7 +238,7 @@ class Scheduler:
                 self._finalize(req)
             # after the rejected drafts' rollback above: what the windows passed; a prefill chunk cached
             else:
-                self.kv.after_commit(req, prefill=n - drafts > 1)
+                self.kv.after_commit(req, prefill=prefilling)
         self._flush_deltas()
         if self.cfg.debug_integrity:
             self.check_integrity()

@@ -14,6 +14,7 @@ class StepPlan:
     prefill_cap: int  # of which at most this many for prefill chunks (--chunked-prefill-tokens)
     reqs: list[Req] = field(default_factory=list)
     items: list[ScheduledReq] = field(default_factory=list)
+    prefills: list[bool] = field(default_factory=list)  # per item: Req.is_prefilling when it was added
     new_reqs: list[NewReqData] = field(default_factory=list)
 
     prefill_used: int = 0
@@ -44,7 +45,8 @@ class StepPlan:
         cached prefix's slots, from position 0); the last `drafts` of them are the worker's draft tokens,
         counted as if all will be accepted (spec_decode.rollback corrects that at commit)."""
         start = req.num_computed_tokens
-        if n - drafts > 1 or start < len(req.origin_input_ids):
+        self.prefills.append(req.is_prefilling)
+        if req.is_prefilling:
             self.prefill_used += n
         req.num_computed_tokens += n
         sample = req.num_computed_tokens - drafts == req.seq_len and req.embed is None  # embeddings pool
@@ -68,6 +70,7 @@ class InflightStep:
     epochs: list[int]  # each req's retraction epoch at scheduling time: stale results are dropped
     num_tokens: list[int]
     num_drafts: list[int]  # of num_tokens, the draft tokens to verify
+    prefills: list[bool]  # each req's is_prefilling when the step was formed
     samplers: list[int]  # indices into reqs of those that sample, in result order
     needs_sample: bool = False  # structured output: the worker waits for a SampleStep with the bitmask
     sample_sent: bool = False
@@ -83,6 +86,7 @@ def to_output(step_id: int, freed_rows: list[int], plan: StepPlan) -> tuple[Sche
         [r.epoch for r in plan.reqs],
         [it.num_tokens for it in plan.items],
         [it.num_drafts for it in plan.items],
+        plan.prefills,
         samplers,
         needs_sample=defer,
     )

@@ -10,7 +10,7 @@ from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.messages import RequestError, SampleStep, TokenBatch, TokenizedRequest
 from tandem.protocol.model_info import ModelInfo
 from tandem.protocol.sampling_params import SamplingParams
-from tandem.scheduler.req import KVPopError
+from tandem.scheduler.req import KVPopError, Req
 from tandem.scheduler.scheduler import Scheduler
 from tandem.scheduler.step_driver import StepDriver
 from tests.fake_worker import VOCAB, FakeWorker, expected_output, true_drafts
@@ -334,3 +334,20 @@ def test_constrained_step_forwards_early_and_samples_after_the_previous_commit()
         sched.commit(worker.execute(so))
     assert len(g.accepted) == 4 and g.filled_after == [0, 1, 2, 3]  # ended by the grammar's termination
     assert sched.kv.tree.protected_size == 0
+
+
+def test_a_request_is_prefilling_until_only_its_next_token_is_left() -> None:
+    """Req.is_prefilling, the one test of it the scheduler asks: prompt tokens left, or more than one token
+    of any kind (a retracted request's re-prefill of its outputs)."""
+    req = Req("r", [5, 6, 7], SamplingParams(max_tokens=8), frozenset(), 8)
+    assert req.is_prefilling  # nothing computed
+    req.num_computed_tokens = 2
+    assert req.is_prefilling  # a chunk left: one prompt token is still a prompt token
+    req.num_computed_tokens = 3
+    req.num_output_placeholders = 1  # the prompt's step sampled; its token is in flight
+    assert not req.is_prefilling
+    req.num_output_placeholders, req.output_ids = 0, [9, 10, 11]
+    req.num_computed_tokens = 0  # retracted: it re-prefills prompt and outputs
+    assert req.is_prefilling
+    req.num_computed_tokens = 5
+    assert not req.is_prefilling  # only the newest output's KV is left: a decode
