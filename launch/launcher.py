@@ -21,7 +21,7 @@ from tandem.launch.reaper import become_subreaper, reap_descendants, stop_resour
 from tandem.protocol.codec import encode, launcher_decoder
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.errors import ErrorCode
-from tandem.protocol.ipc import Endpoints, make_socket
+from tandem.protocol.ipc import Endpoints, make_socket, ready_frames
 from tandem.protocol.messages import EngineStopping, Failed, LauncherMsg, Ready
 from tandem.protocol.model_fit import ConfigError, check_model_fits
 from tandem.protocol.serve_config import ServeConfig
@@ -114,11 +114,7 @@ class Launcher:
             poller.register(p.sentinel, zmq.POLLIN)  # readable once the process has exited
         poller.poll(int(timeout_s * 1000))
         msgs: list[LauncherMsg] = []
-        while True:
-            try:
-                data = self._control.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        for data in ready_frames(self._control):
             try:
                 msgs.append(self._decode(data))
             except msgspec.DecodeError:  # only our children write here; a bad frame is dropped, not fatal

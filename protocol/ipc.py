@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import msgspec
@@ -64,6 +65,25 @@ class Endpoints:
     @classmethod
     def decode(cls, data: bytes) -> Endpoints:
         return msgspec.json.decode(data, type=cls)
+
+
+def ready_frames(sock: zmq.Socket) -> Iterator[bytes]:
+    """Every message the socket holds now, without waiting (what a loop reads once a poll says it is
+    readable); the caller may stop early, leaving the rest queued."""
+    while True:
+        try:
+            yield sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+
+
+def ready_multipart(sock: zmq.Socket) -> Iterator[list[bytes]]:
+    """As ready_frames, for multipart messages (a ROUTER's: the sender's identity first)."""
+    while True:
+        try:
+            yield sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
 
 
 def make_socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool) -> zmq.Socket:

@@ -12,7 +12,7 @@ from tandem.protocol.child import reporting_startup, start_child
 from tandem.protocol.codec import encode, scheduler_in_decoder, worker_out_decoder
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.errors import ErrorCode
-from tandem.protocol.ipc import make_socket
+from tandem.protocol.ipc import make_socket, ready_frames
 from tandem.protocol.messages import (
     ModelRunnerOutput,
     Ready,
@@ -119,22 +119,14 @@ class SchedulerLoop:
                 w.send(data)
 
     def _drain_requests(self) -> None:
-        while True:
-            try:
-                data = self.reqs_in.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for data in ready_frames(self.reqs_in):
             reply = self.driver.on_request(self.decode_req(data))
             if reply is not None:
                 self._flush()  # outputs of requests that ended before the snapshot go first
                 self.detok.send(encode(reply))
 
     def _drain_results(self) -> None:
-        while True:
-            try:
-                data = self.results.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for data in ready_frames(self.results):
             msg = self.decode_result(data)
             if isinstance(msg, WorkerFailed):
                 why = f"worker {msg.rank}: {msg.message}"

@@ -44,6 +44,7 @@ from tandem.frontend.embedding import Embedding
 from tandem.frontend.reasoning_parser import check_style
 from tandem.protocol.embed_params import EmbedParams
 from tandem.protocol.errors import EngineDeadError, ErrorCode, InvalidRequestError, TandemError
+from tandem.protocol.ipc import ready_frames, ready_multipart
 from tandem.protocol.messages import (
     MAX_SESSION_TOKENS,
     AbortRequest,
@@ -328,8 +329,8 @@ class AsyncClient:
 
     def _watch_connection(self) -> None:
         """The monitor's events, then the connect deadline: the engine lost, or never reached in time."""
-        while self._monitor.get(zmq.EVENTS) & zmq.POLLIN:
-            if self._death.is_dead(self._monitor.recv_multipart(zmq.NOBLOCK)):
+        for event in ready_multipart(self._monitor):
+            if self._death.is_dead(event):
                 self._router.fail_all("lost the connection to the engine")
                 return
         why = self._death.unreachable()
@@ -352,11 +353,7 @@ class AsyncClient:
                 self._router.fail_all(why)
 
     def _receive(self) -> None:
-        while True:
-            try:
-                data = self._sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for data in ready_frames(self._sock):
             try:
                 msg = decode_msg(data)
             except msgspec.DecodeError as e:

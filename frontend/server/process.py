@@ -24,7 +24,7 @@ from tandem.frontend.server.validation import (
 from tandem.protocol.child import reporting_startup, start_child
 from tandem.protocol.codec import encode, frontend_in_decoder
 from tandem.protocol.errors import ErrorCode, InvalidRequestError
-from tandem.protocol.ipc import make_socket
+from tandem.protocol.ipc import make_socket, ready_frames, ready_multipart
 from tandem.protocol.messages import (
     AbortRequest,
     ClientMsg,
@@ -103,19 +103,13 @@ class Frontend:
         while not self.stopping:
             events = dict(poller.poll())
             if self.clients in events:
-                while True:
-                    try:
-                        frames = self.clients.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
+                for frames in ready_multipart(self.clients):
                     self.on_client_frames(frames)
-            if self.inbox in events:
-                while not self.stopping:
-                    try:
-                        data = self.inbox.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
+            if self.inbox in events and not self.stopping:
+                for data in ready_frames(self.inbox):
                     self.on_engine(self.decode_inbox(data))
+                    if self.stopping:
+                        break
 
     # ---- from clients ----------------------------------------------------------------------------
     def on_client_frames(self, frames: list[bytes]) -> None:
