@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from tandem.protocol.gguf_metadata import METADATA_FILES, is_gguf, metadata_dir
+from tandem.protocol.gguf_metadata import METADATA_FILES, gguf_metadata_dir, is_gguf
 from tandem.protocol.model_config import read_model_config
 from tandem.worker.gguf_weights import iter_gguf_weights
 
@@ -19,7 +19,7 @@ def convert(gguf_path: str | Path, out: str | Path) -> Path:
     if not is_gguf(gguf_path):
         raise ValueError(f"{gguf_path}: expected a .gguf file")
     out = Path(out)
-    meta = metadata_dir(gguf_path)
+    meta = gguf_metadata_dir(gguf_path)
     out.mkdir(parents=True, exist_ok=True)
     for name in METADATA_FILES:
         shutil.copyfile(meta / name, out / name)

@@ -273,7 +273,7 @@ def cache_root() -> Path:
 
 
 def metadata_cache_path(path: str | Path) -> Path:
-    """Where metadata_dir keeps a GGUF file's METADATA_FILES. The key is the file's path, size and
+    """Where gguf_metadata_dir keeps a GGUF file's METADATA_FILES. The key is the file's path, size and
     modification time, so a replaced file gets fresh metadata."""
     p = Path(path).resolve()
     if not p.is_file():
@@ -283,7 +283,7 @@ def metadata_cache_path(path: str | Path) -> Path:
     return cache_root() / "gguf" / f"{p.stem}-{key}"
 
 
-def metadata_dir(path: str | Path) -> Path:
+def gguf_metadata_dir(path: str | Path) -> Path:
     """The cached METADATA_FILES of a GGUF file, written on first use."""
     p = Path(path).resolve()
     d = metadata_cache_path(p)

@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.protocol.errors import ModelLoadError
-from tandem.protocol.gguf_metadata import is_gguf
-from tandem.protocol.gguf_metadata import metadata_dir as gguf_metadata_dir
+from tandem.protocol.gguf_metadata import gguf_metadata_dir, is_gguf
 
 DEFAULT_MAX_POSITIONS = 2048  # what transformers assumes for a Llama config without max_position_embeddings
 # RoPE variants worker/layers/rotary.py computes; any other is refused while the config is read.

@@ -56,7 +56,7 @@ class Turn:
 
 
 @dataclass
-class Session:
+class SessionState:
     id: str
     capacity: int
     timeout_s: float
@@ -75,7 +75,7 @@ class SessionStore:
         """cap_tokens: what all open sessions may reserve together. unavailable: why sessions cannot be
         opened at all (None: they can)."""
         self.kv, self.cap, self.unavailable, self.clock = kv, cap_tokens, unavailable, clock
-        self.sessions: dict[str, Session] = {}
+        self.sessions: dict[str, SessionState] = {}
         self._closed: deque[str] = deque(maxlen=REMEMBER_CLOSED)
 
     @classmethod
@@ -137,7 +137,7 @@ class SessionStore:
                 f"open session(s)",
             )
         sid = uuid.uuid4().hex
-        self.sessions[sid] = Session(sid, capacity, timeout_s, self.clock() + timeout_s)
+        self.sessions[sid] = SessionState(sid, capacity, timeout_s, self.clock() + timeout_s)
         return sid
 
     def close(self, sid: str) -> None:
@@ -160,7 +160,7 @@ class SessionStore:
         return min((s.deadline for s in self.sessions.values() if not s.active), default=None)
 
     # ---- requests -----------------------------------------------------------------------------------
-    def get(self, sid: str) -> Session:
+    def get(self, sid: str) -> SessionState:
         s = self.sessions.get(sid)
         if s is None:
             if sid in self._closed:
@@ -169,7 +169,7 @@ class SessionStore:
         return s
 
     def resolve(self, sp: SessionParams, prompt: list[int], max_tokens: int | None,
-                context_len: int) -> tuple[tuple[Session, Turn | None], list[int]]:
+                context_len: int) -> tuple[tuple[SessionState, Turn | None], list[int]]:
         """The session and turn a request continues, and its whole prompt (the turn's context + prompt).
         Changes nothing: the caller starts the request with `begin` once every other check passed."""
         s = self.get(sp.id)
@@ -196,7 +196,7 @@ class SessionStore:
             )
         return (s, turn), whole
 
-    def begin(self, req: Req, link: tuple[Session, Turn | None]) -> None:
+    def begin(self, req: Req, link: tuple[SessionState, Turn | None]) -> None:
         """req (from `resolve`) runs in its session: the session does not time out meanwhile."""
         s, req.session_turn = link
         req.session_id = s.id

@@ -99,6 +99,29 @@ def test_files_are_small_and_unfolded() -> None:
     assert waived <= {"tests/**", "benchmarks/**", "docs/**"}, waived
 
 
+# Names a module defines for its role, the same job in each (a kernel binding's `available`/`build`/`bind`/
+# `supports`, a program's `main`, a route group's `install`, a checker's `check`, a runner's `run`).
+ROLE_NAMES = {"available", "bind", "build", "supports", "main", "install", "check", "run"}
+
+
+def test_one_definition_per_concept() -> None:
+    """No public class or function name is defined in two engine files, but a role's name and a kernel's
+    twins (its reference beside its native or Triton implementation, kernels/ops.py picks)."""
+    where: dict[str, list[Path]] = {}
+    for path in _engine_files():
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if not node.name.startswith("_") and node.name not in ROLE_NAMES:
+                    where.setdefault(node.name, []).append(path.relative_to(ROOT))
+
+    def twins(paths: list[Path]) -> bool:
+        kinds = [p.parts[1] for p in paths if p.parts[0] == "kernels" and len(p.parts) > 2]
+        return len(kinds) == len(paths) == 2 and "reference" in kinds
+
+    twice = {name: [str(p) for p in paths] for name, paths in where.items() if len(paths) > 1 and not twins(paths)}
+    assert twice == {}
+
+
 def test_a_decode_step_passes_through_few_files(tiny_model, tmp_path: Path) -> None:
     from tandem.benchmarks.decode_step_files import decode_step_files
     from tests.gguf_files import write_gguf

@@ -30,7 +30,7 @@ from tandem.frontend.http.choices import ChoiceRun
 from tandem.frontend.http.errors import APIError, anthropic_error_body
 from tandem.frontend.http.reply import ReplyParser
 from tandem.frontend.http.sampling import with_tools
-from tandem.frontend.http.schemas import ChatMessage, FunctionCall, FunctionDef, ToolCall
+from tandem.frontend.http.schemas import ChatMessageBody, FunctionCall, FunctionDef, ToolCall
 from tandem.frontend.http.state import ServerState
 from tandem.frontend.http.streaming import sse, stream_response, until_disconnect
 from tandem.frontend.http.usage import Usage
@@ -40,11 +40,11 @@ def _joined(content: str | list[TextBlock]) -> str:
     return content if isinstance(content, str) else "".join(b.text for b in content)
 
 
-def chat_messages(body: CountTokensRequest) -> list[ChatMessage]:
-    out = [ChatMessage(role="system", content=_joined(body.system))] if body.system else []
+def chat_messages(body: CountTokensRequest) -> list[ChatMessageBody]:
+    out = [ChatMessageBody(role="system", content=_joined(body.system))] if body.system else []
     for m in body.messages:
         if isinstance(m.content, str):
-            out.append(ChatMessage(role=m.role, content=m.content))
+            out.append(ChatMessageBody(role=m.role, content=m.content))
             continue
         text, calls, thinking = "", [], None
         for b in m.content:
@@ -56,15 +56,15 @@ def chat_messages(body: CountTokensRequest) -> list[ChatMessage]:
                 )
             elif isinstance(b, ToolResultBlock):
                 if text:  # text before a result stays before it
-                    out.append(ChatMessage(role=m.role, content=text))
+                    out.append(ChatMessageBody(role=m.role, content=text))
                     text = ""
                 result = _joined(b.content)
-                out.append(ChatMessage(role="tool", tool_call_id=b.tool_use_id,
+                out.append(ChatMessageBody(role="tool", tool_call_id=b.tool_use_id,
                                        content=f"Error: {result}" if b.is_error else result))
             elif isinstance(b, ThinkingBlock):
                 thinking = b.thinking
         if text or calls or not m.content:
-            out.append(ChatMessage(role=m.role, content=text or None, tool_calls=calls or None,
+            out.append(ChatMessageBody(role=m.role, content=text or None, tool_calls=calls or None,
                                    reasoning_content=thinking if m.role == "assistant" else None))
     return out
 

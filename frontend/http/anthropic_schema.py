@@ -67,7 +67,7 @@ class Message(Body):
     content: str | list[ContentBlock]
 
 
-class Tool(Body):
+class AnthropicTool(Body):
     name: str
     description: str | None = None
     input_schema: dict[str, Any]
@@ -108,7 +108,7 @@ class CountTokensRequest(Body):
     model: str
     messages: Annotated[list[Message], Field(min_length=1)]
     system: str | list[TextBlock] | None = None
-    tools: list[Tool] | None = None
+    tools: list[AnthropicTool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None

@@ -13,12 +13,12 @@ from typing import Any, Literal
 
 from tandem.frontend import prompt_tokens
 from tandem.frontend.http.errors import APIError
-from tandem.frontend.http.schemas import ChatCompletionRequest, ChatMessage, FunctionDef, NamedToolChoice
+from tandem.frontend.http.schemas import ChatCompletionRequest, ChatMessageBody, FunctionDef, NamedToolChoice
 from tandem.frontend.http.tool_calls import ToolCallParser
 from tandem.protocol.errors import InvalidRequestError
 
 
-def _text(m: ChatMessage) -> str:
+def _text(m: ChatMessageBody) -> str:
     if m.content is None:
         return ""
     if isinstance(m.content, str):
@@ -26,7 +26,7 @@ def _text(m: ChatMessage) -> str:
     return "".join(p.text for p in m.content)
 
 
-def _template_message(m: ChatMessage) -> dict[str, Any]:
+def _template_message(m: ChatMessageBody) -> dict[str, Any]:
     d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": _text(m)}
     for key in ("name", "tool_call_id", "reasoning_content"):
         if getattr(m, key) is not None:
@@ -49,7 +49,7 @@ def _loads_or_str(s: str) -> Any:
 
 def chat_prompt_ids(
     tokenizer: Any,
-    messages: list[ChatMessage],
+    messages: list[ChatMessageBody],
     tools: list[dict] | None = None,
     add_generation_prompt: bool = True,
     template_kwargs: dict[str, Any] | None = None,

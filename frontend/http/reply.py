@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tandem.frontend.completion import CompletionDelta
-from tandem.frontend.http.tool_calls import ToolCall, ToolCallParser
+from tandem.frontend.http.tool_calls import ParsedToolCall, ToolCallParser
 from tandem.frontend.reasoning_parser import ReasoningParser
 from tandem.protocol.final_info import FinalInfo
 
@@ -63,7 +63,7 @@ class ReplyParser:
         return self.tools.content if self.tools is not None else self._content
 
     @property
-    def calls(self) -> list[ToolCall]:
+    def calls(self) -> list[ParsedToolCall]:
         return self.tools.calls if self.tools is not None else []
 
     @property

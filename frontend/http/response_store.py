@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from tandem.frontend.http.schemas import ChatMessage
+from tandem.frontend.http.schemas import ChatMessageBody
 
 DEFAULT_CAPACITY = 256
 
 
 @dataclass
 class StoredResponse:
-    messages: list[ChatMessage]  # input and output of the turn, ready for the chat template
+    messages: list[ChatMessageBody]  # input and output of the turn, ready for the chat template
     body: dict
 
 

@@ -30,7 +30,7 @@ from tandem.frontend.http.responses_schema import (
     ResponsesRequest,
 )
 from tandem.frontend.http.sampling import with_tools
-from tandem.frontend.http.schemas import ChatMessage, FunctionCall, FunctionDef, ToolCall
+from tandem.frontend.http.schemas import ChatMessageBody, FunctionCall, FunctionDef, ToolCall
 from tandem.frontend.http.state import ServerState
 from tandem.frontend.http.streaming import sse, stream_response, until_disconnect
 from tandem.frontend.http.usage import Usage
@@ -40,31 +40,31 @@ def _text(content: str | list[InputText]) -> str:
     return content if isinstance(content, str) else "".join(p.text for p in content)
 
 
-def input_messages(items: str | list[Any]) -> list[ChatMessage]:
+def input_messages(items: str | list[Any]) -> list[ChatMessageBody]:
     """Input items as chat messages: a run of function calls joins the assistant turn before it."""
     if isinstance(items, str):
-        return [ChatMessage(role="user", content=items)]
-    out: list[ChatMessage] = []
+        return [ChatMessageBody(role="user", content=items)]
+    out: list[ChatMessageBody] = []
     for it in items:
         if isinstance(it, MessageItem):
-            out.append(ChatMessage(role=it.role, content=_text(it.content)))
+            out.append(ChatMessageBody(role=it.role, content=_text(it.content)))
         elif isinstance(it, FunctionCallItem):
             call = ToolCall(id=it.call_id, function=FunctionCall(name=it.name, arguments=it.arguments))
             if out and out[-1].role == "assistant":
                 out[-1].tool_calls = [*(out[-1].tool_calls or []), call]
             else:
-                out.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
+                out.append(ChatMessageBody(role="assistant", content=None, tool_calls=[call]))
         elif isinstance(it, FunctionCallOutputItem):
-            out.append(ChatMessage(role="tool", tool_call_id=it.call_id, content=_text(it.output)))
+            out.append(ChatMessageBody(role="tool", tool_call_id=it.call_id, content=_text(it.output)))
         # A reasoning item is not part of the prompt: templates leave out earlier turns' thinking.
     return out
 
 
-def _output_message(reply: ReplyParser) -> ChatMessage:
+def _output_message(reply: ReplyParser) -> ChatMessageBody:
     calls = [
         ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in reply.calls
     ]
-    return ChatMessage(role="assistant", content=reply.content or None, tool_calls=calls or None,
+    return ChatMessageBody(role="assistant", content=reply.content or None, tool_calls=calls or None,
                        reasoning_content=reply.reasoning)
 
 
@@ -128,7 +128,7 @@ def _head(st: ServerState, body: ResponsesRequest) -> dict[str, Any]:
 
 async def create_response(st: ServerState, body: ResponsesRequest, request: Request) -> Response:
     st.check_model(body.model)
-    history: list[ChatMessage] = []
+    history: list[ChatMessageBody] = []
     if body.previous_response_id is not None:
         stored = st.responses.get(body.previous_response_id)
         if stored is None:
@@ -141,7 +141,9 @@ async def create_response(st: ServerState, body: ResponsesRequest, request: Requ
             )
         history = stored.messages
     turn = history + input_messages(body.input)
-    system = [ChatMessage(role="system", content=body.instructions)] if body.instructions is not None else []
+    system = []
+    if body.instructions is not None:
+        system = [ChatMessageBody(role="system", content=body.instructions)]
     tools = _tools(body)
     ids = chat_prompt_ids(
         st.tokenizer, system + turn, tools.template_tools(), True, body.chat_template_kwargs

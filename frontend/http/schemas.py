@@ -133,7 +133,7 @@ class ToolCall(Body):
     function: FunctionCall
 
 
-class ChatMessage(Body):
+class ChatMessageBody(Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -164,7 +164,7 @@ class NamedToolChoice(Body):
 
 
 class ChatCompletionRequest(SamplingBody):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    messages: Annotated[list[ChatMessageBody], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
@@ -187,7 +187,7 @@ class CloseSessionRequest(Body):
 class TokenizeRequest(Body):
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessageBody] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None

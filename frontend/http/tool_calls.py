@@ -132,7 +132,7 @@ class _CallObject:
 
 
 @dataclass
-class ToolCall:
+class ParsedToolCall:
     name: str
     arguments: str = ""
     id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
@@ -160,7 +160,7 @@ class ToolCallParser:
 
     def __init__(self, mode: Literal["auto", "required", "named"], named: str | None = None) -> None:
         self.mode = mode
-        self.calls: list[ToolCall] = []
+        self.calls: list[ParsedToolCall] = []
         self.content = ""
         self._out = ParsedDelta()
         self._held = ""  # auto: whitespace and a possible partial tag
@@ -306,7 +306,7 @@ class ToolCallParser:
     # --- output ---
 
     def _start_call(self, name: str, args: str) -> None:
-        self.calls.append(ToolCall(name, args))
+        self.calls.append(ParsedToolCall(name, args))
         self._out.tool_calls.append({"index": len(self.calls) - 1, **self.calls[-1].message()})
 
     def _args(self, index: int, text: str) -> None:
