@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from tandem.protocol.architectures import architecture
 from tandem.protocol.gguf_metadata import METADATA_FILES, gguf_metadata_dir, is_gguf
 from tandem.protocol.model_config import read_model_config
 from tandem.worker.gguf_weights import iter_gguf_weights
@@ -26,7 +27,7 @@ def convert(gguf_path: str | Path, out: str | Path) -> Path:
     # float32 holds every dequantized value exactly, so the directory and the GGUF run the same model.
     cfg = read_model_config(gguf_path)
     weights = dict(iter_gguf_weights(gguf_path, cfg, torch.float32, progress=True))
-    if cfg.architecture == "MixtralForCausalLM":  # Mixtral checkpoints' own names, which transformers reads
+    if architecture(cfg.architecture).mixtral_experts:  # Mixtral checkpoints' own names, transformers reads
         weights = {_mixtral_name(k): v for k, v in weights.items()}
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out

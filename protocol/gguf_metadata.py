@@ -15,24 +15,12 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tandem.protocol.architectures import Architecture, gguf_architecture
 from tandem.protocol.errors import ModelLoadError
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
 
-# GGUF general.architecture -> the HF architecture the worker runs it as (a "llama" file with experts is
-# Mixtral's: llama.cpp writes it so).
-GGUF_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "qwen2moe": "Qwen2MoeForCausalLM",
-    "qwen3moe": "Qwen3MoeForCausalLM",
-    "gemma3": "Gemma3ForCausalLM",
-}
-# Whether the top-k routing weights are renormalised when the file does not say (expert_weights_norm): as
-# llama.cpp runs each architecture.
-_NORM_TOPK = {"llama": True, "qwen2moe": False, "qwen3moe": True}
 METADATA_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 CACHE_ENV = "TANDEM_CACHE_DIR"
 
@@ -55,19 +43,6 @@ def open_gguf(path: str | Path) -> GGUFReader:
         raise ModelLoadError(f"{p}: not a readable GGUF file ({type(e).__name__}: {e})") from None
 
 
-def gguf_architecture(reader: GGUFReader, path: str | Path) -> str:
-    return checked_architecture(_field(reader, "general.architecture"), path)
-
-
-def checked_architecture(arch: Any, path: str | Path) -> str:
-    if arch not in GGUF_ARCHITECTURES:
-        raise ModelLoadError(
-            f"{path}: unsupported GGUF architecture {arch!r}; "
-            f"supported: {', '.join(sorted(GGUF_ARCHITECTURES))}"
-        )
-    return arch
-
-
 def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
     f = reader.fields.get(key)
     return default if f is None else f.contents()
@@ -77,7 +52,13 @@ def hf_config(reader: GGUFReader, path: str | Path) -> dict[str, Any]:
     """The config.json transformers would write for this model."""
     import gguf
 
-    arch = gguf_architecture(reader, path)
+    tensors = {t.name: t for t in reader.tensors}
+    # The architecture's registry entry (a "llama" file with expert tensors is Mixtral's: llama.cpp writes
+    # it so) says what the common fields below leave out.
+    entry = gguf_architecture(
+        _field(reader, "general.architecture"), path, moe=any(n.endswith("_exps.weight") for n in tensors)
+    )
+    arch = entry.gguf_arch
     K = gguf.Keys
 
     def meta(key: str, default: Any = None) -> Any:
@@ -89,15 +70,13 @@ def hf_config(reader: GGUFReader, path: str | Path) -> dict[str, Any]:
             raise ModelLoadError(f"{path}: metadata key {key.format(arch=arch)!r} is missing")
         return int(v)
 
-    tensors = {t.name: t for t in reader.tensors}
     if "token_embd.weight" not in tensors:
         raise ModelLoadError(f"{path}: no token_embd.weight tensor")
     hidden, heads = need(K.LLM.EMBEDDING_LENGTH), need(K.Attention.HEAD_COUNT)
-    experts = _experts(reader, path, arch, tensors)
+    experts = _experts(reader, path, entry, tensors)
     cfg: dict[str, Any] = {
-        "architectures": [GGUF_ARCHITECTURES[arch]],
-        # transformers' name
-        "model_type": {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}.get(arch, arch),
+        "architectures": [entry.name],
+        "model_type": entry.model_type,
         # The embedding's rows, not the token list: a padded vocabulary has more rows than tokens.
         "vocab_size": int(tensors["token_embd.weight"].shape[1]),
         "hidden_size": hidden,
@@ -118,19 +97,15 @@ def hf_config(reader: GGUFReader, path: str | Path) -> dict[str, Any]:
         "eos_token_id": meta(K.Tokenizer.EOS_ID),
         "torch_dtype": "float32",
     }
-    if arch == "llama":
-        cfg["attention_bias"] = "blk.0.attn_q.bias" in tensors
-        cfg["mlp_bias"] = "blk.0.ffn_gate.bias" in tensors
-    if arch == "qwen2moe":
-        cfg["qkv_bias"] = "blk.0.attn_q.bias" in tensors
+    for name, tensor in entry.gguf_tensor_flags.items():
+        cfg[name] = tensor in tensors
     if experts:
-        if arch == "llama":  # Mixtral: every layer's experts are intermediate_size wide
-            cfg["architectures"], cfg["model_type"] = ["MixtralForCausalLM"], "mixtral"
+        if entry.mixtral_experts:  # every layer's experts are intermediate_size wide
             cfg["intermediate_size"] = experts["moe_intermediate_size"]
             experts["num_local_experts"] = experts.pop("num_experts")
         cfg.update(experts)
-    if arch == "gemma3":
-        cfg.update(_gemma3_config(meta, cfg, path))
+    if entry.gguf_config is not None:
+        cfg.update(entry.gguf_config(meta, cfg, path))
     if "rope_freqs.weight" in tensors:
         # Llama 3.1-style frequency factors are stored as a tensor, not as parameters we can rebuild.
         raise ModelLoadError(f"{path}: per-frequency RoPE factors (rope_freqs.weight) are not supported")
@@ -142,52 +117,15 @@ def hf_config(reader: GGUFReader, path: str | Path) -> dict[str, Any]:
     return cfg
 
 
-def _gemma3_config(meta: Any, cfg: dict[str, Any], path: str | Path) -> dict[str, Any]:
-    """What a gemma3 file adds to the config, as llama.cpp reads the same file: sliding-window layers
-    (every sixth layer global unless the file gives a pattern), local RoPE base 10,000 unless given, the
-    attention scale of head_dim (hidden / heads for the 27B model, whose 62 layers llama.cpp keys it on)."""
-    import gguf
-
-    K = gguf.Keys
-    n = cfg["num_hidden_layers"]
-    pattern = meta(K.Attention.SLIDING_WINDOW_PATTERN, 6)
-    if isinstance(pattern, list):  # one flag per layer, true = sliding
-        if len(pattern) != n:
-            raise ModelLoadError(f"{path}: {len(pattern)} sliding_window_pattern flags for {n} layers")
-        types = ["sliding_attention" if f else "full_attention" for f in pattern]
-    elif isinstance(pattern, int) and pattern >= 1:
-        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
-    else:
-        raise ModelLoadError(f"{path}: metadata sliding_window_pattern {pattern!r} is not a layer count >= 1")
-    window = meta(K.Attention.SLIDING_WINDOW)
-    if window is None:
-        raise ModelLoadError(f"{path}: metadata key 'gemma3.attention.sliding_window' is missing")
-    del cfg["hidden_act"]  # Gemma 3 names it hidden_activation
-    extra: dict[str, Any] = {
-        "model_type": "gemma3_text",
-        "hidden_activation": "gelu_pytorch_tanh",
-        "sliding_window": int(window),
-        "layer_types": types,
-        "rope_local_base_freq": float(meta(K.Rope.FREQ_BASE_SWA, 10000.0)),
-        "query_pre_attn_scalar": cfg["hidden_size"] // cfg["num_attention_heads"]
-        if n == 62
-        else cfg["head_dim"],
-        "attention_bias": False,
-    }
-    for key, name in ((K.LLM.FINAL_LOGIT_SOFTCAPPING, "final_logit_softcapping"),
-                      (K.LLM.ATTN_LOGIT_SOFTCAPPING, "attn_logit_softcapping")):
-        if meta(key) is not None:
-            extra[name] = float(meta(key))
-    return extra
-
-
-def _experts(reader: GGUFReader, path: str | Path, arch: str, tensors: dict[str, Any]) -> dict[str, Any]:
+def _experts(
+    reader: GGUFReader, path: str | Path, entry: Architecture, tensors: dict[str, Any]
+) -> dict[str, Any]:
     """The MoE fields of config.json ({} for a dense file), checked against the expert tensors: each layer's
     ffn_*_exps must hold expert_count experts (a layer without them is a dense one)."""
     import gguf
 
     def key(k: str) -> str:
-        return k.format(arch=arch)
+        return k.format(arch=entry.gguf_arch)
 
     count = _field(reader, key(gguf.Keys.LLM.EXPERT_COUNT))
     if not count:
@@ -222,7 +160,8 @@ def _experts(reader: GGUFReader, path: str | Path, arch: str, tensors: dict[str,
         "num_experts": count,
         "num_experts_per_tok": used,
         "moe_intermediate_size": int(ffn) if ffn else width,
-        "norm_topk_prob": bool(_NORM_TOPK.get(arch, False) if norm is None else norm),
+        # as llama.cpp runs the architecture when the file does not say
+        "norm_topk_prob": bool(entry.gguf_norm_topk if norm is None else norm),
         "shared_expert_intermediate_size": int(shared or 0),
         "mlp_only_layers": dense,
     }

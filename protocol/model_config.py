@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tandem.protocol.architectures import SLIDING_ARCHS  # whose sliding-window layers the engine runs
 from tandem.protocol.errors import ModelLoadError
 from tandem.protocol.gguf_metadata import gguf_metadata_dir, is_gguf
 
@@ -16,8 +17,6 @@ DEFAULT_MAX_POSITIONS = 2048  # what transformers assumes for a Llama config wit
 # RoPE variants worker/layers/rotary.py computes; any other is refused while the config is read.
 ROPE_TYPES = ("default", "linear", "llama3")
 FULL, SLIDING = "full_attention", "sliding_attention"
-# Architectures whose sliding-window layers the engine runs (worker/models/gemma3.py).
-SLIDING_ARCHS = ("Gemma3ForCausalLM",)
 
 
 def metadata_dir(model: str | Path) -> Path:

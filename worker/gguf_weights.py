@@ -1,7 +1,8 @@
 """Weights from a GGUF file: read with gguf's reader, dequantized by the gguf package (or, on request, kept
 as the file's blocks for the CPU kernel of kernels/cpu_quant_linear.py), renamed to the Hugging Face names
-the models load, llama's Q/K rows put back in HF order, and Gemma's norm weights given back in HF's form
-(llama.cpp's converter stores Gemma's RMSNorm scale 1 + w; HF checkpoints hold w)."""
+the models load, and put back in HF's form where llama.cpp's converter changed them, as the architecture's
+entry (protocol/architectures.py) says: llama's Q/K rows in HF order, Gemma's norm weights without the 1
+its RMSNorm adds (the file stores 1 + w; HF checkpoints hold w)."""
 
 from __future__ import annotations
 
@@ -14,48 +15,22 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from tandem.protocol.architectures import GLOBAL_MODULES, Architecture, architecture
 from tandem.protocol.errors import ModelLoadError
-from tandem.protocol.gguf_metadata import checked_architecture
 from tandem.protocol.gguf_tensor_index import gguf_tensor_index
 from tandem.protocol.model_config import ModelConfig
 
-# Every HF module name of the llama family (Qwen3's q/k norms included); gguf's own name map turns each
-# into its GGUF name.
-_GLOBAL = ("model.embed_tokens", "model.norm", "lm_head")
-_PER_LAYER = (
-    "input_layernorm",
-    "post_attention_layernorm",
-    "pre_feedforward_layernorm",  # Gemma 3's four norms a layer
-    "post_feedforward_layernorm",
-    "self_attn.q_proj",
-    "self_attn.k_proj",
-    "self_attn.v_proj",
-    "self_attn.o_proj",
-    "self_attn.q_norm",
-    "self_attn.k_norm",
-    "mlp.gate_proj",
-    "mlp.up_proj",
-    "mlp.down_proj",
-    # mixture of experts: the router, the [E, rows, inputs] expert stacks, Qwen2-MoE's shared expert
-    "mlp.gate",
-    "mlp.experts.gate_proj",
-    "mlp.experts.up_proj",
-    "mlp.experts.down_proj",
-    "mlp.shared_expert.gate_proj",
-    "mlp.shared_expert.up_proj",
-    "mlp.shared_expert.down_proj",
-    "mlp.shared_expert_gate",
-)
 
-
-def gguf_to_hf_names(arch: str, num_layers: int) -> dict[str, str]:
+def gguf_to_hf_names(entry: Architecture, num_layers: int) -> dict[str, str]:
     """GGUF tensor name -> HF parameter name (``blk.0.attn_q.weight`` ->
-    ``model.layers.0.self_attn.q_proj.weight``)."""
+    ``model.layers.0.self_attn.q_proj.weight``) of the modules the architecture's entry lists; gguf's own
+    name map gives each its GGUF name."""
     import gguf
 
-    arch_id = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
+    arch_id = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == entry.gguf_arch)
     tmap = gguf.get_tensor_name_map(arch_id, num_layers)
-    hf = list(_GLOBAL) + [f"model.layers.{i}.{m}" for i in range(num_layers) for m in _PER_LAYER]
+    layers = [f"model.layers.{i}.{m}" for i in range(num_layers) for m in entry.layer_modules]
+    hf = list(GLOBAL_MODULES) + layers
     out: dict[str, str] = {}
     for module in hf:
         base = tmap.get_name(module)
@@ -127,15 +102,20 @@ def iter_gguf_weights(
     import gguf
 
     index = gguf_tensor_index(path)
-    arch = checked_architecture(index.architecture, path)
-    names = gguf_to_hf_names(arch, cfg.num_hidden_layers)
+    entry = architecture(cfg.architecture)
+    if entry.gguf_arch != index.architecture:
+        raise ModelLoadError(
+            f"{path}: a GGUF file of architecture {index.architecture!r} read as {entry.name} "
+            f"(whose files are {entry.gguf_arch!r})"
+        )
+    names = gguf_to_hf_names(entry, cfg.num_hidden_layers)
     heads = {"self_attn.q_proj": cfg.num_attention_heads, "self_attn.k_proj": cfg.num_key_value_heads}
     bar = tqdm(index.tensors, desc=f"dequantizing {Path(path).name}", unit="tensor",
                disable=None if progress is None else not progress)
     for t in bar:
         name = names.get(t.name)
         if name is None:
-            raise ModelLoadError(f"{path}: unexpected tensor {t.name!r} for architecture {arch!r}")
+            raise ModelLoadError(f"{path}: unexpected tensor {t.name!r} for architecture {entry.name}")
         module = name.rsplit(".", 1)[0].split(".", 3)[-1]
         if module.startswith("mlp.experts."):  # one tensor per expert, as a checkpoint names them
             yield from _per_expert(name, _expert_stack(path, t, keep_blocks))
@@ -143,7 +123,7 @@ def iter_gguf_weights(
         if t.tensor_type.name in keep_blocks and len(t.shape) == 2 and t.data.ndim == 2:
             blocks = GGUFBlocks(np.asarray(t.data), t.tensor_type.name, int(t.shape[0]))
             # a permutation of whole rows: the blocks move as they are
-            if arch == "llama" and module in heads:
+            if entry.gguf_qk_permuted and module in heads:
                 blocks = GGUFBlocks(
                     unpermute_qk_rows(blocks.raw, heads[module]), blocks.qtype, blocks.in_features
                 )
@@ -157,10 +137,11 @@ def iter_gguf_weights(
             ) from None
         # GGUF lists dimensions innermost first; torch wants them outermost first.
         w = w.reshape(tuple(int(d) for d in reversed(t.shape)))
-        if arch == "gemma3" and name.endswith("norm.weight"):
-            w = w - np.float32(1)  # in float32, as transformers' GGUF loader does: the model adds the 1 back
+        if entry.gguf_norm_offset and name.endswith("norm.weight"):
+            # in float32, as transformers' GGUF loader does: the model adds the offset back
+            w = w - np.float32(entry.gguf_norm_offset)
         tensor = torch.from_numpy(w if w.flags.writeable else np.array(w)).to(dtype)
-        if arch == "llama" and module in heads:
+        if entry.gguf_qk_permuted and module in heads:
             tensor = unpermute_qk(tensor, heads[module]).contiguous()
         yield name, tensor
 

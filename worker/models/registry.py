@@ -1,28 +1,25 @@
-"""config.json ``architectures[0]`` -> model class."""
+"""config.json ``architectures[0]`` -> the model class: each protocol/architectures.py entry names its class
+("module:Class" under this package), imported on first use."""
 
 from __future__ import annotations
 
+import functools
+import importlib
+
 from torch import nn
 
-from tandem.worker.models.gemma3 import Gemma3ForCausalLM
-from tandem.worker.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
-from tandem.worker.models.moe import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
-
-MODEL_REGISTRY: dict[str, type[nn.Module]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
-    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
-    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
-    "MixtralForCausalLM": MixtralForCausalLM,
-    "Gemma3ForCausalLM": Gemma3ForCausalLM,
-}
+from tandem.protocol.architectures import ARCHITECTURES, architecture
 
 
-def get_model_class(architecture: str | None) -> type[nn.Module]:
-    try:
-        return MODEL_REGISTRY[architecture]  # type: ignore[index]
-    except KeyError:
-        raise ValueError(
-            f"unsupported model architecture {architecture!r}; supported: {', '.join(sorted(MODEL_REGISTRY))}"
-        ) from None
+@functools.cache
+def get_model_class(name: str | None) -> type[nn.Module]:
+    """The class of an architecture (ModelLoadError for one the engine does not run)."""
+    module, cls = architecture(name).model_class.split(":")
+    # a family file of this package, or a dotted path (a model kept outside it)
+    path = module if "." in module else f"tandem.worker.models.{module}"
+    return getattr(importlib.import_module(path), cls)
+
+
+def model_registry() -> dict[str, type[nn.Module]]:
+    """Every architecture's class, by name."""
+    return {name: get_model_class(name) for name in ARCHITECTURES}
