@@ -32,6 +32,7 @@ from tandem.kernels.triton import input_prep as tri_input_prep
 from tandem.kernels.triton import moe as tri_moe
 from tandem.kernels.triton import ngram_propose as tri_ngram
 from tandem.kernels.triton import scatter_2d as tri_scatter
+from tandem.kernels.weight_forms import WeightForms, weight_forms
 from tandem.protocol.choices import AttentionBackend
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ class Ops:
     # GGUF blocks' products take int8 activations (--cpu-int8-activations; kernels/csrc/quant_int8.h)
     int8_activations: bool
     host_drafts: bool  # the n-gram proposer runs on the host and returns each row's matched drafts
+    cuda_graphs: bool  # decode steps may be captured as CUDA graphs (worker/decode_graphs.py)
+    weights: WeightForms  # the form each weight takes for these kernels (kernels/weight_forms.py)
     prepare_inputs: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     # table[rows, cols] = values: the block table's new KV slots, the sampled tokens into the token buffer
     scatter_2d: Callable[..., None]
@@ -59,6 +62,8 @@ class Ops:
     rotary: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     # an MoE layer's experts from torch weights (where `native`, the layer runs kernels/native/moe.py instead)
     moe_experts: Callable[..., torch.Tensor]
+    # router logits -> (top-k weights, expert ids) for moe_experts (torch everywhere: one small softmax)
+    moe_route: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     # a linear layer's product from the form of its weight it holds (kernels/linear_product.py)
     linear: Callable[..., torch.Tensor]
     # a whole MoE layer in the C kernel (router, top-k, experts) from its packed weights: (x, w13, w2, top_k,
@@ -118,6 +123,8 @@ def resolve_ops(
         native=native,
         int8_activations=int8_activations and native,
         host_drafts=not triton,
+        cuda_graphs=device.type == "cuda",
+        weights=weight_forms(native),
         prepare_inputs=tri_input_prep.prepare_inputs_triton if triton else ref_input_prep.prepare_inputs_ref,
         scatter_2d=tri_scatter.scatter_2d_triton if triton else ref_scatter.scatter_2d_ref,
         propose_ngram=tri_ngram.propose_ngram_triton if triton else ref_ngram.propose_ngram_ref,
@@ -127,6 +134,7 @@ def resolve_ops(
         gelu_mul=norm_act.gelu_mul if native else ref_norm_act.gelu_mul_ref,
         rotary=rotary.rotary if native else ref_rotary.apply_rotary_ref,
         moe_experts=tri_moe.experts_triton if triton else ref_moe.experts_ref,
+        moe_route=ref_moe.route_ref,
         linear=functools.partial(linear_product, int8=int8_activations and native),
         moe_layer=_native_moe_layer if native else _no_moe_layer,
     )

@@ -122,6 +122,19 @@ def test_one_definition_per_concept() -> None:
     assert twice == {}
 
 
+def test_layers_leave_every_kernel_choice_to_the_ops() -> None:
+    """A layer or model holds the weight forms and calls the kernels its Ops give it (kernels/ops.py,
+    kernels/weight_forms.py): it imports no kernel implementation and tests no device or capability."""
+    wrong = []
+    for path in sorted((ROOT / "worker" / "layers").rglob("*.py")) + sorted((ROOT / "worker" / "models").rglob("*.py")):
+        text = path.read_text()
+        for needle in ("kernels.native", "kernels.cpu_linear", "kernels.triton", "kernels.reference",
+                       ".device.type", "available()"):
+            if needle in text:
+                wrong.append(f"{path.relative_to(ROOT)}: {needle}")
+    assert not wrong, wrong
+
+
 def test_a_decode_step_passes_through_few_files(tiny_model, tmp_path: Path) -> None:
     from tandem.benchmarks.decode_step_files import decode_step_files
     from tests.gguf_files import write_gguf

@@ -26,6 +26,7 @@ import logging
 
 import torch
 
+from tandem.kernels.ops import Ops
 from tandem.protocol.engine_config import EngineConfig
 from tandem.worker.attention_backend import AttentionBackend, TritonBackend
 from tandem.worker.forward_batch import ForwardBatch
@@ -39,11 +40,12 @@ _SMALL = (1, 2, 4, 8)
 MAX_GRAPH_BATCH = 512
 
 
-def graphs_apply(cfg: EngineConfig, device: torch.device, backend: AttentionBackend) -> bool:
-    """Decode graphs on CUDA unless --enforce-eager: one rank (the all-reduce of tensor parallelism is not
-    captured) and the Triton attention backend (the torch ones build their plan from host lists)."""
+def graphs_apply(cfg: EngineConfig, ops: Ops, backend: AttentionBackend) -> bool:
+    """Decode graphs where the ops capture them (CUDA) unless --enforce-eager: one rank (the all-reduce of
+    tensor parallelism is not captured) and the Triton attention backend (the torch ones build their plan
+    from host lists)."""
     return (
-        device.type == "cuda"
+        ops.cuda_graphs
         and not cfg.enforce_eager
         and cfg.tp_size == 1
         and isinstance(backend, TritonBackend)
@@ -64,7 +66,7 @@ class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, kv: KVCache, max_batch: int, max_context: int,
                  capture: bool = True) -> None:
         device = kv.req_to_token.device
-        if capture and device.type != "cuda":
+        if capture and not kv.req_to_token.is_cuda:  # a caller's mistake (graphs_apply asks the ops)
             raise ValueError("CUDA graphs need a CUDA device")
         self.model, self.kv, self.capture = model, kv, capture
         self.buckets = decode_buckets(max_batch)

@@ -97,7 +97,7 @@ class ModelRunner:
         )
         self.state = RequestState(max_reqs, self.max_context, self.device)
         self.graphs: DecodeGraphs | CpuStepGraph | None = None
-        if graphs_apply(cfg, self.device, self.model.attn_backend):
+        if graphs_apply(cfg, self.ops, self.model.attn_backend):
             # After the KV pool: capture takes its memory from what the pool left.
             self.graphs = DecodeGraphs(self.model, self.kv, min(max_reqs, MAX_GRAPH_BATCH), self.max_context)
         elif cpu_graph_applies(cfg, self.model, self.kv):

@@ -114,12 +114,13 @@ def test_runner_with_padded_decodes_generates_the_same_tokens(tiny_model) -> Non
 
 
 def test_graphs_apply_on_one_cuda_rank_with_triton_unless_eager(tiny_model) -> None:
-    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    cuda_ops, cpu_ops = resolve_ops("cuda", torch.bfloat16, "triton"), resolve_ops("cpu", torch.float32, "cpu")
+    assert cuda_ops.cuda_graphs and not cpu_ops.cuda_graphs  # the ops decide, from the device
     cfg = EngineConfig(model=str(tiny_model("llama")))
-    triton = select_attention_backend(resolve_ops(cuda, torch.bfloat16, "triton"))
-    torch_backend = select_attention_backend(resolve_ops(cuda, torch.bfloat16, "torch"))
-    assert graphs_apply(cfg, cuda, triton)
-    assert not graphs_apply(cfg, cpu, select_attention_backend(resolve_ops(cpu, torch.float32, "cpu")))
-    assert not graphs_apply(cfg, cuda, torch_backend)  # its plan is built from host lists each step
-    assert not graphs_apply(EngineConfig(model=cfg.model, enforce_eager=True), cuda, triton)
-    assert not graphs_apply(EngineConfig(model=cfg.model, tp_size=2), cuda, triton)
+    triton = select_attention_backend(cuda_ops)
+    torch_backend = select_attention_backend(resolve_ops("cuda", torch.bfloat16, "torch"))
+    assert graphs_apply(cfg, cuda_ops, triton)
+    assert not graphs_apply(cfg, cpu_ops, select_attention_backend(cpu_ops))
+    assert not graphs_apply(cfg, cuda_ops, torch_backend)  # its plan is built from host lists each step
+    assert not graphs_apply(EngineConfig(model=cfg.model, enforce_eager=True), cuda_ops, triton)
+    assert not graphs_apply(EngineConfig(model=cfg.model, tp_size=2), cuda_ops, triton)

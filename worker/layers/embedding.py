@@ -9,10 +9,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from tandem.kernels.cpu_linear import pack_weight, packable
 from tandem.kernels.linear_product import linear_product
-from tandem.kernels.native import quant_linear as native_linear
-from tandem.kernels.native.quant_linear import QuantWeight, dense, pack
+from tandem.kernels.weight_forms import QuantWeight, standalone_forms
 from tandem.worker.gguf_weights import GGUFBlocks
 
 if TYPE_CHECKING:
@@ -30,7 +28,7 @@ class VocabEmbedding(nn.Module):
         # the head's product from blocks takes int8 activations (the worker's Ops: --cpu-int8-activations)
         self.ops = ops  # the worker's: its `linear` runs the head's product (None: made alone)
         self.int8_activations = ops is not None and ops.int8_activations
-        self.native = native_linear.available() if ops is None else ops.native  # as PackableLinear's
+        self.forms = standalone_forms() if ops is None else ops.weights  # as PackableLinear's
         self.vocab_size, self.tp_rank, self.tp_size = vocab_size, tp_rank, tp_size
         # Rounded up: the last rank's rows past the vocab are zero padding, cut from the logits.
         self.shard = -(-vocab_size // tp_size)
@@ -54,18 +52,13 @@ class VocabEmbedding(nn.Module):
         or, without the C kernels, oneDNN's packed copy (cpu_linear.py). Without keep_weight (a head that
         is not also the embedding) the float32 table is then freed."""
         w = self.weight
-        if w is None or self.head_quant is not None or w.device.type != "cpu" or w.dtype != torch.float32:
+        if self.head_quant is not None or not self.forms.takes_float(w):
             if not keep_weight and self.head_quant is not None:
                 self.weight = None
             return
-        if self.native:
-            self.head_dense = dense(w.data if weight_dtype in (None, w.dtype) else w.data.to(weight_dtype))
-            if not keep_weight:
-                self.weight = None
-        elif packable(w):
-            self.head_packed = pack_weight(w)
-            if not keep_weight:
-                self.weight = None
+        self.head_dense, self.head_packed = self.forms.head_weight(w.data, weight_dtype)
+        if not keep_weight and (self.head_dense is not None or self.head_packed is not None):
+            self.weight = None
 
     def load_weight(self, tensor: Any, shard: int = 0, param: str = "weight") -> None:
         n = self.end - self.start
@@ -82,7 +75,7 @@ class VocabEmbedding(nn.Module):
         blocks, self._head_blocks = self._head_blocks, None
         if blocks is not None and head:
             try:
-                self.head_quant = pack(blocks.raw, blocks.qtype, blocks.in_features)
+                self.head_quant = self.forms.blocks(blocks.raw, blocks.qtype, blocks.in_features)
             except ValueError:
                 pass  # a scale the repacking cannot hold: the float weight serves
 

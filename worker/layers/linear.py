@@ -14,10 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tandem.kernels.cpu_linear import pack_weight, packable
 from tandem.kernels.linear_product import linear_product
-from tandem.kernels.native import quant_linear as native_linear
-from tandem.kernels.native.quant_linear import QuantRows, QuantWeight, dense, pack
+from tandem.kernels.weight_forms import QuantRows, QuantWeight, WeightForms, standalone_forms
 from tandem.worker.gguf_weights import GGUFBlocks
 
 if TYPE_CHECKING:
@@ -45,17 +43,16 @@ class PackableLinear(nn.Module):
     dense: QuantWeight | None = None
     # the product from blocks takes int8 activations (the worker's Ops: --cpu-int8-activations)
     int8_activations: bool = False
-    native: bool = False
     ops: Ops | None = None  # the worker's: its `linear` runs the product (None: a layer made alone)
+    forms: WeightForms | None = None  # the form the weight takes: the ops' (kernels/weight_forms.py)
     # rows offset -> that part's GGUF blocks, until finish_loading packs (or dequantizes) them
     _blocks: dict[int, GGUFBlocks]
 
     def use_ops(self, ops: Ops | None) -> None:
         self.ops = ops
         self.int8_activations = ops is not None and ops.int8_activations
-        # float weights go to the C kernel where the worker's ops run the C kernels (TANDEM_NO_NATIVE=1 and
-        # a failed build do not); a layer made without ops: where the kernel is built
-        self.native = native_linear.available() if ops is None else ops.native
+        # a layer made without ops: the C kernels' forms where they are built
+        self.forms = standalone_forms() if ops is None else ops.weights
 
     def take_blocks(self, blocks: GGUFBlocks, offset: int) -> None:
         if not hasattr(self, "_blocks"):
@@ -82,8 +79,8 @@ class PackableLinear(nn.Module):
                 else:
                     runs.append([o])
             try:
-                packed = [pack(np.concatenate([parts[o].raw for o in run]), parts[run[0]].qtype, *inputs)
-                          for run in runs]
+                raws = [(np.concatenate([parts[o].raw for o in run]), parts[run[0]].qtype) for run in runs]
+                packed = [self.forms.blocks(raw, qtype, *inputs) for raw, qtype in raws]
             except ValueError:
                 pass  # a type or scale the kernel does not take: dequantized below
             else:
@@ -94,19 +91,16 @@ class PackableLinear(nn.Module):
             self.weight.data[o : o + parts[o].shape[0]].copy_(parts[o].dequantize())
 
     def pack_for_cpu(self, weight_dtype: torch.dtype | None = None) -> None:
-        """A float32 model's weight on CPU: cast to weight_dtype (bf16 weights under float32 activations,
-        worker/device.py), kept for the C kernel's few rows and torch's many; without the C kernel,
-        oneDNN's packed copy."""
+        """A float32 model's weight on CPU in the form the ops' kernels take (WeightForms.float_weight)."""
         w = self.weight
-        if w is None or w.device.type != "cpu" or w.dtype != torch.float32:
+        if not self.forms.takes_float(w):
             return
-        if weight_dtype is not None and weight_dtype != w.dtype:
-            self.weight = w = nn.Parameter(w.detach().to(weight_dtype), requires_grad=False)
-        if self.native:
-            self.dense = dense(w.data)
-        elif packable(w):
-            self.packed = pack_weight(w)
+        data = w.data
+        weight, self.dense, self.packed = self.forms.float_weight(data, weight_dtype)
+        if weight is None:
             self.weight = None
+        elif weight is not data:
+            self.weight = nn.Parameter(weight, requires_grad=False)
 
     def product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         run = linear_product if self.ops is None else self.ops.linear

@@ -26,9 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from tandem.kernels.native import moe as native_moe
-from tandem.kernels.native.quant_linear import pack
-from tandem.kernels.reference.moe import route_ref
+from tandem.kernels.weight_forms import ExpertWeights, WeightForms
 from tandem.protocol.model_config import ModelConfig
 from tandem.worker.gguf_weights import GGUFBlocks
 from tandem.worker.layers.linear import ColumnParallelLinear, RowParallelLinear, full_tensor
@@ -90,15 +88,16 @@ class Experts(nn.Module):
         dtype: torch.dtype,
         device: Any,
         tp_rank: int,
-        native: bool,
+        forms: WeightForms,
     ) -> None:
         super().__init__()
         self.num_experts, self.hidden, self.inter, self.tp_rank = num_experts, hidden, inter, tp_rank
-        self.dtype, self.device, self.native = dtype, device, native
+        self.dtype, self.device, self.forms = dtype, device, forms
+        self.native = forms.native_moe  # the layer runs as one C call: its weights in that kernel's layout
         self.w13: torch.Tensor | None = None
         self.w2: torch.Tensor | None = None
-        self.packed13: native_moe.ExpertWeights | None = None  # the C kernel's layout (native)
-        self.packed2: native_moe.ExpertWeights | None = None
+        self.packed13: ExpertWeights | None = None  # the C kernel's layout (native)
+        self.packed2: ExpertWeights | None = None
         self._blocks: dict[str, dict[tuple[int, int], GGUFBlocks]] = {"w13": {}, "w2": {}}
         self._loaded: set[tuple[int, str]] = set()
 
@@ -154,15 +153,14 @@ class Experts(nn.Module):
                     w = b.dequantize().to(self.dtype)
                     dst = self._float(name)[e]
                     (dst[rows : rows + w.shape[0]] if name == "w13" else dst).copy_(w)
-                if self.native:
-                    packed = native_moe.pack_experts(self._float(name))
+                packed = self.forms.experts(self._float(name))  # None off the C kernel
             if packed is not None:
                 setattr(self, "packed" + name[1:], packed)
                 setattr(self, name, None)
 
     def _pack_blocks(
         self, blocks: dict[tuple[int, int], GGUFBlocks], name: str
-    ) -> native_moe.ExpertWeights | None:
+    ) -> ExpertWeights | None:
         qtypes = {b.qtype for b in blocks.values()}
         if len(qtypes) != 1:
             return None  # gate and up of different types: float32 panels
@@ -172,8 +170,8 @@ class Experts(nn.Module):
             by_expert.setdefault(e, []).append(b.raw)
         k = self.hidden if name == "w13" else self.inter
         try:
-            return native_moe.pack_experts([pack(np.concatenate(by_expert[e]), qtype, k)
-                                            for e in range(self.num_experts)])
+            return self.forms.experts([self.forms.blocks(np.concatenate(by_expert[e]), qtype, k)
+                                       for e in range(self.num_experts)])
         except ValueError:
             return None  # a type or scale the kernel does not take
 
@@ -193,10 +191,9 @@ class FusedMoE(nn.Module):
             raise NotImplementedError(f"hidden_act {cfg.hidden_act!r} is not supported")
         self.ops, self.tp_size = ops, tp_size
         self.top_k, self.renormalize = k, cfg.norm_topk_prob
-        # the C kernel takes float32 CPU tensors: ops.native says this worker runs it
-        self.native = ops.native and native_moe.available()
+        self.native = ops.weights.native_moe  # the layer is one C call (the ops' choice)
         self.gate = ReplicatedLinear(cfg.hidden_size, e, dtype, device)
-        self.experts = Experts(e, cfg.hidden_size, inter // tp_size, dtype, device, tp_rank, self.native)
+        self.experts = Experts(e, cfg.hidden_size, inter // tp_size, dtype, device, tp_rank, ops.weights)
         shared = cfg.shared_expert_intermediate_size
         self.shared_expert = (SharedExpert(cfg.hidden_size, shared, dtype, device, ops, tp_rank, tp_size)
                               if shared else None)
@@ -205,15 +202,14 @@ class FusedMoE(nn.Module):
 
     def finish_loading(self) -> None:
         self.experts.finish_loading()
-        if self.native:
-            self._router = native_moe.pack_router(self.gate.weight.data)
+        self._router = self.ops.weights.router(self.gate.weight.data)  # None off the C kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ex = self.experts
         if self._router is not None:
             y = self.ops.moe_layer(x, ex.packed13, ex.packed2, self.top_k, self.renormalize, self._router)
         else:
-            weights, ids = route_ref(self.gate(x), self.top_k, self.renormalize)
+            weights, ids = self.ops.moe_route(self.gate(x), self.top_k, self.renormalize)
             y = self.ops.moe_experts(x, ex.w13, ex.w2, weights, ids)
         if self.shared_expert is not None:
             y.addcmul_(torch.sigmoid(self.shared_expert_gate(x)), self.shared_expert(x))
