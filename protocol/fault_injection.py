@@ -30,6 +30,7 @@ def _parse(spec: str) -> dict[str, int]:
 
 
 _FAULTS = _parse(os.environ.get(ENV, ""))
+ARMED = bool(_FAULTS)  # a per-token call site asks this first: unset, it calls nothing
 
 
 def check(site: str, prompt_ids: Sequence[int]) -> None:

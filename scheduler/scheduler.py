@@ -11,13 +11,11 @@ from dataclasses import dataclass
 
 import msgspec
 
-from tandem.protocol import fault_injection
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.errors import ErrorCode
 from tandem.protocol.messages import (
     DetokRegister,
     EngineLoad,
-    Logprobs,
     ModelRunnerOutput,
     RequestError,
     SampleStep,
@@ -38,8 +36,9 @@ from tandem.scheduler.scheduling_policy import make_policy
 from tandem.scheduler.sessions import SessionError, SessionStore
 from tandem.scheduler.spec_decode import SpecStats, Speculation
 from tandem.scheduler.step_plan import InflightStep, StepPlan, to_output
-from tandem.scheduler.stop_checker import StopChecker, StopMatch
+from tandem.scheduler.stop_checker import StopChecker
 from tandem.scheduler.structured import StructuredOutput
+from tandem.scheduler.token_acceptance import accept_token
 
 
 @dataclass
@@ -189,6 +188,8 @@ class Scheduler:
 
     # ---- results in ----------------------------------------------------------------------------
     def commit(self, result: ModelRunnerOutput) -> None:
+        """A step's result, in order: its KV becomes fact, its side outputs go out, each sampling request
+        takes its tokens, the requests that run on hand on what they computed, and the deltas leave."""
         step = self.inflight.popleft()
         if step.step_id != result.step_id:
             raise RuntimeError(f"result for step {result.step_id} while step {step.step_id} was expected")
@@ -201,6 +202,18 @@ class Scheduler:
                 self.deltas.of(req.rid).prompt_logprobs = lp
         if result.embeddings:
             take_embeddings(step, result.embeddings)
+        self._take_sampled(step, result)
+        self._run_on(step)
+        self._flush_deltas()
+        if self.cfg.debug_integrity:
+            self.check_integrity()
+        elif not (self.inflight or self.has_work):
+            # the engine goes idle: both tiers' accounting must add up
+            self.kv.check_idle(self.sessions.holds())
+
+    def _take_sampled(self, step: InflightStep, result: ModelRunnerOutput) -> None:
+        """Each sampling request's tokens: its drafts' verdict, then each token through its stops and
+        grammar, up to the first that ends it."""
         counts = result.num_sampled or [1] * len(step.samplers)
         logprobs = result.logprobs or [None] * len(step.samplers)
         verified = result.num_drafts or [step.num_drafts[i] for i in step.samplers]
@@ -219,7 +232,7 @@ class Scheduler:
                 matched, grammar_done = None, False
                 if req.to_finish is None:
                     try:
-                        matched, grammar_done = self._accept_token(req, tok, lp)
+                        matched, grammar_done = accept_token(req, tok, lp, self.deltas, self.stop_checker)
                     except Exception as e:  # one request's fault (grammar, tokenizer) fails it alone
                         req.to_finish = FinishReason.error(
                             f"{type(e).__name__}: {e}", ErrorCode.FAILED_INTERNAL
@@ -230,21 +243,19 @@ class Scheduler:
                     req.kv_committed_len = min(req.kv_committed_len, len(req.fill_ids))
                     self._finalize(req)
                     break
+
+    def _run_on(self, step: InflightStep) -> None:
+        """The step's requests still running: one to finish ends once nothing of it is in flight; the others
+        give back the sliding KV their windows passed and offer a prefill chunk to the cache (after the
+        rejected drafts' rollback)."""
         for req, epoch, prefilling in zip(step.reqs, step.epochs, step.prefills):
             if epoch != req.epoch or req.finished():
                 continue
             if req.to_finish is not None and req.num_inflight_steps == 0:
                 req.check_finished()
                 self._finalize(req)
-            # after the rejected drafts' rollback above: what the windows passed; a prefill chunk cached
             else:
                 self.kv.after_commit(req, prefill=prefilling)
-        self._flush_deltas()
-        if self.cfg.debug_integrity:
-            self.check_integrity()
-        elif not (self.inflight or self.has_work):
-            # the engine goes idle: both tiers' accounting must add up
-            self.kv.check_idle(self.sessions.holds())
 
     def fail_step(self, msg: StepFailed) -> None:
         """A step raised on the worker and produced nothing. The requests to blame fail (all of the step
@@ -271,26 +282,6 @@ class Scheduler:
             self.check_integrity()
 
     # ---- internals ------------------------------------------------------------------------------
-    def _accept_token(self, req: Req, tok: int, lp: Logprobs | None) -> tuple[StopMatch | None, bool]:
-        """Commit one sampled token: (the stop string it completed, whether the grammar terminated)."""
-        fault_injection.check("scheduler.commit", req.origin_input_ids)
-        if not req.output_ids:
-            req.time_stats.first_token = time.time()
-        req.output_ids.append(tok)
-        self.deltas.token(req.rid, tok, lp)
-        matched = None
-        if req.params.stop and len(req.output_ids) >= req.params.min_tokens:
-            matched = self.stop_checker.find(req.origin_input_ids, req.output_ids, req.params)
-        grammar_done = False
-        if req.grammar is not None:
-            if not req.grammar.accept(tok):
-                req.to_finish = FinishReason.error(
-                    f"the grammar cannot accept token {tok} after {len(req.output_ids) - 1} outputs",
-                    ErrorCode.GRAMMAR_REJECTED,
-                )
-            grammar_done = req.grammar.is_terminated()
-        return matched, grammar_done
-
     def _fail(self, req: Req, code: str, message: str) -> None:
         """End req with an error: now if nothing of it is in flight, else when its step is committed."""
         if req.finished() or req.to_finish is not None:

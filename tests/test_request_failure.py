@@ -89,6 +89,7 @@ def test_unattributed_step_fault_fails_every_request_of_that_step(depth: int) ->
 @pytest.mark.parametrize("depth", [1, 2])
 def test_scheduler_commit_fault_fails_one_request(depth: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fault_injection, "_FAULTS", {"scheduler.commit": MARKER})
+    monkeypatch.setattr(fault_injection, "ARMED", True)  # as TANDEM_INJECT_FAULT set at start would
     sched, worker = make(depth=depth)
     reqs = _requests(4, faulty=1)
     for r in reqs:
