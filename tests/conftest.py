@@ -41,6 +41,14 @@ def gguf_metadata_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 @pytest.fixture(scope="session")
+def c_kernels() -> None:
+    """Every C kernel built and loaded (tests/c_kernels.py): its absence fails the test that needs it."""
+    from tests.c_kernels import check_built
+
+    check_built()
+
+
+@pytest.fixture(scope="session")
 def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("models")
 

@@ -28,6 +28,7 @@ from tandem.worker import loader
 from tandem.worker.gguf_weights import iter_gguf_weights
 from tandem.worker.layers.moe import FusedMoE
 from tandem.worker.loader import load_model
+from tests.c_kernels import needs_c_kernels
 from tests.conftest import check_idle_engine
 from tests.gguf_files import write_gguf
 from tests.kernels.test_cpu_paged_attention import HAS_CC
@@ -134,7 +135,7 @@ def test_engine_on_the_gguf_gives_transformers_tokens_on_its_converted_directory
     check_idle_engine(client)
 
 
-@pytest.mark.skipif(not HAS_CC, reason="the blocks stay quantized only where the C kernels build")
+@needs_c_kernels  # the blocks stay quantized where the C kernels run
 @pytest.mark.parametrize("rank", [0, 1])
 def test_tensor_parallel_ranks_take_their_expert_blocks(rank: int, moe_gguf, monkeypatch) -> None:
     """A rank's slice of every expert cut from the blocks as from a float weight (Q8_0's 32-input blocks: the

@@ -118,12 +118,13 @@ def test_every_module_imports_from_the_wheel(installed: tuple[Path, Path], tmp_p
         # The C kernels ship as source (with the headers they share; moe.c includes quant_linear.c) and build
         # from
         # the installed copy.
-        "from tandem.kernels.native import build as native_build, moe, norm_act, paged_attention, quant_linear, rotary\n"
+        "from tandem.kernels.native import build as native_build, moe, norm_act, paged_attention, quant_linear\n"
+        "from tandem.kernels.native import argmax, rotary, step_graph\n"
         "has_cc = native_build.find_compiler() is not None\n"
         # Hugging Face's `kernels` (a transformers dependency) sits beside the wheel, unshadowed.
         "import kernels, transformers.models.llama.modeling_llama\n"
         "assert hasattr(kernels, 'CUDAProperties') and 'site-packages' in kernels.__file__, kernels.__file__\n"
-        "for k in (norm_act, paged_attention, quant_linear, rotary, moe):\n"
+        "for k in (norm_act, paged_attention, quant_linear, rotary, moe, argmax, step_graph):\n"
         "    assert 'site-packages' in str(k.SOURCE) and k.available() == has_cc, k\n"
     )
     r = subprocess.run([str(venv / "bin" / "python"), "-c", script], cwd=tmp_path, env=_clean_env(),

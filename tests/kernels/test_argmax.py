@@ -6,12 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem.kernels.native import argmax as native_argmax
 from tandem.kernels.native.argmax import argmax
+from tests.c_kernels import needs_c_kernels
 
-pytestmark = pytest.mark.skipif(
-    not native_argmax.available(), reason="needs a C compiler for the CPU kernels"
-)
+pytestmark = needs_c_kernels
 
 INF, NAN = float("inf"), float("nan")
 

@@ -11,6 +11,7 @@ from tandem.kernels.cpu_linear import pack_weight, packable, packed_linear
 from tandem.kernels.native import quant_linear as native_linear
 from tandem.kernels.native.quant_linear import DENSE_MAX_ROWS
 from tandem.worker.layers import ColumnParallelLinear, RowParallelLinear, VocabEmbedding
+from tests.c_kernels import needs_c_kernels
 
 needs_onednn = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"
@@ -78,7 +79,7 @@ def test_without_the_c_kernel_layers_pack_for_onednn_and_free_the_plain_weight(m
     assert untied.weight is None and untied.head_packed is not None
 
 
-@pytest.mark.skipif(not native_linear.available(), reason="needs a C compiler for the CPU kernels")
+@needs_c_kernels
 @pytest.mark.parametrize("weights", [torch.float32, torch.bfloat16])
 def test_float_weights_serve_the_c_kernel_and_torch_from_one_tensor(weights: torch.dtype) -> None:
     """A float32 model's layers keep one weight (cast to bf16 under bf16 weights): the C kernel multiplies

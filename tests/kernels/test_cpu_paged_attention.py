@@ -20,6 +20,7 @@ from tandem.kernels.ops import resolve_ops
 from tandem.kernels.reference.paged_attention import build_attention_plan, paged_attention_ref
 from tandem.worker.attention_backend import CpuPlan, select_attention_backend
 from tandem.worker.forward_batch import ForwardBatch
+from tests.c_kernels import needs_c_kernels
 from tests.kernels.portable_build import march_build, portable_build, x86_only
 from tests.kernels.test_paged_attention import make_case, naive
 from tests.kv_pool import Pool
@@ -31,7 +32,7 @@ def paged_decode(q, k_pool, v_pool, slots, lens, q_len: int, scale: float, q_row
     """paged_attention with the same q_len for every request (decodes: 1; verify rows: 1 + K)."""
     return paged_attention(q, k_pool, v_pool, slots, lens, [q_len] * slots.shape[0], scale, q_rows, threads)
 # Like the GPU tests: the kernel's own tests need what builds it; the fallback is tested either way.
-needs_cc = pytest.mark.skipif(not HAS_CC, reason="no C compiler to build the kernel")
+needs_cc = needs_c_kernels
 
 
 def _plan(c: dict):

@@ -18,11 +18,12 @@ from tandem.protocol.model_info import read_model_info
 from tandem.worker.cpu_step_graph import CpuStepGraph, cpu_graph_applies
 from tandem.worker.loader import load_model
 from tandem.worker.model_runner import ModelRunner
+from tests.c_kernels import needs_c_kernels
 from tests.gguf_files import write_gguf
 from tests.kv_pool import Pool
 from tests.step_loop import generate
 
-pytestmark = pytest.mark.skipif(not step_graph.available(), reason="needs a C compiler for the CPU kernels")
+pytestmark = needs_c_kernels
 
 
 @pytest.fixture(scope="module")

@@ -17,13 +17,12 @@ from tandem.kernels.native.quant_pack import pack
 from tandem.kernels.ops import resolve_ops
 from tandem.kernels.reference.moe import experts_ref, route_ref, sort_by_expert
 from tandem.kernels.triton.moe import experts_triton
+from tests.c_kernels import needs_c_kernels
 from tests.gguf_files import K_QUANTS, QTYPES, k_quant_blocks
 from tests.kernels.ops_variants import cpu_triton, switches
 from tests.kernels.portable_build import march_build, portable_build, x86_only
 
-needs_cc = pytest.mark.skipif(
-    native_build.find_compiler() is None, reason="no C compiler to build the kernel"
-)
+needs_cc = needs_c_kernels
 
 
 def _layer(t: int, e: int, h: int, inter: int, seed: int) -> tuple[torch.Tensor, ...]:

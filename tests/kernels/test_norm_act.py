@@ -12,12 +12,11 @@ from tandem.kernels.native import norm_act as cpu_norm_act
 from tandem.kernels.native.norm_act import add_rms_norm, gelu_mul, silu_mul
 from tandem.kernels.ops import Ops, resolve_ops
 from tandem.kernels.reference.norm_act import gelu_mul_ref, rms_norm_ref, silu_mul_ref
+from tests.c_kernels import needs_c_kernels
 from tests.kernels.ops_variants import ops_params
 from tests.kernels.portable_build import portable_build, x86_only
 
-pytestmark = pytest.mark.skipif(
-    native_build.find_compiler() is None, reason="no C compiler to build the kernel"
-)
+pytestmark = needs_c_kernels
 
 
 @pytest.mark.parametrize("n", [20, 64, 576, 1536])

@@ -13,12 +13,11 @@ import torch
 from tandem.kernels.native import build as native_build
 from tandem.kernels.native.paged_attention import paged_attention, paged_attention_cpu, plan_cpu_attention
 from tandem.kernels.reference.paged_attention import build_attention_plan, paged_attention_ref
+from tests.c_kernels import needs_c_kernels
 from tests.kernels.ops_variants import cpu_triton
 from tests.kernels.test_paged_attention import NUM_SLOTS, make_case
 
-needs_cc = pytest.mark.skipif(
-    native_build.find_compiler() is None, reason="no C compiler to build the kernel"
-)
+needs_cc = needs_c_kernels
 
 CASES = {
     "mixed": [(30, 1), (25, 25), (140, 1), (60, 17), (3, 1), (9, 9), (75, 1), (41, 40), (2, 1)],

@@ -21,10 +21,11 @@ from tandem.worker.layers import RMSNorm
 from tandem.worker.loader import load_model
 from tandem.worker.models.llama import LlamaDecoderLayer, LlamaMLP
 from tandem.worker.step_recorder import StepRecorder, Unrecordable
+from tests.c_kernels import needs_c_kernels
 from tests.kernels.test_cpu_step_graph import _prefilled, _step_both_ways
 from tests.kv_pool import Pool
 
-pytestmark = pytest.mark.skipif(not step_graph.available(), reason="needs a C compiler for the CPU kernels")
+pytestmark = needs_c_kernels
 ROOT = Path(__file__).resolve().parents[2]
 
 
