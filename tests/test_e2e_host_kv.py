@@ -7,7 +7,7 @@ import random
 
 from tandem import SamplingParams
 from tests.conftest import check_idle_engine
-from tests.reference import assert_equal_or_near_tie, assert_greedy_parity, greedy
+from tests.reference import assert_equal_or_near_tie, assert_parity_floor, greedy
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 
@@ -34,12 +34,15 @@ def test_small_device_pool_with_host_tier_matches_a_large_pool(tiny_model, launc
         model, kv_cache_tokens=8 * 144 // 8 + 16, host_kv_tokens=4096, debug_integrity=True
     )
     got = _conversations(tiered, **shape)
+    parted: set[int] = set()  # conversations whose history took the other side of a near-tie
     for turn, ((p, w), (q, g)) in enumerate(zip(want, got)):
         what = f"turn {turn // 8} conversation {turn % 8}"
         if p == q:
             assert_equal_or_near_tie(model, p, g, w, what)
         else:  # an earlier answer took the other side of a near-tie: this history is held to the reference
-            assert_greedy_parity(g, greedy(model, q, len(w)), what)
+            parted.add(turn % 8)
+            assert_parity_floor([(g, greedy(model, q, len(w)), what)], max_detours=1)
+    assert len(parted) <= 1, f"{len(parted)} of 8 conversations parted at a near-tie"
     st = tiered.stats()
     assert st.host_hit_tokens > 0, "later turns should have loaded their history from the host tier"
     assert st.host_kv_pool_size == 4096 and 0 < st.host_kv_used <= 4096

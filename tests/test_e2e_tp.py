@@ -12,7 +12,7 @@ import pytest
 
 from tandem import Client, SamplingParams
 from tests.conftest import check_idle_engine
-from tests.reference import assert_greedy_parity, greedy
+from tests.reference import assert_parity_floor, greedy
 from tests.test_lifecycle import _serve, assert_killing_stops_engine
 
 
@@ -21,7 +21,7 @@ from tests.test_lifecycle import _serve, assert_killing_stops_engine
     [("llama", {}), ("qwen2", {}), ("qwen3", {}), ("qwen3", {"num_kv_heads": 1})],
     ids=["llama", "qwen2", "qwen3", "qwen3-1kv"],
 )
-def test_tp2_equals_tp1(arch: str, kw: dict, tiny_model, launch_client) -> None:
+def test_tp2_gives_transformers_greedy_tokens(arch: str, kw: dict, tiny_model, launch_client) -> None:
     model = tiny_model(arch, **kw)
     rng = random.Random(4)
     prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (1, 5, 17, 64, 150, 333)]
@@ -30,8 +30,8 @@ def test_tp2_equals_tp1(arch: str, kw: dict, tiny_model, launch_client) -> None:
     two = [o.token_ids for o in tp2.generate_batch(prompts, params, progress=False)]
     # TP=1 is held to transformers by test_e2e_parity: TP=2 is held to the same (cached) reference, not to
     # a TP=1 engine launched again for every case.
-    for p, a in zip(prompts, two):
-        assert_greedy_parity(a, greedy(model, p, 24), f"{arch} TP=2 len {len(p)}")
+    runs = [(a, greedy(model, p, 24), f"{arch} TP=2 len {len(p)}") for p, a in zip(prompts, two, strict=True)]
+    assert_parity_floor(runs, max_detours=1)
     check_idle_engine(tp2)
 
 
@@ -82,7 +82,7 @@ def test_two_nodes_over_tcp_on_loopback(tiny_model) -> None:
         params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
         with Client(endpoint) as c:
             two = c.generate([5, 6, 7, 8], params).token_ids
-        assert_greedy_parity(two, greedy(model, [5, 6, 7, 8], 16), "TP=2 over two nodes")
+        assert_parity_floor([(two, greedy(model, [5, 6, 7, 8], 16), "TP=2 over two nodes")], max_detours=0)
         node0.terminate()
         assert node0.wait(20) == 0
         assert node1.wait(30) != 0  # its peer is gone: node 1 stops too

@@ -12,7 +12,7 @@ import torch
 
 from tandem import SamplingParams
 from tests.conftest import check_idle_engine
-from tests.reference import NEAR_TIE_BF16, assert_greedy_parity, greedy
+from tests.reference import NEAR_TIE_BF16, assert_greedy_parity, assert_parity_floor, greedy
 
 pytestmark = [
     pytest.mark.gpu,
@@ -166,8 +166,9 @@ def test_cuda_gemma3_greedy_parity_with_transformers(eager: bool, tiny_model, la
     rng = random.Random(3)
     prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (1, 15, 17, 90, 300)]
     params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
-    for p, o in zip(prompts, client.generate_batch(prompts, params, progress=False)):
-        assert_greedy_parity(o.token_ids, greedy(model, p, 32), f"cuda gemma3 len {len(p)}")
+    outs = client.generate_batch(prompts, params, progress=False)
+    assert_parity_floor([(o.token_ids, greedy(model, p, 32), f"cuda gemma3 len {len(p)}")
+                         for p, o in zip(prompts, outs, strict=True)], max_detours=2)  # as its CPU twin
     assert client.stats().swa_kv_pool_size > 0
     check_idle_engine(client)
 
@@ -197,8 +198,9 @@ def test_cuda_moe_greedy_parity_with_transformers(eager: bool, tiny_model, launc
     rng = random.Random(2)
     prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (1, 7, 40, 150)]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    for p, o in zip(prompts, client.generate_batch(prompts, params, progress=False)):
-        assert_greedy_parity(o.token_ids, greedy(model, p, 24), f"cuda qwen3_moe len {len(p)}")
+    outs = client.generate_batch(prompts, params, progress=False)
+    assert_parity_floor([(o.token_ids, greedy(model, p, 24), f"cuda qwen3_moe len {len(p)}")
+                         for p, o in zip(prompts, outs, strict=True)], max_detours=1)  # as its CPU twin
     check_idle_engine(client)
 
 
