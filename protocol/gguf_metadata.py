@@ -7,6 +7,7 @@ directory and every process reads them from there.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -211,14 +212,24 @@ def cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "tandem")
 
 
+@functools.cache
+def reader_code() -> str:
+    """A hash of the code that writes the metadata files: this module, the architectures' entries (their
+    GGUF readers) and the tensor index."""
+    here = Path(__file__).parent
+    names = ("gguf_metadata.py", "architectures.py", "gguf_gemma3.py", "gguf_tensor_index.py")
+    return hashlib.sha256(b"".join((here / n).read_bytes() for n in names)).hexdigest()[:16]
+
+
 def metadata_cache_path(path: str | Path) -> Path:
     """Where gguf_metadata_dir keeps a GGUF file's METADATA_FILES. The key is the file's path, size and
-    modification time, so a replaced file gets fresh metadata."""
+    modification time, so a replaced file gets fresh metadata, and the reader's own code, so a fixed reader
+    does too."""
     p = Path(path).resolve()
     if not p.is_file():
         raise ModelLoadError(f"{path}: no such GGUF file")
     st = p.stat()
-    key = hashlib.sha256(f"{p}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:20]
+    key = hashlib.sha256(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\0{reader_code()}".encode()).hexdigest()[:20]
     return cache_root() / "gguf" / f"{p.stem}-{key}"
 
 

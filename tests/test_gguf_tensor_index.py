@@ -60,3 +60,15 @@ def test_a_later_start_parses_nothing_and_a_bad_index_is_written_anew(
     shutil.copyfile(other, path)
     os.utime(path, ns=(1, 1))
     _same_as_reader(path)
+
+
+def test_a_changed_reader_writes_the_metadata_anew(tiny_model, tmp_path: Path, monkeypatch) -> None:
+    """The metadata cache is keyed by the reader's code too: a fixed GGUF reader (an upgrade) never serves
+    the config an older one wrote for the same file."""
+    from tandem.protocol import gguf_metadata
+
+    path = write_gguf(tiny_model("llama"), tmp_path / "m.gguf", "Q8_0")
+    before, code = gguf_metadata.metadata_cache_path(path), gguf_metadata.reader_code
+    assert code.__wrapped__() == code()  # a hash of the files, the same each time it is taken
+    monkeypatch.setattr(gguf_metadata, "reader_code", lambda: "another reader")
+    assert gguf_metadata.metadata_cache_path(path) != before
