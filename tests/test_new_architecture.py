@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from tandem import SamplingParams
 from tandem.protocol import architectures
@@ -20,7 +21,7 @@ from tandem.protocol.model_info import read_model_info
 from tandem.worker.model_runner import ModelRunner
 from tandem.worker.models.llama import LlamaForCausalLM, LlamaMLP
 from tandem.worker.models.registry import get_model_class
-from tests.reference import assert_greedy_parity, greedy, hf_model
+from tests.reference import assert_greedy_parity, greedy
 from tests.step_loop import generate
 
 
@@ -55,7 +56,7 @@ def test_a_new_architecture_is_its_class_and_one_entry(registered, tiny_model, t
     (ours / "config.json").write_text(json.dumps({**cfg, "architectures": [ENTRY.name]}))
     # The reference: transformers' Llama with every down_proj times 4 (a power of two: the same products).
     ref_dir = tmp_path / "reference"
-    ref = hf_model(src)
+    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)  # its own copy: hf_model's is shared
     with torch.no_grad():
         for layer in ref.model.layers:
             layer.mlp.down_proj.weight.mul_(4.0)
