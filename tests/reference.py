@@ -36,14 +36,21 @@ class RefRun:
 _models: dict[str, object] = {}
 _runs: dict[tuple[str, str, tuple[int, ...]], RefRun] = {}
 _hashes: dict[str, str] = {}
+_REFERENCE_CODE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
 
 def hf_model(model_dir: Path, dtype: torch.dtype = torch.float32):
+    """transformers' model of a directory, or of a .gguf file read by transformers' own GGUF loader (its
+    config mapping and dequantization: nothing of the engine's conversion)."""
     key = f"{model_dir}:{dtype}"
     if key not in _models:
         from transformers import AutoModelForCausalLM
 
-        m = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=dtype)
+        path = Path(model_dir)
+        if path.suffix == ".gguf":
+            m = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+        else:
+            m = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
         m.eval()
         _models[key] = m
     return _models[key]
@@ -54,7 +61,9 @@ def model_hash(model_dir: Path) -> str:
     key = str(Path(model_dir).resolve())
     if key not in _hashes:
         h = hashlib.sha256()
-        for f in sorted(Path(model_dir).glob("*.safetensors")) + [Path(model_dir) / "config.json"]:
+        path = Path(model_dir)
+        files = [path] if path.suffix == ".gguf" else [*sorted(path.glob("*.safetensors")), path / "config.json"]
+        for f in files:
             h.update(f.name.encode() + b"\0")
             with open(f, "rb") as fh:
                 while chunk := fh.read(1 << 24):
@@ -69,7 +78,8 @@ def _disk_path(model_dir: Path, kind: str, payload: object) -> Path | None:
         return None
     import transformers
 
-    versions = [torch.__version__, transformers.__version__]  # another library may compute other logits
+    # another library may compute other logits, and this file's code another reference
+    versions = [torch.__version__, transformers.__version__, _REFERENCE_CODE]
     key = hashlib.sha256(json.dumps([model_hash(model_dir), kind, payload, versions]).encode()).hexdigest()
     return Path(root) / key[:2] / f"{key}.json"
 
@@ -220,3 +230,33 @@ def greedy_batched(model_dir: Path, prompts: list[list[int]], n: int, batch_size
         _store(path, got)
     return [RefRun(Path(model_dir), tuple(p), torch.float32, r["tokens"], r["gaps"], r["runner_ups"])
             for p, r in zip(prompts, got)]
+
+
+def gguf_config_differences(gguf: Path) -> dict[str, tuple[object, object]]:
+    """The fields of the ModelConfig the engine runs where its reading of a GGUF file's metadata
+    (protocol/gguf_metadata.py) and transformers' own GGUF config mapping disagree: {field: (ours,
+    theirs)}. Floats compare as the file's float32 (the engine prints them back to 7 digits)."""
+    import dataclasses
+
+    import numpy as np
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from tandem.protocol.model_config import ModelConfig, read_model_config
+
+    theirs = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name).to_dict()
+    theirs["architectures"] = theirs.get("architectures") or [
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[theirs["model_type"]]
+    ]
+    a, b = read_model_config(gguf), ModelConfig.from_hf(theirs)
+
+    def same(x: object, y: object) -> bool:
+        if isinstance(x, float) and isinstance(y, float):
+            return bool(np.float32(x) == np.float32(y))
+        if isinstance(x, tuple) and isinstance(y, tuple) and not (x and y):  # layer_types: () is all full
+            return set(x + y) <= {"full_attention"}
+        return x == y
+
+    return {f.name: (getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(ModelConfig)
+            if not same(getattr(a, f.name), getattr(b, f.name))}
+
