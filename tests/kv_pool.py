@@ -11,7 +11,7 @@ class Pool:
     """Test-side stand-in for the engine: hands out random non-contiguous slots and request rows."""
 
     def __init__(self, model, num_slots: int = 400, max_reqs: int = 16, seed: int = 0,
-                 kv_dtype: torch.dtype | None = None, swa: bool = False) -> None:
+                 kv_dtype: torch.dtype | None = None, swa: bool = False, max_context: int = 128) -> None:
         """swa: the model's sliding-window layers get a pool of their own, each slot mapped to a random
         one."""
         cfg = model.config
@@ -26,7 +26,7 @@ class Pool:
             kv_dtype or model.dtype,
             "cpu",
             max_reqs=max_reqs,
-            max_context=128,
+            max_context=max_context,
             swa_slots=num_slots if swa else 0,
             swa_layers=sliding,
         )

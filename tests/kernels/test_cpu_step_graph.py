@@ -152,6 +152,37 @@ def test_one_region_gives_the_same_bits_on_any_thread_count(gguf_model, arch: st
         assert all(torch.equal(a, b) for a, b in zip(kv, want_kv, strict=True)), (threads, size)
 
 
+@pytest.mark.parametrize("arch,qtype", [("llama", "Q4_1"), ("gemma3", "Q8_0")])
+def test_split_attention_gives_the_same_bits_on_any_thread_count(gguf_model, arch: str, qtype: str,
+                                                                 monkeypatch) -> None:
+    """Contexts long enough that the attention node splits its (request, KV head) items over the team (the
+    short contexts above keep it on one thread): 1 to 4 threads give the eager step's logits and K/V, bit
+    for bit; Gemma's sliding layers read their last window of these long contexts."""
+    from tandem.kernels.native.paged_attention import PARALLEL_MIN_KEYS
+
+    model = load_model(str(gguf_model(arch, qtype)), torch.float32, "cpu", ops=resolve_ops("cpu", torch.float32, "cpu"))
+    model.pack_cpu_weights()
+    lens = [300, 17, 520, 40, 260, 1, 410, 12]
+    kv_heads = model.config.num_key_value_heads
+    # the C rule: min(threads, items, keys x KV heads / PARALLEL_MIN_KEYS) threads share the items
+    assert min(len(lens) * kv_heads, (sum(lens) + len(lens)) * kv_heads // PARALLEL_MIN_KEYS) >= 4
+    pool = Pool(model, num_slots=2400, max_reqs=16, max_context=600)
+    before_threads = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        graph = CpuStepGraph(model, pool.kv, max_batch=8, max_context=600)
+    finally:
+        torch.set_num_threads(before_threads)
+    seqs, rows = _prefilled(model, pool, lens, seed=11, extra=1)
+    batch = pool.batch([(rows[i], [seqs[i][lens[i]]], lens[i] + 1) for i in range(len(lens))])
+    for threads in (1, 2, 3, 4):
+        torch.set_num_threads(threads)
+        try:
+            _step_both_ways(model, pool, graph, batch, arch)  # puts the pools back before replaying
+        finally:
+            torch.set_num_threads(before_threads)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_kv_write_rounds_like_torch(dtype: torch.dtype) -> None:
     """The graph's K/V store into a half pool gives torch's .to(dtype) bits: ties to even, subnormals,
