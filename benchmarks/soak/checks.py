@@ -59,6 +59,24 @@ def ledger_checks(records: list[Record], engine_ended: int) -> list[Check]:
     ]
 
 
+def greedy_check(under_load: dict[int, list[list[int]]], alone: dict[int, list[int]]) -> Check:
+    """Greedy outputs of a few fixed prompts, taken under load (batched with anything, retracted,
+    re-prefilled, reloaded from the host tier, speculated), equal the same prompts run one at a time on the
+    idle engine, token for token."""
+    runs = sum(map(len, under_load.values()))
+    parted = [(i, k) for i, outs in under_load.items() for k, out in enumerate(outs) if out != alone[i]]
+    first = ""
+    if parted:
+        i, k = parted[0]
+        at = next((j for j, (a, b) in enumerate(zip(under_load[i][k], alone[i])) if a != b), None)
+        first = f"; first: prompt {i} run {k} parts at token {at}"
+    return Check(
+        "greedy outputs under load equal the idle engine's",
+        runs > 0 and not parted,
+        f"{runs} runs of {len(under_load)} prompts, {len(parted)} differ{first}",
+    )
+
+
 def engine_checks(stats: Any) -> list[Check]:
     back = stats.kv_free + stats.kv_cached == stats.kv_pool_size and stats.kv_cache_locked == 0
     idle = stats.running == 0 and stats.waiting == 0 and stats.frontend_pending == 0

@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from tandem.benchmarks.soak.kinds import Shape, bad_http, text_prompt
+from tandem.benchmarks.soak.kinds import Shape, bad_http, end_is_sound, text_prompt
 from tandem.benchmarks.soak.ledger import Ledger, Record
 
 KINDS = (
@@ -88,7 +88,7 @@ class HttpTraffic:
                     return
                 out = await r.json()
                 got, why = out["usage"]["completion_tokens"], out["choices"][0]["finish_reason"]
-                bad = "" if why in ("length", "stop") and got <= n else f"BAD: {why} {got}"
+                bad = "" if end_is_sound(why, got, n) else f"BAD: {why} {got}"
                 self.ledger.end(rec, "ok", bad, got)
 
         await self._call(rec, go())
@@ -107,7 +107,7 @@ class HttpTraffic:
             t0 = time.monotonic()
             first = last = None
             chunks = 0
-            finish = None
+            finish, used = None, None
             async with s.post(self.url + path, json=body) as r:
                 if r.status != 200:
                     self.ledger.end(rec, await _error_outcome(r))
@@ -125,6 +125,8 @@ class HttpTraffic:
                             now = time.monotonic()
                             first, last, chunks = first or now, now, chunks + 1
                         finish = ch.get("finish_reason") or finish
+                    if msg.get("usage"):  # the last chunk (stream_options.include_usage)
+                        used = msg["usage"]["completion_tokens"]
                     if leave_after and chunks >= leave_after:
                         self.ledger.end(rec, "left", "", chunks, None if first is None else first - t0)
                         return  # the response closes here: the server aborts the request
@@ -133,7 +135,8 @@ class HttpTraffic:
                 if first is not None and last is not None and chunks > 1
                 else None
             )
-            bad = "" if finish in ("length", "stop") else f"BAD: finish {finish}"
+            bad = "" if end_is_sound(finish, n if used is None else used, n) and (
+                finish == "stop" or used is not None) else f"BAD: finish {finish}, {used} tokens of {n}"
             self.ledger.end(rec, "ok", bad, chunks, None if first is None else first - t0, tpot)
 
         await self._call(rec, go())

@@ -45,6 +45,11 @@ def text_prompt(rng: random.Random, lo: int = 4, hi: int = 60) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
 
 
+def end_is_sound(reason: str | None, tokens: int, max_tokens: int) -> bool:
+    """A "length" end is exactly max_tokens tokens; a "stop" end at most that many."""
+    return (reason == "length" and tokens == max_tokens) or (reason == "stop" and tokens <= max_tokens)
+
+
 def id_prompt(rng: random.Random, shape: Shape, lo: int = 8, hi: int = 400) -> list[int]:
     return [rng.choice(shape.token_ids) for _ in range(rng.randint(lo, hi))]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import threading
 import time
 from typing import Any
 
@@ -12,13 +13,22 @@ import msgspec
 import zmq
 
 from tandem import AsyncClient, Client
-from tandem.benchmarks.soak.kinds import CHOICES, SCHEMAS, Shape, bad_zmq, id_prompt, slow_schema, text_prompt
+from tandem.benchmarks.soak.kinds import (
+    CHOICES,
+    SCHEMAS,
+    Shape,
+    bad_zmq,
+    end_is_sound,
+    id_prompt,
+    slow_schema,
+    text_prompt,
+)
 from tandem.benchmarks.soak.ledger import Ledger, Record
 from tandem.protocol.codec import encode, frontend_decoder
 from tandem.protocol.errors import ErrorCode, TandemError
 from tandem.protocol.messages import GenerateRequest, RequestError
 
-KINDS = (("generate", 4), ("stream", 3), ("stream_left", 2), ("chat", 1), ("logprobs", 1), ("json", 1),
+KINDS = (("generate", 4), ("greedy", 4), ("stream", 3), ("stream_left", 2), ("chat", 1), ("logprobs", 1), ("json", 1),
          ("choice", 1), ("bad", 2), ("bad_grammar", 0.3), ("duplicate_rid", 0.3))
 OK = ("ok",)
 
@@ -37,9 +47,20 @@ def _params(rng: random.Random, max_tokens: int) -> dict[str, Any]:
 
 
 def _check_end(c: Any, max_tokens: int) -> str:
-    if c.finish_reason not in ("length", "stop") or c.completion_tokens > max_tokens:
-        return f"BAD: finish {c.finish_reason}, {c.completion_tokens} tokens of at most {max_tokens}"
+    if not end_is_sound(c.finish_reason, c.completion_tokens, max_tokens):
+        return f"BAD: finish {c.finish_reason}, {c.completion_tokens} tokens of {max_tokens}"
     return ""
+
+
+# Greedy requests over a few fixed prompts: their outputs under load are compared, token for token, with the
+# same prompts run one at a time on the idle engine after the traffic (run.py, greedy_check).
+GREEDY_PROMPTS = 8
+GREEDY_TOKENS = 64
+GREEDY = {"max_tokens": GREEDY_TOKENS, "temperature": 0.0, "ignore_eos": True}
+
+
+def greedy_prompt(shape: Shape, i: int) -> list[int]:
+    return id_prompt(random.Random(1000 + i), shape, 20, 300)
 
 
 class ZmqTraffic:
@@ -48,6 +69,8 @@ class ZmqTraffic:
         self.client = Client(endpoint)
         self.other = Client(endpoint)  # reuses live request ids of `client`: the frontend refuses them
         self.bad = bad_zmq(shape)
+        self.greedy_outputs: dict[int, list[list[int]]] = {}  # prompt index -> each output it got under load
+        self._greedy_lock = threading.Lock()
 
     def close(self) -> None:
         self.client.close()
@@ -81,6 +104,18 @@ class ZmqTraffic:
 
         self._run(rec, call)
 
+    def _greedy(self, rng: random.Random) -> None:
+        rec = self.ledger.begin("zmq.greedy", OK, True)
+        i = rng.randrange(GREEDY_PROMPTS)
+
+        def call() -> None:
+            c = self.client.generate(greedy_prompt(self.shape, i), GREEDY)
+            with self._greedy_lock:
+                self.greedy_outputs.setdefault(i, []).append(list(c.token_ids))
+            self.ledger.end(rec, "ok", _check_end(c, GREEDY_TOKENS), c.completion_tokens)
+
+        self._run(rec, call)
+
     def _chat(self, rng: random.Random) -> None:
         self._generate(rng, chat=True)
 
@@ -101,11 +136,7 @@ class ZmqTraffic:
                 last, tokens, deltas = now, tokens + len(d.token_ids), deltas + 1
                 if d.finished:
                     tpot = (last - first) / (tokens - 1) if first is not None and tokens > 1 else None
-                    detail = (
-                        ""
-                        if d.finish_reason in ("length", "stop") and tokens <= n
-                        else f"BAD: {d.finish_reason} {tokens}"
-                    )
+                    detail = "" if end_is_sound(d.finish_reason, tokens, n) else f"BAD: {d.finish_reason} {tokens}"
                     self.ledger.end(rec, "ok", detail, tokens, None if first is None else first - t0, tpot)
                     return
                 if leave_after and deltas >= leave_after:
@@ -216,14 +247,13 @@ class ZmqTraffic:
         try:
             while time.monotonic() < self.deadline:
                 rec = self.ledger.begin("zmq.cancelled", ("cancelled", "ok"), True)
-                task = asyncio.ensure_future(
-                    client.generate(id_prompt(rng, self.shape), {"max_tokens": rng.randint(64, 256)})
-                )
+                n = rng.randint(64, 256)
+                task = asyncio.ensure_future(client.generate(id_prompt(rng, self.shape), {"max_tokens": n}))
                 await asyncio.sleep(rng.uniform(0.05, 1.0))
                 task.cancel()
                 try:
                     c = await task
-                    self.ledger.end(rec, "ok", _check_end(c, 256), c.completion_tokens)
+                    self.ledger.end(rec, "ok", _check_end(c, n), c.completion_tokens)
                 except asyncio.CancelledError:
                     self.ledger.end(rec, "cancelled")
                 except TandemError as e:
