@@ -51,6 +51,8 @@ def hf_model(model_dir: Path, dtype: torch.dtype = torch.float32):
             m = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
         else:
             m = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+        wrong = {p.dtype for p in m.parameters()} - {dtype}
+        assert not wrong, f"the reference asked for {dtype} holds {wrong} weights"  # a bf16 run is bf16
         m.eval()
         _models[key] = m
     return _models[key]

@@ -204,7 +204,6 @@ def test_step_graph_nodes_times_every_kind_of_a_quantized_step(tiny_model, tmp_p
         ]
     )
     _positive(res, "step_ms", "replay_ms", "all_nodes_ms", "linear_alone_ms", "attention_alone_ms")
-    assert res["replay_ms"] < res["step_ms"]
     kinds = {"embed", "norm", "linear", "rotary", "kv_write", "attention", "silu_mul", "argmax"}
     assert {k.removesuffix("_in_step_ms") for k in res if k.endswith("_in_step_ms")} == kinds
     out = capsys.readouterr().out

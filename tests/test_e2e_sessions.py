@@ -88,7 +88,10 @@ def test_timeout_gives_the_kv_back(engine) -> None:
     session = engine.open_session(capacity_tokens=100, timeout_s=1.0)
     session.generate([7, 8, 9, 10], {"max_tokens": 4, **GREEDY})
     assert engine.stats().session_held_tokens > 0
-    time.sleep(1.5)  # the scheduler wakes up for the deadline by itself
+    # The scheduler wakes up for the deadline by itself: polled, not a sleep raced against the timeout.
+    give_up = time.monotonic() + 30
+    while engine.stats().sessions_open and time.monotonic() < give_up:
+        time.sleep(0.05)
     st = engine.stats()
     assert st.sessions_open == 0 and st.session_held_tokens == 0 and st.kv_cache_locked == 0
     with pytest.raises(InvalidRequestError) as e:
@@ -181,13 +184,16 @@ def test_a_high_priority_request_overtakes_the_queue(served) -> None:
                 await c.generate([3, 4, 5], {"max_tokens": n, **GREEDY}, rid, priority=priority)
                 done.append(rid)
 
-            first = asyncio.ensure_future(one("running", 0, 200))
+            # As long as the pool left beside the sessions' share allows: the queue forms behind it.
+            first = asyncio.ensure_future(one("running", 0, 300))
             while (await c.stats()).running < 1:
                 await asyncio.sleep(0.01)
             rest = []
             for rid, prio in (("low-a", 5), ("low-b", 5), ("mid", 1), ("high", -3)):
                 rest.append(asyncio.ensure_future(one(rid, prio, 2)))
                 while (await c.stats()).waiting < len(rest):  # queued in this order
+                    # a machine too slow to queue four requests during 300 decode steps: said, not hung
+                    assert not first.done(), f"the first request ended before {rid} was queued"
                     await asyncio.sleep(0.01)
             await asyncio.gather(first, *rest)
             return done
