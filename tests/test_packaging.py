@@ -135,27 +135,19 @@ def test_every_module_imports_from_the_wheel(installed: tuple[Path, Path], tmp_p
 def test_tandem_generate_runs_from_the_wheel(
     installed: tuple[Path, Path], tiny_model, tmp_path: Path
 ) -> None:
+    """The installed `tandem generate` streams the greedy text the source tree's engine gives for the same
+    prompt, character for character (a file the wheel lost, a tokenizer or chat-template difference, would
+    show)."""
     _, venv = installed
-    r = subprocess.run(
-        [
-            str(venv / "bin" / "tandem"),
-            "generate",
-            "--model",
-            str(tiny_model("llama")),
-            "--kv-cache-tokens",
-            "1024",
-            "--max-tokens",
-            "8",
-            "Hello",
-        ],
-        cwd=tmp_path,
-        env=_clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    args = ["generate", "--model", str(tiny_model("llama")), "--kv-cache-tokens", "1024", "--max-tokens", "8",
+            "--dtype", "float32", "Hello"]
+    r = subprocess.run([str(venv / "bin" / "tandem"), *args], cwd=tmp_path, env=_clean_env(),
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip(), "no generated text"
+    here = subprocess.run([sys.executable, "-m", "tandem.launch.cli", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert here.returncode == 0, here.stderr
+    assert r.stdout.strip() and r.stdout == here.stdout, (r.stdout, here.stdout)
 
 
 def test_make_installs_the_wheel_of_every_known_model() -> None:
