@@ -77,6 +77,8 @@ def test_responses_with_the_openai_client(oai, engine) -> None:
     ref = engine.generate(
         [{"role": "user", "content": "Hello there"}], {"max_tokens": 12, "temperature": 0.0}
     )
+    # a whole reply, not an end-of-sequence after a token or two that any door would pass on alike
+    assert ref.finish_reason == "length" and ref.completion_tokens == 12 and len(ref.text) > 12
     assert r.output_text == ref.text and r.usage.output_tokens == ref.completion_tokens
     assert r.usage.input_tokens == ref.prompt_tokens
     assert r.status == ("incomplete" if ref.finish_reason == "length" else "completed")
@@ -98,6 +100,7 @@ def test_responses_with_the_openai_client(oai, engine) -> None:
         ],
         {"max_tokens": 8, "temperature": 0.0},
     )
+    assert ref2.completion_tokens == 8 and len(ref2.text) > 8
     assert nxt.output_text == ref2.text and nxt.usage.input_tokens == ref2.prompt_tokens
     with pytest.raises(openai.NotFoundError):
         oai.responses.create(model=NAME, input="x", previous_response_id="resp_unknown")
@@ -131,6 +134,7 @@ def test_messages_with_the_anthropic_client(claude, engine) -> None:
     msgs = [{"role": "user", "content": "Hello there"}]
     m = claude.messages.create(model=NAME, max_tokens=12, messages=msgs, extra_body={"temperature": 0})
     ref = engine.generate(msgs, {"max_tokens": 12, "temperature": 0.0})
+    assert ref.finish_reason == "length" and ref.completion_tokens == 12 and len(ref.text) > 12  # whole
     assert m.content[0].type == "text" and m.content[0].text == ref.text
     assert m.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[ref.finish_reason]
     assert m.usage.input_tokens + m.usage.cache_read_input_tokens == ref.prompt_tokens
