@@ -353,3 +353,12 @@ def test_gguf_to_f32_keeps_every_key_and_the_dequantized_values(tiny_model, tmp_
     for k, w in full.items():  # matrices rounded (to nearest even, as torch rounds), vectors kept
         assert torch.equal(rounded[k], w.to(torch.bfloat16).float() if w.dim() > 1 else w), k
     assert any(not torch.equal(rounded[k], full[k]) for k in full)
+
+
+def test_bf16_logit_error_benchmark_measures_both_paths(tiny_model) -> None:
+    from tandem.benchmarks.bf16_logit_error import gap_movements
+
+    moved = gap_movements(str(tiny_model("llama")), prompts=2, tokens=4, seed=1)
+    assert set(moved) == {"bf16 weights, f32 activations", "all bf16"}
+    for xs in moved.values():
+        assert len(xs) > 2 * 4 and min(xs) >= 0 and max(xs) > 0  # bf16 does move the gaps
