@@ -45,8 +45,9 @@ class StepPlan:
         cached prefix's slots, from position 0); the last `drafts` of them are the worker's draft tokens,
         counted as if all will be accepted (spec_decode.rollback corrects that at commit)."""
         start = req.num_computed_tokens
-        self.prefills.append(req.is_prefilling)
-        if req.is_prefilling:
+        prefilling = req.is_prefilling
+        self.prefills.append(prefilling)
+        if prefilling:
             self.prefill_used += n
         req.num_computed_tokens += n
         sample = req.num_computed_tokens - drafts == req.seq_len and req.embed is None  # embeddings pool

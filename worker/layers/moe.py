@@ -93,7 +93,6 @@ class Experts(nn.Module):
         super().__init__()
         self.num_experts, self.hidden, self.inter, self.tp_rank = num_experts, hidden, inter, tp_rank
         self.dtype, self.device, self.forms = dtype, device, forms
-        self.native = forms.native_moe  # the layer runs as one C call: its weights in that kernel's layout
         self.w13: torch.Tensor | None = None
         self.w2: torch.Tensor | None = None
         self.packed13: ExpertWeights | None = None  # the C kernel's layout (native)
@@ -146,7 +145,7 @@ class Experts(nn.Module):
         for name, parts_per_expert in (("w13", 2), ("w2", 1)):
             blocks = self._blocks[name]
             self._blocks[name] = {}
-            packed = self._pack_blocks(blocks, name) if self.native and len(blocks) == (
+            packed = self._pack_blocks(blocks, name) if self.forms.native_moe and len(blocks) == (
                 self.num_experts * parts_per_expert) else None
             if packed is None:
                 for (e, rows), b in blocks.items():
@@ -191,7 +190,6 @@ class FusedMoE(nn.Module):
             raise NotImplementedError(f"hidden_act {cfg.hidden_act!r} is not supported")
         self.ops, self.tp_size = ops, tp_size
         self.top_k, self.renormalize = k, cfg.norm_topk_prob
-        self.native = ops.weights.native_moe  # the layer is one C call (the ops' choice)
         self.gate = ReplicatedLinear(cfg.hidden_size, e, dtype, device)
         self.experts = Experts(e, cfg.hidden_size, inter // tp_size, dtype, device, tp_rank, ops.weights)
         shared = cfg.shared_expert_intermediate_size
@@ -199,6 +197,11 @@ class FusedMoE(nn.Module):
                               if shared else None)
         self.shared_expert_gate = ReplicatedLinear(cfg.hidden_size, 1, dtype, device) if shared else None
         self._router: torch.Tensor | None = None  # the router in the C kernel's panels
+
+    @property
+    def native(self) -> bool:
+        """The layer is one C call (the ops' choice of weight forms)."""
+        return self.ops.weights.native_moe
 
     def finish_loading(self) -> None:
         self.experts.finish_loading()
