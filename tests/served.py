@@ -12,8 +12,9 @@ from tandem.launch.serve_announcements import wait_for_http
 
 
 class Served:
-    def __init__(self, model: Path, *flags: str) -> None:
-        dtype = () if "--dtype" in flags else ("--dtype", "float32")  # as conftest's launch_client, and why
+    def __init__(self, model: Path, *flags: str, pin_dtype: bool = True) -> None:
+        # float32 unless asked (as conftest's launch_client, and why); pin_dtype=False: the user's default
+        dtype = ("--dtype", "float32") if pin_dtype and "--dtype" not in flags else ()
         cmd = [
             sys.executable,
             "-m",

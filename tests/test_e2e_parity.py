@@ -7,7 +7,7 @@ import pytest
 
 from tandem import SamplingParams
 from tests.conftest import ARCHS, check_idle_engine
-from tests.reference import NEAR_TIE_BF16, NEAR_TIE_KV_F16, assert_greedy_parity, greedy
+from tests.reference import NEAR_TIE_BF16, NEAR_TIE_BF16_KV, NEAR_TIE_KV_F16, assert_greedy_parity, greedy
 
 LENGTHS = [1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 120, 150, 200, 256, 300, 333]
 MAX_TOKENS = 32
@@ -56,9 +56,9 @@ def test_bf16_greedy_parity_with_transformers_bf16(backend: str, tiny_model, lau
         )
         for p, o in zip(ps, outs)
     )
-    # Tiny random models have many bf16-sized gaps: the rule above is the main check (4 of 6 matched in
-    # full when it was written); half must match in full.
-    assert equal >= len(ps) // 2, f"only {equal}/{len(ps)} sequences equal"
+    # Tiny random models have many bf16-sized gaps: 4 of 6 match in full on an AMX CPU (a detour each in the
+    # other two, at gaps below the measured tolerance), the floor.
+    assert equal >= len(ps) - 2, f"only {equal}/{len(ps)} sequences equal"
     check_idle_engine(client)
 
 
@@ -70,14 +70,14 @@ def test_bf16_greedy_parity_with_transformers_bf16(backend: str, tiny_model, lau
 def test_half_kv_greedy_parity_with_transformers_fp32(kv_dtype: str, backend: str, tiny_model,
                                                       launch_client) -> None:
     """A float32 model over a float16 or bfloat16 KV pool (--kv-cache-dtype) against transformers in float32,
-    with the near-tie rule at the pool's tolerance (tests/reference.py: NEAR_TIE_KV_F16; bfloat16 KV at bf16's
-    NEAR_TIE_BF16): the C kernel over the half pool, and the torch path."""
+    with the near-tie rule at the pool's measured tolerance (tests/reference.py: NEAR_TIE_KV_F16,
+    NEAR_TIE_BF16_KV): the C kernel over the half pool, and the torch path."""
     model = tiny_model("qwen3")  # qk-norm'd K: a different K scale than llama's
     client = launch_client(model, kv_cache_dtype=kv_dtype, attention_backend=backend)
     ps = prompts(1000, seed=9)[::2]
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     outs = client.generate_batch(ps, params, progress=False)
-    near_tie = NEAR_TIE_KV_F16 if kv_dtype == "float16" else NEAR_TIE_BF16
+    near_tie = NEAR_TIE_KV_F16 if kv_dtype == "float16" else NEAR_TIE_BF16_KV
     equal = sum(assert_greedy_parity(o.token_ids, greedy(model, p, MAX_TOKENS), f"{kv_dtype} KV len {len(p)}",
                                      near_tie) for p, o in zip(ps, outs))
     assert equal >= len(ps) - 2, f"only {equal}/{len(ps)} sequences equal"

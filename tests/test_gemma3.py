@@ -104,7 +104,8 @@ def test_bf16_greedy_parity_with_transformers_bf16(tiny_model, launch_client) ->
     )
     equal = sum(assert_greedy_parity(o.token_ids, greedy(model, p, 16, torch.bfloat16), f"bf16 len {len(p)}",
                                      NEAR_TIE_BF16) for p, o in zip(ps, outs, strict=True))
-    assert equal >= len(ps) // 2, f"only {equal}/{len(ps)} sequences equal"
+    # every one matched in full when measured; one may take a near-tie on another CPU's bf16 kernels
+    assert equal >= len(ps) - 1, f"only {equal}/{len(ps)} sequences equal"
     check_idle_engine(client)
 
 

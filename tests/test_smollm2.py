@@ -163,7 +163,7 @@ def test_bf16_weights_keep_parity_under_the_bf16_rule(smol: Path, prompts, refer
     from tandem.protocol.engine_config import EngineConfig
     from tandem.protocol.model_info import read_model_info
     from tandem.worker.cpu_step_graph import CpuStepGraph
-    from tests.reference import NEAR_TIE_BF16
+    from tests.reference import NEAR_TIE_BF16_WEIGHTS
     from tests.step_loop import generate
 
     monkeypatch.setattr(mr, "resolve_weight_dtype", lambda *a, **k: torch.bfloat16)
@@ -175,7 +175,73 @@ def test_bf16_weights_keep_parity_under_the_bf16_rule(smol: Path, prompts, refer
     outs = generate(cfg, read_model_info(cfg.model), runner, [prompts[i] for i in picks], [params])
     graphs = runner.graphs
     assert isinstance(graphs, CpuStepGraph) and graphs.num_runs > 0 and graphs.greedy is not None
-    equal = sum(assert_greedy_parity(outs[f"r{j}"], reference[i], f"prompt {i}", NEAR_TIE_BF16)
+    equal = sum(assert_greedy_parity(outs[f"r{j}"], reference[i], f"prompt {i}", NEAR_TIE_BF16_WEIGHTS)
                 for j, i in enumerate(picks))
     print(f"\nSmolLM2 bf16-weight parity: {equal}/{len(picks)} identical")
     assert equal >= len(picks) // 2, f"only {equal}/{len(picks)} identical"
+
+
+def _default_rule(smol: Path) -> dict:
+    """The near-tie rule for what `--dtype auto` runs on this CPU (worker/device.py): bf16 weights where the
+    CPU has fast bf16 products (tests/reference.py's measured tolerances), else float32 (the strict rule)."""
+    import torch
+
+    from tandem.worker.device import resolve_weight_dtype
+    from tests.reference import NEAR_TIE, NEAR_TIE_BF16_WEIGHTS
+
+    if resolve_weight_dtype("auto", torch.device("cpu")) == torch.bfloat16:
+        return {"near_tie": NEAR_TIE_BF16_WEIGHTS}
+    return {"near_tie": NEAR_TIE}
+
+
+def test_the_default_configuration_keeps_parity_with_float32(smol: Path, prompts, reference) -> None:
+    """What a user runs: Client.launch with no option but the pool's size, so --dtype auto (bf16 weights on
+    an AMX or AVX512-BF16 CPU), against transformers in float32 reading the .gguf: all 32 prompts at once
+    (wide decode batches, decodes beside prefill chunks), every output held to the reference under the rule
+    measured for that path (tests/reference.py: NEAR_TIE_BF16_WEIGHTS). Measured on an AMX CPU: 10 of 32 equal
+    throughout, 22 through 40 near-ties (at most 4 in one sequence, every one at a gap below 0.27): a real
+    model's flat distributions tie often at bf16's precision. The bounds: 5 per sequence, 24 sequences."""
+    from tandem import Client
+
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    with Client.launch(str(smol), kv_cache_tokens=24576) as client:
+        outs = client.generate_batch(prompts, params, progress=False)
+        check_idle_engine(client)
+    for p, out in zip(prompts, outs, strict=True):
+        assert out.finish_reason == "length" and out.completion_tokens == MAX_TOKENS and out.prompt_tokens == len(p)
+    runs = [(out.token_ids, r, f"default config, prompt {i}") for i, (out, r) in enumerate(zip(outs, reference))]
+    equal = assert_parity_floor(runs, max_detours=24, per_sequence=5, **_default_rule(smol))
+    print(f"\nSmolLM2 default configuration: {equal}/{len(prompts)} identical")
+
+
+def test_tandem_serve_with_the_default_configuration_keeps_parity(smol: Path, prompts, reference) -> None:
+    """`tandem serve` with no --dtype: each prompt's greedy tokens (through the served engine's own socket,
+    one request at a time) held to transformers in float32 (2 of 5 took a near-tie when measured), and the
+    same prompt over HTTP /v1/completions answering the text of exactly those tokens (without the prefix
+    cache, so that both requests compute the same prefill)."""
+    import httpx2 as httpx
+
+    from tandem import Client
+    from tandem.protocol.tokenizer_loader import load_tokenizer
+    from tests.served import Served
+
+    tok = load_tokenizer(smol)
+    picks = [2, 9, 14, 19, 27]  # plain, chat, chat with the system prompt, long chat, corpus text
+    served = Served(smol, "--kv-cache-tokens", "8192", "--served-model-name", "smol", "--no-prefix-cache",
+                    pin_dtype=False).ready()
+    try:
+        with Client(served.endpoint) as client:
+            outs = [client.generate(prompts[i], SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0,
+                                                               ignore_eos=True)) for i in picks]
+        runs = [(o.token_ids, reference[i], f"tandem serve, prompt {i}") for i, o in zip(picks, outs, strict=True)]
+        assert_parity_floor(runs, max_detours=3, per_sequence=2, **_default_rule(smol))
+        for i, o in zip(picks, outs, strict=True):
+            body = {"model": "smol", "prompt": prompts[i], "max_tokens": MAX_TOKENS, "temperature": 0,
+                    "ignore_eos": True}
+            r = httpx.post(f"{served.url}/v1/completions", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            choice = r.json()["choices"][0]
+            assert choice["finish_reason"] == "length" and r.json()["usage"]["completion_tokens"] == MAX_TOKENS
+            assert choice["text"] == tok.decode(o.token_ids, skip_special_tokens=True), f"prompt {i}: HTTP answered other tokens"
+    finally:
+        assert served.close() == 0

@@ -89,7 +89,7 @@ def test_cuda_bf16_greedy_parity_with_transformers_bf16(eager: bool, tiny_model,
         )
         for p, o in zip(prompts, outs)
     )
-    assert equal >= len(prompts) // 2, f"only {equal}/{len(prompts)} sequences equal"  # as on CPU's bf16 test
+    assert equal >= len(prompts) - 2, f"only {equal}/{len(prompts)} sequences equal"  # as on CPU's bf16 test
     check_idle_engine(client)
 
 
