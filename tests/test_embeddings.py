@@ -1,6 +1,6 @@
 """Embeddings, scheduler and worker in one process: the pooled final hidden states equal transformers' pooled
-the same way (float32, 1e-5), whole or chunked, batched with generations, after prefix-cache hits, cut to a
-Matryoshka prefix; the requests end once with their KV back."""
+the same way (float32, 1e-5; Gemma 3 past its sliding window), whole or chunked, batched with generations,
+after prefix-cache hits, cut to a Matryoshka prefix; the requests end once with their KV back."""
 from __future__ import annotations
 
 from array import array
@@ -51,7 +51,8 @@ class Engine:
         self.cfg = EngineConfig(model=str(model_dir), **kw)  # type: ignore[arg-type]
         self.info = read_model_info(model_dir)
         self.runner = ModelRunner(self.cfg, self.info)
-        self.sched = Scheduler(self.cfg, self.info, self.runner.num_kv_slots)
+        self.sched = Scheduler(self.cfg, self.info, self.runner.num_kv_slots, self.runner.num_host_slots,
+                               self.runner.num_swa_slots)
 
     def run(
         self, reqs: list[TokenizedRequest], also: list[str] = ()
@@ -85,7 +86,7 @@ def embed_req(rid: str, ids: list[int], **kw: object) -> TokenizedRequest:
     return TokenizedRequest(rid, ids, SamplingParams(), embed=EmbedParams(**kw))  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])  # gemma3: past its 16-token window
 @pytest.mark.parametrize("pooling", ["last", "mean", "cls"])
 def test_pooled_hidden_states_equal_transformers(arch: str, pooling: str, tiny_model) -> None:
     model = tiny_model(arch)
