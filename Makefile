@@ -14,6 +14,11 @@ LOCK := constraints.txt
 MODEL_WHEELS := requirements-models.txt
 TORCH := torch==2.13.0
 BENCH_MODEL ?= models/bench-llama
+# llama.cpp's own GGUF converter (convert_hf_to_gguf.py, its conversion/ package and gguf-py), unpacked from
+# the llama-cpp-python sdist that vendors llama.cpp: the slow tier holds the engine to files written by a
+# converter that is neither ours nor the tests' (tests/llamacpp_converter.py). Nothing is built.
+LLAMACPP_SDIST := llama-cpp-python==0.3.36
+CONVERTER := llama.cpp/convert_hf_to_gguf.py
 
 .PHONY: demo test test-slow lint bench test-latest lock clean-venv
 
@@ -29,6 +34,18 @@ $(STAMP): $(VPY) pyproject.toml setup.py $(LOCK) $(MODEL_WHEELS)
 	$(VPY) -m pip install -q --no-deps -r $(MODEL_WHEELS)
 	touch $(STAMP)
 
+# $(call converter,VENV): llama.cpp's converter into VENV/llama.cpp (whole or not at all).
+define converter
+	rm -rf $(1)/llama.cpp $(1)/llama.cpp.part && mkdir -p $(1)/llama.cpp.part
+	$(1)/bin/python -m pip download -q --no-binary :all: --no-deps -d $(1)/llama.cpp.part $(LLAMACPP_SDIST)
+	tar -xzf $(1)/llama.cpp.part/*.tar.gz -C $(1)/llama.cpp.part --strip-components=3 --wildcards \
+	  '*/vendor/llama.cpp/convert_hf_to_gguf.py' '*/vendor/llama.cpp/conversion/*' '*/vendor/llama.cpp/gguf-py/*'
+	rm $(1)/llama.cpp.part/*.tar.gz && mv $(1)/llama.cpp.part $(1)/llama.cpp
+endef
+
+$(VENV)/$(CONVERTER): $(STAMP)
+	$(call converter,$(VENV))
+
 # Pulls SmolLM2-135M-Instruct into models/ when absent (from the installed wheel; nothing is downloaded).
 demo: $(STAMP)
 	$(VPY) -m tandem.launch.demo
@@ -39,7 +56,7 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VPY) -m pytest -q -m "not slow" --durations=25
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) $(VENV)/$(CONVERTER)
 	$(VPY) -m pytest -q -m slow --durations=10
 
 lint: $(STAMP)
@@ -57,6 +74,7 @@ test-latest:
 	$(LATEST)/bin/python -m pip install -q $(TORCH)
 	$(LATEST)/bin/python -m pip install -q --upgrade --no-build-isolation -e '.[test]'
 	$(LATEST)/bin/python -m pip install -q --no-deps -r $(MODEL_WHEELS)
+	$(call converter,$(LATEST))
 	$(LATEST)/bin/ruff check .
 	$(LATEST)/bin/python -m pytest -q --durations=25  # both tiers
 

@@ -54,16 +54,29 @@ _hashes: dict[str, str] = {}
 _REFERENCE_CODE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
 
+def gguf_own_config(gguf: Path) -> Path:
+    """Where a .gguf file's own HF config may be written for the reference: <stem>.config.json beside it."""
+    return gguf.with_name(f"{gguf.stem}.config.json")
+
+
 def hf_model(model_dir: Path, dtype: torch.dtype = torch.float32):
     """transformers' model of a directory, or of a .gguf file read by transformers' own GGUF loader (its
-    config mapping and dequantization: nothing of the engine's conversion)."""
+    config mapping and dequantization: nothing of the engine's conversion). A file's own config written beside it
+    (`<stem>.config.json`: see gguf_own_config) is used instead of transformers' mapping of the file's metadata, which leaves
+    what it does not map (a made MoE model's expert width, Gemma 3's pattern) at its defaults."""
     key = f"{model_dir}:{dtype}"
     if key not in _models:
         from transformers import AutoModelForCausalLM
 
         path = Path(model_dir)
         if path.suffix == ".gguf":
-            m = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+            config = None
+            if gguf_own_config(path).is_file():
+                from transformers import AutoConfig
+
+                config = AutoConfig.from_pretrained(str(gguf_own_config(path)))
+            m = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype,
+                                                     config=config)
         else:
             m = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
         wrong = {p.dtype for p in m.parameters()} - {dtype}
@@ -79,7 +92,10 @@ def model_hash(model_dir: Path) -> str:
     if key not in _hashes:
         h = hashlib.sha256()
         path = Path(model_dir)
-        files = [path] if path.suffix == ".gguf" else [*sorted(path.glob("*.safetensors")), path / "config.json"]
+        if path.suffix == ".gguf":
+            files = [path, *[c for c in [gguf_own_config(path)] if c.is_file()]]
+        else:
+            files = [*sorted(path.glob("*.safetensors")), path / "config.json"]
         for f in files:
             h.update(f.name.encode() + b"\0")
             with open(f, "rb") as fh:
