@@ -362,3 +362,15 @@ def test_bf16_logit_error_benchmark_measures_both_paths(tiny_model) -> None:
     assert set(moved) == {"bf16 weights, f32 activations", "all bf16"}
     for xs in moved.values():
         assert len(xs) > 2 * 4 and min(xs) >= 0 and max(xs) > 0  # bf16 does move the gaps
+
+
+@pytest.mark.slow  # an engine launch: the fast tier is near its 10 minutes
+def test_bf16_logit_error_benchmark_measures_the_engine(tiny_model) -> None:
+    """--engine: the engine's logprobs at every prefill and decode position against transformers'. float32
+    against float32 moves nothing, so a position misaligned by one (or a row of another prompt) shows."""
+    from tandem.benchmarks.bf16_logit_error import engine_movements
+
+    moved = engine_movements(str(tiny_model("llama")), prompts=3, tokens=4, seed=1, dtype="float32")
+    assert set(moved) == {"prefill", "decode, 1 row", "decode, 3 rows"}
+    assert len(moved["prefill"]) >= 3 * 8 and len(moved["decode, 1 row"]) == len(moved["decode, 3 rows"]) == 3 * 3
+    assert max(max(xs) for xs in moved.values()) < 1e-3, {k: max(xs) for k, xs in moved.items()}
