@@ -374,3 +374,25 @@ def test_bf16_logit_error_benchmark_measures_the_engine(tiny_model) -> None:
     assert set(moved) == {"prefill", "decode, 1 row", "decode, 3 rows"}
     assert len(moved["prefill"]) >= 3 * 8 and len(moved["decode, 1 row"]) == len(moved["decode, 3 rows"]) == 3 * 3
     assert max(max(xs) for xs in moved.values()) < 1e-3, {k: max(xs) for k, xs in moved.items()}
+
+
+@pytest.mark.slow  # the scenario holds its unread streams 10 s
+def test_abuse_benchmark_reports_its_bounds_and_the_engine_answers_after(tiny_model, tmp_path: Path) -> None:
+    """`tandem bench abuse` at a small size: streams past the HTTP door's cap are refused with 503, an
+    over-large body is 413 (by its length and chunked), every grammar compiles, each process's RSS is
+    reported, and the engine still answers and stops cleanly (exit 0)."""
+    rc = main(["abuse", "--model", str(tiny_model("llama")), "--dtype", "float32", "--kv-cache-tokens", "4096",
+               "--max-concurrent-requests", "8", "--streams", "24", "--stream-tokens", "8",
+               "--max-request-bytes", str(2**20), "--body-mb", "2", "--grammars", "6",
+               "--result-dir", str(tmp_path), "--label", "t"])
+    r = json.loads((tmp_path / "t.json").read_text())
+    assert rc == 0 and r["still_answering"] is True and r["exit_code"] == 0, r
+    statuses = r["unread_streams"]["statuses"]
+    assert sum(statuses.values()) == 24 and statuses.get("503", 0) >= 24 - 8, statuses
+    assert set(statuses) <= {"200", "503", "no answer yet (queued)"}, statuses
+    assert r["huge_body"]["with_content_length"]["status"] == 413, r["huge_body"]
+    assert r["huge_body"]["chunked"]["status"] == 413, r["huge_body"]
+    assert r["grammars"]["at_once"] == {"ok": 6} and r["grammars"]["32_at_a_time"] == {"ok": 6}, r["grammars"]
+    for scenario in ("unread_streams", "huge_body", "grammars"):
+        rss = r[scenario]["rss"]
+        assert len(rss) >= 4 and all(v["peak_mb"] >= v["before_mb"] > 0 for v in rss.values()), rss
