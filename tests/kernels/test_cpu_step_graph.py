@@ -5,8 +5,6 @@ page sizes 1 and 16; it applies only where every op has a C kernel."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -19,24 +17,10 @@ from tandem.worker.cpu_step_graph import CpuStepGraph, cpu_graph_applies
 from tandem.worker.loader import load_model
 from tandem.worker.model_runner import ModelRunner
 from tests.c_kernels import needs_c_kernels
-from tests.gguf_files import write_gguf
 from tests.kv_pool import Pool
 from tests.step_loop import generate
 
 pytestmark = needs_c_kernels
-
-
-@pytest.fixture(scope="module")
-def gguf_model(tiny_model, tmp_path_factory):  # a factory
-    root = tmp_path_factory.mktemp("graph-gguf")
-
-    def get(arch: str, qtype: str = "Q4_1") -> Path:
-        out = root / f"{arch}-{qtype}.gguf"
-        if not out.exists():  # K-quant blocks are 256 weights: the "small" model has whole ones
-            write_gguf(tiny_model(arch, size="small" if "K" in qtype else "tiny"), out, qtype)
-        return out
-
-    return get
 
 
 def _prefilled(
@@ -111,76 +95,6 @@ def test_replay_equals_eager_bit_for_bit(gguf_model, arch: str, qtype: str, kv_d
         for i in range(size):
             done[i] += 1
     assert graph.num_runs == 6
-
-
-@pytest.mark.parametrize("arch,qtype,int8", [("llama", "Q4_1", False), ("qwen2", "Q4_K_M", True),
-                                             ("gemma3", "Q8_0", False)])
-def test_one_region_gives_the_same_bits_on_any_thread_count(gguf_model, arch: str, qtype: str, int8: bool,
-                                                             monkeypatch) -> None:
-    """The replay runs the step in one parallel region, each node split over the team by its kernel's part:
-    1 to 4 threads (more than the cores, so threads wait at barriers) give the same logits and K/V, and
-    the LM head is a node (compute_logits is not called)."""
-    model = load_model(str(gguf_model(arch, qtype)), torch.float32, "cpu",
-                       ops=resolve_ops("cpu", torch.float32, "cpu", int8_activations=int8))
-    model.pack_cpu_weights()
-    pool = Pool(model, num_slots=600, max_reqs=16)
-    before_threads = torch.get_num_threads()
-    torch.set_num_threads(4)
-    try:
-        graph = CpuStepGraph(model, pool.kv, max_batch=8, max_context=128)
-    finally:
-        torch.set_num_threads(before_threads)
-    assert graph.threads == 4 and graph.logits is not None
-    lens = [5, 17, 2, 40, 9, 23, 1, 12]
-    seqs, rows = _prefilled(model, pool, lens, seed=5, extra=1)
-    monkeypatch.setattr(model, "compute_logits", lambda h: pytest.fail("the LM head should be a node"))
-    start = _kv(pool)
-    results: dict[tuple[int, int], tuple[torch.Tensor, list[torch.Tensor]]] = {}
-    for threads in (1, 2, 3, 4):
-        for t, b in zip(pool.kv.k + pool.kv.v, start, strict=True):
-            t.copy_(b)
-        torch.set_num_threads(threads)
-        try:
-            for size in (8, 3, 1):  # each a step of its own, from the same KV: one slot written per row
-                batch = pool.batch([(rows[i], [seqs[i][lens[i]]], lens[i] + 1) for i in range(size)])
-                results[threads, size] = graph.run(batch).clone(), _kv(pool)
-        finally:
-            torch.set_num_threads(before_threads)
-    for (threads, size), (logits, kv) in results.items():
-        want_logits, want_kv = results[1, size]
-        assert torch.equal(logits, want_logits), (threads, size)
-        assert all(torch.equal(a, b) for a, b in zip(kv, want_kv, strict=True)), (threads, size)
-
-
-@pytest.mark.parametrize("arch,qtype", [("llama", "Q4_1"), ("gemma3", "Q8_0")])
-def test_split_attention_gives_the_same_bits_on_any_thread_count(gguf_model, arch: str, qtype: str,
-                                                                 monkeypatch) -> None:
-    """Contexts long enough that the attention node splits its (request, KV head) items over the team (the
-    short contexts above keep it on one thread): 1 to 4 threads give the eager step's logits and K/V, bit
-    for bit; Gemma's sliding layers read their last window of these long contexts."""
-    from tandem.kernels.native.paged_attention import PARALLEL_MIN_KEYS
-
-    model = load_model(str(gguf_model(arch, qtype)), torch.float32, "cpu", ops=resolve_ops("cpu", torch.float32, "cpu"))
-    model.pack_cpu_weights()
-    lens = [300, 17, 520, 40, 260, 1, 410, 12]
-    kv_heads = model.config.num_key_value_heads
-    # the C rule: min(threads, items, keys x KV heads / PARALLEL_MIN_KEYS) threads share the items
-    assert min(len(lens) * kv_heads, (sum(lens) + len(lens)) * kv_heads // PARALLEL_MIN_KEYS) >= 4
-    pool = Pool(model, num_slots=2400, max_reqs=16, max_context=600)
-    before_threads = torch.get_num_threads()
-    torch.set_num_threads(4)
-    try:
-        graph = CpuStepGraph(model, pool.kv, max_batch=8, max_context=600)
-    finally:
-        torch.set_num_threads(before_threads)
-    seqs, rows = _prefilled(model, pool, lens, seed=11, extra=1)
-    batch = pool.batch([(rows[i], [seqs[i][lens[i]]], lens[i] + 1) for i in range(len(lens))])
-    for threads in (1, 2, 3, 4):
-        torch.set_num_threads(threads)
-        try:
-            _step_both_ways(model, pool, graph, batch, arch)  # puts the pools back before replaying
-        finally:
-            torch.set_num_threads(before_threads)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
