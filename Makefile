@@ -16,7 +16,7 @@ TORCH := torch==2.13.0
 BENCH_MODEL ?= models/bench-llama
 # llama.cpp's own GGUF converter (convert_hf_to_gguf.py, its conversion/ package and gguf-py), unpacked from
 # the llama-cpp-python sdist that vendors llama.cpp: the slow tier holds the engine to files written by a
-# converter that is neither ours nor the tests' (tests/llamacpp_converter.py). Nothing is built.
+# converter that is neither ours nor the tests' (benchmarks/llama_convert.py). Nothing is built.
 LLAMACPP_SDIST := llama-cpp-python==0.3.36
 CONVERTER := llama.cpp/convert_hf_to_gguf.py
 
