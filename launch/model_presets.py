@@ -68,6 +68,19 @@ SIZES: dict[str, SizeSpec] = {
         max_positions=4096,
         moe_intermediate=768,
     ),
+    # Llama-3.2-1B's shapes with SmolLM2's vocabulary size (1.07 B parameters tied): the size at which
+    # the CPU benchmarks meet llama.cpp on memory bandwidth, not per-step overhead (benchmarks/llama_files).
+    "1b": SizeSpec(
+        hidden=2048,
+        layers=16,
+        heads=32,
+        kv_heads=8,
+        head_dim=64,
+        intermediate=8192,
+        vocab=49152,
+        max_positions=8192,
+        moe_intermediate=4096,
+    ),
     # Qwen3-0.6B's shapes (random weights): the GPU throughput benchmark's model.
     "0.6b": SizeSpec(
         hidden=1024,
@@ -132,6 +145,7 @@ GEMMA3_SIZES = {
                        final_logit_softcapping=10.0, rope_factor=2.0),
     "small": Gemma3Spec(layers=6, window=32, pattern=6, head_dim=64, query_pre_attn_scalar=64),
     "bench": Gemma3Spec(layers=12, window=128, pattern=6, head_dim=128, query_pre_attn_scalar=128),
+    "1b": Gemma3Spec(layers=16, window=512, pattern=6, head_dim=128, query_pre_attn_scalar=128),
     "0.6b": Gemma3Spec(layers=28, window=512, pattern=6, head_dim=256, query_pre_attn_scalar=256),
 }
 NUM_EXPERTS, EXPERTS_PER_TOK = 8, 2
