@@ -19,6 +19,7 @@ from tandem.kernels.native.cpu_caps import cpu_caps, usable_cores
 from tandem.kernels.ops import resolve_ops
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.gguf_metadata import is_gguf, open_gguf
+from tandem.protocol.gguf_tensor_index import gguf_linear_type
 from tandem.protocol.model_config import read_model_config
 from tandem.worker.device import resolve_device, resolve_weight_dtype
 from tandem.worker.loader import quantized_types
@@ -27,7 +28,8 @@ from tandem.worker.loader import quantized_types
 def engine_dtype(cfg: EngineConfig) -> torch.dtype:
     """The dtype of the engine worker's float weights (what `--dtype auto` picks on this machine): what a
     decode step streams (on CPU with bf16 weights the activations and KV stay float32)."""
-    return resolve_weight_dtype(cfg.dtype, resolve_device(cfg.device), gguf=is_gguf(cfg.model))
+    gguf = gguf_linear_type(cfg.model) if is_gguf(cfg.model) else None
+    return resolve_weight_dtype(cfg.dtype, resolve_device(cfg.device), gguf_weights=gguf)
 
 
 def model_dims(cfg: EngineConfig) -> ModelDims:

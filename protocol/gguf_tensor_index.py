@@ -76,6 +76,16 @@ def write_tensor_index(reader: GGUFReader, out: Path) -> None:
     os.replace(tmp, out / INDEX_FILE)
 
 
+def gguf_linear_type(path: str | Path) -> str:
+    """The type of a GGUF file's linear weights, as its first layer's attention output holds them (e.g.
+    "BF16", "Q4_K"): the type a file is named by (a mixed file's other tensors take neighbouring types)."""
+    index = gguf_tensor_index(path)
+    found = next((t for t in index.tensors if t.name == "blk.0.attn_output.weight"), None)
+    if found is None:
+        found = next(t for t in index.tensors if t.name.startswith("blk.") and len(t.shape) == 2)
+    return found.type_name
+
+
 def gguf_tensor_index(path: str | Path) -> GGUFTensorIndex:
     """The file's tensors, from the cached index (written from gguf's reader when absent)."""
     p = Path(path).resolve()

@@ -14,6 +14,7 @@ from transformers import AutoConfig
 QTYPES = {
     "F32": gguf.GGMLQuantizationType.F32,
     "F16": gguf.GGMLQuantizationType.F16,
+    "BF16": gguf.GGMLQuantizationType.BF16,
     "Q8_0": gguf.GGMLQuantizationType.Q8_0,
     "Q4_0": gguf.GGMLQuantizationType.Q4_0,
     "Q4_1": gguf.GGMLQuantizationType.Q4_1,

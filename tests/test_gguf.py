@@ -1,8 +1,9 @@
-"""GGUF files in: tiny made models written with gguf's writer (F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; random
+"""GGUF files in: tiny made models written with gguf's writer (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; random
 K-quant blocks, alone or mixed as in llama.cpp's Q4_K_M and Q5_K_M files; llama's Q/K rows permuted as
 llama.cpp does) load to gguf's own dequantization, run like their source directory (and, on CPU in float32,
 from their quantized blocks), carry their tokenizer, and broken or unsupported files fail with a clear
-error."""
+error. A BF16 file under `--dtype auto` is its bf16 checkpoint: the same weights and tokens as the directory.
+"""
 from __future__ import annotations
 
 import subprocess
@@ -143,6 +144,32 @@ def test_tensor_parallel_ranks_take_their_blocks(arch: str, qtype: str, size: st
     plain_head = plain.model.embed_tokens if plain.lm_head is None else plain.lm_head
     rows = head.end - head.start
     assert torch.equal(dequantize(head.head_quant), plain_head.weight[:rows])
+
+
+def test_bf16_file_runs_as_its_bf16_checkpoint(tiny_model, gguf_file) -> None:
+    """`auto` keeps a BF16 file's weights bf16 where the CPU multiplies bf16 natively (float32 elsewhere), as
+    it keeps a float directory's: half the bytes of widening them, and the directory's tokens exactly (gguf
+    rounds float32 to bf16 to nearest even, as torch does)."""
+    from tandem.protocol.engine_config import EngineConfig
+    from tandem.worker.device import resolve_weight_dtype
+    from tandem.worker.model_runner import ModelRunner
+    from tests.step_loop import generate
+
+    src = tiny_model("llama")
+    want_dtype = resolve_weight_dtype("auto", torch.device("cpu"))  # a float directory's, on this CPU
+    prompts = [torch.randint(3, 1000, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+               for n in (1, 7, 30)]
+    params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)]
+    outs = []
+    for model in (gguf_file("llama", "BF16"), src):
+        cfg = EngineConfig(model=str(model), device="cpu", dtype="auto", kv_cache_tokens=512)
+        info = read_model_info(model)
+        runner = ModelRunner(cfg, info)
+        assert runner.weight_dtype == want_dtype, (model, runner.weight_dtype)
+        layer = runner.model.model.layers[0].self_attn.o_proj
+        assert layer.weight.dtype == want_dtype, layer.weight.dtype
+        outs.append(generate(cfg, info, runner, prompts, params))
+    assert outs[0] == outs[1]
 
 
 def test_config_and_tokenizer_from_metadata(tiny_model, gguf_file) -> None:

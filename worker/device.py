@@ -1,5 +1,6 @@
-"""Device and dtype choice: bf16 on CUDA; on CPU fp32 activations, with a float checkpoint's linear weights in
-bf16 where the CPU has native bf16 matmuls (a GGUF file keeps its blocks)."""
+"""Device and dtype choice: bf16 on CUDA; on CPU fp32 activations, with a float checkpoint's (or a BF16
+GGUF file's) linear weights in bf16 where the CPU has native bf16 matmuls (a quantized file keeps its
+blocks)."""
 from __future__ import annotations
 
 import torch
@@ -25,12 +26,15 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def resolve_weight_dtype(name: str, device: torch.device, caps: CpuCaps | None = None,
-                         gguf: bool = False) -> torch.dtype:
+                         gguf_weights: str | None = None) -> torch.dtype:
     """The float linear weights' dtype (the LM head's too). The activations' (resolve_dtype) but for `auto`
     on a CPU with AMX or AVX512-BF16 and a float checkpoint: bf16 weights with fp32 activations, as
     llama.cpp runs a BF16 GGUF: a decode step streams half the bytes (the C kernel widens them exactly as
     it loads them) and many rows take the hardware's bf16 products. Elsewhere bf16 matmuls are emulated and
-    slower than fp32; a GGUF file (`gguf`) keeps its quantized blocks."""
-    if name == "auto" and device.type == "cpu" and not gguf and (caps or cpu_caps()).fast_bf16:
+    slower than fp32. gguf_weights: a GGUF file's type of linear weights (gguf_linear_type): a BF16 file is
+    that checkpoint already (its bf16 weights kept exactly, not widened to twice the bytes); a quantized
+    file keeps its blocks, and an F16 or F32 file's weights stay exact in float32."""
+    if (name == "auto" and device.type == "cpu" and gguf_weights in (None, "BF16")
+            and (caps or cpu_caps()).fast_bf16):
         return torch.bfloat16
     return resolve_dtype(name, device)

@@ -10,6 +10,7 @@ from tandem.protocol import fault_injection
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.errors import ErrorCode
 from tandem.protocol.gguf_metadata import is_gguf
+from tandem.protocol.gguf_tensor_index import gguf_linear_type
 from tandem.protocol.messages import Logprobs, ModelRunnerOutput, SampleStep, SchedulerOutput
 from tandem.protocol.model_info import ModelInfo
 from tandem.worker.cpu_step_graph import CpuStepGraph, cpu_graph_applies
@@ -57,7 +58,9 @@ class ModelRunner:
             self.device = torch.device("cuda", local_rank(cfg, rank))
         self.dtype = resolve_dtype(cfg.dtype, self.device)  # the activations'
         # the float linear weights' (bf16 under a float32 model with `auto` on CPUs with bf16 matmuls)
-        self.weight_dtype = resolve_weight_dtype(cfg.dtype, self.device, gguf=is_gguf(cfg.model))
+        self.weight_dtype = resolve_weight_dtype(
+            cfg.dtype, self.device, gguf_weights=gguf_linear_type(cfg.model) if is_gguf(cfg.model) else None
+        )
         # The KV pools' (device and host) element; K/V are rounded to it when written. Attention reads it as
         # is (the C kernel widens half pools to float32 as it loads; torch attends a mixed pair in float32).
         kvd = cfg.kv_cache_dtype
