@@ -2,6 +2,8 @@
 into pieces (streamed == whole), the markers never handed out, and `auto` read from the chat template."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -63,19 +65,60 @@ def test_any_split_gives_the_whole_reply(case, cuts: list[int]) -> None:
             assert OPEN not in d.reasoning + d.content and CLOSE not in d.reasoning + d.content
 
 
+# An independent reading of the module docstring, over the whole reply at once (regular expressions and
+# str.partition, not the parser's char-by-char state machine): the property tests hold the parser to it.
+_OPENING = re.compile(r"\s*<think>")  # the opening marker counts only at the start, after whitespace
+
+
+def reference_split(text: str, style: str, opened: bool) -> tuple[str | None, str]:
+    m = _OPENING.match(text)
+    if m is not None:
+        body = text[m.end():]
+    elif style == "deepseek-r1" or opened:  # the reply starts inside the reasoning
+        body = text
+    else:  # qwen3 without an opening marker: all content, as written
+        return None, text
+    reasoning, closed, rest = body.partition("</think>")  # one think block: the first closing marker ends it
+    return reasoning.strip() or None, rest.lstrip() if closed else ""
+
+
+# Fragments that make markers, near-markers and the whitespace around them (Unicode's too: str.strip's),
+# the markers weighted up so that most replies hold one where it counts.
+MARKERS = ["<think>", "</think>", "</think>", "why </think>\n\n", "\n</think>", "so\n</think>"]
+FRAGMENTS = [*MARKERS, "<", "</", "/", ">", "<th", "<thi", "</thi", "</think", "think>", "ink>", "<thinking>",
+             "</thinking>", "<think >", "<THINK>", " ", "  ", "\n", "\n\n", "\t", "\r\n", "\u3000", "\xa0",
+             "\x85", "\u2028", "a", "x y", "é", "思考", "👋", "2 < 3 > 1", "\ufffd"]
+HEADS = ["", "<think>", "<think>\n", "\n <think>", "<thi", "<thinking>", " ", "\n\n"]  # how replies open
+replies = st.builds(
+    lambda head, parts: head + "".join(parts),
+    st.sampled_from(HEADS),
+    st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=3)), max_size=20),
+)
+styles = st.sampled_from(["qwen3", "deepseek-r1"])
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from(["<", "/", "think", ">", "<think>", "</think>", " ", "\n", "a", "é", "</",
-                                 "<th", "ink>", "x y"]), max_size=25),
-       st.lists(st.integers(0, 120), max_size=20), st.sampled_from(["qwen3", "deepseek-r1"]), st.booleans())
-def test_any_reply_any_split(parts: list[str], cuts: list[int], style: str, opened: bool) -> None:
-    """Arbitrary replies made of marker fragments: a split never changes what comes out."""
-    text = "".join(parts)
-    whole = split_reasoning(text, style, opened)
+@given(replies, st.lists(st.integers(0, 150), max_size=20), styles, st.booleans())
+def test_any_reply_any_split_matches_the_reference(text: str, cuts: list[int], style: str, opened: bool) -> None:
+    """Random replies of marker fragments, fed in random pieces: exactly the reference's split."""
+    want = reference_split(text, style, opened)
+    assert split_reasoning(text, style, opened) == want
     reasoning, content, _ = _streamed(text, [c for c in cuts if c <= len(text)], style, opened)
-    assert (reasoning or None, content) == whole
-    # Nothing is lost but the markers and the whitespace around them.
-    kept = (whole[0] or "") + whole[1]
-    assert len(kept) <= len(text)
+    assert (reasoning or None, content) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(replies, styles, st.booleans())
+def test_held_back_is_only_whitespace_and_a_marker_start(text: str, style: str, opened: bool) -> None:
+    """Fed char by char, what has gone out is the reference's split of the text so far, but for what may
+    still turn out to be a marker or the whitespace before one: the parser streams, it does not buffer."""
+    p = ReasoningParser(style, opened)
+    for i, ch in enumerate(text, 1):
+        p.feed(ch)
+        so_far = reference_split(text[:i], style, opened)
+        for sent, whole in ((p.reasoning, so_far[0] or ""), (p.content, so_far[1])):
+            assert whole.startswith(sent), (text[:i], sent, whole)
+            assert len(whole[len(sent):].lstrip()) < len("</think>"), (text[:i], sent, whole)
 
 
 def test_streamed_reasoning_goes_out_as_it_comes() -> None:
