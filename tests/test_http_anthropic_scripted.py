@@ -9,9 +9,10 @@ import json
 import anthropic
 import pytest
 
-from tandem.protocol.errors import InvalidRequestError
+from tandem.protocol.errors import InvalidRequestError, RequestFailedError
 from tandem.protocol.tokenizer_loader import load_tokenizer
 from tests.scripted_engine import KEY, NAME, Reply, scripted_app, transport
+from tests.wire_schema import sse_events
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 TOOLS = [
@@ -237,3 +238,20 @@ def test_errors_in_anthropic_shape_and_the_server_keeps_serving(qwen3) -> None:
         return await c.messages.create(model=NAME, max_tokens=5, messages=USER)
 
     assert _run(app, body).content[0].text == "ok"
+
+
+def test_a_fault_mid_reply_ends_the_stream_with_an_error_event(qwen3) -> None:
+    """Raw SSE (the SDK raises on an error event): the text that went out, then Anthropic's error event
+    (transport() holds every event to the SDK's types)."""
+    engine, app = scripted_app(qwen3, None)
+
+    async def go():
+        async with transport(app) as http:
+            engine.script(Reply(["Hel", "lo"], fault=RequestFailedError("the worker died", "request_failed.internal")))
+            return await http.post("/v1/messages", headers={"x-api-key": KEY},
+                                   json={"model": NAME, "max_tokens": 9, "messages": USER, "stream": True})
+
+    events = [e for _, e in sse_events(asyncio.run(go()).text)]
+    assert [e["type"] for e in events] == [
+        "message_start", "content_block_start", "content_block_delta", "content_block_delta", "error"]
+    assert events[-1] == {"type": "error", "error": {"type": "api_error", "message": "the worker died"}}

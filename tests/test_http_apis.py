@@ -2,7 +2,9 @@
 `--reasoning-parser auto`: chat with reasoning (think markers forced by a regex: the random model never
 writes them, and this tokenizer cuts each marker into several tokens), the Responses API through the
 official openai client, the Messages API through the official anthropic client; all equal to what the
-engine generates for the same conversation, streamed == whole, and the engine idle afterwards."""
+engine generates for the same conversation, streamed == whole, and the engine idle afterwards. Every
+Responses and Messages body the clients get (whole, each streamed event, errors) is also held strictly to
+the SDKs' types, which the clients themselves read leniently (tests/wire_schema.py)."""
 from __future__ import annotations
 
 import json
@@ -15,6 +17,7 @@ import pytest
 
 from tests.conftest import check_idle_engine
 from tests.served import Served
+from tests.wire_schema import Recorder
 
 KEY = "sk-apis"
 NAME = "tiny-qwen3"
@@ -41,13 +44,21 @@ def engine(served):
 
 
 @pytest.fixture(scope="module")
-def oai(served):
-    return openai.OpenAI(base_url=served.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+def wire() -> Recorder:
+    """Every answer the clients below get, kept for the strict check (`wire.check()`)."""
+    return Recorder(httpx.HTTPTransport())
 
 
 @pytest.fixture(scope="module")
-def claude(served):
-    return anthropic.Anthropic(base_url=served.url, api_key=KEY, max_retries=0, timeout=60)
+def oai(served, wire):
+    return openai.OpenAI(base_url=served.url + "/v1", api_key=KEY, max_retries=0, timeout=60,
+                         http_client=httpx.Client(transport=wire))
+
+
+@pytest.fixture(scope="module")
+def claude(served, wire):
+    return anthropic.Anthropic(base_url=served.url, api_key=KEY, max_retries=0, timeout=60,
+                               http_client=httpx.Client(transport=wire))
 
 
 def test_chat_reasoning_streamed_whole_and_in_the_python_client(oai, engine, tiny_model) -> None:
@@ -72,7 +83,7 @@ def test_chat_reasoning_streamed_whole_and_in_the_python_client(oai, engine, tin
                                                                  max_tokens=4).usage.prompt_tokens
 
 
-def test_responses_with_the_openai_client(oai, engine) -> None:
+def test_responses_with_the_openai_client(oai, engine, wire) -> None:
     r = oai.responses.create(model=NAME, input="Hello there", max_output_tokens=12, temperature=0)
     ref = engine.generate(
         [{"role": "user", "content": "Hello there"}], {"max_tokens": 12, "temperature": 0.0}
@@ -104,9 +115,10 @@ def test_responses_with_the_openai_client(oai, engine) -> None:
     assert nxt.output_text == ref2.text and nxt.usage.input_tokens == ref2.prompt_tokens
     with pytest.raises(openai.NotFoundError):
         oai.responses.create(model=NAME, input="x", previous_response_id="resp_unknown")
+    assert wire.check() == 4
 
 
-def test_responses_tool_call_streamed_and_whole(oai) -> None:
+def test_responses_tool_call_streamed_and_whole(oai, wire) -> None:
     tools = [{"type": "function", "name": "get_weather", "parameters": CITY}]
     kw = dict(model=NAME, input="weather?", tools=tools, tool_choice="required", parallel_tool_calls=False,
               max_output_tokens=60, temperature=0)
@@ -128,9 +140,10 @@ def test_responses_tool_call_streamed_and_whole(oai) -> None:
         input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
     )
     assert follow.status in ("completed", "incomplete")
+    assert wire.check() == 3
 
 
-def test_messages_with_the_anthropic_client(claude, engine) -> None:
+def test_messages_with_the_anthropic_client(claude, engine, wire) -> None:
     msgs = [{"role": "user", "content": "Hello there"}]
     m = claude.messages.create(model=NAME, max_tokens=12, messages=msgs, extra_body={"temperature": 0})
     ref = engine.generate(msgs, {"max_tokens": 12, "temperature": 0.0})
@@ -148,9 +161,10 @@ def test_messages_with_the_anthropic_client(claude, engine) -> None:
     assert "".join(e.delta.text for e in events if e.type == "content_block_delta") == ref.text
     assert events[-2].delta.stop_reason == m.stop_reason and events[-1].type == "message_stop"
     assert claude.messages.count_tokens(model=NAME, messages=msgs).input_tokens == ref.prompt_tokens
+    assert wire.check() == 3
 
 
-def test_messages_tool_use_streamed_and_whole(claude) -> None:
+def test_messages_tool_use_streamed_and_whole(claude, wire) -> None:
     kw = dict(
         model=NAME,
         max_tokens=40,
@@ -166,14 +180,17 @@ def test_messages_tool_use_streamed_and_whole(claude) -> None:
         parts = [e.delta.partial_json for e in s if e.type == "content_block_delta"]
         final = s.get_final_message()
     assert json.loads("".join(parts)) == m.content[0].input == final.content[0].input
+    assert wire.check() == 2
 
 
-def test_bad_input_on_each_new_route_and_still_serving(served, claude, oai, engine) -> None:
+def test_bad_input_on_each_new_route_and_still_serving(served, claude, oai, engine, wire) -> None:
     with pytest.raises(anthropic.AuthenticationError) as e:
-        anthropic.Anthropic(base_url=served.url, api_key="wrong", max_retries=0).messages.create(
+        anthropic.Anthropic(base_url=served.url, api_key="wrong", max_retries=0,
+                            http_client=httpx.Client(transport=wire)).messages.create(
             model=NAME, max_tokens=4, messages=[{"role": "user", "content": "x"}])
     assert e.value.response.json()["error"]["type"] == "authentication_error"
-    r = httpx.post(served.url + "/v1/messages", headers={"x-api-key": KEY}, content=b"{not json")
+    r = httpx.Client(transport=wire).post(served.url + "/v1/messages", headers={"x-api-key": KEY},
+                                          content=b"{not json")
     assert r.status_code == 400 and r.json()["type"] == "error"
     with pytest.raises(anthropic.BadRequestError) as e:
         claude.messages.create(model=NAME, max_tokens=4, messages=[{"role": "assistant", "content": [
@@ -186,4 +203,5 @@ def test_bad_input_on_each_new_route_and_still_serving(served, claude, oai, engi
         model=NAME, max_tokens=2, messages=[{"role": "user", "content": "x"}]
     ).content
     assert oai.responses.create(model=NAME, input="x", max_output_tokens=2).output
+    assert wire.check() == 6
     check_idle_engine(engine)

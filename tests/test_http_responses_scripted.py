@@ -9,9 +9,10 @@ import json
 import openai
 import pytest
 
-from tandem.protocol.errors import InvalidRequestError
+from tandem.protocol.errors import InvalidRequestError, RequestFailedError
 from tandem.protocol.tokenizer_loader import load_tokenizer
 from tests.scripted_engine import KEY, NAME, Reply, scripted_app, transport
+from tests.wire_schema import sse_events
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
 TOOLS = [
@@ -222,3 +223,20 @@ def test_bad_input_is_a_400_and_the_server_keeps_serving(qwen3) -> None:
         return await oai.responses.create(model=NAME, input="still serving")
 
     assert _run(app, body).output_text == "ok"
+
+
+def test_a_fault_mid_reply_ends_the_stream_with_an_error_event(qwen3) -> None:
+    """Raw SSE (the SDK raises on an error event): what went out before it, then the error in the
+    published event's shape (transport() holds every event to it)."""
+    engine, app = scripted_app(qwen3, None)
+
+    async def go():
+        async with transport(app) as http:
+            engine.script(Reply(["Hel", "lo"], fault=RequestFailedError("the worker died", "request_failed.internal")))
+            return await http.post("/v1/responses", json={"model": NAME, "input": "hi", "stream": True},
+                                   headers={"Authorization": f"Bearer {KEY}"})
+
+    events = [e for _, e in sse_events(asyncio.run(go()).text)]
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "Hello"
+    assert events[-1] == {"type": "error", "sequence_number": len(events) - 1, "code": "request_failed.internal",
+                          "message": "the worker died", "param": None}

@@ -117,12 +117,13 @@ def _head(st: ServerState, body: ResponsesRequest) -> dict[str, Any]:
         "tool_choice": body.tool_choice
         if isinstance(body.tool_choice, str)
         else body.tool_choice.model_dump(),
-        "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
+        # The published schema requires a function tool's `strict` and `parameters` (null allowed).
+        "tools": [t.model_dump() for t in body.tools or []],
         "text": body.text.model_dump(exclude_none=True, by_alias=True)
         if body.text
         else {"format": {"type": "text"}},
-        "store": body.store,
-        "user": body.user,
+        # The published schema's `user` is a string, not null: left out when not given.
+        **({"user": body.user} if body.user is not None else {}),
     }
 
 
@@ -189,7 +190,8 @@ def _usage(st: ServerState, usage: Usage, reply: ReplyParser) -> dict:
     thinking = len(st.tokenizer.encode(reply.reasoning, add_special_tokens=False)) if reply.reasoning else 0
     return {
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        # Required by the published schema; no prompt-cache writes as OpenAI bills them (Messages says 0 too).
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": min(thinking, usage.completion_tokens)},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,

@@ -30,7 +30,9 @@ class ResponseBuilder:
         self._calls: dict[int, int] = {}  # tool call index -> output index
 
     def body(self) -> dict:
-        return {**self.head, "status": self.status, "output": self.output, "usage": self.usage,
+        # `usage` is not nullable in the published schema: absent until the response is done.
+        usage = {} if self.usage is None else {"usage": self.usage}
+        return {**self.head, "status": self.status, "output": self.output, **usage,
                 "incomplete_details": self.incomplete_details, "error": None}
 
     def event(self, type_: str, **fields: Any) -> Event:
