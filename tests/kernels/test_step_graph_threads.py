@@ -7,6 +7,8 @@ thread."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -22,6 +24,17 @@ from tests.kv_pool import Pool
 pytestmark = needs_c_kernels
 
 
+@contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    """torch's (and so the replay's) team size for the block, put back after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("arch,qtype,int8", [("llama", "Q4_1", False), ("qwen2", "Q4_K_M", True),
                                              ("gemma3", "Q8_0", False)])
 def test_one_region_gives_the_same_bits_on_any_thread_count(gguf_model, arch: str, qtype: str, int8: bool,
@@ -33,12 +46,8 @@ def test_one_region_gives_the_same_bits_on_any_thread_count(gguf_model, arch: st
                        ops=resolve_ops("cpu", torch.float32, "cpu", int8_activations=int8))
     model.pack_cpu_weights()
     pool = Pool(model, num_slots=600, max_reqs=16)
-    before_threads = torch.get_num_threads()
-    torch.set_num_threads(4)
-    try:
+    with _torch_threads(4):
         graph = CpuStepGraph(model, pool.kv, max_batch=8, max_context=128)
-    finally:
-        torch.set_num_threads(before_threads)
     assert graph.threads == 4 and graph.logits is not None
     lens = [5, 17, 2, 40, 9, 23, 1, 12]
     seqs, rows = _prefilled(model, pool, lens, seed=5, extra=1)
@@ -48,13 +57,10 @@ def test_one_region_gives_the_same_bits_on_any_thread_count(gguf_model, arch: st
     for threads in (1, 2, 3, 4):
         for t, b in zip(pool.kv.k + pool.kv.v, start, strict=True):
             t.copy_(b)
-        torch.set_num_threads(threads)
-        try:
+        with _torch_threads(threads):
             for size in (8, 3, 1):  # each a step of its own, from the same KV: one slot written per row
                 batch = pool.batch([(rows[i], [seqs[i][lens[i]]], lens[i] + 1) for i in range(size)])
                 results[threads, size] = graph.run(batch).clone(), _kv(pool)
-        finally:
-            torch.set_num_threads(before_threads)
     for (threads, size), (logits, kv) in results.items():
         want_logits, want_kv = results[1, size]
         assert torch.equal(logits, want_logits), (threads, size)
@@ -76,20 +82,13 @@ def test_split_attention_gives_the_same_bits_on_any_thread_count(gguf_model, arc
     # the C rule: min(threads, items, keys x KV heads / PARALLEL_MIN_KEYS) threads share the items
     assert min(len(lens) * kv_heads, (sum(lens) + len(lens)) * kv_heads // PARALLEL_MIN_KEYS) >= 4
     pool = Pool(model, num_slots=2400, max_reqs=16, max_context=600)
-    before_threads = torch.get_num_threads()
-    torch.set_num_threads(4)
-    try:
+    with _torch_threads(4):
         graph = CpuStepGraph(model, pool.kv, max_batch=8, max_context=600)
-    finally:
-        torch.set_num_threads(before_threads)
     seqs, rows = _prefilled(model, pool, lens, seed=11, extra=1)
     batch = pool.batch([(rows[i], [seqs[i][lens[i]]], lens[i] + 1) for i in range(len(lens))])
     for threads in (1, 2, 3, 4):
-        torch.set_num_threads(threads)
-        try:
+        with _torch_threads(threads):
             _step_both_ways(model, pool, graph, batch, arch)  # puts the pools back before replaying
-        finally:
-            torch.set_num_threads(before_threads)
 
 
 def _parallel_min_elems() -> int:
@@ -125,12 +124,8 @@ def test_split_elementwise_nodes_give_the_same_bits_on_any_thread_count(gguf_mod
     size = 1027
     lens = [20 if i % 50 == 0 else 1 + i % 5 for i in range(size)]
     pool = Pool(model, num_slots=sum(lens) + 4 * size, max_reqs=size, max_context=32)  # 4 tokens to decode
-    before_threads = torch.get_num_threads()
-    torch.set_num_threads(4)
-    try:
+    with _torch_threads(4):
         graph = CpuStepGraph(model, pool.kv, max_batch=size, max_context=32)
-    finally:
-        torch.set_num_threads(before_threads)
     assert graph.max_batch == size
     nodes = [(n[0], dict(zip(step_graph.NAMES[n[0]], n[1:], strict=False))) for n in graph.nodes.tolist()]
     split = [(kind, size * _ELEMENTWISE[kind](a)) for kind, a in nodes if kind in _ELEMENTWISE]
@@ -143,11 +138,8 @@ def test_split_elementwise_nodes_give_the_same_bits_on_any_thread_count(gguf_mod
         # Each its own next token at the same position: a row a wrong split leaves unwritten keeps the last
         # replay's values, not this step's.
         batch = pool.batch([(rows[i], [seqs[i][lens[i] + threads - 1]], lens[i] + 1) for i in range(size)])
-        torch.set_num_threads(threads)
-        try:
+        with _torch_threads(threads):
             _step_both_ways(model, pool, graph, batch, arch)  # puts the pools back before replaying
-        finally:
-            torch.set_num_threads(before_threads)
 
 
 def test_split_add_node_gives_torch_bits() -> None:
