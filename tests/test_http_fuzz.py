@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import httpx2 as httpx
+import pytest
 
 from tandem import Client
 from tests.conftest import check_idle_engine
@@ -24,6 +25,7 @@ CHECKS = (
     "content_type_conformance",
     "response_schema_conformance",
 )
+pytestmark = pytest.mark.slow  # ~25 s of fuzzing: the slower tier keeps make test under its 10 minutes
 EXAMPLES = 25  # per operation, per phase: ~4,000 cases in about a minute here
 
 
