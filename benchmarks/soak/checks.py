@@ -59,8 +59,8 @@ def ledger_checks(records: list[Record], engine_ended: int) -> list[Check]:
     ]
 
 
-def reproducible_check(under_load: dict[int, list[list[int]]], alone: dict[int, list[int]]) -> Check:
-    """Greedy and seeded outputs of a few fixed prompts, taken under load (batched with anything, retracted,
+def greedy_check(under_load: dict[int, list[list[int]]], alone: dict[int, list[int]]) -> Check:
+    """Greedy outputs of a few fixed prompts, taken under load (batched with anything, retracted,
     re-prefilled, reloaded from the host tier, speculated), equal the same prompts run one at a time on the
     idle engine, token for token."""
     runs = sum(map(len, under_load.values()))
@@ -71,7 +71,7 @@ def reproducible_check(under_load: dict[int, list[list[int]]], alone: dict[int, 
         at = next((j for j, (a, b) in enumerate(zip(under_load[i][k], alone[i])) if a != b), None)
         first = f"; first: prompt {i} run {k} parts at token {at}"
     return Check(
-        "greedy and seeded outputs under load equal the idle engine's",
+        "greedy outputs under load equal the idle engine's",
         runs > 0 and not parted,
         f"{runs} runs of {len(under_load)} prompts, {len(parted)} differ{first}",
     )

@@ -24,9 +24,9 @@ from tandem import Client
 from tandem.benchmarks.soak.checks import (
     Check,
     engine_checks,
+    greedy_check,
     growth_checks,
     ledger_checks,
-    reproducible_check,
     tpot_check,
 )
 from tandem.benchmarks.soak.engine import ServedEngine
@@ -35,7 +35,7 @@ from tandem.benchmarks.soak.kinds import CHOICES, SCHEMAS, SLOW_FACTOR, Shape
 from tandem.benchmarks.soak.ledger import Ledger
 from tandem.benchmarks.soak.plot import plot
 from tandem.benchmarks.soak.sampler import Sampler
-from tandem.benchmarks.soak.zmq_traffic import ZmqTraffic, reproducible_request
+from tandem.benchmarks.soak.zmq_traffic import GREEDY, ZmqTraffic, greedy_prompt
 from tandem.benchmarks.workload import usable_token_ids
 from tandem.frontend.client.engine_process import config_to_argv
 from tandem.protocol.engine_config import EngineConfig
@@ -110,8 +110,8 @@ def _soak(cfg: EngineConfig, engine: ServedEngine, duration: float, zmq_threads:
     checks += ledger_checks(records, ended) + engine_checks(after)
     checks += growth_checks(sampler.samples, warmup)
     checks.append(tpot_check(records, t0, deadline, tpot_ratio))  # the traffic's span, not the settling after
-    alone = {i: list(probe.generate(*reproducible_request(shape, i)).token_ids) for i in zmq.reproducible_outputs}
-    checks.append(reproducible_check(zmq.reproducible_outputs, alone))
+    alone = {i: list(probe.generate(greedy_prompt(shape, i), GREEDY).token_ids) for i in zmq.greedy_outputs}
+    checks.append(greedy_check(zmq.greedy_outputs, alone))
     checks.append(_still_answering(probe, engine.url))
     probe.close()
     zmq.close()

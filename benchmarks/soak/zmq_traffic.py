@@ -28,7 +28,7 @@ from tandem.protocol.codec import encode, frontend_decoder
 from tandem.protocol.errors import ErrorCode, TandemError
 from tandem.protocol.messages import GenerateRequest, RequestError
 
-KINDS = (("generate", 4), ("reproducible", 4), ("stream", 3), ("stream_left", 2), ("chat", 1), ("logprobs", 1), ("json", 1),
+KINDS = (("generate", 4), ("greedy", 4), ("stream", 3), ("stream_left", 2), ("chat", 1), ("logprobs", 1), ("json", 1),
          ("choice", 1), ("bad", 2), ("bad_grammar", 0.3), ("duplicate_rid", 0.3))
 OK = ("ok",)
 
@@ -52,19 +52,15 @@ def _check_end(c: Any, max_tokens: int) -> str:
     return ""
 
 
-# Reproducible requests, greedy or seeded, over a few fixed prompts: their outputs under load are compared,
-# token for token, with the same requests run one at a time on the idle engine after the traffic (run.py,
-# reproducible_check). A seeded row samples from its own generator, whatever it is batched with.
-REPRODUCIBLE_PROMPTS = 8
-REPRODUCIBLE_TOKENS = 64
+# Greedy requests over a few fixed prompts: their outputs under load are compared, token for token, with the
+# same prompts run one at a time on the idle engine after the traffic (run.py, greedy_check).
+GREEDY_PROMPTS = 8
+GREEDY_TOKENS = 64
+GREEDY = {"max_tokens": GREEDY_TOKENS, "temperature": 0.0, "ignore_eos": True}
 
 
-def reproducible_request(shape: Shape, i: int) -> tuple[list[int], dict[str, Any]]:
-    """Prompt i and its parameters: even ones greedy, odd ones sampled at temperature 0.8 with a seed."""
-    params: dict[str, Any] = {"max_tokens": REPRODUCIBLE_TOKENS, "ignore_eos": True, "temperature": 0.0}
-    if i % 2:
-        params.update(temperature=0.8, top_p=0.95, seed=7000 + i)
-    return id_prompt(random.Random(1000 + i), shape, 20, 300), params
+def greedy_prompt(shape: Shape, i: int) -> list[int]:
+    return id_prompt(random.Random(1000 + i), shape, 20, 300)
 
 
 class ZmqTraffic:
@@ -73,8 +69,8 @@ class ZmqTraffic:
         self.client = Client(endpoint)
         self.other = Client(endpoint)  # reuses live request ids of `client`: the frontend refuses them
         self.bad = bad_zmq(shape)
-        self.reproducible_outputs: dict[int, list[list[int]]] = {}  # prompt index -> its outputs under load
-        self._reproducible_lock = threading.Lock()
+        self.greedy_outputs: dict[int, list[list[int]]] = {}  # prompt index -> each output it got under load
+        self._greedy_lock = threading.Lock()
 
     def close(self) -> None:
         self.client.close()
@@ -108,15 +104,15 @@ class ZmqTraffic:
 
         self._run(rec, call)
 
-    def _reproducible(self, rng: random.Random) -> None:
-        rec = self.ledger.begin("zmq.reproducible", OK, True)
-        i = rng.randrange(REPRODUCIBLE_PROMPTS)
+    def _greedy(self, rng: random.Random) -> None:
+        rec = self.ledger.begin("zmq.greedy", OK, True)
+        i = rng.randrange(GREEDY_PROMPTS)
 
         def call() -> None:
-            c = self.client.generate(*reproducible_request(self.shape, i))
-            with self._reproducible_lock:
-                self.reproducible_outputs.setdefault(i, []).append(list(c.token_ids))
-            self.ledger.end(rec, "ok", _check_end(c, REPRODUCIBLE_TOKENS), c.completion_tokens)
+            c = self.client.generate(greedy_prompt(self.shape, i), GREEDY)
+            with self._greedy_lock:
+                self.greedy_outputs.setdefault(i, []).append(list(c.token_ids))
+            self.ledger.end(rec, "ok", _check_end(c, GREEDY_TOKENS), c.completion_tokens)
 
         self._run(rec, call)
 
