@@ -3,7 +3,8 @@ through an engine each way; how many sequences come out identical and where the 
 
     python -m tandem.benchmarks.int8_agreement --model M.gguf [--prompts 32 --tokens 64]
 
-The prompts are short English instructions in the model's chat template (varied topics), so the
+The prompts are short English instructions in the model's chat template (a base model's as plain "Q: ...
+A:" text; varied topics), so the
 continuations are the model's ordinary text, not noise. Then, teacher-forced on the float32 path's
 continuations (each engine scores prompt + continuation with top-2 prompt logprobs), at every generated
 position: how often the int8 path's top token differs, the float32 top-2 margin where it does, and the mean
@@ -67,9 +68,12 @@ def prompts(model: str, n: int) -> list[list[int]]:
     out = []
     for i in range(n):
         msg = ASKS[i % len(ASKS)].format(TOPICS[i % len(TOPICS)])
-        text = tok.apply_chat_template(
-            [{"role": "user", "content": msg}], tokenize=False, add_generation_prompt=True
-        )
+        if tok.chat_template:
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": msg}], tokenize=False, add_generation_prompt=True
+            )
+        else:  # a base model (Gemma 3 270M's file): the request as plain text, a question and its answer
+            text = f"Q: {msg}\nA:"
         out.append(tok(text).input_ids)
     return out
 

@@ -99,12 +99,14 @@ def _no_moe_layer(*args: object) -> torch.Tensor:
 
 
 def resolve_ops(
-    device: torch.device | str, dtype: torch.dtype, attention: str = "auto", int8_activations: bool = False
+    device: torch.device | str, dtype: torch.dtype, attention: str = "auto",
+    int8_activations: bool | None = False,
 ) -> Ops:
     """The ops for a worker on `device` running `dtype`; attention: one of ATTENTION_BACKENDS (`auto`: triton
     on CUDA, cpu elsewhere; `triton` off CUDA needs TRITON_INTERPRET=1); int8_activations: the quantized
-    products' int8 path, where the C kernels run (elsewhere it is ignored, with a warning). Builds the C
-    kernels it picks now, not in the first request's step."""
+    products' int8 path, where the C kernels run (elsewhere ignored: with a warning when asked for, silently
+    when None, the default's "where it can"). Builds the C kernels it picks now, not in the first request's
+    step."""
     if attention not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {attention!r}; known: {', '.join(ATTENTION_BACKENDS)}")
     device = torch.device(device)
@@ -116,12 +118,13 @@ def resolve_ops(
     )
     if int8_activations and not native:
         log.warning("--cpu-int8-activations ignored: it needs the C kernels (CPU, float32, a C compiler)")
+    int8 = (int8_activations is None or int8_activations) and native  # one value for every reader below
     if attention == "auto":
         attention = "triton" if device.type == "cuda" else "cpu"
     ops = Ops(
         attention=attention,
         native=native,
-        int8_activations=int8_activations and native,
+        int8_activations=int8,
         host_drafts=not triton,
         cuda_graphs=device.type == "cuda",
         weights=weight_forms(native),
@@ -135,7 +138,7 @@ def resolve_ops(
         rotary=rotary.rotary if native else ref_rotary.apply_rotary_ref,
         moe_experts=tri_moe.experts_triton if triton else ref_moe.experts_ref,
         moe_route=ref_moe.route_ref,
-        linear=functools.partial(linear_product, int8=int8_activations and native),
+        linear=functools.partial(linear_product, int8=int8),
         moe_layer=_native_moe_layer if native else _no_moe_layer,
     )
     log.info("%s (device %s, %s)", ops.describe(), device, dtype)

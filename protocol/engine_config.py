@@ -90,11 +90,13 @@ class EngineConfig:
     attention_backend: AttentionBackend = field(
         default="auto", metadata={"help": "auto (triton on CUDA, cpu on CPU), cpu, torch, triton"}
     )
-    cpu_int8_activations: bool = field(
-        default=False,
+    # None: on for a quantized GGUF file where the C kernels run (ModelRunner), as llama.cpp always runs one.
+    cpu_int8_activations: bool | None = field(
+        default=None,
         metadata={
             "help": "on CPU, a GGUF's quantized layers take their input quantized to 8 bits per 32 values "
-            "and multiply in integers (faster, approximate; kernels/csrc/quant_int8.h)"
+            "and multiply in integers, as llama.cpp does (kernels/csrc/quant_int8.h). Default: on for a "
+            "quantized file; --no-cpu-int8-activations: the exact float32 products"
         },
     )
     sliding_window_kv: bool = field(

@@ -76,6 +76,9 @@ def write_tensor_index(reader: GGUFReader, out: Path) -> None:
     os.replace(tmp, out / INDEX_FILE)
 
 
+FLOAT_GGUF_TYPES = ("F32", "F16", "BF16")  # a file of these holds a float checkpoint, not blocks
+
+
 def gguf_linear_type(path: str | Path) -> str:
     """The type of a GGUF file's linear weights, as its first layer's attention output holds them (e.g.
     "BF16", "Q4_K"): the type a file is named by (a mixed file's other tensors take neighbouring types)."""

@@ -98,6 +98,8 @@ def launch_client() -> Iterator:
         # The tests compare against float32 references and across batch shapes, which only the float32 CPU
         # kernels keep bit for bit: pinned, since --dtype auto is bf16 on AMX / AVX512-BF16 CPUs.
         opts.setdefault("dtype", "float32")
+        # and a quantized GGUF's exact float32 products, not the default's int8 activations (llama.cpp's)
+        opts.setdefault("cpu_int8_activations", False)
         opts.setdefault("kv_cache_tokens", 8192)
         opts.setdefault("max_running_requests", 64)
         c = Client.launch(str(model), **opts)

@@ -13,8 +13,11 @@ from tandem.launch.serve_announcements import wait_for_http
 
 class Served:
     def __init__(self, model: Path, *flags: str, pin_dtype: bool = True) -> None:
-        # float32 unless asked (as conftest's launch_client, and why); pin_dtype=False: the user's default
+        # float32 and a quantized file's exact products unless asked (as conftest's launch_client, and why);
+        # pin_dtype=False: the user's default
         dtype = ("--dtype", "float32") if pin_dtype and "--dtype" not in flags else ()
+        if pin_dtype and not any("int8-activations" in f for f in flags):
+            dtype += ("--no-cpu-int8-activations",)
         cmd = [
             sys.executable,
             "-m",

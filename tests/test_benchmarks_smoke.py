@@ -403,7 +403,7 @@ def test_vs_llamacpp_row_puts_each_run_in_its_column() -> None:
 
     run = {"llama_cpp": {"tg_tok_s": 20.04, "tg_std": 0.51}, "engine_decode_tok_s": 30.06,
            "ratio_vs_llama_cpp": 1.5, "roofline_fraction": 0.8}
-    int8 = {**run, "engine_decode_tok_s": 40.0, "ratio_vs_llama_cpp": 2.0}
-    assert row("Q4_0", run, int8) == "| Q4_0 | 20.0 ± 0.5 | 30.1 | 1.50 | 0.80 | 40.0 | 2.00 |"
+    exact = {**run, "engine_decode_tok_s": 40.0, "ratio_vs_llama_cpp": 2.0}
+    assert row("Q4_0", run, exact) == "| Q4_0 | 20.0 ± 0.5 | 30.1 | 1.50 | 0.80 | 40.0 | 2.00 |"
     assert row("BF16", run, None).endswith("| – | – |")
     assert all(line.count("|") == 8 for line in HEADER.splitlines())

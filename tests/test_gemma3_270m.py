@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 MAX_TOKENS = 48
 LONG = 1500
 WINDOW = 512
-ENGINE = {"dtype": "float32", "kv_cache_tokens": 16384, "max_num_batched_tokens": 1024,
+ENGINE = {"dtype": "float32", "cpu_int8_activations": False, "kv_cache_tokens": 16384, "max_num_batched_tokens": 1024,
           "chunked_prefill_tokens": 512, "max_running_requests": 32}
 
 TEXTS = [

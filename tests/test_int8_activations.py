@@ -1,4 +1,5 @@
-"""--cpu-int8-activations end to end: the option reaches the worker's Ops (and only where the C kernels run),
+"""--cpu-int8-activations end to end: the option reaches the worker's Ops (and only where the C kernels run;
+by default on for a quantized file),
 every quantized product of a GGUF model (the LM head too) then takes the int8 path, exactly the reference
 arithmetic of kernels/reference/quant_int8.py, and an engine serving a small quantized file with it stays
 close to the float32 path (the criterion and the measured margins below)."""
@@ -41,10 +42,29 @@ def gguf_file(tiny_model, tmp_path_factory):  # a factory
 def test_the_option_is_a_flag_and_an_ops_field() -> None:
     cfg = config_from_args(_parser().parse_args(["serve", "--model", "m", "--cpu-int8-activations"]))
     assert cfg == EngineConfig("m", cpu_int8_activations=True)
-    assert not config_from_args(_parser().parse_args(["serve", "--model", "m"])).cpu_int8_activations
+    off = config_from_args(_parser().parse_args(["serve", "--model", "m", "--no-cpu-int8-activations"]))
+    assert off.cpu_int8_activations is False
+    assert config_from_args(_parser().parse_args(["serve", "--model", "m"])).cpu_int8_activations is None
     assert not resolve_ops("cpu", torch.float32).int8_activations
     # no C kernels there
     assert not resolve_ops("cpu", torch.bfloat16, int8_activations=True).int8_activations
+
+
+@needs_cc
+def test_by_default_a_quantized_file_takes_int8_activations(gguf_file) -> None:
+    """As llama.cpp runs every quantized file: the default (None) turns the int8 path on for a quantized
+    GGUF, not for a float one (F32, F16, BF16: a checkpoint, no blocks); an explicit False is the exact
+    float32 path."""
+    from tandem.protocol.model_info import read_model_info
+    from tandem.worker.model_runner import ModelRunner
+
+    def int8(path: Path, **opts: object) -> bool:
+        cfg = EngineConfig(model=str(path), device="cpu", dtype="float32", kv_cache_tokens=256, **opts)
+        return ModelRunner(cfg, read_model_info(path)).ops.int8_activations
+
+    assert int8(gguf_file("llama", "Q4_1", "tiny")) and int8(gguf_file("qwen3", "Q4_K_M", "small"))
+    assert not int8(gguf_file("llama", "Q4_1", "tiny"), cpu_int8_activations=False)
+    assert not int8(gguf_file("llama", "F32", "tiny")) and not int8(gguf_file("llama", "BF16", "tiny"))
 
 
 @needs_cc

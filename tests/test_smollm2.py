@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # real weights: the s
 MAX_TOKENS = 64
 ENGINE = {
     "dtype": "float32",
+    "cpu_int8_activations": False,  # the exact path (the .gguf's default is llama.cpp's int8 activations)
     "kv_cache_tokens": 24576,
     "max_num_batched_tokens": 512,
     "chunked_prefill_tokens": 128,

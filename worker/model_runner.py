@@ -10,7 +10,7 @@ from tandem.protocol import fault_injection
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.errors import ErrorCode
 from tandem.protocol.gguf_metadata import is_gguf
-from tandem.protocol.gguf_tensor_index import gguf_linear_type
+from tandem.protocol.gguf_tensor_index import FLOAT_GGUF_TYPES, gguf_linear_type
 from tandem.protocol.messages import Logprobs, ModelRunnerOutput, SampleStep, SchedulerOutput
 from tandem.protocol.model_info import ModelInfo
 from tandem.worker.cpu_step_graph import CpuStepGraph, cpu_graph_applies
@@ -58,15 +58,17 @@ class ModelRunner:
             self.device = torch.device("cuda", local_rank(cfg, rank))
         self.dtype = resolve_dtype(cfg.dtype, self.device)  # the activations'
         # the float linear weights' (bf16 under a float32 model with `auto` on CPUs with bf16 matmuls)
-        self.weight_dtype = resolve_weight_dtype(
-            cfg.dtype, self.device, gguf_weights=gguf_linear_type(cfg.model) if is_gguf(cfg.model) else None
-        )
+        gguf_weights = gguf_linear_type(cfg.model) if is_gguf(cfg.model) else None
+        self.weight_dtype = resolve_weight_dtype(cfg.dtype, self.device, gguf_weights=gguf_weights)
         # The KV pools' (device and host) element; K/V are rounded to it when written. Attention reads it as
         # is (the C kernel widens half pools to float32 as it loads; torch attends a mixed pair in float32).
         kvd = cfg.kv_cache_dtype
         self.kv_dtype = self.dtype if kvd == "auto" else resolve_dtype(kvd, self.device)
         # Every kernel choice, made once: input prep, attention, the layers and speculation share it.
-        self.ops = resolve_ops(self.device, self.dtype, cfg.attention_backend, cfg.cpu_int8_activations)
+        int8 = cfg.cpu_int8_activations
+        if int8 is None:  # by default a quantized file runs as llama.cpp runs it, where the C kernels can
+            int8 = None if gguf_weights not in (None, *FLOAT_GGUF_TYPES) else False
+        self.ops = resolve_ops(self.device, self.dtype, cfg.attention_backend, int8)
         if self.ops.attention == "triton" and self.kv_dtype != self.dtype:
             raise ValueError(f"--kv-cache-dtype {cfg.kv_cache_dtype} with a {self.dtype} model needs "
                              "--attention-backend torch (the triton kernel takes the model's dtype)")
