@@ -42,11 +42,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor | None, packed: torch.Tensor | 
     the C kernel's few rows too: worker/layers/linear.py) through oneDNN all the same (measured above MKL's
     F.linear from 16 rows, even with the packed copy from ~512); a bf16 weight under float32 activations with
     x rounded to bf16 (oneDNN's AMX product, as llama.cpp rounds them for a BF16 weight), summed in float32
-    and returned in x's dtype; else F.linear."""
+    and returned in x's dtype; a float16 weight under float32 activations widened (exactly) for the call, so
+    the product is the float32 one; else F.linear."""
     if packed is not None:
         return packed_linear(x, packed, bias)
     if weight is None:
         raise RuntimeError("a linear layer without a weight (its product runs from blocks)")
+    if weight.dtype == torch.float16 and x.dtype == torch.float32:
+        weight = weight.float()
     if weight.dtype != x.dtype:
         y = F.linear(x.to(weight.dtype), weight).to(x.dtype)
         return y if bias is None else y.add_(bias)

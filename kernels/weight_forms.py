@@ -44,6 +44,8 @@ class WeightForms:
         under float32 activations, worker/device.py), kept for the C kernel's few rows and torch's many
         (`dense` holds the same tensor); without the C kernels, oneDNN's packed copy instead of the weight
         where it takes it."""
+        if weight_dtype == torch.float16 and not self.native:
+            weight_dtype = None  # only the C kernel reads halves at float32's speed: torch keeps float32
         if weight_dtype is not None and weight_dtype != w.dtype:
             w = w.to(weight_dtype)
         if self.native:

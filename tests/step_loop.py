@@ -9,9 +9,9 @@ from tandem.scheduler.scheduler import Scheduler
 
 
 def generate(cfg: EngineConfig, info: ModelInfo, runner, prompts: list[list[int]],
-             params: list[SamplingParams]) -> dict[str, list[int]]:
+             params: list[SamplingParams], deltas: list | None = None) -> dict[str, list[int]]:
     """Request i is prompts[i] with params[i % len(params)], id f"r{i}"; runs until every one ends and checks
-    the scheduler's integrity after."""
+    the scheduler's integrity after. deltas: every TokenDelta is appended to it (logprobs and all)."""
     sched = Scheduler(cfg, info, runner.num_kv_slots, num_swa_slots=runner.num_swa_slots)
     for i, p in enumerate(prompts):
         sched.add_request(TokenizedRequest(f"r{i}", p, params[i % len(params)]))
@@ -25,5 +25,7 @@ def generate(cfg: EngineConfig, info: ModelInfo, runner, prompts: list[list[int]
             if isinstance(msg, TokenBatch):
                 for d in msg.deltas:
                     tokens.setdefault(d.rid, []).extend(d.token_ids)
+                    if deltas is not None:
+                        deltas.append(d)
     sched.check_integrity()
     return tokens

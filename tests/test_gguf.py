@@ -172,6 +172,51 @@ def test_bf16_file_runs_as_its_bf16_checkpoint(tiny_model, gguf_file) -> None:
     assert outs[0] == outs[1]
 
 
+def test_f16_file_keeps_its_halves_and_gives_the_float32_files_logits(tiny_model, gguf_file) -> None:
+    """`auto` keeps an F16 file's linear weights float16 on CPU (half the bytes a step reads), widened exactly
+    where they are multiplied: the same logits, bit for bit, as the F32 file holding those values (a decode
+    batch in the C kernel, a prefill of more rows than it takes through torch)."""
+    import msgspec
+
+    from tandem.protocol.engine_config import EngineConfig
+    from tandem.worker.model_runner import ModelRunner
+    from tests.step_loop import generate
+
+    # An F32 file of the F16 file's values: the source's weights rounded to halves first.
+    src = tiny_model("llama")
+    halves = Path(str(gguf_file("llama", "F16")))
+    reader = gguf.GGUFReader(halves)
+    assert {t.tensor_type for t in reader.tensors if len(t.shape) == 2} == {gguf.GGMLQuantizationType.F16}
+    rounded = src.parent / "llama-f16-values"
+    if not rounded.exists():
+        import shutil
+
+        from safetensors.torch import load_file, save_file
+
+        shutil.copytree(src, rounded)
+        tensors = load_file(rounded / "model.safetensors")
+        save_file({k: v.half().float() if v.dim() == 2 else v for k, v in tensors.items()},
+                  rounded / "model.safetensors")
+    floats = src.parent / "llama-f16-values.gguf"
+    if not floats.exists():
+        write_gguf(rounded, floats, "F32")
+    prompts = [torch.randint(3, 1000, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+               for n in (1, 7, 200)]
+    params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=5, prompt_logprobs=5)]
+    outs = []
+    for model, want in ((halves, torch.float16), (floats, torch.float32)):
+        cfg = EngineConfig(model=str(model), device="cpu", dtype="auto", kv_cache_tokens=1024)
+        info = read_model_info(model)
+        runner = ModelRunner(cfg, info)
+        assert runner.weight_dtype == want, (model, runner.weight_dtype)
+        assert runner.model.model.layers[0].mlp.down_proj.weight.dtype == want
+        deltas: list = []
+        generate(cfg, info, runner, prompts, params, deltas)
+        outs.append(sorted(msgspec.to_builtins([(d.rid, d.token_ids, d.logprobs, d.prompt_logprobs)
+                                                for d in deltas]), key=lambda d: d[0]))
+    assert outs[0] == outs[1]
+
+
 def test_config_and_tokenizer_from_metadata(tiny_model, gguf_file) -> None:
     src, path = tiny_model("qwen3"), gguf_file("qwen3", "Q8_0")
     assert read_model_info(path) == read_model_info(src)

@@ -1,11 +1,12 @@
 """Device and dtype choice: bf16 on CUDA; on CPU fp32 activations, with a float checkpoint's (or a BF16
-GGUF file's) linear weights in bf16 where the CPU has native bf16 matmuls (a quantized file keeps its
-blocks)."""
+GGUF file's) linear weights in bf16 where the CPU has native bf16 matmuls, an F16 file's in float16 (a
+quantized file keeps its blocks)."""
 from __future__ import annotations
 
 import torch
 
 from tandem.kernels.native.cpu_caps import CpuCaps, cpu_caps
+from tandem.kernels.reference.kv_quant import Q8_0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -25,6 +26,14 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+def resolve_kv_dtype(name: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The KV pools' element for --kv-cache-dtype `name` under activations of `dtype`: `auto` is dtype, q8_0
+    is uint8 (its blocks' bytes, kernels/reference/kv_quant.py)."""
+    if name == "q8_0":
+        return Q8_0
+    return dtype if name == "auto" else resolve_dtype(name, device)
+
+
 def resolve_weight_dtype(name: str, device: torch.device, caps: CpuCaps | None = None,
                          gguf_weights: str | None = None) -> torch.dtype:
     """The float linear weights' dtype (the LM head's too). The activations' (resolve_dtype) but for `auto`
@@ -32,8 +41,12 @@ def resolve_weight_dtype(name: str, device: torch.device, caps: CpuCaps | None =
     llama.cpp runs a BF16 GGUF: a decode step streams half the bytes (the C kernel widens them exactly as
     it loads them) and many rows take the hardware's bf16 products. Elsewhere bf16 matmuls are emulated and
     slower than fp32. gguf_weights: a GGUF file's type of linear weights (gguf_linear_type): a BF16 file is
-    that checkpoint already (its bf16 weights kept exactly, not widened to twice the bytes); a quantized
-    file keeps its blocks, and an F16 or F32 file's weights stay exact in float32."""
+    that checkpoint already (its bf16 weights kept exactly, not widened to twice the bytes); an F16 file's
+    stay float16 on any CPU (the C kernel widens them exactly as it loads them, as llama.cpp reads them: a
+    step streams half of float32's bytes for the same products; torch widens them per call for many rows,
+    kernels/cpu_linear.py); a quantized file keeps its blocks, and an F32 file's weights stay float32."""
+    if name == "auto" and device.type == "cpu" and gguf_weights == "F16":
+        return torch.float16
     if (name == "auto" and device.type == "cpu" and gguf_weights in (None, "BF16")
             and (caps or cpu_caps()).fast_bf16):
         return torch.bfloat16

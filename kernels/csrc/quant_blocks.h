@@ -38,7 +38,7 @@
 /* Numbered as the kinds of kernels/native/quant_pack.py's GGUF_BLOCKS; then the float weights kept row-major
  * (dense_rows.h: not blocks, and not in panels). */
 enum { KIND_Q4_1, KIND_Q8_0, KIND_Q4_K, KIND_Q4_0, KIND_Q5_0, KIND_Q5_1, KIND_Q5_K, KIND_Q6_K, KIND_F32_ROWS,
-       KIND_BF16_ROWS };
+       KIND_BF16_ROWS, KIND_F16_ROWS };
 
 static inline int super_k(int kind) { return kind == KIND_Q4_K || kind == KIND_Q5_K || kind == KIND_Q6_K; }
 /* 32-blocks per super-block */

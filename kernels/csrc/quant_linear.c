@@ -1,6 +1,6 @@
 /* y = x @ W.T on CPU, float32 activations, W kept in GGUF's blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
  * Q6_K): the weights of gguf's float32 dequantization, read as 4.5 to 8.5 bits each; or a float weight as
- * the checkpoint holds it (float32 or bfloat16 rows: dense_rows.h).
+ * the checkpoint holds it (float32, bfloat16 or float16 rows: dense_rows.h).
  *
  * Built and loaded by kernels/native/quant_linear.py; kernels/native/quant_pack.py repacks GGUF's blocks
  * into the layout of quant_blocks.h and holds the plain-torch reference (dequantize, then x @ W.T).
@@ -285,8 +285,9 @@ void tandem_quant_linear_f32(const float *x, int64_t M, int64_t K, int64_t ldx, 
  * any split gives them. */
 void tandem_quant_linear_part(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int64_t qtype,
                               int64_t N, float *y, int64_t ldy, int64_t t, int64_t nt) {
-    if (qtype == KIND_F32_ROWS || qtype == KIND_BF16_ROWS) {
-        dense_rows_part(x, M, K, ldx, w, qtype == KIND_BF16_ROWS, N, y, ldy, t, nt);
+    if (qtype == KIND_F32_ROWS || qtype == KIND_BF16_ROWS || qtype == KIND_F16_ROWS) {
+        dense_rows_part(x, M, K, ldx, w, qtype == KIND_BF16_ROWS ? WT_BF16 : qtype == KIND_F16_ROWS ? WT_F16 : WT_F32,
+                        N, y, ldy, t, nt);
         return;
     }
     int64_t p0, p1;

@@ -1,7 +1,7 @@
 """Linear products on CPU straight from a GGUF file's weight blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
-Q6_K: the types of llama.cpp's Q4_K_M and Q5_K_M files, among others), or from a float model's float32 or
-bfloat16 weight as it is (`dense`: kernels/csrc/dense_rows.h), so every layer of a decode step has one C
-entry.
+Q6_K: the types of llama.cpp's Q4_K_M and Q5_K_M files, among others), or from a float model's float32,
+bfloat16 or float16 weight as it is (`dense`: kernels/csrc/dense_rows.h), so every layer of a decode step has
+one C entry.
 
 A decode step on CPU is bound by reading the weights: SmolLM2-135M's linear layers are 540 MB in float32
 and 66 MB as the file's Q4_1 blocks. kernels/csrc/quant_linear.c dequantizes each weight in registers, to
@@ -39,7 +39,9 @@ PARALLEL_MIN_MACS = 1 << 16
 # The most rows a float weight's product takes here; more go to torch (oneDNN). Measured over SmolLM2's 120
 # layer shapes (benchmarks/results/worker/README.md): bf16 ahead of oneDNN's AMX product up to 8 rows, float32
 # ahead of oneDNN's packed product up to 8 and within 1.2x of it to 128 (and the packed copy is not kept).
-DENSE_MAX_ROWS = {"F32": 128, "BF16": 8}
+# float16 as float32: past it torch multiplies with the weight widened per call (no hardware f16 product
+# under float32 activations).
+DENSE_MAX_ROWS = {"F32": 128, "BF16": 8, "F16": 128}
 
 
 def build(compiler: str | None = None) -> Path:

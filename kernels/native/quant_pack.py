@@ -30,8 +30,8 @@ GGUF_BLOCKS = {
 }
 # Float weights kept row-major [out, in] as the checkpoint holds them, not repacked
 # (kernels/csrc/dense_rows.h):
-# the kinds after the blocks', for float32 and bfloat16 layers of a float model on CPU.
-DENSE_KINDS = {"F32": (8, torch.float32), "BF16": (9, torch.bfloat16)}
+# the kinds after the blocks', for float32, bfloat16 and float16 layers of a float model on CPU.
+DENSE_KINDS = {"F32": (8, torch.float32), "BF16": (9, torch.bfloat16), "F16": (10, torch.float16)}
 _NAMES = {kind: name for name, (kind, _, _) in GGUF_BLOCKS.items()} | {
     k: n for n, (k, _) in DENSE_KINDS.items()
 }
@@ -66,8 +66,8 @@ class QuantWeight:
 
 
 def dense(weight: torch.Tensor) -> QuantWeight:
-    """A float32 or bfloat16 [out, in] CPU weight for the kernel as it is (made contiguous, no copy when it
-    already is: the same tensor may serve torch's products too)."""
+    """A float32, bfloat16 or float16 [out, in] CPU weight for the kernel as it is (made contiguous, no copy
+    when it already is: the same tensor may serve torch's products too)."""
     for kind, dtype in DENSE_KINDS.values():
         if weight.dtype == dtype:
             if weight.dim() != 2 or weight.device.type != "cpu":
@@ -75,7 +75,7 @@ def dense(weight: torch.Tensor) -> QuantWeight:
                     f"a dense weight is a 2-d CPU tensor, got {tuple(weight.shape)} on {weight.device}"
                 )
             return QuantWeight(weight.contiguous(), kind, weight.shape[0], weight.shape[1])
-    raise ValueError(f"no dense CPU kernel for {weight.dtype}; supported: float32, bfloat16")
+    raise ValueError(f"no dense CPU kernel for {weight.dtype}; supported: float32, bfloat16, float16")
 
 
 @dataclass(frozen=True)

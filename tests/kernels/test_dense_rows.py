@@ -1,5 +1,5 @@
-"""The float-weight kinds of the CPU linear kernel (kernels/csrc/dense_rows.h): a float32 or bfloat16 weight
-used row-major as the checkpoint holds it. Each output is bit for bit the fixed order the header states (16
+"""The float-weight kinds of the CPU linear kernel (kernels/csrc/dense_rows.h): a float32, bfloat16 or float16
+weight used row-major as the checkpoint holds it. Each output is bit for bit the fixed order the header states (16
 lane chains, a pairwise fold, the tail), whatever the batch, the stride, the thread count or the ISA path the
 library was built for, and close to the float64 product."""
 
@@ -18,6 +18,8 @@ from tests.kernels.test_cpu_paged_attention import needs_cc
 from tests.kernels.test_quant_linear import _fma_chain
 
 pytestmark = needs_cc
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+KINDS = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
 def _fixed_order(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -32,19 +34,19 @@ def _fixed_order(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return _fma_chain(x[:, kv:], w[:, kv:], start=s)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("n", "k"), [(1, 16), (5, 48), (37, 96), (70, 200), (130, 7)])
 def test_products_are_the_stated_order_bit_for_bit(dtype: torch.dtype, n: int, k: int) -> None:
     g = torch.Generator().manual_seed(n * 1000 + k)
     w = (torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g) * 3).to(dtype)
     x = torch.randn(9, k, generator=g) * 10 ** torch.randint(-3, 3, (9, k), generator=g)
     q = dense(w)
-    assert (q.qtype, q.out_features, q.in_features) == ("BF16" if dtype == torch.bfloat16 else "F32", n, k)
+    assert (q.qtype, q.out_features, q.in_features) == (KINDS[dtype], n, k)
     assert torch.equal(dequantize(q), w.float())
     assert torch.equal(quant_linear(x, q), _fixed_order(x, w.float()))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_close_to_the_float64_product_on_random_weights(dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(1)
     w = torch.randn(300, 576, generator=g).to(dtype)
@@ -54,7 +56,7 @@ def test_close_to_the_float64_product_on_random_weights(dtype: torch.dtype) -> N
         torch.testing.assert_close(quant_linear(x, dense(w)), ref, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_a_row_gives_the_same_bits_alone_in_any_batch_stride_and_thread_count(dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(2)
     w = dense(torch.randn(203, 333, generator=g).to(dtype))
@@ -76,8 +78,8 @@ def test_int8_activations_leave_a_float_weight_in_float32() -> None:
 
 
 def test_what_it_does_not_take_is_refused() -> None:
-    with pytest.raises(ValueError, match="no dense CPU kernel for torch.float16"):
-        dense(torch.zeros(4, 4, dtype=torch.float16))
+    with pytest.raises(ValueError, match="no dense CPU kernel for torch.float64"):
+        dense(torch.zeros(4, 4, dtype=torch.float64))
     with pytest.raises(ValueError, match="2-d CPU tensor"):
         dense(torch.zeros(4, 4, 4))
 
@@ -101,7 +103,7 @@ def test_every_isa_path_gives_the_same_bits(tmp_path, build: str) -> None:
     src = cpu_quant_linear.SOURCE
     lib = portable_build(src, tmp_path) if build == "portable" else march_build(src, tmp_path, build)
     g = torch.Generator().manual_seed(5)
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in DTYPES:
         w = dense(torch.randn(70, 100, generator=g).to(dtype))
         for rows in (1, 3, 9, 20):
             x = torch.randn(rows, 100, generator=g)
@@ -114,3 +116,30 @@ def test_bfloat16_weights_widen_exactly() -> None:
     w[1, 17] = torch.tensor(np.float32(1.5)).to(torch.bfloat16)
     x = torch.arange(32, dtype=torch.float32)[None]
     assert quant_linear(x, dense(w)).tolist() == [[0.0, 25.5, 0.0]]
+
+
+def _every_half(column: int) -> torch.Tensor:
+    """[65536, 64] float16: row i holds the half of bit pattern i at `column`, zeros elsewhere."""
+    halves = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    w = torch.zeros(halves.numel(), 64, dtype=torch.float16)
+    w[:, column] = halves
+    return w
+
+
+def test_float16_weights_widen_exactly_subnormals_and_infinities_included() -> None:
+    """A float16 weight is its float32 value in the product: each of the 65,536 halves (subnormals,
+    infinities, NaN) picked out by a one-hot x."""
+    for j in (0, 17, 63):
+        x = torch.zeros(1, 64)
+        x[0, j] = 1.0
+        w = _every_half(j)
+        assert torch.equal(quant_linear(x, dense(w))[0].nan_to_num(), w[:, j].float().nan_to_num()), j
+
+
+@x86_only
+def test_portable_build_widens_float16_as_the_native_one(tmp_path) -> None:
+    """The portable bit conversion (no F16C) gives the instruction's floats."""
+    lib = portable_build(cpu_quant_linear.SOURCE, tmp_path)
+    w = dense(_every_half(5))
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(_call(lib, x, w).nan_to_num(), quant_linear(x, w).nan_to_num())
