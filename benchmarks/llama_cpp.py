@@ -9,6 +9,7 @@ benchmark starts `llama-server` on the same file and sends it the same requests 
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import time
@@ -68,39 +69,64 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# Builds whose llama-server crashed at its first product with repacked weights (llama.cpp 0c1e570's AMX path
+# segfaults in llama-server, not in llama-bench, on the Sapphire Rapids KVM guest it was measured on): they
+# serve with --no-repack from then on, and say so.
+_NO_REPACK: set[Path] = set()
+
+
+def server_flags(build: Path, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """extra, plus --no-repack where this build's llama-server is known to crash without it."""
+    return (*extra, "--no-repack") if build in _NO_REPACK and "--no-repack" not in extra else extra
+
+
 @contextmanager
 def llama_server(build: Path, gguf: str, parallel: int, ctx_per_slot: int, threads: int,
                  extra: tuple[str, ...] = (), timeout_s: float = 300.0) -> Iterator[str]:
     """A llama-server on 127.0.0.1 serving `gguf` with `parallel` slots (extra: more of its flags); yields its
-    base URL, stops it after."""
-    port = _free_port()
-    cmd = [str(find_binary(build, "llama-server")), "-m", gguf, "-np", str(parallel), "-c",
-           str(parallel * ctx_per_slot), "--cont-batching", "-t", str(threads), "--host", "127.0.0.1",
-           "--port", str(port), *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {proc.returncode}: {proc.stderr.read()[-500:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"llama-server not ready after {timeout_s}s")
-            time.sleep(0.5)
-        yield url
-    finally:
-        proc.terminate()
+    base URL, stops it after. A server killed by SIGSEGV while starting is started again with --no-repack
+    (printed), once per build."""
+    while True:
+        port = _free_port()
+        flags = server_flags(build, extra)
+        cmd = [str(find_binary(build, "llama-server")), "-m", gguf, "-np", str(parallel), "-c",
+               str(parallel * ctx_per_slot), "--cont-batching", "-t", str(threads), "--host", "127.0.0.1",
+               "--port", str(port), *flags]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        url = f"http://127.0.0.1:{port}"
         try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            if _wait_ready(proc, url, timeout_s, build, flags):
+                yield url
+                return
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, build: Path, flags: tuple[str, ...]) -> bool:
+    """True once /health answers 200; False when it crashed with SIGSEGV and should start again with
+    --no-repack; raises on any other exit or after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            if proc.returncode == -signal.SIGSEGV and "--no-repack" not in flags:
+                print("llama-server crashed (SIGSEGV) at start: serving with --no-repack", flush=True)
+                _NO_REPACK.add(build)
+                return False
+            raise RuntimeError(f"llama-server exited with {proc.returncode}: {proc.stderr.read()[-500:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"llama-server not ready after {timeout_s}s")
+        time.sleep(0.5)
 
 
 def ratio_line(name: str, ours: float | None, theirs: float | None, higher_is_better: bool = True) -> str:

@@ -185,6 +185,45 @@ def test_int8_agreement_benchmark_compares_greedy_runs(tiny_model, tmp_path: Pat
 
 
 @needs_cc
+def test_int8_kl_benchmark_scores_the_engines_paths_over_real_text(tiny_model, tmp_path: Path, capsys,
+                                                                   launch_client) -> None:
+    """--kl on a tiny Q4_1 file, 2 chunks of 32 tokens (15 scored each): a path against itself is KL 0 and
+    100% top-1 agreement; int8 against exact a finite KL > 0; the int8 path's log-probabilities of the
+    text are those the engine gives by default."""
+    import math
+
+    import torch
+
+    from tandem import SamplingParams
+    from tandem.benchmarks import int8_agreement, int8_kl
+    from tests.gguf_files import write_gguf
+
+    path = str(write_gguf(tiny_model("llama"), tmp_path / "q.gguf", "Q4_1"))
+    for int8 in (False, True):
+        same = int8_kl.measure(path, 2, 32, paths=(int8, int8))
+        assert same["positions"] == 30 and same["same_top_pct"] == 100.0 and same["ln_ppl_ratio"] == 0.0
+        assert same["kl_mean"] == same["kl_max"] == same["rms_dp_pct"] == 0.0
+    res = int8_agreement.main(["--kl", "--model", path, "--chunks", "2", "--ctx", "32"])
+    r = res[path]
+    assert r["positions"] == 30 and r["types"] == "Q4_1x16"
+    assert 0 < r["kl_median"] <= r["kl_p99"] <= r["kl_max"] < math.inf and 0 < r["kl_mean"] <= r["kl_max"]
+    assert 0 < r["same_top_pct"] <= 100 and r["ppl_exact"] > 1 and r["ppl_int8"] > 1
+    assert math.isclose(r["ln_ppl_ratio"], math.log(r["ppl_int8"] / r["ppl_exact"]), abs_tol=1e-9)
+    out = capsys.readouterr().out
+    assert out.startswith("CPU: ") and "2 chunks x 32 tokens, the last 15 of each scored" in out
+    assert "| q.gguf | Q4_1x16 |" in out
+    # The benchmark's int8 path is the engine's default one: the text's prompt logprobs agree.
+    ids = int8_kl.text_chunks(int8_kl.load_tokenizer(path), int8_kl.corpus(), 1, 32)[0]
+    lp = int8_kl.LogitPath(path, True, 32).logprobs(ids, 16)
+    mine = lp.gather(1, torch.tensor(ids[17:])[:, None])[:, 0]
+    client = launch_client(path, cpu_int8_activations=None)
+    got = client.generate_batch([ids], SamplingParams(max_tokens=1, prompt_logprobs=0, logprob_start_len=17),
+                                progress=False)[0].prompt_logprobs.logprobs
+    assert len(got) == len(mine) == 15
+    assert torch.allclose(mine, torch.tensor(got, dtype=torch.float32), atol=1e-4)
+
+
+@needs_cc
 def test_step_graph_nodes_times_every_kind_of_a_quantized_step(tiny_model, tmp_path: Path, capsys) -> None:
     from tandem.benchmarks import step_graph_nodes
     from tests.gguf_files import write_gguf
@@ -399,7 +438,8 @@ def test_abuse_benchmark_reports_its_bounds_and_the_engine_answers_after(tiny_mo
 
 
 def test_vs_llamacpp_row_puts_each_run_in_its_column() -> None:
-    from tandem.benchmarks.vs_llamacpp import HEADER, row
+    from tandem.benchmarks.vs_llamacpp import DECODE as HEADER
+    from tandem.benchmarks.vs_llamacpp import decode_row as row
 
     run = {"llama_cpp": {"tg_tok_s": 20.04, "tg_std": 0.51}, "engine_decode_tok_s": 30.06,
            "ratio_vs_llama_cpp": 1.5, "roofline_fraction": 0.8}

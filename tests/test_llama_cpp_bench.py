@@ -125,3 +125,50 @@ def test_a_directory_runs_beside_the_gguf_llama_bench_is_given(tiny_model, tmp_p
     r = json.loads(out.read_text())
     assert r["llama_cpp_model"] == str(f32) and r["ratio_vs_llama_cpp"] == pytest.approx(
         r["engine_decode_tok_s"] / FAKE_TG)
+
+
+def _fake_server(root: Path, crash_without_no_repack: bool) -> Path:
+    """bin/llama-server answering /health on its --port; killed by SIGSEGV at start unless --no-repack is
+    given (as llama.cpp 0c1e570's AMX path did on a Sapphire Rapids guest), when asked to."""
+    exe = root / "bin" / "llama-server"
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    exe.write_text(f"""#!/usr/bin/env python3
+import http.server, json, os, signal, sys
+a = sys.argv
+with open({str(root / "starts.jsonl")!r}, "a") as f:
+    f.write(json.dumps(a[1:]) + "\\n")
+if {crash_without_no_repack!r} and "--no-repack" not in a:
+    os.kill(os.getpid(), signal.SIGSEGV)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(a[a.index("--port") + 1])), H).serve_forever()
+""")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return root
+
+
+@pytest.mark.parametrize("crashes", [False, True])
+def test_llama_server_that_crashes_at_start_serves_with_no_repack(tmp_path: Path, capsys, crashes: bool) -> None:
+    """A llama-server killed by SIGSEGV while starting is started once more with --no-repack (said on stdout),
+    and the timed starts of server_start then pass it; one that starts is left with its own flags."""
+    import urllib.request
+
+    from tandem.benchmarks.llama_cpp import llama_server
+    from tandem.benchmarks.server_start import learn_flags, llama_command, time_to_ready
+
+    build = _fake_server(tmp_path, crashes)
+    with llama_server(build, "m.gguf", 4, 128, 2) as url:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+            assert r.status == 200
+    starts = [json.loads(line) for line in (tmp_path / "starts.jsonl").read_text().splitlines()]
+    assert ["--no-repack" in s for s in starts] == ([False, True] if crashes else [False])
+    assert ("--no-repack" in capsys.readouterr().out) == crashes
+    learn_flags(build, "m.gguf", 2)
+    times = time_to_ready(lambda p: llama_command(build, "m.gguf", p, 2), repeats=2)
+    assert len(times) == 2 and all(0 < t < 30 for t in times)
+    starts = [json.loads(line) for line in (tmp_path / "starts.jsonl").read_text().splitlines()]
+    assert all(("--no-repack" in s) == crashes for s in starts[-3:])
