@@ -5,7 +5,7 @@ One step's attention over every layer for a batch of requests: each prompt's slo
 across the batch (one slot per request per step). The step's queries are each request's last
 `--new-tokens` positions: 1 (default) is a decode step; as many as the prompt, with `--decoded 0`, is a
 prefill of every prompt. `--kv-dtypes` runs each backend on a pool of each KV dtype (the same values,
-rounded), as `--kv-cache-dtype` stores it. Backends and pools run in turn, repeatedly, and the fastest
+rounded or quantized to q8_0 blocks), as `--kv-cache-dtype` stores it. Backends and pools run in turn, repeatedly, and the fastest
 repeat of each is reported, so a noisy neighbour on a shared machine hits them alike.
 
     python -m tandem.benchmarks.attention_step --model models/bench-llama [--batch 64 --decoded 64]
@@ -25,7 +25,9 @@ import torch
 from tandem.benchmarks.roofline import ModelDims
 from tandem.kernels.native.cpu_caps import cpu_caps
 from tandem.kernels.ops import resolve_ops
+from tandem.kernels.reference.kv_quant import dtype_name, to_pool
 from tandem.worker.attention_backend import AttentionBackend, select_attention_backend
+from tandem.worker.device import resolve_kv_dtype
 from tandem.worker.forward_batch import ForwardBatch
 from tandem.worker.kv_cache import KVCache
 
@@ -40,7 +42,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument("--decoded", type=int, default=64, help="tokens each request has decoded so far")
     ap.add_argument("--new-tokens", type=int, default=1, help="queries per request: its last N positions")
     ap.add_argument("--backends", default="torch,cpu")
-    ap.add_argument("--kv-dtypes", default="float32", help="KV pool dtypes, e.g. float32,float16,bfloat16")
+    ap.add_argument("--kv-dtypes", default="float32", help="KV pool dtypes, e.g. float32,float16,bfloat16,q8_0")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
@@ -52,13 +54,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     lo, _, hi = args.input_len.partition(":")
     prompts = [rng.randint(int(lo), int(hi or lo)) for _ in range(args.batch)]
     num_slots = sum(prompts) + args.batch * (args.decoded + 1) + 1
-    kv_dtypes = [getattr(torch, name) for name in args.kv_dtypes.split(",")]
+    kv_dtypes = [resolve_kv_dtype(name, torch.float32, torch.device("cpu")) for name in args.kv_dtypes.split(",")]
     kvs = [KVCache(dims.layers, num_slots, dims.kv_heads, dims.head_dim, dt, "cpu",
                    max_reqs=args.batch, max_context=max(prompts) + args.decoded + 1) for dt in kv_dtypes]
     for layers in zip(*(kv.k + kv.v for kv in kvs)):
-        values = torch.randn(layers[0].shape)
+        values = torch.randn(layers[0].shape[0], dims.kv_heads, dims.head_dim)
         for t in layers:
-            t.copy_(values)  # each pool the same values, rounded to its dtype
+            t.copy_(to_pool(values, t.dtype))  # each pool the same values, rounded or quantized
     top = num_slots - 1
     seqs: list[list[int]] = []
     for n in prompts:  # prompt blocks, highest slot first, as KVAllocator.alloc hands them out
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     backends = [select_attention_backend(resolve_ops("cpu", torch.float32, name)) for name in names]
 
     def label(b: AttentionBackend, pool: KVCache) -> str:
-        return b.name + ("" if pool.dtype == torch.float32 else f"/{str(pool.dtype).removeprefix('torch.')}")
+        return b.name + ("" if pool.dtype == torch.float32 else f"/{dtype_name(pool.dtype)}")
 
     runs = [(label(b, pool), b, pool) for pool in kvs for b in backends]
     best = {name: float("inf") for name, _, _ in runs}

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
-KVCacheDType = Literal["auto", "float32", "float16", "bfloat16"]
+KVCacheDType = Literal["auto", "float32", "float16", "bfloat16", "q8_0"]
 AttentionBackend = Literal["auto", "cpu", "torch", "triton"]
 HostKVPolicy = Literal["write_back", "write_through"]
 SchedulingPolicyName = Literal["fcfs", "priority"]

@@ -85,7 +85,9 @@ class EngineConfig:
     )
     kv_cache_dtype: KVCacheDType = field(
         default="auto",
-        metadata={"help": "the KV pools' element: auto (the activations' dtype), float32, float16, bfloat16"},
+        metadata={"help": "the KV pools' element: auto (the activations' dtype), float32, float16, bfloat16, "
+                          "q8_0 (llama.cpp's blocks: 8 bits per value and a float16 scale per 32; head sizes "
+                          "that are multiples of 32)"},
     )
     attention_backend: AttentionBackend = field(
         default="auto", metadata={"help": "auto (triton on CUDA, cpu on CPU), cpu, torch, triton"}

@@ -13,8 +13,10 @@ from tandem.protocol.model_config import ModelConfig, read_model_config
 from tandem.protocol.model_info import ModelInfo, read_model_info
 
 # Bytes of one KV element per --kv-cache-dtype; auto on CPU is the activations' float32 (the widest: the
-# estimate below errs towards refusing a pool that would have fit, never the other way).
-_KV_BYTES = {"auto": 4, "float32": 4, "float16": 2, "bfloat16": 2}
+# estimate below errs towards refusing a pool that would have fit, never the other way). q8_0: a float16
+# scale and 32 int8 per block of 32 (kernels/reference/kv_quant.py).
+_KV_BYTES = {"auto": 4, "float32": 4, "float16": 2, "bfloat16": 2, "q8_0": 34 / 32}
+Q8_0_BLOCK = 32
 
 
 class ConfigError(ValueError):
@@ -33,6 +35,7 @@ def check_model_fits(cfg: EngineConfig) -> ModelInfo:
     model = read_model_config(cfg.model)
     _check_parallel(cfg.tp_size, model)
     _check_moe(model)
+    _check_kv_dtype(cfg, model)
     _check_kv_budget(cfg, model, info.max_model_len)
     return info
 
@@ -70,6 +73,12 @@ def _check_moe(m: ModelConfig) -> None:
         raise ConfigError(
             f"model config mlp_only_layers: layer {out[0]} is outside [0, {m.num_hidden_layers})"
         )
+
+
+def _check_kv_dtype(cfg: EngineConfig, m: ModelConfig) -> None:
+    if cfg.kv_cache_dtype == "q8_0" and m.head_dim % Q8_0_BLOCK:
+        raise ConfigError(f"kv_cache_dtype=q8_0 stores blocks of {Q8_0_BLOCK} values of a head: the model's "
+                          f"head_dim={m.head_dim} is not a multiple of {Q8_0_BLOCK}")
 
 
 def _check_kv_budget(cfg: EngineConfig, m: ModelConfig, max_model_len: int) -> None:

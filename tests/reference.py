@@ -19,6 +19,9 @@ NEAR_TIE = 1e-3
 NEAR_TIE_BF16 = 0.16  # --dtype bfloat16 against transformers in bf16, tiny models: max 0.125
 NEAR_TIE_BF16_KV = 0.13  # float32 over a bfloat16 KV pool against float32, tiny qwen3: max 0.104
 NEAR_TIE_KV_F16 = 0.014  # float32 over a float16 KV pool against float32, tiny qwen3: max 0.011
+# float32 over a q8_0 KV pool against float32 (over every prefill position of 8 prompts of 8-300 tokens):
+# small llama max 0.227, small qwen3 0.262, tiny gemma3 0.167
+NEAR_TIE_KV_Q8_0 = 0.33
 # --dtype auto on an AMX / AVX512-BF16 CPU (bf16 weights under float32 activations) against float32, on
 # SmolLM2-135M over its own language (--text): decode steps of at most 8 rows (the C kernel, float32
 # activations) max 0.331, of more rows (torch, activations rounded to bf16) 0.436, prefill 0.426.

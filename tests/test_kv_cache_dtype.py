@@ -19,7 +19,7 @@ from tandem.worker.model_runner import ModelRunner
 
 
 def test_a_bad_value_is_a_clear_error(tiny_model) -> None:
-    why = "must be auto, float32, float16 or bfloat16"
+    why = "must be auto, float32, float16, bfloat16 or q8_0"
     for bad in ("fp8", "half", "AUTO"):
         with pytest.raises(ValueError, match=f"invalid engine option kv_cache_dtype='{bad}': {why}"):
             EngineConfig.from_options("m", kv_cache_dtype=bad)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tandem.kernels.reference.kv_quant import Q8_0
 from tandem.protocol.messages import KVCopies
 from tandem.worker.kv_cache import KVCache, host_runs
 
@@ -13,13 +14,14 @@ def test_host_runs_split_on_gaps() -> None:
     assert host_runs([]) == []
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])  # --kv-cache-dtype
+# --kv-cache-dtype (uint8: q8_0 blocks, whose slot rows are bytes)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, Q8_0])
 def test_copies_round_trip_and_save_before_load(dtype: torch.dtype) -> None:
     torch.manual_seed(0)
-    kv = KVCache(2, 64, 2, 4, dtype, "cpu", max_reqs=2, max_context=8, host_slots=32)
-    assert all(h.dtype == dtype for h in kv.host_k + kv.host_v)  # the host tier holds the same elements
-    for layer in kv.k + kv.v:
-        layer.copy_(torch.randn(layer.shape))
+    kv = KVCache(2, 64, 2, 32, dtype, "cpu", max_reqs=2, max_context=8, host_slots=32)
+    assert all(h.dtype == dtype and h.shape[1:] == kv.k[0].shape[1:] for h in kv.host_k + kv.host_v)
+    for layer in kv.k + kv.v:  # the host tier holds the same elements
+        layer.copy_(torch.randn(layer.shape) if dtype != Q8_0 else torch.randint(0, 256, layer.shape))
     a = [layer[10:20].clone() for layer in kv.k + kv.v]
     b = [layer[30:35].clone() for layer in kv.k + kv.v]
     kv.copy(KVCopies(to_host_src=list(range(30, 35)), to_host_dst=[7, 8, 9, 1, 2]))

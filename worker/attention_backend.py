@@ -9,10 +9,10 @@ the attention reads). The backend is the one kernels/ops.py resolved (`Ops.atten
 
 - `cpu` (CPU default): every query of the step (decodes, verify rows, prefills and chunks) attended in
   one call per layer by a C kernel that reads K/V where it lies in the pool
-  (kernels/native/paged_attention.py), float32 queries over float32, float16 or bfloat16 pools; where the
-  C kernels do not run (a model dtype other than float32, no C compiler, TANDEM_NO_NATIVE=1) it runs as
-  `torch`. A query's output depends on its own keys only, so a prompt prefilled whole, in chunks or beside
-  other requests gives the same bits.
+  (kernels/native/paged_attention.py), float32 queries over float32, float16, bfloat16 or q8_0 pools;
+  where the C kernels do not run (a model dtype other than float32, no C compiler, TANDEM_NO_NATIVE=1) it
+  runs as `torch`. A query's output depends on its own keys only, so a prompt prefilled whole, in chunks or
+  beside other requests gives the same bits.
 - `torch`: kernels/reference/paged_attention.py. Fresh prefills attend their own K/V as computed instead
   of gathering them back from the pool; decodes and the prefixes of chunked or cached prefills are gathered.
 - `triton` (CUDA default): kernels/triton/paged_attention.py, reading K/V where it lies; its launch
@@ -110,7 +110,7 @@ class CpuBackend(TorchBackend):
     ) -> torch.Tensor:
         if isinstance(plan, TorchPlan):
             return super().forward(layer_id, q, k, v, kv, plan, scale)
-        _write(kv, layer_id, plan, k, v)
+        _write(kv, layer_id, plan, k, v, native=True)
         return cpu_paged_attention.paged_attention_cpu(q, kv.k[layer_id], kv.v[layer_id], plan.attn, scale)
 
 
@@ -142,8 +142,10 @@ def _loc(batch: ForwardBatch, slot_map: torch.Tensor | None) -> torch.Tensor | N
     return None if slot_map is None else slot_map[batch.out_cache_loc]
 
 
-def _write(kv: KVCache, layer_id: int, plan: Any, k: torch.Tensor, v: torch.Tensor) -> None:
-    kv.write(layer_id, plan.batch.out_cache_loc if plan.loc is None else plan.loc, k, v)
+def _write(kv: KVCache, layer_id: int, plan: Any, k: torch.Tensor, v: torch.Tensor, native: bool = False,
+           ) -> None:
+    """native: the C kernels run (KVCache.write's)."""
+    kv.write(layer_id, plan.batch.out_cache_loc if plan.loc is None else plan.loc, k, v, native)
 
 
 @dataclass

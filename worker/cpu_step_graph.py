@@ -12,14 +12,15 @@ without padding rows.
 
 The nodes are recorded from the model's own forward (worker/step_recorder.py): each op appends the node of
 the C kernel its eager call runs, with the arguments it would get, so a replay gives the eager forward's bits
-(tests hold them equal; K/V written to a float16 or bfloat16 pool are rounded as torch rounds them), and a
-forward reaching an op with no node is not recorded: its decode steps run eagerly (logged once, naming the
-op). It applies on CPU with the C kernels built (a float32 model), the `cpu` attention backend and one rank,
-where every op of the forward has a node: linear layers from GGUF blocks or from a float32 or bf16 weight
-the C kernel takes (for up to DENSE_MAX_ROWS rows: a recording then serves batches up to that), MoE layers
-as one C call each (kernels/native/moe.py). The LM head is a node when its product is one (else
-compute_logits runs after the replay), then greedy sampling's argmax when the model does not transform its
-logits. --enforce-eager turns it off.
+(tests hold them equal; K/V written to a float16 or bfloat16 pool are rounded as torch rounds them, to a
+q8_0 pool quantized by the eager write's own C code), and a forward reaching an op with no node is not
+recorded: its decode steps run eagerly (logged once, naming the op). It applies on CPU with the C kernels
+built (a float32 model), the `cpu` attention backend and one rank, where every op of the forward has a
+node: linear layers from GGUF blocks or from a float32 or bf16 weight the C kernel takes (for up to
+DENSE_MAX_ROWS rows: a recording then serves batches up to that), MoE layers as one C call each
+(kernels/native/moe.py). The LM head is a node when its product is one (else compute_logits runs after the
+replay), then greedy sampling's argmax when the model does not transform its logits. --enforce-eager turns
+it off.
 """
 
 from __future__ import annotations

@@ -1,11 +1,17 @@
 """Paged KV cache: per-layer K and V pools addressed by slot, plus each request's token -> slot map, and
 the host tier under the prefix cache: a second, larger pool in host memory (pinned on CUDA) that evicted
-KV is copied to and loaded back from."""
+KV is copied to and loaded back from.
+
+The pools' element is --kv-cache-dtype's: a float dtype, or uint8 for q8_0 blocks (kernels/reference/
+kv_quant.py), whose slot rows are bytes [kv_heads, head_dim / 32 * 34]: every copy of slots along dim 0 (the
+host tier's, zero fill) moves them as it moves float rows."""
 
 from __future__ import annotations
 
 import torch
 
+from tandem.kernels.native import paged_attention as cpu_paged_attention
+from tandem.kernels.reference.kv_quant import is_q8_0, pool_width, to_pool
 from tandem.protocol.messages import KVCopies
 
 
@@ -37,16 +43,18 @@ class KVCache:
         swa_slots: int = 0,
         swa_layers: frozenset[int] = frozenset(),
     ) -> None:
-        """swa_slots > 0: the layers in swa_layers (sliding-window ones) get pools of that many slots of their
+        """dtype: the pools' (uint8: q8_0, which needs head_dim a multiple of 32: ValueError otherwise).
+        swa_slots > 0: the layers in swa_layers (sliding-window ones) get pools of that many slots of their
         own, addressed through swa_map (full slot -> slot there, written by the scheduler's steps)."""
         self.num_layers, self.num_slots = num_layers, num_slots
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.dtype, self.device = dtype, torch.device(device)
         self.swa_slots = swa_slots
         self.swa_map = torch.zeros(num_slots, dtype=torch.int64, device=device) if swa_slots else None
+        width = pool_width(dtype, head_dim)
 
         def shape(layer: int) -> tuple[int, int, int]:
-            return (swa_slots if swa_slots and layer in swa_layers else num_slots, num_kv_heads, head_dim)
+            return (swa_slots if swa_slots and layer in swa_layers else num_slots, num_kv_heads, width)
 
         # Zero-filled, not empty: attention pads short requests with slot 0 and masks it out, and a masked
         # score times a NaN left over in uninitialised memory would still poison the output.
@@ -59,7 +67,7 @@ class KVCache:
         # Row r, column j: KV slot of token j of the request living in row r. The engine fills it.
         self.req_to_token = torch.zeros((max_reqs, max_context), dtype=torch.int64, device=device)
         pin = self.device.type == "cuda"
-        host_shape = (host_slots, num_kv_heads, head_dim)
+        host_shape = (host_slots, num_kv_heads, width)
         self.host_k = [
             torch.zeros(host_shape, dtype=dtype, pin_memory=pin)
             for _ in range(num_layers if host_slots else 0)
@@ -74,11 +82,18 @@ class KVCache:
         assert self.swa_map is not None
         self.swa_map.index_copy_(0, slots, swa_slots)
 
-    def write(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor, native: bool = False,
+              ) -> None:
         """Store this step's K/V ([T, num_kv_heads, head_dim]) into slots `loc` ([T]), rounded to the pool's
-        dtype (--kv-cache-dtype) to nearest even, as torch's .to() does."""
-        self.k[layer].index_copy_(0, loc, k.to(self.dtype))
-        self.v[layer].index_copy_(0, loc, v.to(self.dtype))
+        dtype (--kv-cache-dtype) to nearest even, as torch's .to() does, or quantized to q8_0 blocks.
+        native: where the C kernels run, q8_0 blocks are quantized by the C write (the same bytes as torch's,
+        for a fraction of the ops)."""
+        if is_q8_0(self.dtype) and native and k.dtype == torch.float32 and self.device.type == "cpu":
+            cpu_paged_attention.store_rows(self.k[layer], loc, k)
+            cpu_paged_attention.store_rows(self.v[layer], loc, v)
+            return
+        self.k[layer].index_copy_(0, loc, to_pool(k, self.dtype))
+        self.v[layer].index_copy_(0, loc, to_pool(v, self.dtype))
 
     def copy(self, c: KVCopies) -> None:
         """Run a step's host-tier copies: all device -> host first (their device slots may be reused by

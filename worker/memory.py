@@ -7,6 +7,7 @@ from typing import Any
 import psutil
 import torch
 
+from tandem.kernels.reference.kv_quant import pool_width
 from tandem.protocol.engine_config import EngineConfig
 
 
@@ -14,11 +15,11 @@ def kv_bytes_per_token(
     model_config: Any, dtype: torch.dtype, tp_size: int = 1, layers: int | None = None
 ) -> int:
     """Bytes one token's K/V costs on one rank (which caches only its local KV heads), in `layers` layers
-    (default: all)."""
+    (default: all), in pools of `dtype` (uint8: q8_0, 34 bytes per 32 elements)."""
     elem = torch.tensor([], dtype=dtype).element_size()
     heads = max(1, model_config.num_key_value_heads // tp_size)
     n = model_config.num_hidden_layers if layers is None else layers
-    return 2 * n * heads * model_config.head_dim * elem
+    return 2 * n * heads * pool_width(dtype, model_config.head_dim) * elem
 
 
 def swa_pool_applies(cfg: EngineConfig, model_config: Any) -> bool:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from tandem.kernels.ops import resolve_ops
+from tandem.kernels.reference.kv_quant import Q8_0
 from tandem.protocol import fault_injection
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.errors import ErrorCode
@@ -15,7 +16,7 @@ from tandem.protocol.messages import Logprobs, ModelRunnerOutput, SampleStep, Sc
 from tandem.protocol.model_info import ModelInfo
 from tandem.worker.cpu_step_graph import CpuStepGraph, cpu_graph_applies
 from tandem.worker.decode_graphs import MAX_GRAPH_BATCH, DecodeGraphs, graphs_apply
-from tandem.worker.device import resolve_device, resolve_dtype, resolve_weight_dtype
+from tandem.worker.device import resolve_device, resolve_dtype, resolve_kv_dtype, resolve_weight_dtype
 from tandem.worker.distributed import Dist, local_rank
 from tandem.worker.failed_step import FailedStep, RequestFault, describe
 from tandem.worker.host_to_device import to_device
@@ -60,18 +61,18 @@ class ModelRunner:
         # the float linear weights' (bf16 under a float32 model with `auto` on CPUs with bf16 matmuls)
         gguf_weights = gguf_linear_type(cfg.model) if is_gguf(cfg.model) else None
         self.weight_dtype = resolve_weight_dtype(cfg.dtype, self.device, gguf_weights=gguf_weights)
-        # The KV pools' (device and host) element; K/V are rounded to it when written. Attention reads it as
-        # is (the C kernel widens half pools to float32 as it loads; torch attends a mixed pair in float32).
-        kvd = cfg.kv_cache_dtype
-        self.kv_dtype = self.dtype if kvd == "auto" else resolve_dtype(kvd, self.device)
+        # The KV pools' (device and host) element; K/V are rounded (or quantized: q8_0, uint8 pools) to it
+        # when written. Attention reads it as is (the C kernel widens half pools and dequantizes q8_0 blocks
+        # to float32 as it loads; torch attends a mixed pair in float32).
+        self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype, self.device)
         # Every kernel choice, made once: input prep, attention, the layers and speculation share it.
         int8 = cfg.cpu_int8_activations
         if int8 is None:  # by default a quantized file runs as llama.cpp runs it, where the C kernels can
             int8 = None if gguf_weights not in (None, *FLOAT_GGUF_TYPES) else False
         self.ops = resolve_ops(self.device, self.dtype, cfg.attention_backend, int8)
-        if self.ops.attention == "triton" and self.kv_dtype != self.dtype:
+        if self.ops.attention == "triton" and self.kv_dtype not in (self.dtype, Q8_0):
             raise ValueError(f"--kv-cache-dtype {cfg.kv_cache_dtype} with a {self.dtype} model needs "
-                             "--attention-backend torch (the triton kernel takes the model's dtype)")
+                             "--attention-backend torch (the triton kernel takes the model's dtype or q8_0)")
         self.model = load_model(
             cfg.model, dtype=self.dtype, device=self.device, tp_rank=rank, tp_size=cfg.tp_size, ops=self.ops
         )

@@ -68,6 +68,7 @@ def run_worker(cfg_bytes: bytes, ep_bytes: bytes, rank: int) -> None:
         # The cores this process may use, shared by this node's ranks: the scheduler, frontend and
         # detokenizer sleep in their polls while the worker computes.
         torch.set_num_threads(cfg.torch_threads or max(1, usable_cores() // (cfg.tp_size // cfg.nnodes)))
+        from tandem.kernels.reference.kv_quant import dtype_name as kv_dtype_name
         from tandem.worker.distributed import init_distributed
         from tandem.worker.model_runner import ModelRunner
 
@@ -88,7 +89,7 @@ def run_worker(cfg_bytes: bytes, ep_bytes: bytes, rank: int) -> None:
                     rank,
                     f"kv_slots={runner.num_kv_slots} swa_kv_slots={runner.num_swa_slots} "
                     f"host_kv_slots={runner.num_host_slots} dtype={runner.dtype} "
-                    f"kv_dtype={runner.kv_dtype} attention={runner.model.attn_backend.name} "
+                    f"kv_dtype={kv_dtype_name(runner.kv_dtype)} attention={runner.model.attn_backend.name} "
                     f"pid={os.getpid()}",
                 )
             )

@@ -1,7 +1,8 @@
 /* Paged attention on CPU, float32 queries and sums, reading K/V where it lies in the pool: decodes,
- * draft-verify rows, prefills and prefill chunks, all alike. The pools hold float32, float16 or bfloat16
- * (--kv-cache-dtype); a half-precision element is widened to float32 as it is loaded, which is exact, so a
- * half pool gives the very bits of a float32 pool holding the same values, for half the bytes read.
+ * draft-verify rows, prefills and prefill chunks, all alike. The pools hold float32, float16, bfloat16 or
+ * q8_0 blocks (--kv-cache-dtype, kv_types.h); an element is widened to float32 as it is loaded (a q8_0 one
+ * times its block's scale), which is exact, so such a pool gives the very bits of a float32 pool holding the
+ * same values, for half the bytes read (q8_0: 34 per 32 elements).
  *
  * Built and loaded by kernels/native/paged_attention.py (ctypes; no torch headers, so it compiles in about a
  * second). The plain-torch reference is kernels/reference/paged_attention.py; the tests compare the two.
@@ -23,9 +24,10 @@
  * the portable loops compute the same sums in the same order elsewhere (the exp's rounding may differ:
  * FMAs there).
  *
- * The AVX2 passes are written once for the three pool types (an always-inlined function of a constant type)
- * and instantiated per type, so the type is no branch in their inner loops; the portable loops widen each
- * row they read into float32 first (see widen).
+ * The AVX2 passes are written once for the pool types (an always-inlined function of a constant type) and
+ * instantiated per type, so the type is no branch in their inner loops; the portable loops widen each row
+ * they read into float32 first (see widen). Their per-row pieces are attention_rows.h. The eager K/V write (tandem_kv_store) is here too: it stores
+ * rows as the step graph's KV_WRITE node does.
  */
 #include <math.h>
 #include <stdint.h>
@@ -33,7 +35,7 @@
 #include <string.h>
 #include "omp_team.h"
 
-#include "simd_exp.h"
+#include "attention_rows.h" /* the row loaders and SIMD passes (with kv_types.h and simd_exp.h) */
 
 /* How many slots ahead to prefetch: a request's slots may be scattered over the pool. */
 #define PREFETCH_AHEAD 4
@@ -41,69 +43,7 @@
  * sums go in KB lanes by key index, a fixed order, so the same keys give the same sum. */
 #define KB 8
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
-
 static inline int64_t padded(int64_t len) { return (len + KB - 1) / KB * KB; }
-
-/* The pools' element type: the codes kernels/native/paged_attention.py passes. */
-enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
-
-static inline int64_t kv_size(int kt) { return kt == KV_F32 ? 4 : 2; }
-
-/* IEEE half -> float, exactly (every half is a float): rebias the exponent, widen the mantissa. */
-static inline float f16_to_f32(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    uint32_t bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13); /* inf, nan */
-    } else if (exp) {
-        bits = sign | ((exp + 112) << 23) | (man << 13); /* normal: bias 15 -> 127 */
-    } else {
-        const float f = (float)man * 0x1p-24f; /* zero or subnormal: man * 2^-24, exact in float */
-        memcpy(&bits, &f, sizeof bits);
-        bits |= sign;
-    }
-    float out;
-    memcpy(&out, &bits, sizeof out);
-    return out;
-}
-
-/* bfloat16 is a float's upper half. */
-static inline float bf16_to_f32(uint16_t h) {
-    const uint32_t bits = (uint32_t)h << 16;
-    float out;
-    memcpy(&out, &bits, sizeof out);
-    return out;
-}
-
-/* A K/V row of D elements of type kt as float32: the row itself, or widened into buf. The portable loops
- * below read every row through this, so a half pool runs the float32 pool's very instructions (the
- * compiler fuses multiply-adds as it likes, differently in differently typed copies of a loop). */
-static inline const float *widen(const char *row, int64_t D, int kt, float *buf) {
-    if (kt == KV_F32) return (const float *)row;
-    const uint16_t *h = (const uint16_t *)row;
-    if (kt == KV_F16)
-        for (int64_t d = 0; d < D; d++) buf[d] = f16_to_f32(h[d]);
-    else
-        for (int64_t d = 0; d < D; d++) buf[d] = bf16_to_f32(h[d]);
-    return buf;
-}
-
-/* One key's score: 8 lanes over d (lane l sums d = l, l+8, ... in order), added ((0+1)+(2+3))+((4+5)+(6+7)),
- * then the head sizes past a multiple of 8 in order. A score depends on its query and key alone. */
-static inline float score1(const float *q, const float *k, int64_t D) {
-    float a[8] = {0};
-    int64_t d = 0;
-    for (; d + 8 <= D; d += 8)
-        for (int l = 0; l < 8; l++) a[l] += q[d + l] * k[d + l];
-    float s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-    for (; d < D; d++) s += q[d] * k[d];
-    return s;
-}
-
-static inline void prefetch_row(const char *row, int64_t bytes) {
-    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off);
-}
 
 /* What one (request, KV head, query block) item reads and writes: for each query j in [j0, j1) of the
  * request, the G query heads of KV head hk; local row i = (j - j0) * G + g. Query j sits at position
@@ -142,7 +82,7 @@ static inline int64_t item_first(const Item *it) { return first_key(it, it->j0) 
 static void attend_item_portable(const Item *it) {
     const int kt = it->kt;
     const int64_t kend = item_keys(it), k0 = item_first(it), lp = padded(kend), D = it->D, rb = it->row_bytes;
-    const int64_t bytes = D * kv_size(kt);
+    const int64_t bytes = kv_row_bytes(kt, D);
     float buf[D];
     FOR_QUERIES(it, i, j) {
         float *s = it->work + i * (lp - k0) - k0; /* indexed by key: s[k0 .. lp) */
@@ -177,126 +117,73 @@ static void attend_item_portable(const Item *it) {
 }
 
 #ifdef TANDEM_AVX2
-/* Eight 8-lane sums -> one vector of their totals, lane j = ((a_j0+a_j1)+(a_j2+a_j3))+((a_j4+a_j5)+(a_j6+a_j7)):
- * score1's order. */
-static inline __m256 sum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6,
-                            __m256 a7) {
-    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
-/* Elements d .. d+7 of a K/V row of type kt, as float32: F16C's conversion for half, a 16-bit shift for
- * bfloat16 (its bits are a float's upper half). */
-ALWAYS_INLINE __m256 load8(const char *row, int64_t d, int kt) {
-    if (kt == KV_F32) return _mm256_loadu_ps((const float *)row + d);
-    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + d));
-    if (kt == KV_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-#ifdef __F16C__
-    return _mm256_cvtph_ps(h);
-#else /* a build told not to use F16C (every AVX2 CPU has it): one lane at a time */
-    float f[8];
-    for (int l = 0; l < 8; l++) f[l] = f16_to_f32(((const uint16_t *)row)[d + l]);
-    return _mm256_loadu_ps(f);
-#endif
-}
-
-/* The scores of eight keys against one query, D a multiple of 8: each lane as score1 computes it. */
-ALWAYS_INLINE __m256 score8(const float *q, const char *const *k, int64_t D, int kt) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    for (int64_t d = 0; d < D; d += 8) {
-        const __m256 x = _mm256_loadu_ps(q + d);
-        a0 = _mm256_fmadd_ps(x, load8(k[0], d, kt), a0);
-        a1 = _mm256_fmadd_ps(x, load8(k[1], d, kt), a1);
-        a2 = _mm256_fmadd_ps(x, load8(k[2], d, kt), a2);
-        a3 = _mm256_fmadd_ps(x, load8(k[3], d, kt), a3);
-        a4 = _mm256_fmadd_ps(x, load8(k[4], d, kt), a4);
-        a5 = _mm256_fmadd_ps(x, load8(k[5], d, kt), a5);
-        a6 = _mm256_fmadd_ps(x, load8(k[6], d, kt), a6);
-        a7 = _mm256_fmadd_ps(x, load8(k[7], d, kt), a7);
-    }
-    return sum8x8(a0, a1, a2, a3, a4, a5, a6, a7);
-}
-
-/* o[d .. d+8*nv) += sum over keys t0 .. t1-1 of p[t] * v_t[d .. d+8*nv), in key order, nv (a constant once
- * inlined) accumulators held in registers: o holds the running sums between chunks of keys (a float stored
- * and reloaded is the same float, so a query's sums run over its keys in order, however they are chunked). */
-ALWAYS_INLINE void pass2(const int nv, const int kt, const float *s, float inv, int64_t t0, int64_t t1,
-                         const char *v, int64_t row_bytes, const int64_t *sl, int64_t d, float *o) {
-    __m256 acc[8];
-    for (int c = 0; c < nv; c++) acc[c] = _mm256_loadu_ps(o + d + 8 * c);
-    for (int64_t t = t0; t < t1; t++) {
-        const float p = s[t] * inv;
-        if (p == 0.0f) continue; /* a weight that underflowed */
-        const char *vt = v + sl[t] * row_bytes;
-        const __m256 pv = _mm256_set1_ps(p);
-        for (int c = 0; c < nv; c++) acc[c] = _mm256_fmadd_ps(pv, load8(vt, d + 8 * c, kt), acc[c]);
-    }
-    for (int c = 0; c < nv; c++) _mm256_storeu_ps(o + d + 8 * c, acc[c]);
-}
-
 /* Keys per pass-2 chunk: their values stay in L1 while every query of the item sums them. */
 #define VCHUNK 32
 
+/* Pass 2 over keys [c0, c1) for every query of the item: key t's value row at v + sl[t - off] * rb, of type
+ * kt; invs: each query's 1 / sum; width: a score row's (scores indexed from item_first). */
+ALWAYS_INLINE void pass2_chunk(const Item *it, const int kt, int64_t c0, int64_t c1, const char *v, int64_t rb,
+                               const int64_t *sl, int64_t off, const float *invs, int64_t width) {
+    const int64_t D = it->D, k0 = item_first(it) - off; /* with s and t shifted by off: sl[t] */
 #ifdef __AVX512F__
-/* Elements d .. d+15 of a K/V row of type kt, as float32 (load8's conversions, 16 lanes). */
-ALWAYS_INLINE __m512 load16(const char *row, int64_t d, int kt) {
-    if (kt == KV_F32) return _mm512_loadu_ps((const float *)row + d);
-    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + d));
-    if (kt == KV_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    return _mm512_cvtph_ps(h);
-}
-
-/* pass2 for ng query heads that share their keys (a position's heads of one KV head) at once, 16 lanes a
- * register: each value row is loaded once for all of them, and ng * nv independent FMA chains are in flight
- * (one query's nv chains alone wait on the FMA latency). Each lane is pass2's: o += p * v over the keys in
- * order, p = s[t] * inv, a zero p skipped; so the bits are pass2's. */
-ALWAYS_INLINE void pass2_heads(const int ng, const int nv, const int kt, const float *const *s, const float *inv,
-                               int64_t t0, int64_t t1, const char *v, int64_t row_bytes, const int64_t *sl,
-                               int64_t d, float *const *o) {
-    __m512 acc[4][4];
-    for (int h = 0; h < ng; h++)
-        for (int c = 0; c < nv; c++) acc[h][c] = _mm512_loadu_ps(o[h] + d + 16 * c);
-    for (int64_t t = t0; t < t1; t++) {
-        const char *vt = v + sl[t] * row_bytes;
-        __m512 vv[4];
-        for (int c = 0; c < nv; c++) vv[c] = load16(vt, d + 16 * c, kt);
-        for (int h = 0; h < ng; h++) {
-            const float p = s[h][t] * inv[h];
-            if (p == 0.0f) continue; /* a weight that underflowed */
-            const __m512 pv = _mm512_set1_ps(p);
-            for (int c = 0; c < nv; c++) acc[h][c] = _mm512_fmadd_ps(pv, vv[c], acc[h][c]);
+    if (D % 16 == 0) { /* a position's heads together (they share their keys) */
+        for (int64_t j = it->j0; j < it->j1; j++) {
+            const int64_t last = it->len - it->q_len + j, t1 = c1 < last + 1 ? c1 : last + 1;
+            const int64_t first = first_key(it, j), t0 = c0 > first ? c0 : first;
+            if (t0 >= t1) continue;
+            for (int64_t g = 0; g < it->group; g += 4) {
+                const int64_t i0 = (j - it->j0) * it->group + g;
+                const int ng = it->group - g >= 4 ? 4 : (int)(it->group - g);
+                const float *s[4];
+                for (int h = 0; h < ng; h++) s[h] = it->work + (i0 + h) * width - k0; /* indexed by key - off */
+                const float *inv = invs + i0;
+                float *const *o = it->ob + i0;
+                switch (ng) {
+                case 4: pass2_group(4, kt, s, inv, t0 - off, t1 - off, v, rb, sl, D, o); break;
+                case 3: pass2_group(3, kt, s, inv, t0 - off, t1 - off, v, rb, sl, D, o); break;
+                case 2: pass2_group(2, kt, s, inv, t0 - off, t1 - off, v, rb, sl, D, o); break;
+                default: pass2_group(1, kt, s, inv, t0 - off, t1 - off, v, rb, sl, D, o); break;
+                }
+            }
         }
+        return;
     }
-    for (int h = 0; h < ng; h++)
-        for (int c = 0; c < nv; c++) _mm512_storeu_ps(o[h] + d + 16 * c, acc[h][c]);
-}
-
-/* Query heads i0 .. i0+ng-1 (ng <= 4) over keys [t0, t1), their head dims 16 at a time, D a multiple of 16. */
-ALWAYS_INLINE void pass2_group(const int ng, const int kt, const float *const *s, const float *inv, int64_t t0,
-                               int64_t t1, const char *v, int64_t rb, const int64_t *sl, int64_t D,
-                               float *const *o) {
-    int64_t d = 0;
-    for (; d + 64 <= D; d += 64) pass2_heads(ng, 4, kt, s, inv, t0, t1, v, rb, sl, d, o);
-    for (; d + 32 <= D; d += 32) pass2_heads(ng, 2, kt, s, inv, t0, t1, v, rb, sl, d, o);
-    for (; d < D; d += 16) pass2_heads(ng, 1, kt, s, inv, t0, t1, v, rb, sl, d, o);
-}
 #endif
+    FOR_QUERIES(it, i, j) {
+        const int64_t last = it->len - it->q_len + j, t1 = (c1 < last + 1 ? c1 : last + 1) - off;
+        const int64_t first = first_key(it, j), t0 = (c0 > first ? c0 : first) - off;
+        if (t0 >= t1) continue;
+        const float *s = it->work + i * width - k0; /* indexed by key - off */
+        float *o = it->ob[i];
+        int64_t d = 0;
+        for (; d + 64 <= D; d += 64) pass2(8, kt, s, invs[i], t0, t1, v, rb, sl, d, o);
+        for (; d + 32 <= D; d += 32) pass2(4, kt, s, invs[i], t0, t1, v, rb, sl, d, o);
+        for (; d < D; d += 8) pass2(1, kt, s, invs[i], t0, t1, v, rb, sl, d, o);
+    }
+}
 
 /* The same results as the portable loops but for the order of the score's sums (see score1), with
  * eight keys (pass 1) or eight head dims (pass 2) per instruction. D a multiple of 8. */
 ALWAYS_INLINE void attend_item_avx2_t(const Item *it, const int kt) {
     const int64_t len = item_keys(it), k0 = item_first(it), lp = padded(len), D = it->D, rb = it->row_bytes;
-    const int64_t bytes = D * kv_size(kt), width = lp - k0;
+    const int64_t bytes = kv_row_bytes(kt, D), width = lp - k0;
     const __m256 scale = _mm256_set1_ps(it->scale), ninf = _mm256_set1_ps(-INFINITY);
     const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
     const int64_t first0 = first_key(it, it->j0);
+    /* q8_0 keys are dequantized once per block of eight into kbuf, and scored from there as float32 rows by
+     * every query of the item (the same values: the dequantization is exact) */
+    const int kt1 = kt == KV_Q8_0 ? KV_F32 : kt;
+    float kbuf[kt == KV_Q8_0 ? KB * D : 1];
     /* pass 1: each block of eight keys, read once into L1, scored against every query of this KV head */
     for (int64_t t0 = k0; t0 < lp; t0 += KB) {
         const char *k[KB];
         for (int u = 0; u < KB; u++) {
             const int64_t t = t0 + u < len ? t0 + u : len - 1;
             k[u] = it->k + it->sl[t < first0 ? first0 : t] * rb; /* keys outside every window: one it reads */
+            if (kt == KV_Q8_0) {
+                for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(kbuf + u * D + d, load8(k[u], d, kt));
+                k[u] = (const char *)(kbuf + u * D);
+            }
         }
         for (int64_t t = t0 + KB; t < t0 + 2 * KB && t < len; t++)
             prefetch_row(it->k + it->sl[t] * rb, bytes);
@@ -304,7 +191,7 @@ ALWAYS_INLINE void attend_item_avx2_t(const Item *it, const int kt) {
         FOR_QUERIES(it, i, j) {
             const __m256 late = _mm256_cmp_ps(pos, _mm256_set1_ps((float)(it->len - it->q_len + j)), _CMP_GT_OQ);
             const __m256 early = _mm256_cmp_ps(pos, _mm256_set1_ps((float)first_key(it, j)), _CMP_LT_OQ);
-            const __m256 sc = _mm256_mul_ps(score8(it->qb[i], k, D, kt), scale);
+            const __m256 sc = _mm256_mul_ps(score8(it->qb[i], k, D, kt1), scale);
             _mm256_storeu_ps(it->work + i * width + (t0 - k0), _mm256_blendv_ps(sc, ninf, _mm256_or_ps(late, early)));
         }
     }
@@ -330,49 +217,29 @@ ALWAYS_INLINE void attend_item_avx2_t(const Item *it, const int kt) {
         invs[i] = 1.0f / (((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])));
         memset(it->ob[i], 0, (size_t)D * sizeof(float));
     }
-    /* pass 2, VCHUNK keys at a time for all the queries */
+    /* pass 2, VCHUNK keys at a time for all the queries; an item of several queries reads each chunk's q8_0
+     * values dequantized once into vbuf (a decode's heads share one load already) */
+    float vbuf[kt == KV_Q8_0 ? VCHUNK * D : 1];
+    int64_t rel[VCHUNK];
+    for (int64_t r = 0; r < VCHUNK; r++) rel[r] = r;
+    const int buffer_v = kt == KV_Q8_0 && it->j1 - it->j0 > 1;
     for (int64_t c0 = k0; c0 < len; c0 += VCHUNK) {
         const int64_t c1 = c0 + VCHUNK < len ? c0 + VCHUNK : len;
-#ifdef __AVX512F__
-        if (D % 16 == 0) { /* a position's heads together (they share their keys) */
-            for (int64_t j = it->j0; j < it->j1; j++) {
-                const int64_t last = it->len - it->q_len + j, t1 = c1 < last + 1 ? c1 : last + 1;
-                const int64_t first = first_key(it, j), t0 = c0 > first ? c0 : first;
-                if (t0 >= t1) continue;
-                for (int64_t g = 0; g < it->group; g += 4) {
-                    const int64_t i0 = (j - it->j0) * it->group + g;
-                    const int ng = it->group - g >= 4 ? 4 : (int)(it->group - g);
-                    const float *s[4];
-                    for (int h = 0; h < ng; h++) s[h] = it->work + (i0 + h) * width - k0; /* indexed by key */
-                    const float *inv = invs + i0;
-                    float *const *o = it->ob + i0;
-                    switch (ng) {
-                    case 4: pass2_group(4, kt, s, inv, t0, t1, it->v, rb, it->sl, D, o); break;
-                    case 3: pass2_group(3, kt, s, inv, t0, t1, it->v, rb, it->sl, D, o); break;
-                    case 2: pass2_group(2, kt, s, inv, t0, t1, it->v, rb, it->sl, D, o); break;
-                    default: pass2_group(1, kt, s, inv, t0, t1, it->v, rb, it->sl, D, o); break;
-                    }
-                }
-            }
-            continue;
-        }
-#endif
-        FOR_QUERIES(it, i, j) {
-            const int64_t last = it->len - it->q_len + j, t1 = c1 < last + 1 ? c1 : last + 1;
-            const int64_t first = first_key(it, j), t0 = c0 > first ? c0 : first;
-            if (t0 >= t1) continue;
-            const float *s = it->work + i * width - k0; /* indexed by key */
-            float *o = it->ob[i];
-            int64_t d = 0;
-            for (; d + 64 <= D; d += 64) pass2(8, kt, s, invs[i], t0, t1, it->v, rb, it->sl, d, o);
-            for (; d + 32 <= D; d += 32) pass2(4, kt, s, invs[i], t0, t1, it->v, rb, it->sl, d, o);
-            for (; d < D; d += 8) pass2(1, kt, s, invs[i], t0, t1, it->v, rb, it->sl, d, o);
+        if (buffer_v) {
+            for (int64_t t = c0 > first0 ? c0 : first0; t < c1; t++) /* keys some query of the item sees */
+                for (int64_t d = 0; d < D; d += 8)
+                    _mm256_storeu_ps(vbuf + (t - c0) * D + d, load8(it->v + it->sl[t] * rb, d, kt));
+            pass2_chunk(it, KV_F32, c0, c1, (const char *)vbuf, D * (int64_t)sizeof(float), rel, c0, invs,
+                        width);
+        } else {
+            pass2_chunk(it, kt, c0, c1, it->v, rb, it->sl, 0, invs, width);
         }
     }
 }
 static void attend_item_avx2_f32(const Item *it) { attend_item_avx2_t(it, KV_F32); }
 static void attend_item_avx2_f16(const Item *it) { attend_item_avx2_t(it, KV_F16); }
 static void attend_item_avx2_bf16(const Item *it) { attend_item_avx2_t(it, KV_BF16); }
+static void attend_item_avx2_q8_0(const Item *it) { attend_item_avx2_t(it, KV_Q8_0); }
 #endif
 
 static void attend_item(const Item *it) {
@@ -380,6 +247,7 @@ static void attend_item(const Item *it) {
     if (it->D % 8 == 0) {
         if (it->kt == KV_F16) attend_item_avx2_f16(it);
         else if (it->kt == KV_BF16) attend_item_avx2_bf16(it);
+        else if (it->kt == KV_Q8_0) attend_item_avx2_q8_0(it);
         else attend_item_avx2_f32(it);
         return;
     }
@@ -392,8 +260,9 @@ static void attend_item(const Item *it) {
  * resolves to the copy torch already loaded), so the kernel and torch's ops share one pool of threads
  * instead of two pools fighting over the cores. work: num_threads * work_stride floats, work_stride >=
  * G * min(query_block, longest q_len) * padded(max(lens)). kv_type: the pools' element (KV_F32, KV_F16,
- * KV_BF16); slot_stride counts elements; window: keys a query sees (0: all before it). Returns 0, -1 if out of
- * memory, -2 for an unknown kv_type or a negative window. */
+ * KV_BF16, KV_Q8_0: kv_types.h); slot_stride counts the pool tensor's elements (bytes for q8_0); window: keys
+ * a query sees (0: all before it). Returns 0, -1 if out of memory, -2 for an unknown kv_type, a q8_0 head
+ * size not a multiple of 32 or a negative window. */
 int tandem_paged_attention_win(
     const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *q_rows, const int64_t *q_offsets,
     const void *k_pool, const void *v_pool, int64_t slot_stride,
@@ -401,9 +270,9 @@ int tandem_paged_attention_win(
     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
     float *out, int64_t batch, int64_t query_block, float *work, int64_t work_stride, int64_t num_threads,
     int64_t kv_type, int64_t window) {
-    if ((kv_type != KV_F32 && kv_type != KV_F16 && kv_type != KV_BF16) || window < 0) return -2;
+    if (!kv_type_known(kv_type) || window < 0 || (kv_type == KV_Q8_0 && head_dim % Q8_0_QK)) return -2;
     const int kt = (int)kv_type;
-    const int64_t group = num_heads / num_kv_heads, esize = kv_size(kt);
+    const int64_t group = num_heads / num_kv_heads, esize = kv_elem_size(kt);
     int64_t blocks = 0;
     for (int64_t b = 0; b < batch; b++) blocks += (q_offsets[b + 1] - q_offsets[b] + query_block - 1) / query_block;
     /* (request, first query) per block; a request's later blocks (more keys each) first, for balance */
@@ -431,7 +300,7 @@ int tandem_paged_attention_win(
                 ob[(j - j0) * group + g] = out + (e * num_heads + h) * head_dim;
             }
         }
-        const int64_t head_off = hk * head_dim * esize;
+        const int64_t head_off = hk * kv_row_bytes(kt, head_dim);
         const Item it = {
             qb, ob, (const char *)k_pool + head_off, (const char *)v_pool + head_off, slot_stride * esize, kt,
             slots + b * slots_stride, lens[b], ql, j0, j1, group, head_dim, window, scale, scratch,
@@ -470,8 +339,8 @@ int tandem_paged_attention_f32(
 /* Decodes only (one query per request, request b's query and output at row b), for a caller already inside a
  * parallel region (kernels/csrc/step_graph.c): thread t of nt attends items (request, KV head) t, t + nt, ...
  * of the batch, with scratch at work + t * work_stride. Each item's output is what
- * tandem_paged_attention_win gives it, whatever the split. Returns -2 for an unknown kv_type or a negative
- * window, else 0. */
+ * tandem_paged_attention_win gives it, whatever the split. Returns -2 where tandem_paged_attention_win
+ * does, else 0. */
 int tandem_paged_decode_part(
     const float *q, int64_t q_row_stride, int64_t q_head_stride,
     const void *k_pool, const void *v_pool, int64_t slot_stride,
@@ -479,9 +348,9 @@ int tandem_paged_decode_part(
     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
     float *out, int64_t batch, float *work, int64_t work_stride, int64_t kv_type, int64_t window, int64_t t,
     int64_t nt) {
-    if ((kv_type != KV_F32 && kv_type != KV_F16 && kv_type != KV_BF16) || window < 0) return -2;
+    if (!kv_type_known(kv_type) || window < 0 || (kv_type == KV_Q8_0 && head_dim % Q8_0_QK)) return -2;
     const int kt = (int)kv_type;
-    const int64_t group = num_heads / num_kv_heads, esize = kv_size(kt);
+    const int64_t group = num_heads / num_kv_heads, esize = kv_elem_size(kt);
     for (int64_t w = t; w < batch * num_kv_heads; w += nt) {
         const int64_t b = w / num_kv_heads, hk = w % num_kv_heads;
         const float *qb[group];
@@ -490,12 +359,23 @@ int tandem_paged_decode_part(
             qb[g] = q + b * q_row_stride + (hk * group + g) * q_head_stride;
             ob[g] = out + (b * num_heads + hk * group + g) * head_dim;
         }
-        const int64_t head_off = hk * head_dim * esize;
+        const int64_t head_off = hk * kv_row_bytes(kt, head_dim);
         const Item it = {
             qb, ob, (const char *)k_pool + head_off, (const char *)v_pool + head_off, slot_stride * esize, kt,
             slots + b * slots_stride, lens[b], 1, 0, 1, group, head_dim, window, scale, work + t * work_stride,
         };
         attend_item(&it);
     }
+    return 0;
+}
+
+/* The eager K/V write: row r of src (width float32 elements, a slot's heads back to back; rows ld apart) into
+ * slot slots[r] of a pool of kv_type, rounded or quantized as the step graph's KV_WRITE node stores it (the
+ * same code, kv_types.h). Returns -2 for an unknown kv_type or a q8_0 width not a multiple of 32, else 0. */
+int tandem_kv_store(const float *src, int64_t ld, int64_t rows, int64_t width, void *pool, const int64_t *slots,
+                    int64_t kv_type, int64_t num_threads) {
+    if (!kv_type_known(kv_type) || (kv_type == KV_Q8_0 && width % Q8_0_QK)) return -2;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) kv_store_row(pool, slots[r], src + r * ld, width, (int)kv_type);
     return 0;
 }

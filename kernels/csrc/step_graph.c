@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "kv_types.h"
 #include "omp_team.h"
 
 #define NODE_ARGS 24
@@ -64,9 +65,6 @@ typedef void (*argmax_part)(const float *, int64_t, int64_t, int64_t, int64_t *,
 typedef int64_t (*moe_fn)(const float *, int64_t, int64_t, int64_t, const float *, int64_t, int64_t, int64_t,
                           int64_t *, float *, const void *, int64_t, int64_t, const void *, int64_t, int64_t, float *,
                           int64_t, int64_t);
-
-/* The KV pools' element (kernels/native/paged_attention.py's KV_TYPES). */
-enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
 
 #define P(i, T) ((T)(intptr_t)a[i])
 #define BARRIER _Pragma("omp barrier")
@@ -150,54 +148,12 @@ static void add(const int64_t *a, int64_t rows, int64_t t, int64_t nt) {
         for (int64_t i = 0; i < n; i++) x[r * a[1] + i] += d[r * a[3] + i];
 }
 
-/* float32 -> float16, rounded to nearest even as torch's .to(float16) rounds (NaN: its quiet NaN). */
-static uint16_t to_f16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    const uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7fffffff;
-    if (ax > 0x7f800000) return (uint16_t)(sign | 0x7e00);
-    if (ax >= 0x477ff000) return (uint16_t)(sign | 0x7c00); /* 65520 and up round to inf */
-    const int32_t e = (int32_t)(ax >> 23) - 127;
-    uint32_t q, r, half;
-    if (e >= -14) { /* a normal half: drop 13 mantissa bits (a carry may step the exponent, as it should) */
-        q = ((uint32_t)(e + 15) << 10) | ((ax >> 13) & 0x3ff);
-        r = ax & 0x1fff;
-        half = 0x1000;
-    } else { /* a subnormal half: the value in units of 2^-24 */
-        const uint32_t m = (ax >> 23) ? (ax & 0x7fffff) | 0x800000 : 0;
-        const int32_t s = -(e + 1); /* >= 14 */
-        if (s > 25) return (uint16_t)sign;
-        q = m >> s;
-        r = m & ((1u << s) - 1);
-        half = 1u << (s - 1);
-    }
-    if (r > half || (r == half && (q & 1))) q++;
-    return (uint16_t)(sign | q);
-}
-
-/* float32 -> bfloat16, rounded to nearest even as torch's vectorized .to(bfloat16) rounds (NaN: 0xffff). */
-static uint16_t to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    if ((x & 0x7fffffff) > 0x7f800000) return 0xffff;
-    return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
-}
-
-static void store_row(void *pool, int64_t slot, const float *src, int64_t n, int64_t type) {
-    if (type == KV_F32) {
-        memcpy((float *)pool + slot * n, src, (size_t)n * sizeof(float));
-        return;
-    }
-    uint16_t *dst = (uint16_t *)pool + slot * n;
-    for (int64_t i = 0; i < n; i++) dst[i] = type == KV_F16 ? to_f16(src[i]) : to_bf16(src[i]);
-}
-
 static void kv_write(const int64_t *a, int64_t rows, int64_t t, int64_t nt) {
     const float *k = P(0, const float *), *v = P(2, const float *);
     const int64_t width = a[6], *slots = P(7, const int64_t *), type = a[8];
-    for (int64_t r = lo(rows, t, nt); r < lo(rows, t + 1, nt); r++) {
-        store_row(P(4, void *), slots[r], k + r * a[1], width, type);
-        store_row(P(5, void *), slots[r], v + r * a[3], width, type);
+    for (int64_t r = lo(rows, t, nt); r < lo(rows, t + 1, nt); r++) { /* as tandem_kv_store's eager write */
+        kv_store_row(P(4, void *), slots[r], k + r * a[1], width, (int)type);
+        kv_store_row(P(5, void *), slots[r], v + r * a[3], width, (int)type);
     }
 }
 

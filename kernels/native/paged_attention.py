@@ -6,9 +6,10 @@ alone was a quarter of a decode step, and one SDPA per prompt of a few hundred t
 kernel's time. kernels/csrc/paged_attention.c reads each key and value once per block of queries, straight
 from the pool, for all the query heads that share it. It is C (compiled here on first use with the
 system's C compiler, see kernels/native/build.py), called through ctypes, and spreads the work over the
-threads of the OpenMP runtime torch runs on (see the .c file). The pools may be float32, float16 or
-bfloat16 (--kv-cache-dtype: half the bytes a step reads); queries and sums are float32. The reference is
-kernels/reference/paged_attention.py.
+threads of the OpenMP runtime torch runs on (see the .c file). The pools may be float32, float16, bfloat16
+or q8_0 blocks (--kv-cache-dtype: half the bytes a step reads, or 34 per 32 elements; kernels/reference/
+kv_quant.py); queries and sums are float32. The reference is kernels/reference/paged_attention.py.
+`store_rows` is the eager K/V write into a q8_0 pool: the step graph's KV_WRITE node's code.
 
 `available()` is False, and kernels/ops.py keeps the torch path, when there is no C compiler or the build
 fails.
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 
 from tandem.kernels.native import build as native_build
+from tandem.kernels.reference.kv_quant import BLOCK_BYTES, Q8_0, QK
 from tandem.kernels.workspace import WORKSPACE
 
 SOURCE = Path(__file__).parents[1] / "csrc" / "paged_attention.c"
@@ -38,8 +40,9 @@ PARALLEL_MIN_KEYS = 256
 # (at most BLOCK_SCORES floats) stay in L2 between the passes.
 BLOCK_SCORES = 64 * 1024
 MAX_QUERY_BLOCK = 8
-# The pool element types the kernel reads, by its code for each (the .c file's KV_F32, KV_F16, KV_BF16).
-KV_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+# The pool element types the kernel reads, by its code for each (kv_types.h's KV_F32, KV_F16, KV_BF16,
+# KV_Q8_0; a uint8 pool is q8_0 blocks).
+KV_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, Q8_0: 3}
 
 
 def build(compiler: str | None = None) -> Path:
@@ -59,7 +62,7 @@ def _library() -> ctypes.CDLL | None:
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Declares the kernel's C signatures on a loaded build of SOURCE (the tests load other builds too):
     tandem_paged_attention_win; tandem_paged_attention_kv, the same but for the trailing window (0); and
-    tandem_paged_attention_f32, the same but for the pool type (float32) too."""
+    tandem_paged_attention_f32, the same but for the pool type (float32) too; and tandem_kv_store."""
     args = [
         _f32p, _i64, _i64, _i64p, _i64p,  # q, row stride, head stride, q rows, q offsets
         _f32p, _f32p, _i64,  # k pool, v pool, slot stride
@@ -70,6 +73,9 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     for fn, extra in ((lib.tandem_paged_attention_f32, []), (lib.tandem_paged_attention_kv, [_i64]),
                       (lib.tandem_paged_attention_win, [_i64, _i64])):
         fn.restype, fn.argtypes = ctypes.c_int, args + extra  # extra: the pools' KV_TYPES code, the window
+    lib.tandem_kv_store.restype = ctypes.c_int
+    # src, ld, rows, width, pool, slots, KV_TYPES code, threads
+    lib.tandem_kv_store.argtypes = [_f32p, _i64, _i64, _i64, _f32p, _i64p, _i64, _i64]
     return lib
 
 
@@ -79,17 +85,53 @@ def available() -> bool:
 
 def supports(q: torch.Tensor, k_pool: torch.Tensor) -> bool:
     """What the kernel handles: float32 queries on CPU, each head's vector contiguous, pool rows [Hkv, D]
-    dense, in a type of KV_TYPES."""
+    dense, in a type of KV_TYPES (q8_0: [Hkv, D / 32 * 34] bytes, D a multiple of 32)."""
+    D = q.shape[-1]
+    width = D // QK * BLOCK_BYTES if k_pool.dtype == Q8_0 and D % QK == 0 else D
     return (
         q.dtype == torch.float32 and k_pool.dtype in KV_TYPES
         and q.device.type == k_pool.device.type == "cpu"
         and q.stride(2) == 1
         and k_pool.is_contiguous()
+        and k_pool.shape[-1] == width
     )
 
 
 BAD_TENSORS = ("paged_attention takes float32 CPU queries, contiguous head vectors and contiguous K and V "
-               "pools of one type: float32, float16 or bfloat16")
+               "pools of one type: float32, float16, bfloat16 or q8_0 blocks (uint8) of the queries' head "
+               "size")
+
+# Elements below which a store runs on one thread (waking others costs more than a decode's few rows).
+STORE_PARALLEL_MIN = 1 << 16
+
+
+def store_rows(pool: torch.Tensor, loc: torch.Tensor, x: torch.Tensor) -> None:
+    """pool[loc[r]] = x[r] rounded or quantized to the pool's type (KV_TYPES), x [T, Hkv, D] float32 on CPU:
+    the bytes the step graph's KV_WRITE node stores (and kernels/reference/kv_quant.py's, for q8_0)."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the CPU paged-attention kernel is not available")
+    if x.dtype != torch.float32 or pool.dtype not in KV_TYPES or pool.device.type != "cpu":
+        raise ValueError("store_rows takes float32 rows into a CPU pool of a type of KV_TYPES")
+    rows = x.flatten(1)  # a view for the model's [T, Hkv, D] (heads back to back in a row)
+    if rows.stride(1) != 1:
+        rows = rows.contiguous()
+    loc = loc.to(torch.int64).contiguous()
+    if not pool.is_contiguous() or loc.numel() != rows.shape[0] or pool[0].numel() != _slot_width(pool, rows):
+        raise ValueError("store_rows needs a contiguous pool whose slots take one row of x each")
+    if loc.numel() and not 0 <= int(loc.min()) <= int(loc.max()) < pool.shape[0]:  # as index_copy_ checks
+        raise IndexError(f"store_rows: a slot outside the pool's {pool.shape[0]}")
+    threads = 1 if rows.numel() < STORE_PARALLEL_MIN else torch.get_num_threads()
+    rc = lib.tandem_kv_store(rows.data_ptr(), rows.stride(0), rows.shape[0], rows.shape[1], pool.data_ptr(),
+                             loc.data_ptr(), KV_TYPES[pool.dtype], threads)
+    if rc:
+        raise ValueError(f"a row of {rows.shape[1]} elements is not whole q8_0 blocks")
+
+
+def _slot_width(pool: torch.Tensor, rows: torch.Tensor) -> int:
+    """What one row of `rows` takes in a slot of `pool`, in the pool tensor's elements."""
+    n = rows.shape[1]
+    return n // QK * BLOCK_BYTES if pool.dtype == Q8_0 else n
 
 
 def _pools_ok(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> bool:
@@ -209,7 +251,8 @@ def paged_attention(
     window: int = 0,
 ) -> torch.Tensor:
     """q [T, H, D] float32 (any row/head strides, D contiguous); k_pool, v_pool [S, Hkv, D] contiguous, both
-    float32, float16 or bfloat16; window: keys a query sees, its own included (0: all before it);
+    float32, float16 or bfloat16, or both q8_0 blocks [S, Hkv, D / 32 * 34] uint8; window: keys a query sees,
+    its own included (0: all before it);
     slots [B, L] int64 (each request's slots, L >= its length); lens [B] int64 (keys per request, i.e. the
     position of its last query + 1); q_lens: request b's number of queries (its last q_lens[b] positions);
     q_rows [sum(q_lens)] int64 rows of q (None: rows 0 .. sum(q_lens)-1, request by request).

@@ -14,8 +14,8 @@ grouped by new-token count and by similar length so padding costs at most ~2x --
 viewing the G query heads of a KV head as G query rows (no K/V repeat). Other multi-token requests
 (prefills, chunks) run one SDPA each.
 Gathered K/V go into persistent buffers (kernels/workspace.py), a cache-sized chunk of decodes at a time.
-A pool in another dtype than q's (--kv-cache-dtype) is attended in float32: the gathered K/V and q widened,
-the output rounded back to q's dtype.
+A pool in another dtype than q's (--kv-cache-dtype) is attended in float32: the gathered K/V and q widened
+(q8_0 blocks dequantized, kernels/reference/kv_quant.py), the output rounded back to q's dtype.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from tandem.kernels.reference.kv_quant import to_pool, widen
 from tandem.kernels.workspace import WORKSPACE
 
 # Gathered K+V per decode chunk: well inside a server L3, so SDPA re-reads it from cache, not DRAM.
@@ -33,7 +34,8 @@ DECODE_CHUNK_BYTES = 8 << 20
 
 
 def _compute_dtype(q: torch.Tensor, k_pool: torch.Tensor) -> torch.dtype:
-    """q's dtype, or float32 for a pool in another (SDPA takes one dtype; float32 loses nothing of either)."""
+    """q's dtype, or float32 for a pool in another (SDPA takes one dtype; float32 loses nothing of either, nor
+    of q8_0's values)."""
     return q.dtype if k_pool.dtype == q.dtype else torch.float32
 
 
@@ -226,14 +228,14 @@ def paged_attention_ref(
         o = qd.new_empty(g.size, hkv, rows_per, D)
         full_mask = g.mask_for(group)
         # Gather a few requests at a time so their K/V is still in cache when SDPA reads it back.
-        row_bytes = 2 * g.max_len * hkv * D * k_pool.element_size()
+        row_bytes = 2 * g.max_len * hkv * k_pool.shape[2] * k_pool.element_size()
         chunk = max(1, DECODE_CHUNK_BYTES // row_bytes)
         for c0 in range(0, g.size, chunk):
             n = min(chunk, g.size - c0)
             slots = g.slots[c0 * g.max_len : (c0 + n) * g.max_len]
             # [n, L, Hkv, D] -> [n, Hkv, L, D]; the G query heads of each KV head act as G query rows.
-            k = _gather("k", k_pool, slots).to(cd).view(n, g.max_len, hkv, D).transpose(1, 2)
-            v = _gather("v", v_pool, slots).to(cd).view(n, g.max_len, hkv, D).transpose(1, 2)
+            k = widen(_gather("k", k_pool, slots), cd).view(n, g.max_len, hkv, D).transpose(1, 2)
+            v = widen(_gather("v", v_pool, slots), cd).view(n, g.max_len, hkv, D).transpose(1, 2)
             mask = None if full_mask is None else full_mask[c0 : c0 + n]
             o[c0 : c0 + n] = F.scaled_dot_product_attention(
                 qd[c0 : c0 + n], k, v, attn_mask=mask, scale=scale
@@ -268,10 +270,10 @@ def attend_extends(
         qs = q[rows].transpose(0, 1).unsqueeze(0).to(cd)  # [1, H, E, D]
         # fresh prefill: its keys are this step's, as stored
         if new_kv is not None and len(seg.slots) == seg.length:
-            k, v = (x[rows].transpose(0, 1).unsqueeze(0).to(k_pool.dtype).to(cd) for x in new_kv)
+            k, v = (widen(to_pool(x[rows].transpose(0, 1).unsqueeze(0), k_pool.dtype), cd) for x in new_kv)
         else:
-            k = _gather("k", k_pool, seg.slots).transpose(0, 1).unsqueeze(0).to(cd)  # [1, Hkv, S, D]
-            v = _gather("v", v_pool, seg.slots).transpose(0, 1).unsqueeze(0).to(cd)
+            k = widen(_gather("k", k_pool, seg.slots), cd).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, D]
+            v = widen(_gather("v", v_pool, seg.slots), cd).transpose(0, 1).unsqueeze(0)
         o = F.scaled_dot_product_attention(
             qs, k, v, attn_mask=seg.mask, is_causal=seg.mask is None, scale=scale, enable_gqa=group > 1
         )

@@ -16,6 +16,9 @@ the keys before each query's; `slot_map` (a pool of the sliding layers' own) map
 table, so no key outside a window is ever loaded.
 
 Dots run at IEEE precision: fp32 stays exact (no TF32 rounding); bf16 inputs are unaffected.
+A q8_0 pool (uint8 blocks, kernels/reference/kv_quant.py: --kv-cache-dtype q8_0) is read through int8 and
+float16 pointers into its bytes, each value times its block's scale in float32, and attended in float32
+like the reference attends a pool in another dtype than q's.
 Triton is imported, and the kernels jitted, on first use (see input_prep.py for why).
 """
 
@@ -46,7 +49,7 @@ def _kernels() -> dict[str, Any]:
         s_qt, s_qh, s_kt, s_kh, s_ot, s_oh, s_r2t,
         scale, G: tl.constexpr, D: tl.constexpr,
         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-        WINDOW: tl.constexpr, MAPPED: tl.constexpr,
+        WINDOW: tl.constexpr, MAPPED: tl.constexpr, Q8: tl.constexpr,
     ):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -58,6 +61,8 @@ def _kernels() -> dict[str, Any]:
         d_ok = d < D
         qo = b * s_qt + (kvh * G + g[:, None]) * s_qh + d[None, :]
         qv = tl.load(q + qo, mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+        if Q8:
+            qv = qv.to(tl.float32)
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -68,15 +73,27 @@ def _kernels() -> dict[str, Any]:
             slot = tl.load(req_to_token + row * s_r2t + n, mask=n_ok, other=0)
             if MAPPED:
                 slot = tl.load(slot_map + slot, mask=n_ok, other=0)
-            kvo = slot[:, None] * s_kt + kvh * s_kh + d[None, :]
             kv_ok = n_ok[:, None] & d_ok[None, :]
-            kb = tl.load(k_pool + kvo, mask=kv_ok, other=0.0)
+            if Q8:  # each value's int8 and its block's float16 scale, at their bytes in the rows
+                blk = slot[:, None] * s_kt + kvh * s_kh + (d[None, :] // 32) * 34
+                vals, scales = blk + 2 + d[None, :] % 32, blk
+                kb = tl.load((k_pool + vals).to(tl.pointer_type(tl.int8)), mask=kv_ok, other=0).to(tl.float32)
+                kb *= tl.load((k_pool + scales).to(tl.pointer_type(tl.float16)), mask=kv_ok,
+                              other=0.0).to(tl.float32)
+            else:
+                kvo = slot[:, None] * s_kt + kvh * s_kh + d[None, :]
+                kb = tl.load(k_pool + kvo, mask=kv_ok, other=0.0)
             s = tl.dot(qv, tl.trans(kb), input_precision="ieee", out_dtype=tl.float32) * scale
             s = tl.where(n_ok[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             p = tl.exp(s - m_new[:, None])
             alpha = tl.exp(m_i - m_new)
-            vb = tl.load(v_pool + kvo, mask=kv_ok, other=0.0)
+            if Q8:
+                vb = tl.load((v_pool + vals).to(tl.pointer_type(tl.int8)), mask=kv_ok, other=0).to(tl.float32)
+                vb *= tl.load((v_pool + scales).to(tl.pointer_type(tl.float16)), mask=kv_ok,
+                              other=0.0).to(tl.float32)
+            else:
+                vb = tl.load(v_pool + kvo, mask=kv_ok, other=0.0)
             acc = acc * alpha[:, None] + tl.dot(
                 p.to(vb.dtype), vb, input_precision="ieee", out_dtype=tl.float32
             )
@@ -91,7 +108,7 @@ def _kernels() -> dict[str, Any]:
         s_qt, s_qh, s_kt, s_kh, s_ot, s_oh, s_r2t,
         scale, G: tl.constexpr, D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-        WINDOW: tl.constexpr, MAPPED: tl.constexpr,
+        WINDOW: tl.constexpr, MAPPED: tl.constexpr, Q8: tl.constexpr,
     ):
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -109,6 +126,8 @@ def _kernels() -> dict[str, Any]:
             pos = seq_len - ext + m  # absolute position of each new token: it sees keys 0 .. pos
             qo = (first + m[:, None]) * s_qt + h * s_qh + d[None, :]
             qv = tl.load(q + qo, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+            if Q8:
+                qv = qv.to(tl.float32)
             m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
             l_i = tl.zeros([BLOCK_M], tl.float32)
             acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -123,9 +142,17 @@ def _kernels() -> dict[str, Any]:
                 slot = tl.load(req_to_token + row * s_r2t + n, mask=n_ok, other=0)
                 if MAPPED:
                     slot = tl.load(slot_map + slot, mask=n_ok, other=0)
-                kvo = slot[:, None] * s_kt + kvh * s_kh + d[None, :]
                 kv_ok = n_ok[:, None] & d_ok[None, :]
-                kb = tl.load(k_pool + kvo, mask=kv_ok, other=0.0)
+                if Q8:  # as the decode kernel reads q8_0 blocks
+                    blk = slot[:, None] * s_kt + kvh * s_kh + (d[None, :] // 32) * 34
+                    vals, scales = blk + 2 + d[None, :] % 32, blk
+                    kb = tl.load((k_pool + vals).to(tl.pointer_type(tl.int8)), mask=kv_ok,
+                                 other=0).to(tl.float32)
+                    kb *= tl.load((k_pool + scales).to(tl.pointer_type(tl.float16)), mask=kv_ok,
+                                  other=0.0).to(tl.float32)
+                else:
+                    kvo = slot[:, None] * s_kt + kvh * s_kh + d[None, :]
+                    kb = tl.load(k_pool + kvo, mask=kv_ok, other=0.0)
                 s = tl.dot(qv, tl.trans(kb), input_precision="ieee", out_dtype=tl.float32) * scale
                 seen = n_ok[None, :] & (n[None, :] <= pos[:, None])
                 if WINDOW > 0:
@@ -135,7 +162,13 @@ def _kernels() -> dict[str, Any]:
                 m_new = tl.maximum(tl.maximum(m_i, tl.max(s, 1)), -1e30)
                 p = tl.exp(s - m_new[:, None])
                 alpha = tl.exp(m_i - m_new)
-                vb = tl.load(v_pool + kvo, mask=kv_ok, other=0.0)
+                if Q8:
+                    vb = tl.load((v_pool + vals).to(tl.pointer_type(tl.int8)), mask=kv_ok,
+                                 other=0).to(tl.float32)
+                    vb *= tl.load((v_pool + scales).to(tl.pointer_type(tl.float16)), mask=kv_ok,
+                                  other=0.0).to(tl.float32)
+                else:
+                    vb = tl.load(v_pool + kvo, mask=kv_ok, other=0.0)
                 acc = acc * alpha[:, None] + tl.dot(
                     p.to(vb.dtype), vb, input_precision="ieee", out_dtype=tl.float32
                 )
@@ -172,6 +205,8 @@ def paged_attention_triton(
     hkv = k_pool.shape[1]
     if q.stride(2) != 1 or k_pool.stride(2) != 1 or v_pool.stride() != k_pool.stride():
         raise ValueError("paged_attention_triton needs unit-stride head_dim and K/V pools of one layout")
+    if k_pool.dtype == torch.uint8 and (d % 32 or k_pool.shape[2] != d // 32 * 34):
+        raise ValueError(f"a q8_0 pool of rows of {k_pool.shape[2]} bytes for heads of {d} values")
     out = q.new_empty(t, h, d)
     b = req_pool_indices.numel()
     if b == 0 or t == 0:
@@ -182,7 +217,8 @@ def paged_attention_triton(
         req_to_token.stride(0),
     )
     kern = _kernels()
-    mapped = {"WINDOW": window, "MAPPED": slot_map is not None}
+    # Q8: q8_0 blocks (uint8 pools; q's head size a multiple of 32, which KVCache checked)
+    mapped = {"WINDOW": window, "MAPPED": slot_map is not None, "Q8": k_pool.dtype == torch.uint8}
     smap = req_to_token if slot_map is None else slot_map  # any pointer when not MAPPED
     if max_extend == 1:
         kern["decode"][(b, hkv)](

@@ -17,10 +17,12 @@ from tandem.kernels.native.paged_attention import (
     plan_cpu_attention,
 )
 from tandem.kernels.ops import resolve_ops
+from tandem.kernels.reference.kv_quant import Q8_0, to_pool
 from tandem.kernels.reference.paged_attention import build_attention_plan, paged_attention_ref
 from tandem.worker.attention_backend import CpuPlan, select_attention_backend
 from tandem.worker.forward_batch import ForwardBatch
 from tests.c_kernels import needs_c_kernels
+from tests.kernels import test_kv_q8_0 as q8_0
 from tests.kernels.portable_build import march_build, portable_build, x86_only
 from tests.kernels.test_paged_attention import make_case, naive
 from tests.kv_pool import Pool
@@ -159,6 +161,11 @@ def test_portable_build_matches_the_reference_and_is_batch_invariant(tmp_path, m
     for dtype in (torch.float16, torch.bfloat16):
         test_a_half_pool_gives_the_bits_of_a_float32_pool_of_its_values(dtype, 64)
         test_every_half_value_is_read_exactly(dtype, 8)
+    # q8_0 (tests/kernels/test_kv_q8_0.py): each row dequantized as it is read, blocks stored as the reference
+    q8_0.test_a_q8_0_pool_gives_the_bits_of_a_float32_pool_of_its_values(64, 2, 7)
+    q8_0.test_a_prompt_gives_the_same_bits_whole_chunked_or_token_by_token(9)
+    q8_0.test_every_q8_0_value_is_read_exactly(32)
+    q8_0.test_the_c_store_gives_the_references_bytes(128)
 
 
 @needs_cc
@@ -167,7 +174,8 @@ def test_the_avx2_build_gives_this_cpus_bits(tmp_path, monkeypatch) -> None:
     """Built for AVX2 only (haswell), the kernel gives this CPU's build's bits: on an AVX-512 CPU pass 2 sums
     a position's query heads together, 16 head dims a register, each lane still its query's chain over the
     keys in order. Mixed batches (prefills, chunks, verify rows, decodes), group sizes 1 to 7, head sizes
-    16 to 128 (and 40 and 24: a 16-lane path with an 8-lane tail), windows, float32 and half pools."""
+    16 to 128 (and 40 and 24: a 16-lane path with an 8-lane tail), windows, float32, half and q8_0 pools
+    (head sizes that are multiples of 32)."""
     cases = []
     reqs = [(40, 1), (20, 20), (90, 5), (3, 1), (60, 17), (77, 5), (150, 1), (31, 3), (12, 12), (45, 1)]
     for seed, (group, d) in enumerate([(3, 64), (1, 128), (5, 32), (7, 16), (2, 40), (4, 24)]):
@@ -177,9 +185,11 @@ def test_the_avx2_build_gives_this_cpus_bits(tmp_path, monkeypatch) -> None:
             (torch.float16, 0),
             (torch.bfloat16, 0),
             (torch.float32, 24),
+            (Q8_0, 0),
+            (Q8_0, 24),
         ):
-            k, v = c["k_pool"].to(dtype), c["v_pool"].to(dtype)
-            cases.append((c, k, v, window))
+            if dtype != Q8_0 or d % 32 == 0:
+                cases.append((c, to_pool(c["k_pool"], dtype), to_pool(c["v_pool"], dtype), window))
 
     def run_all() -> list[torch.Tensor]:
         out = []
@@ -279,7 +289,7 @@ def test_refuses_what_it_does_not_handle() -> None:
         paged_decode(c["q"].bfloat16(), c["k_pool"].bfloat16(), c["v_pool"].bfloat16(), table, lens, 1, 1.0)
     k, v = c["k_pool"], c["v_pool"]
     for kp, vp in ((k.half(), v.bfloat16()), (k.double(), v.double())):
-        with pytest.raises(ValueError, match="of one type: float32, float16 or bfloat16"):
+        with pytest.raises(ValueError, match="of one type: float32, float16, bfloat16 or q8_0"):
             paged_decode(c["q"], kp, vp, table, lens, 1, 1.0)
     with pytest.raises(ValueError, match="int64"):
         paged_decode(c["q"], c["k_pool"], c["v_pool"], table.int(), lens, 1, 1.0)

@@ -11,6 +11,7 @@ import torch
 from tandem import SamplingParams
 from tandem.kernels.native import paged_attention, step_graph
 from tandem.kernels.ops import resolve_ops
+from tandem.kernels.reference.kv_quant import Q8_0
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.model_info import read_model_info
 from tandem.worker.cpu_step_graph import CpuStepGraph, cpu_graph_applies
@@ -73,7 +74,9 @@ def _step_both_ways(model, pool: Pool, graph: CpuStepGraph, batch, arch: str, he
     ("qwen3_moe", "Q4_0", torch.float32, False, False), ("mixtral", "Q8_0", torch.float16, False, False),
     ("qwen3_moe", "Q4_K_M", torch.float32, False, False),
     ("gemma3", "Q8_0", torch.float32, False, False), ("gemma3", "Q8_0", torch.float32, False, True),
-    ("gemma3", "Q4_K_M", torch.bfloat16, False, True)])
+    ("gemma3", "Q4_K_M", torch.bfloat16, False, True),
+    # q8_0 KV blocks (head sizes of 32: the small qwen2, the tiny Gemma 3 with its sliding layers' own pool)
+    ("qwen2", "Q4_K_M", Q8_0, False, False), ("gemma3", "Q8_0", Q8_0, False, True)])
 def test_replay_equals_eager_bit_for_bit(gguf_model, arch: str, qtype: str, kv_dtype: torch.dtype,
                                          int8: bool, swa: bool) -> None:
     """int8: --cpu-int8-activations, whose nodes call the int8 entry the eager products call. swa: the
@@ -206,6 +209,7 @@ def test_float_models_replay_their_eager_bits(tiny_model, arch: str, weights: to
         ("qwen3", 1, "auto", True),
         ("gemma3", 1, "auto", False),
         ("gemma3", 16, "float16", False),
+        ("gemma3", 16, "q8_0", False),
     ],
 )
 def test_worker_steps_through_the_graph_give_the_eager_tokens(gguf_model, arch: str, page_size: int, kv: str,

@@ -122,6 +122,29 @@ def test_triton_paged_attention_equals_reference_on_cuda(case: str, dtype: torch
     torch.testing.assert_close(got.float(), paged_attention_ref(*args).float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("case", ["decodes", "mixed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_reads_q8_0_pools_on_cuda(case: str, dtype: torch.dtype) -> None:
+    """--kv-cache-dtype q8_0 on the device: torch's quantizer there gives the CPU's bytes, and the Triton
+    kernels over the blocks give the float32 reference's result on their values (the output in q's dtype).
+    Their CPU twins (interpreted): tests/kernels/test_kv_q8_0.py."""
+    from tandem.kernels.reference.kv_quant import dequantize_q8_0, quantize_q8_0
+    from tandem.kernels.reference.paged_attention import paged_attention_ref
+    from tandem.kernels.triton.paged_attention import paged_attention_triton
+    from tests.kernels.test_paged_attention import make_case
+
+    c = make_case(ATTN_CASES[case], hkv=2, group=4, seed=2, d=64)
+    kq, vq = quantize_q8_0(c["k_pool"]), quantize_q8_0(c["v_pool"])
+    assert torch.equal(quantize_q8_0(c["k_pool"].cuda()).cpu(), kq)
+    rest = (c["req_to_token"], c["req_pool_indices"], c["seq_lens"], c["extend_lens"], c["scale"])
+    want = paged_attention_ref(c["q"].to(dtype).float(), dequantize_q8_0(kq), dequantize_q8_0(vq), *rest)
+    ext = c["extend_lens"].cuda()
+    got = paged_attention_triton(c["q"].to(dtype).cuda(), kq.cuda(), vq.cuda(), *(t.cuda() for t in rest[:4]),
+                                 c["scale"], cu_lens=torch.cumsum(ext, 0) - ext, max_extend=int(ext.max()))
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float().cpu(), want, atol=tol, rtol=tol)
+
+
 @pytest.mark.parametrize("mapped", [False, True], ids=["shared-pool", "own-pool"])
 @pytest.mark.parametrize("window", [3, 40])
 def test_triton_sliding_window_attention_equals_dense_on_cuda(window: int, mapped: bool) -> None:

@@ -15,6 +15,7 @@ import torch
 
 from tandem.kernels.native import step_graph
 from tandem.kernels.ops import resolve_ops
+from tandem.kernels.reference.kv_quant import Q8_0
 from tandem.worker.cpu_step_graph import CpuStepGraph
 from tandem.worker.loader import load_model
 from tests.c_kernels import needs_c_kernels
@@ -67,12 +68,14 @@ def test_one_region_gives_the_same_bits_on_any_thread_count(gguf_model, arch: st
         assert all(torch.equal(a, b) for a, b in zip(kv, want_kv, strict=True)), (threads, size)
 
 
-@pytest.mark.parametrize("arch,qtype", [("llama", "Q4_1"), ("gemma3", "Q8_0")])
+@pytest.mark.parametrize("arch,qtype,kv_dtype", [("llama", "Q4_1", None), ("gemma3", "Q8_0", None),
+                                                 ("gemma3", "Q8_0", Q8_0)])
 def test_split_attention_gives_the_same_bits_on_any_thread_count(gguf_model, arch: str, qtype: str,
-                                                                 monkeypatch) -> None:
+                                                                 kv_dtype: torch.dtype | None, monkeypatch) -> None:
     """Contexts long enough that the attention node splits its (request, KV head) items over the team (the
     short contexts above keep it on one thread): 1 to 4 threads give the eager step's logits and K/V, bit
-    for bit; Gemma's sliding layers read their last window of these long contexts."""
+    for bit; Gemma's sliding layers read their last window of these long contexts; kv_dtype: the pools'
+    (None: the model's; q8_0 blocks)."""
     from tandem.kernels.native.paged_attention import PARALLEL_MIN_KEYS
 
     model = load_model(str(gguf_model(arch, qtype)), torch.float32, "cpu", ops=resolve_ops("cpu", torch.float32, "cpu"))
@@ -81,7 +84,7 @@ def test_split_attention_gives_the_same_bits_on_any_thread_count(gguf_model, arc
     kv_heads = model.config.num_key_value_heads
     # the C rule: min(threads, items, keys x KV heads / PARALLEL_MIN_KEYS) threads share the items
     assert min(len(lens) * kv_heads, (sum(lens) + len(lens)) * kv_heads // PARALLEL_MIN_KEYS) >= 4
-    pool = Pool(model, num_slots=2400, max_reqs=16, max_context=600)
+    pool = Pool(model, num_slots=2400, max_reqs=16, max_context=600, kv_dtype=kv_dtype)
     with _torch_threads(4):
         graph = CpuStepGraph(model, pool.kv, max_batch=8, max_context=600)
     seqs, rows = _prefilled(model, pool, lens, seed=11, extra=1)
