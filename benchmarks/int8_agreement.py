@@ -1,7 +1,11 @@
 """Greedy agreement of --cpu-int8-activations with the float32 path on a GGUF model: the same prompts, greedy,
 through an engine each way; how many sequences come out identical and where the others first diverge.
+With --kl, instead, llama.cpp's `llama-perplexity --kl-divergence` measure over real text for each file:
+KL(exact || int8) of the full next-token distributions, top-1 agreement, each path's perplexity
+(benchmarks/int8_kl.py).
 
     python -m tandem.benchmarks.int8_agreement --model M.gguf [--prompts 32 --tokens 64]
+    python -m tandem.benchmarks.int8_agreement --kl --model A.gguf B.gguf ... [--chunks 16 --ctx 512]
 
 The prompts are short English instructions in the model's chat template (a base model's as plain "Q: ...
 A:" text; varied topics), so the
@@ -18,6 +22,7 @@ import argparse
 import statistics
 
 from tandem import Client, SamplingParams
+from tandem.benchmarks import int8_kl
 from tandem.kernels.native.cpu_caps import cpu_caps
 from tandem.protocol.tokenizer_loader import load_tokenizer
 
@@ -79,11 +84,21 @@ def prompts(model: str, n: int) -> list[list[int]]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
-    ap = argparse.ArgumentParser(prog="python -m tandem.benchmarks.int8_agreement")
-    ap.add_argument("--model", required=True, help="a .gguf file")
+    ap = argparse.ArgumentParser(prog="python -m tandem.benchmarks.int8_agreement", allow_abbrev=False)
+    ap.add_argument("--model", required=True, nargs="+", help="a .gguf file (--kl: one or more)")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--kl", action="store_true", help="KL divergence and top-1 agreement over real text")
+    ap.add_argument("--chunks", type=int, default=16, help="--kl: chunks of text")
+    ap.add_argument("--ctx", type=int, default=512, help="--kl: tokens a chunk (its second half scored)")
     args = ap.parse_args(argv)
+    if args.kl:
+        if args.chunks < 1 or args.ctx < 4:
+            ap.error("--chunks must be at least 1 and --ctx at least 4")
+        return kl_table(args.model, args.chunks, args.ctx)
+    if len(args.model) != 1:
+        ap.error("the greedy comparison takes one --model (--kl takes several)")
+    args.model = args.model[0]
     ids = prompts(args.model, args.prompts)
     params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
     outs: dict[bool, list[list[int]]] = {}
@@ -121,6 +136,18 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         f"float32 top token {shift:.3f}"
     )
     return {"identical": first.count(None), "first_divergence": diverged, "flips": len(flips)}
+
+
+def kl_table(models: list[str], chunks: int, ctx: int) -> dict[str, object]:
+    """Each file's int8 path against its exact path over the same text; prints the table as it goes."""
+    print(cpu_caps().describe())
+    print(int8_kl.corpus_line(chunks, ctx))
+    rows = []
+    for m in models:
+        rows.append(int8_kl.measure(m, chunks, ctx))
+        print(f"{m}: {rows[-1]['positions']} positions, {rows[-1]['seconds']:.0f} s", flush=True)
+    print(int8_kl.table(rows))
+    return {r["model"]: r for r in rows}
 
 
 if __name__ == "__main__":

@@ -48,6 +48,46 @@ def convert(model_dir: Path, out: Path, outtype: str, converter: Path | None = N
     return out
 
 
+# The vocabulary of one GGUF file given to another, through llama.cpp's own metadata copier
+# (gguf-py/gguf/scripts/gguf_new_metadata.py): every tokenizer.* key of the donor, none of the source's others.
+_VOCAB_DRIVER = """
+import sys
+root, src, donor, out = sys.argv[1:5]
+sys.path[:0] = [root + "/gguf-py", root + "/gguf-py/gguf/scripts"]
+import gguf
+from gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+reader, vocab = gguf.GGUFReader(src), gguf.GGUFReader(donor)
+mine = {k: f for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+theirs = {k: f for k, f in vocab.fields.items() if k.startswith("tokenizer.")}
+def spaced(f):  # SentencePiece's word mark is a space (Gemma's release writes its runs of spaces so)
+    return [t.replace("\u2581", " ") for t in f.contents()]
+if spaced(mine["tokenizer.ggml.tokens"]) != spaced(theirs["tokenizer.ggml.tokens"]):
+    sys.exit(f"{donor}'s tokens are not {src}'s: a vocabulary of another model")
+writer = gguf.GGUFWriter(out, reader.fields["general.architecture"].contents(), endianess=reader.endianess)
+new = {}
+for k, f in theirs.items():
+    sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+    if k in mine:
+        new[k] = MetadataDetails(f.types[0], f.contents(), sub_type=sub)
+    else:
+        writer.add_key_value(k, f.contents(), f.types[0], sub_type=sub)
+copy_with_new_metadata(reader, writer, new, [k for k in mine if k not in theirs])
+"""
+
+
+def replace_vocab(src: Path, donor: Path, out: Path, converter: Path | None = None) -> Path:
+    """src with donor's tokenizer metadata (the same tokens, checked): a Gemma HF directory without
+    tokenizer.model (one `tandem convert` wrote) gives the converter only tokenizer.json, from which it writes
+    a BPE ("gpt2") vocabulary that transformers' GGUF reader, and so the engine, cannot load; the release
+    file's is the SentencePiece one the converter writes from tokenizer.model."""
+    root = converter or find_converter()
+    r = subprocess.run([sys.executable, "-c", _VOCAB_DRIVER, str(root), str(src), str(donor), str(out)],
+                       capture_output=True, text=True)
+    if r.returncode != 0 or not out.is_file():
+        raise RuntimeError(f"copying {donor}'s vocabulary into {src} failed:\n{r.stderr[-3000:]}")
+    return out
+
+
 def quantize(build: Path, src: Path, out: Path, qtype: str, threads: int) -> Path:
     """`llama-quantize src out qtype threads` (qtype: Q4_0, Q4_K_M, ...; src: a Q8_0 / BF16 / F16 file)."""
     exe = find_binary(build, "llama-quantize")
