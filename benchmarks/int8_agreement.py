@@ -2,10 +2,12 @@
 through an engine each way; how many sequences come out identical and where the others first diverge.
 With --kl, instead, llama.cpp's `llama-perplexity --kl-divergence` measure over real text for each file:
 KL(exact || int8) of the full next-token distributions, top-1 agreement, each path's perplexity
-(benchmarks/int8_kl.py).
+(benchmarks/int8_kl.py); with --kv-cache-dtype X as well, the same measure of the KV cache's element: the
+exact path with X KV against it with float32 KV (llama.cpp's `-ctk X -ctv X`; a HF directory works too).
 
     python -m tandem.benchmarks.int8_agreement --model M.gguf [--prompts 32 --tokens 64]
     python -m tandem.benchmarks.int8_agreement --kl --model A.gguf B.gguf ... [--chunks 16 --ctx 512]
+    python -m tandem.benchmarks.int8_agreement --kl --kv-cache-dtype q8_0 --model A.gguf DIR ... [--ctx 8192]
 
 The prompts are short English instructions in the model's chat template (a base model's as plain "Q: ...
 A:" text; varied topics), so the
@@ -24,6 +26,7 @@ import statistics
 from tandem import Client, SamplingParams
 from tandem.benchmarks import int8_kl
 from tandem.kernels.native.cpu_caps import cpu_caps
+from tandem.protocol.choices import KVCacheDType, literal_values
 from tandem.protocol.tokenizer_loader import load_tokenizer
 
 TOPICS = (
@@ -91,11 +94,15 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     ap.add_argument("--kl", action="store_true", help="KL divergence and top-1 agreement over real text")
     ap.add_argument("--chunks", type=int, default=16, help="--kl: chunks of text")
     ap.add_argument("--ctx", type=int, default=512, help="--kl: tokens a chunk (its second half scored)")
+    ap.add_argument("--kv-cache-dtype", choices=literal_values(KVCacheDType), default=None,
+                    help="--kl: compare this KV element against float32 KV (exact products both) instead")
     args = ap.parse_args(argv)
+    if args.kv_cache_dtype is not None and not args.kl:
+        ap.error("--kv-cache-dtype goes with --kl")
     if args.kl:
         if args.chunks < 1 or args.ctx < 4:
             ap.error("--chunks must be at least 1 and --ctx at least 4")
-        return kl_table(args.model, args.chunks, args.ctx)
+        return kl_table(args.model, args.chunks, args.ctx, args.kv_cache_dtype)
     if len(args.model) != 1:
         ap.error("the greedy comparison takes one --model (--kl takes several)")
     args.model = args.model[0]
@@ -138,13 +145,14 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     return {"identical": first.count(None), "first_divergence": diverged, "flips": len(flips)}
 
 
-def kl_table(models: list[str], chunks: int, ctx: int) -> dict[str, object]:
-    """Each file's int8 path against its exact path over the same text; prints the table as it goes."""
+def kl_table(models: list[str], chunks: int, ctx: int, kv_dtype: str | None = None) -> dict[str, object]:
+    """Each file's int8 path against its exact path over the same text (kv_dtype: its exact path over KV of
+    that element against over float32 KV); prints the table as it goes."""
     print(cpu_caps().describe())
     print(int8_kl.corpus_line(chunks, ctx))
     rows = []
     for m in models:
-        rows.append(int8_kl.measure(m, chunks, ctx))
+        rows.append(int8_kl.measure(m, chunks, ctx, kv_dtype=kv_dtype))
         print(f"{m}: {rows[-1]['positions']} positions, {rows[-1]['seconds']:.0f} s", flush=True)
     print(int8_kl.table(rows))
     return {r["model"]: r for r in rows}

@@ -207,10 +207,11 @@ def test_int8_kl_benchmark_scores_the_engines_paths_over_real_text(tiny_model, t
     r = res[path]
     assert r["positions"] == 30 and r["types"] == "Q4_1x16"
     assert 0 < r["kl_median"] <= r["kl_p99"] <= r["kl_max"] < math.inf and 0 < r["kl_mean"] <= r["kl_max"]
-    assert 0 < r["same_top_pct"] <= 100 and r["ppl_exact"] > 1 and r["ppl_int8"] > 1
-    assert math.isclose(r["ln_ppl_ratio"], math.log(r["ppl_int8"] / r["ppl_exact"]), abs_tol=1e-9)
+    assert 0 < r["same_top_pct"] <= 100 and r["ppl_ref"] > 1 and r["ppl_cand"] > 1
+    assert math.isclose(r["ln_ppl_ratio"], math.log(r["ppl_cand"] / r["ppl_ref"]), abs_tol=1e-9)
     out = capsys.readouterr().out
     assert out.startswith("CPU: ") and "2 chunks x 32 tokens, the last 15 of each scored" in out
+    assert "| file: int8 vs exact | matrices | PPL exact | PPL int8 |" in out
     assert "| q.gguf | Q4_1x16 |" in out
     # The benchmark's int8 path is the engine's default one: the text's prompt logprobs agree.
     ids = int8_kl.text_chunks(int8_kl.load_tokenizer(path), int8_kl.corpus(), 1, 32)[0]
@@ -221,6 +222,49 @@ def test_int8_kl_benchmark_scores_the_engines_paths_over_real_text(tiny_model, t
                                 progress=False)[0].prompt_logprobs.logprobs
     assert len(got) == len(mine) == 15
     assert torch.allclose(mine, torch.tensor(got, dtype=torch.float32), atol=1e-4)
+
+
+@needs_cc
+def test_kv_kl_benchmark_scores_a_kv_element_against_float32_kv(tiny_model, capsys, launch_client) -> None:
+    """--kl --kv-cache-dtype on a tiny Gemma 3 directory (head size 32; sliding layers, a 16-token window),
+    2 chunks of 64 tokens (31 scored each): float32 KV against itself is KL 0 and 100% top-1 agreement; q8_0
+    KV a finite KL > 0, its log-probabilities of the text those the engine gives with --kv-cache-dtype q8_0
+    (the KV stored as q8_0 blocks and read back from the pool, the prefill's own keys too)."""
+    import math
+
+    import torch
+
+    from tandem import SamplingParams
+    from tandem.benchmarks import int8_agreement, int8_kl
+
+    model = str(tiny_model("gemma3"))
+    same = int8_kl.measure(model, 2, 64, kv_dtype="float32")
+    assert same["positions"] == 62 and same["same_top_pct"] == 100.0 and same["ln_ppl_ratio"] == 0.0
+    assert same["kl_mean"] == same["kl_max"] == same["rms_dp_pct"] == 0.0
+    res = int8_agreement.main(["--kl", "--kv-cache-dtype", "q8_0", "--model", model, "--chunks", "2",
+                               "--ctx", "64"])
+    r = res[model]
+    assert r["positions"] == 62 and r["compare"] == ("float32 KV", "q8_0 KV")
+    assert 0 < r["kl_median"] <= r["kl_p99"] <= r["kl_max"] < math.inf and 0 < r["kl_mean"] <= r["kl_max"]
+    assert math.isclose(r["ln_ppl_ratio"], math.log(r["ppl_cand"] / r["ppl_ref"]), abs_tol=1e-9)
+    out = capsys.readouterr().out
+    assert "| file: q8_0 KV vs float32 KV | matrices | PPL float32 KV | PPL q8_0 KV |" in out
+    assert f"| {Path(model).name} | F32x" in out
+    # The q8_0 path is the engine's: the same loaded model over a pool of q8_0 blocks gives the text's
+    # prompt logprobs an engine with q8_0 KV gives (and not the float32 pool's: the element matters here).
+    ids = int8_kl.text_chunks(int8_kl.load_tokenizer(model), int8_kl.corpus(), 1, 64)[0]
+    ref = int8_kl.LogitPath(model, False, 64)
+    cand = ref.with_kv(torch.uint8)
+    assert cand.model is ref.model and ref.kv.k[0].dtype == torch.float32
+    assert cand.kv.k[0].dtype == cand.kv.v[0].dtype == torch.uint8  # q8_0 blocks' bytes
+    targets = torch.tensor(ids[33:])[:, None]
+    mine, exact = (p.logprobs(ids, 32).gather(1, targets)[:, 0] for p in (cand, ref))
+    client = launch_client(model, kv_cache_dtype="q8_0")
+    got = torch.tensor(client.generate_batch([ids], SamplingParams(max_tokens=1, prompt_logprobs=0,
+                                                                   logprob_start_len=33),
+                                             progress=False)[0].prompt_logprobs.logprobs)
+    assert len(got) == len(mine) == 31
+    assert torch.allclose(mine, got, atol=1e-4) and not torch.allclose(exact, got, atol=1e-4)
 
 
 @needs_cc
