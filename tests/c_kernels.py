@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.kernels.native import argmax, moe, norm_act, paged_attention, quant_linear, rotary, step_graph
+from tandem.kernels.native import (
+    argmax,
+    moe,
+    norm_act,
+    paged_attention,
+    quant_linear,
+    quant_repack,
+    rotary,
+    step_graph,
+)
 from tandem.kernels.native import build as native_build
 
-KERNELS = (norm_act, rotary, paged_attention, quant_linear, moe, argmax, step_graph)
+KERNELS = (norm_act, rotary, paged_attention, quant_linear, quant_repack, moe, argmax, step_graph)
 
 
 def check_built() -> None:

@@ -62,11 +62,26 @@ class GGUFBlocks:
     def shape(self) -> tuple[int, int]:
         return self.raw.shape[0], self.in_features
 
-    def dequantize(self) -> torch.Tensor:
-        import gguf
+    def dequantize(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 [out, in], or written into `out` (any dtype and device; returned): gguf's dequantization,
+        computed in C where it builds (the same floats, bit for bit, many times faster: gguf's numpy took
+        0.8 s for a 1B model's embedding table) and then straight into a float32 CPU `out`."""
+        from tandem.kernels.native import quant_repack
+        from tandem.kernels.native.quant_pack import GGUF_BLOCKS
 
-        w = gguf.quants.dequantize(self.raw, gguf.GGMLQuantizationType[self.qtype])
-        return torch.from_numpy(np.ascontiguousarray(w).reshape(self.shape))
+        if self.qtype in GGUF_BLOCKS and quant_repack.available():
+            kind = GGUF_BLOCKS[self.qtype][0]
+            direct = (out is not None and out.dtype == torch.float32 and out.device.type == "cpu"
+                      and out.shape == self.shape and out.stride(1) == 1)
+            w = quant_repack.dequantize_rows(self.raw, kind, self.in_features, out=out if direct else None)
+            if out is None or direct:
+                return w
+        else:
+            import gguf
+
+            w = gguf.quants.dequantize(self.raw, gguf.GGMLQuantizationType[self.qtype])
+            w = torch.from_numpy(np.ascontiguousarray(w).reshape(self.shape))
+        return w if out is None else out.copy_(w)
 
     def __getitem__(self, key: Any) -> GGUFBlocks | torch.Tensor:
         if isinstance(key, slice):

@@ -345,6 +345,12 @@ class _Guard(TorchDispatchMode):
         super().__init__()
         self.rec = rec
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Recent torch wraps a mode's __torch_dispatch__ in torch._dynamo.disable unless this says no, and the
+        # wrapper's first call imports torch._dynamo: 1.2 s of a worker's start. Nothing here runs compiled.
+        return False
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if self.rec._quiet:
             return func(*args, **(kwargs or {}))

@@ -1,11 +1,12 @@
 """GGUF weight blocks repacked into the layouts of kernels/csrc/quant_blocks.h, and the plain reference.
 
-`pack` reads a GGUF tensor's blocks into each weight's quantized value q and its scales and lays them out
-in panels of 16 output columns: the scales as the file holds them (float16 d and m, the K-quants' integer
-sub-block scales), then a plane of q's high bits for the 5- and 6-bit types and q's low nibbles. `dequantize`
-is the
-reference the tests hold the kernel to: from that layout, the float32 weight the kernel rebuilds, D * q + M
-with D and M as the kernel computes them, which is gguf's own dequantization of the file exactly.
+`pack_reference` reads a GGUF tensor's blocks into each weight's quantized value q and its scales and lays
+them out in panels of 16 output columns: the scales as the file holds them (float16 d and m, the K-quants'
+integer sub-block scales), then a plane of q's high bits for the 5- and 6-bit types and q's low nibbles.
+`pack` writes the same bytes in C (kernels/csrc/quant_repack.c, many times faster: the repacking was most
+of a quantized model's start) where it builds. `dequantize` is the reference the tests hold the kernel to:
+from that layout, the float32 weight the kernel rebuilds, D * q + M with D and M as the kernel computes
+them, which is gguf's own dequantization of the file exactly.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from tandem.kernels.native import quant_repack
 
 PANEL, KBLK = 16, 32
 # GGUF type name -> (the kernel's block kind, weights per GGUF block, bytes per GGUF block). The kinds are
@@ -154,10 +157,8 @@ def _read(raw: np.ndarray, qtype: str, n: int, kb: int) -> dict[str, np.ndarray]
     return fields
 
 
-def pack(raw: np.ndarray, qtype: str, in_features: int) -> QuantWeight:
-    """raw: a GGUF tensor's blocks as uint8 [out_features, in_features / block weights * block bytes] (gguf's
-    reader gives this shape; rows and whole blocks may be sliced off first). Raises ValueError for a type or
-    shape the kernel does not take."""
+def _check(raw: np.ndarray, qtype: str, in_features: int) -> int:
+    """pack's checks of a type and shape; the kind."""
     if qtype not in GGUF_BLOCKS:
         raise ValueError(f"no CPU kernel for GGUF type {qtype}; supported: {', '.join(GGUF_BLOCKS)}")
     kind, elems, block = GGUF_BLOCKS[qtype]
@@ -169,11 +170,37 @@ def pack(raw: np.ndarray, qtype: str, in_features: int) -> QuantWeight:
     ):
         raise ValueError(f"{qtype} weight of {in_features} inputs: expected uint8 rows of "
                          f"{in_features // elems * block} bytes, got {raw.dtype} {tuple(raw.shape)}")
+    if raw.shape[0] == 0:  # no panel to write (numpy's reshapes would fail on it, not C's)
+        raise ValueError(f"{qtype} weight of {in_features} inputs: no rows")
+    return kind
+
+
+def _not_finite(qtype: str) -> ValueError:
+    # gguf's d * (q - offset) is +-inf where the kernel's D * q + M (M = -offset * D) is inf - inf
+    return ValueError(f"{qtype} weight with an infinite or NaN scale: not repacked")
+
+
+def pack(raw: np.ndarray, qtype: str, in_features: int) -> QuantWeight:
+    """raw: a GGUF tensor's blocks as uint8 [out_features, in_features / block weights * block bytes] (gguf's
+    reader gives this shape; rows and whole blocks may be sliced off first). Raises ValueError for a type or
+    shape the kernel does not take. Repacked in C (quant_repack.c) where it builds, else by pack_reference:
+    the same bytes."""
+    kind = _check(raw, qtype, in_features)
+    if not quant_repack.available():
+        return pack_reference(raw, qtype, in_features)
+    data = quant_repack.repack(raw, kind, in_features)
+    if data is None:
+        raise _not_finite(qtype)
+    return QuantWeight(data, kind, raw.shape[0], in_features)
+
+
+def pack_reference(raw: np.ndarray, qtype: str, in_features: int) -> QuantWeight:
+    """pack in numpy: the plain reference of the layout, and what runs without the C repacking."""
+    kind = _check(raw, qtype, in_features)
     n, kb = raw.shape[0], in_features // KBLK
     f = _read(raw, qtype, n, kb)
     if qtype in OFFSETS and not np.isfinite(f["d"].view(np.float16)).all():
-        # gguf's d * (q - offset) is +-inf where the kernel's D * q + M (M = -offset * D) is inf - inf
-        raise ValueError(f"{qtype} weight with an infinite or NaN scale: not repacked")
+        raise _not_finite(qtype)
     panels = -(-n // PANEL)
     pad = panels * PANEL - n
 

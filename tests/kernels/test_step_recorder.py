@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -151,3 +153,21 @@ def test_the_recording_has_no_code_of_any_model() -> None:
         names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
         assert not [m for m in imported if m and ".models" in m], name
         assert not [n for n in names if "ForCausalLM" in n or n.startswith(("Gemma", "Llama", "Qwen"))], name
+
+
+def test_recording_does_not_import_dynamo(tiny_model) -> None:
+    """torch wraps a dispatch mode's __torch_dispatch__ in torch._dynamo.disable unless the mode opts out, and
+    the wrapper's first call imports torch._dynamo (1.2 s of a worker's start): the recorder's mode opts out.
+    In a fresh process, since any earlier test may have imported it."""
+    code = f"""
+import sys
+from tandem.worker.cpu_step_graph import CpuStepGraph
+from tests.kernels.test_step_recorder import _model
+from tests.kv_pool import Pool
+model = _model(lambda arch: {str(tiny_model("llama"))!r})
+assert "torch._dynamo" not in sys.modules, "imported before the recording"
+CpuStepGraph(model, Pool(model).kv, max_batch=2, max_context=64)
+assert "torch._dynamo" not in sys.modules, "the recording imported torch._dynamo"
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -66,8 +66,9 @@ class VocabEmbedding(nn.Module):
             part = tensor[self.start : self.end]
             if isinstance(part, GGUFBlocks):
                 self._head_blocks = part
-                part = part.dequantize()
-            self.weight.data[:n].copy_(part)
+                part.dequantize(out=self.weight.data[:n])  # in place: no second table
+            else:
+                self.weight.data[:n].copy_(part)
 
     def finish_loading(self, head: bool) -> None:
         """As the LM head (`head`), its product from the blocks it was loaded from, when the kernel takes
