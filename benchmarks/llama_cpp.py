@@ -30,30 +30,23 @@ def find_binary(build: Path, name: str) -> Path:
 
 def llama_bench(build: Path, gguf: str, prompt_len: int, gen_len: int, threads: int, reps: int = 3,
                 extra: tuple[str, ...] = ()) -> dict:
-    """llama-bench's pp and tg rates on `gguf`: {"pp_tok_s", "tg_tok_s", "tg_std", "build"}; a rate is None
-    when its length is 0. extra: more llama-bench flags (e.g. `--repack 0`)."""
+    """llama-bench's pp and tg rates on `gguf`: {"pp_tok_s", "tg_tok_s", "tg_std", "build", "repack"}; a rate
+    is None when its length is 0. extra: more llama-bench flags (e.g. `--repack 0`). A run killed by SIGSEGV
+    runs again with `--repack 0` (printed; "repack": False in the result): 0c1e570's AMX path crashes on
+    products of more than one row on the Sapphire Rapids guest it was measured on."""
     exe = find_binary(build, "llama-bench")
-    cmd = [
-        str(exe),
-        "-m",
-        gguf,
-        "-p",
-        str(prompt_len),
-        "-n",
-        str(gen_len),
-        "-t",
-        str(threads),
-        "-r",
-        str(reps),
-        "-o",
-        "json",
-        *extra,
-    ]
+    cmd = [str(exe), "-m", gguf, "-p", str(prompt_len), "-n", str(gen_len), "-t", str(threads), "-r", str(reps),
+           "-o", "json", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    repack = "--repack" not in extra
+    if proc.returncode == -signal.SIGSEGV and repack:
+        print("llama-bench crashed (SIGSEGV): running it again with --repack 0", flush=True)
+        repack = False
+        proc = subprocess.run([*cmd, "--repack", "0"], capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"llama-bench failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
     rows = json.loads(proc.stdout)
-    out: dict = {"pp_tok_s": None, "tg_tok_s": None, "tg_std": None, "build": None}
+    out: dict = {"pp_tok_s": None, "tg_tok_s": None, "tg_std": None, "build": None, "repack": repack}
     for r in rows:
         out["build"] = r.get("build_commit")
         if r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0:
@@ -70,8 +63,8 @@ def _free_port() -> int:
 
 
 # Builds whose llama-server crashed at its first product with repacked weights (llama.cpp 0c1e570's AMX path
-# segfaults in llama-server, not in llama-bench, on the Sapphire Rapids KVM guest it was measured on): they
-# serve with --no-repack from then on, and say so.
+# segfaults on products of more than one row on the Sapphire Rapids KVM guest it was measured on, as in
+# llama_bench): they serve with --no-repack from then on, and say so.
 _NO_REPACK: set[Path] = set()
 
 

@@ -41,7 +41,7 @@ def test_llama_bench_output_is_read(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         find_binary(build, "llama-server")
     r = llama_bench(build, "m.gguf", 512, 128, threads=2)
-    assert r == {"pp_tok_s": 500.0, "tg_tok_s": FAKE_TG, "tg_std": 1.5, "build": "fake"}
+    assert r == {"pp_tok_s": 500.0, "tg_tok_s": FAKE_TG, "tg_std": 1.5, "build": "fake", "repack": True}
     assert ratio_line("x", 80.0, 40.0).endswith("= 2.00x")
     assert ratio_line("tpot", 10.0, 20.0, higher_is_better=False).endswith("= 2.00x")
 
@@ -172,3 +172,20 @@ def test_llama_server_that_crashes_at_start_serves_with_no_repack(tmp_path: Path
     assert len(times) == 2 and all(0 < t < 30 for t in times)
     starts = [json.loads(line) for line in (tmp_path / "starts.jsonl").read_text().splitlines()]
     assert all(("--no-repack" in s) == crashes for s in starts[-3:])
+
+
+def test_llama_bench_killed_by_sigsegv_runs_again_without_repacking(tmp_path: Path, capsys) -> None:
+    """A llama-bench killed by SIGSEGV (0c1e570's AMX products on a Sapphire Rapids guest) runs once more with
+    --repack 0, said on stdout and in the result; any other failure is an error."""
+    build = _fake_build(tmp_path)
+    exe = find_binary(build, "llama-bench")
+    exe.write_text(exe.read_text().replace("import json, sys\n", "import json, os, signal, sys\n"
+                                           "if '--repack' not in sys.argv: os.kill(os.getpid(), signal.SIGSEGV)\n"))
+    r = llama_bench(build, "m.gguf", 512, 0, threads=2)
+    assert r["pp_tok_s"] == 500.0 and r["repack"] is False
+    assert json.loads((tmp_path / "argv.json").read_text())[-2:] == ["--repack", "0"]
+    assert "--repack 0" in capsys.readouterr().out
+    exe.write_text(exe.read_text().replace("import json, os, signal, sys\n", "import json, os, signal, sys\n"
+                                           "sys.exit(3)\n"))
+    with pytest.raises(RuntimeError, match="llama-bench failed \\(3\\)"):
+        llama_bench(build, "m.gguf", 512, 0, threads=2)
