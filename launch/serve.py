@@ -66,26 +66,37 @@ def serve(cfg: EngineConfig, scfg: ServeConfig | None = None, owner_fd: int | No
     try:
         endpoint = launcher.start()
     except EngineStartError as e:
-        print(f"tandem: engine failed to start: {e}", file=sys.stderr, flush=True)
+        _say(f"tandem: engine failed to start: {e}")
         launcher.stop()
         return 1
     except KeyboardInterrupt:
         launcher.stop(_reason(signals.pending[0]))
         return 0
     signals.starting = False
-    for p in launcher.procs:
-        print(f"{PROCESS_PREFIX}{p.name} {p.pid}", flush=True)
-    if cfg.node_rank == 0:
-        print(f"{READY_PREFIX}{endpoint}", flush=True)
-        if "http0" in launcher.ready:
-            print(f"{HTTP_PREFIX}{launcher.ready['http0']}", flush=True)
-        if owner is not None:
-            with contextlib.suppress(OSError):  # a dead owner: the watch stops the engine
-                owner.sendall(encode(Ready("engine", 0, endpoint)))
-                owner.shutdown(socket.SHUT_WR)  # the record is whole; the owner still holds its end
-    else:
-        print(f"tandem: node {cfg.node_rank} workers ready (clients connect to node 0)", flush=True)
-    return _supervise(launcher, cfg, signals)
+    try:
+        for p in launcher.procs:
+            print(f"{PROCESS_PREFIX}{p.name} {p.pid}", flush=True)
+        if cfg.node_rank == 0:
+            print(f"{READY_PREFIX}{endpoint}", flush=True)
+            if "http0" in launcher.ready:
+                print(f"{HTTP_PREFIX}{launcher.ready['http0']}", flush=True)
+            if owner is not None:
+                with contextlib.suppress(OSError):  # a dead owner: the watch stops the engine
+                    owner.sendall(encode(Ready("engine", 0, endpoint)))
+                    owner.shutdown(socket.SHUT_WR)  # the record is whole; the owner still holds its end
+        else:
+            print(f"tandem: node {cfg.node_rank} workers ready (clients connect to node 0)", flush=True)
+        return _supervise(launcher, cfg, signals)
+    finally:  # whatever ends the supervision (a reader of stdout gone, too), the children go first: the
+        # interpreter's exit would wait on them forever
+        launcher.stop("the engine's supervisor stopped")
+
+
+def _say(text: str) -> None:
+    """A line for people on stderr; one nobody reads any more (a closed pipe) is dropped, not raised: the
+    supervisor must go on to stop the engine."""
+    with contextlib.suppress(OSError, ValueError):
+        print(text, file=sys.stderr, flush=True)
 
 
 def _supervise(launcher: Launcher, cfg: EngineConfig, signals: _Signals) -> int:
@@ -106,7 +117,7 @@ def _supervise(launcher: Launcher, cfg: EngineConfig, signals: _Signals) -> int:
         for msg in msgs:
             if isinstance(msg, Stalled):
                 why = describe_stall(msg, launcher.procs, cfg.step_timeout_s)
-                print(f"tandem: {why}; stopping the engine", file=sys.stderr, flush=True)
+                _say(f"tandem: {why}; stopping the engine")
                 plan.stop_now(why, ErrorCode.STALLED, exit_code=1)
             elif isinstance(msg, DrainRequest) and plan.request_drain(msg.reason):
                 _start_drain(launcher, plan)
@@ -114,22 +125,18 @@ def _supervise(launcher: Launcher, cfg: EngineConfig, signals: _Signals) -> int:
                 plan.drained()
             elif isinstance(msg, WorkerFailed) and plan.stop is None:
                 why = describe_failure(msg, launcher.procs)
-                print(f"tandem: {why}; stopping the engine", file=sys.stderr, flush=True)
+                _say(f"tandem: {why}; stopping the engine")
                 plan.stop_now(f"the engine stopped: {why}", exit_code=1)
         if dead is not None and plan.stop is None:
             why = describe_death(dead)
-            print(f"tandem: {why}; stopping the engine", file=sys.stderr, flush=True)
+            _say(f"tandem: {why}; stopping the engine")
             plan.stop_now(f"the engine stopped: {why}", exit_code=1)
 
 
 def _start_drain(launcher: Launcher, plan: StopPlan) -> None:
     assert plan.draining is not None
-    print(
-        f"tandem: draining ({plan.draining}): running requests get up to {plan.drain_timeout_s:g} s, "
-        "new ones are refused",
-        file=sys.stderr,
-        flush=True,
-    )
+    _say(f"tandem: draining ({plan.draining}): running requests get up to {plan.drain_timeout_s:g} s, "
+         "new ones are refused")
     launcher.drain(plan.draining)
 
 

@@ -3,12 +3,13 @@ every engine process stops when the launcher is SIGKILLed."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
 import psutil
 
-from tests.test_lifecycle import _children, _serve, _wait_gone
+from tests.test_lifecycle import _children, _serve, _wait_gone, assert_left_last
 
 _OWNER = """
 import sys, threading, time
@@ -50,3 +51,21 @@ def test_every_engine_process_exits_when_the_launcher_is_sigkilled(tiny_model) -
     proc.kill()
     proc.wait(10)
     assert _wait_gone(kids, timeout=30) == [], "orphaned engine processes"
+
+
+def test_an_owner_gone_from_both_pipes_still_stops_everything_on_sigterm(tiny_model) -> None:
+    """A program that started `tandem serve` with its output piped, then died (its pipes closed), then a
+    SIGTERM: the drain's line to stderr meets a closed pipe. That must not end the supervision before the
+    children are stopped (the interpreter's exit then waited on them forever): the server exits, nothing is
+    left."""
+    proc, _, _ = _serve(tiny_model("llama"))
+    kids = _children(proc.pid)
+    proc.stdout.close()
+    proc.stderr.close()  # writes to either pipe now fail with EPIPE
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("tandem serve did not exit after SIGTERM with its output pipes closed") from None
+    assert_left_last(proc, kids)
