@@ -92,12 +92,17 @@ def llama_server(build: Path, gguf: str, parallel: int, ctx_per_slot: int, threa
                 yield url
                 return
         finally:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM, then SIGKILL after grace_s; returns once it has exited."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, build: Path, flags: tuple[str, ...]) -> bool:

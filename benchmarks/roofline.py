@@ -33,8 +33,14 @@ def engine_dtype(cfg: EngineConfig) -> torch.dtype:
 
 
 def model_dims(cfg: EngineConfig) -> ModelDims:
-    """The dimensions of the model the engine will run, in its dtype and weight storage."""
-    return ModelDims.from_dir(cfg.model, engine_dtype(cfg), resolve_device(cfg.device).type)
+    """The dimensions of the model the engine will run, in its dtype, weight storage and KV element."""
+    dims = ModelDims.from_dir(cfg.model, engine_dtype(cfg), resolve_device(cfg.device).type)
+    kv = KV_ELEMENT_BYTES.get(cfg.kv_cache_dtype)
+    return dims if kv is None else replace(dims, kv_elem_bytes=kv)
+
+
+# Bytes per K or V element a --kv-cache-dtype stores (auto: the activations').
+KV_ELEMENT_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "q8_0": 34 / 32}
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,7 @@ class ModelDims:
     # Bytes of matmul weights as the worker holds them when that is not params x dtype (a GGUF whose blocks
     # stay quantized, worker/loader.py); None: params x dtype.
     stored_weight_bytes: int | None = None
+    kv_elem_bytes: float | None = None  # None: dtype's
 
     @classmethod
     def from_dir(
@@ -110,8 +117,9 @@ class ModelDims:
         return self.matmul_params * self.elem_bytes
 
     @property
-    def kv_bytes_per_token(self) -> int:
-        return self.layers * 2 * self.kv_heads * self.head_dim * self.elem_bytes
+    def kv_bytes_per_token(self) -> float:
+        elem = self.elem_bytes if self.kv_elem_bytes is None else self.kv_elem_bytes
+        return self.layers * 2 * self.kv_heads * self.head_dim * elem
 
     @property
     def attn_flops_per_pair(self) -> int:

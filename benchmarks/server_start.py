@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from tandem.benchmarks.llama_cpp import _free_port, find_binary, llama_server, server_flags
+from tandem.benchmarks.llama_cpp import _free_port, find_binary, llama_server, server_flags, stop
 
 
 def tandem_command(model: str, port: int, extra: tuple[str, ...] = ()) -> list[str]:
@@ -57,12 +57,7 @@ def started(cmd: list[str], port: int, timeout_s: float = 300.0) -> Iterator[tup
             time.sleep(0.02)
         yield url, time.perf_counter() - t0
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def time_to_ready(cmd_of_port, repeats: int) -> list[float]:

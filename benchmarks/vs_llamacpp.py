@@ -84,7 +84,7 @@ def llama_streams(build: Path, path: Path, requests_of: Path, count: int, seed: 
 def _requests(path: Path, count: int, seed: int) -> list:
     from tandem.benchmarks.serve_dataset import load_tokenizer, make_requests
 
-    return make_requests(load_tokenizer(str(path)), "random", count, (64, 256), (64, 64), seed, False)
+    return make_requests(load_tokenizer(str(path)), "random", count, (64, 256), (64, 64), seed, True)
 
 
 def main(argv: list[str] | None = None) -> int:

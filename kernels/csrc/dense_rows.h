@@ -17,6 +17,7 @@
 #define TANDEM_DENSE_ROWS_H
 #include <stdint.h>
 #include <string.h>
+#include "kv_types.h" /* the half conversions, shared with the KV pools' */
 #if (defined(__AVX2__) && defined(__FMA__)) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -31,38 +32,9 @@
 /* The weight's element (`wt` below). */
 enum { WT_F32 = 0, WT_BF16 = 1, WT_F16 = 2 };
 
-static inline float bf16_to_float(uint16_t h) {
-    const uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-/* IEEE half -> float32, exact (subnormals, infinities and NaN included). */
-static inline float f16_to_float(uint16_t h) {
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    uint32_t bits;
-    if (e == 0x1f) bits = sign | 0x7f800000u | (m << 13);
-    else if (e) bits = sign | ((e + 112) << 23) | (m << 13);
-    else if (!m) bits = sign;
-    else { /* subnormal: normalise */
-        int s = 0;
-        uint32_t mm = m;
-        while (!(mm & 0x400)) { mm <<= 1; s++; }
-        bits = sign | ((uint32_t)(113 - s) << 23) | ((mm & 0x3ff) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-#endif
-}
-
 static ALWAYS_INLINE float weight_of(const void *w, int64_t i, const int wt) {
-    if (wt == WT_BF16) return bf16_to_float(((const uint16_t *)w)[i]);
-    if (wt == WT_F16) return f16_to_float(((const uint16_t *)w)[i]);
+    if (wt == WT_BF16) return bf16_to_f32(((const uint16_t *)w)[i]);
+    if (wt == WT_F16) return f16_to_f32(((const uint16_t *)w)[i]);
     return ((const float *)w)[i];
 }
 
@@ -103,7 +75,7 @@ static ALWAYS_INLINE __m256 widen8_f16(const uint16_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 #else
     float f[8];
-    for (int l = 0; l < 8; l++) f[l] = f16_to_float(p[l]);
+    for (int l = 0; l < 8; l++) f[l] = f16_to_f32(p[l]);
     return _mm256_loadu_ps(f);
 #endif
 }

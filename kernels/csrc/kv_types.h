@@ -1,7 +1,8 @@
 /* The KV pools' element types (--kv-cache-dtype): their codes (kernels/native/paged_attention.py's KV_TYPES),
  * float16 and bfloat16 both ways, and q8_0 blocks. Included by paged_attention.c, which reads every type,
- * and step_graph.c, whose KV_WRITE node stores rows as the eager write does (kernels/native/build.py hashes
- * the headers beside a source into its build).
+ * step_graph.c, whose KV_WRITE node stores rows as the eager write does, and dense_rows.h, whose float16 and
+ * bfloat16 weights widen as these do (kernels/native/build.py hashes the headers beside a source into its
+ * build).
  *
  * q8_0 is llama.cpp's block_q8_0: a head's row of D elements (D a multiple of 32) is D / 32 blocks of a
  * float16 scale d and 32 int8 q, element j reading back as q[j] * d (exact in float32). The rounding is
