@@ -10,8 +10,10 @@ decided once, when the weights are packed; this picks the product for the rows a
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from tandem.kernels.cpu_linear import linear
+from tandem.kernels.native.quant_bf16 import dequantize_bf16
 from tandem.kernels.native.quant_linear import QuantRows, QuantWeight, dense_takes, quant_linear
 
 
@@ -23,11 +25,17 @@ def linear_product(
     packed: torch.Tensor | None,
     bias: torch.Tensor | None,
     int8: bool = False,
+    bf16_rows: int | None = None,
 ) -> torch.Tensor:
     """x [rows, in] @ W.T (+ bias) -> [rows, out]; int8: the blocks' product takes int8 activations
-    (--cpu-int8-activations; a float weight has no blocks to take them against)."""
+    (--cpu-int8-activations; a float weight has no blocks to take them against); bf16_rows: from this many
+    rows the blocks are widened to bf16 for the call and x rounded to bf16, the hardware's product
+    (Ops.bf16_block_rows)."""
     if quant is not None:
-        y = quant_linear(x, quant, int8=int8)
+        if bf16_rows is not None and x.dim() == 2 and x.shape[0] >= bf16_rows:
+            y = F.linear(x.to(torch.bfloat16), dequantize_bf16(quant)).to(x.dtype)
+        else:
+            y = quant_linear(x, quant, int8=int8)
         return y if bias is None else y.add_(bias)
     if dense is not None:
         if dense_takes(dense, x):

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from tandem.kernels.linear_product import linear_product
-from tandem.kernels.native import moe, norm_act, paged_attention, quant_linear, rotary
+from tandem.kernels.native import moe, norm_act, paged_attention, quant_bf16, quant_linear, rotary
+from tandem.kernels.native.cpu_caps import cpu_caps
 from tandem.kernels.reference import bitmask as ref_bitmask
 from tandem.kernels.reference import input_prep as ref_input_prep
 from tandem.kernels.reference import moe as ref_moe
@@ -38,6 +39,11 @@ from tandem.protocol.choices import AttentionBackend
 log = logging.getLogger(__name__)
 
 ATTENTION_BACKENDS: tuple[str, ...] = typing.get_args(AttentionBackend)
+# Rows from which a GGUF weight's product on the int8 path takes the hardware bf16 matmul on the weight
+# widened for the call: on a 1B model's 8192 x 2048 Q4_K layer (Sapphire Rapids, 2 threads) the int8
+# kernel and widen-then-AMX were even at 128 rows, the latter 1.7-2.2x faster at 512 (widening: 5.6 ms).
+# Decode batches stay below it (the step graph records the int8 kernel).
+BF16_BLOCK_ROWS = 256
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,10 @@ class Ops:
     native: bool  # the C kernels run (norm, SiLU, rotary, CPU attention, quantized GGUF weights, MoE layers)
     # GGUF blocks' products take int8 activations (--cpu-int8-activations; kernels/csrc/quant_int8.h)
     int8_activations: bool
+    # from this many rows a GGUF weight's product (on the int8 path) is the hardware's bf16 one on its
+    # blocks widened to bf16 for the call (kernels/native/quant_bf16.py); None: never (the exact path, or
+    # no bf16 matmul)
+    bf16_block_rows: int | None
     host_drafts: bool  # the n-gram proposer runs on the host and returns each row's matched drafts
     cuda_graphs: bool  # decode steps may be captured as CUDA graphs (worker/decode_graphs.py)
     weights: WeightForms  # the form each weight takes for these kernels (kernels/weight_forms.py)
@@ -74,7 +84,7 @@ class Ops:
         device_ops = "host" if self.host_drafts else "triton"
         return (
             f"ops: attention={self.attention} native={self.native} int8-activations={self.int8_activations} "
-            f"input-prep/drafts={device_ops}"
+            f"bf16-block-rows={self.bf16_block_rows} input-prep/drafts={device_ops}"
         )
 
 
@@ -121,10 +131,12 @@ def resolve_ops(
     int8 = (int8_activations is None or int8_activations) and native  # one value for every reader below
     if attention == "auto":
         attention = "triton" if device.type == "cuda" else "cpu"
+    bf16_rows = BF16_BLOCK_ROWS if int8 and cpu_caps().fast_bf16 and quant_bf16.available() else None
     ops = Ops(
         attention=attention,
         native=native,
         int8_activations=int8,
+        bf16_block_rows=bf16_rows,
         host_drafts=not triton,
         cuda_graphs=device.type == "cuda",
         weights=weight_forms(native),
@@ -138,7 +150,7 @@ def resolve_ops(
         rotary=rotary.rotary if native else ref_rotary.apply_rotary_ref,
         moe_experts=tri_moe.experts_triton if triton else ref_moe.experts_ref,
         moe_route=ref_moe.route_ref,
-        linear=functools.partial(linear_product, int8=int8),
+        linear=functools.partial(linear_product, int8=int8, bf16_rows=bf16_rows),
         moe_layer=_native_moe_layer if native else _no_moe_layer,
     )
     log.info("%s (device %s, %s)", ops.describe(), device, dtype)

@@ -10,6 +10,7 @@ from tandem.kernels.native import (
     moe,
     norm_act,
     paged_attention,
+    quant_bf16,
     quant_linear,
     quant_repack,
     rotary,
@@ -17,7 +18,7 @@ from tandem.kernels.native import (
 )
 from tandem.kernels.native import build as native_build
 
-KERNELS = (norm_act, rotary, paged_attention, quant_linear, quant_repack, moe, argmax, step_graph)
+KERNELS = (norm_act, rotary, paged_attention, quant_linear, quant_bf16, quant_repack, moe, argmax, step_graph)
 
 
 def check_built() -> None:

@@ -68,7 +68,10 @@ def graph_batch(model: torch.nn.Module, max_batch: int) -> int:
     up to DENSE_MAX_ROWS rows (more go to torch in the eager path, whose bits the replay gives)."""
     dense = [m.dense for m in model.modules() if isinstance(m, PackableLinear) and m.dense is not None]
     dense += [m.head_dense for m in model.modules() if getattr(m, "head_dense", None) is not None]
-    return min([max_batch, *(quant_linear.DENSE_MAX_ROWS[w.qtype] for w in dense)])
+    # and GGUF blocks only below the rows from which the eager product is the bf16 one (Ops.bf16_block_rows)
+    bf16 = [m.ops.bf16_block_rows - 1 for m in model.modules() if isinstance(m, PackableLinear)
+            and m.quant is not None and m.ops is not None and m.ops.bf16_block_rows is not None]
+    return min([max_batch, *(quant_linear.DENSE_MAX_ROWS[w.qtype] for w in dense), *bf16])
 
 
 class CpuStepGraph:
