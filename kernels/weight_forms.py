@@ -7,6 +7,7 @@ modules or tests a device for this."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,14 +28,15 @@ class WeightForms:
     native_moe: bool  # and an MoE layer runs as one call of kernels/native/moe.py
 
     @staticmethod
-    def takes_float(w: torch.Tensor | None) -> bool:
-        """A float32 weight on CPU: the only kind these forms replace (elsewhere torch takes the weight)."""
-        return w is not None and w.device.type == "cpu" and w.dtype == torch.float32
+    def takes_float(w: torch.Tensor | None, weight_dtype: torch.dtype | None = None) -> bool:
+        """A float32 weight on CPU, or one loaded in weight_dtype already (worker/loader.py): the only kinds
+        these forms replace (elsewhere torch takes the weight)."""
+        return w is not None and w.device.type == "cpu" and w.dtype in (torch.float32, weight_dtype)
 
     @staticmethod
-    def blocks(raw: np.ndarray, qtype: str, in_features: int) -> QuantWeight:
-        """A GGUF file's blocks [rows, bytes] in the C kernel's layout; ValueError for a type or scale the
-        kernel does not take (the caller dequantizes instead)."""
+    def blocks(raw: np.ndarray | Sequence[np.ndarray], qtype: str, in_features: int) -> QuantWeight:
+        """A GGUF file's blocks [rows, bytes] (or parts of one weight, rows after rows) in the C kernel's
+        layout; ValueError for a type or scale the kernel does not take (the caller dequantizes instead)."""
         return pack(raw, qtype, in_features)
 
     def float_weight(

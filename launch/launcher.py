@@ -39,10 +39,12 @@ class Launcher:
         self.endpoints = Endpoints.create()
         self.procs: list[BaseProcess] = []
         self.ready: dict[str, str] = {}  # role+rank of each process that reported ready -> what it reported
+        self.ready_after_s: dict[str, float] = {}  # role+rank -> seconds from start() to its report
         self._ctx = zmq.Context()
         self._control: zmq.Socket | None = None  # the children's messages: readiness, then stalls and drains
         self._decode = launcher_decoder()
         self._stopped = False
+        self._t0 = time.monotonic()
 
     def start(self) -> str:
         """Start all processes (the HTTP server's URL is then `ready["http0"]`); returns the endpoint a client
@@ -57,6 +59,7 @@ class Launcher:
             # Checked here once, before any child starts: a bad --model or a configuration the model cannot
             # run is one clear line, and a GGUF's metadata files are written to the cache before the
             # processes that read them race for them.
+            self._t0 = time.monotonic()
             check_model_fits(self.cfg)
         except ConfigError as e:
             raise EngineStartError(str(e)) from None
@@ -101,6 +104,7 @@ class Launcher:
                     raise EngineStartError(f"{msg.role} failed to start: {msg.message}")
                 if isinstance(msg, Ready):
                     self.ready[f"{msg.role}{msg.rank}"] = msg.info
+                    self.ready_after_s[f"{msg.role}{msg.rank}"] = time.monotonic() - self._t0
             if dead is not None and len(self.ready) < expected:
                 raise EngineStartError(f"{dead.name} exited with code {dead.exitcode} during startup")
 

@@ -73,6 +73,8 @@ def serve(cfg: EngineConfig, scfg: ServeConfig | None = None, owner_fd: int | No
         launcher.stop(_reason(signals.pending[0]))
         return 0
     signals.starting = False
+    took = sorted(launcher.ready_after_s.items(), key=lambda kv: -kv[1])
+    _say(f"tandem: ready in {took[0][1]:.2f} s ({', '.join(f'{k} {v:.2f}' for k, v in took)})")
     try:
         for p in launcher.procs:
             print(f"{PROCESS_PREFIX}{p.name} {p.pid}", flush=True)

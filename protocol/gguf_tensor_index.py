@@ -7,7 +7,9 @@ views from it, with no parse.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import mmap
 import os
 import tempfile
 from dataclasses import dataclass
@@ -22,6 +24,9 @@ if TYPE_CHECKING:
     from gguf import GGMLQuantizationType, GGUFReader
 
 INDEX_FILE = "tensors.json"
+# Linux 5.14's madvise(MADV_POPULATE_READ): map every page of the range in one call. Reading a mapped file
+# otherwise takes one fault per 4 KiB page: ~0.5 s of the 0.6 s a 1B Q4_K_M file's bytes took to copy.
+_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 _VERSION = 1  # bumped when the file's layout changes: an older one is written anew
 
 
@@ -46,6 +51,14 @@ class GGUFTensor:
 class GGUFTensorIndex:
     architecture: str
     tensors: list[GGUFTensor]
+    mapping: mmap.mmap | None = None  # the file, read-only, that every tensor's data views
+
+    def populate(self) -> None:
+        """Map the whole file's pages now, for a reader of every byte (the worker's load). Best effort: an
+        older kernel refuses (EINVAL) and the pages fault in as they are read."""
+        if self.mapping is not None and hasattr(self.mapping, "madvise"):
+            with contextlib.suppress(OSError):
+                self.mapping.madvise(_MADV_POPULATE_READ)
 
 
 def _entries(reader: GGUFReader) -> dict[str, Any]:
@@ -102,11 +115,13 @@ def gguf_tensor_index(path: str | Path) -> GGUFTensorIndex:
         write_tensor_index(reader, d)
         entries = _entries(reader)
         del reader
-    raw = np.memmap(p, dtype=np.uint8, mode="r")
+    with open(p, "rb") as f:
+        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    raw = np.frombuffer(mapping, dtype=np.uint8)
     tensors = []
     for name, type_name, shape, offset, dtype, data_shape in entries["tensors"]:
         dt = np.dtype(dtype)
         n_bytes = int(np.prod(data_shape, dtype=np.int64)) * dt.itemsize
         tensors.append(GGUFTensor(name, type_name, tuple(shape),
                                   raw[offset : offset + n_bytes].view(dt).reshape(data_shape)))
-    return GGUFTensorIndex(entries["architecture"], tensors)
+    return GGUFTensorIndex(entries["architecture"], tensors, mapping)

@@ -44,6 +44,9 @@ def gguf_file(tiny_model, tmp_path_factory):  # a factory
     return get
 
 
+FILE_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16}
+
+
 # K-quants: random blocks, not the source's
 @pytest.mark.parametrize("qtype", sorted(set(QTYPES) - set(K_QUANTS)))
 @pytest.mark.parametrize("arch", ARCHS)
@@ -58,7 +61,10 @@ def test_weights_equal_gguf_dequantization(arch: str, qtype: str, gguf_file) -> 
     assert sorted(ours) == sorted(t.name for t in reader.tensors)
     for t in reader.tensors:
         expected = gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist())))
-        got = ours[t.name].numpy()
+        # a float file's matrices come in its own type (the layers' copy widens or rounds them)
+        assert ours[t.name].dtype == (FILE_DTYPES.get(t.tensor_type.name, torch.float32) if len(t.shape) == 2
+                                      else torch.float32), t.name
+        got = ours[t.name].float().numpy()
         if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = cfg.num_attention_heads if "attn_q" in t.name else cfg.num_key_value_heads
             got = llamacpp_permute(got, heads)  # the file holds llama.cpp's row order

@@ -6,6 +6,7 @@ its RMSNorm adds (the file stores 1 + w; HF checkpoints hold w)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,11 +113,13 @@ def iter_gguf_weights(
     keep_blocks: frozenset[str] = frozenset(),
 ) -> Iterator[tuple[str, torch.Tensor | GGUFBlocks]]:
     """(HF name, tensor in `dtype`) for every tensor, dequantized one at a time; 2-D tensors of a type in
-    keep_blocks come as GGUFBlocks instead. progress: a tqdm bar on stderr (None: only when stderr is a
+    keep_blocks come as GGUFBlocks instead, and F32, F16 and BF16 matrices in their own type, read from the
+    file's mapping (read-only: copy from them). progress: a tqdm bar on stderr (None: only when stderr is a
     terminal)."""
     import gguf
 
     index = gguf_tensor_index(path)
+    index.populate()  # every byte is read below
     entry = architecture(cfg.architecture)
     if entry.gguf_arch != index.architecture:
         raise ModelLoadError(
@@ -144,6 +147,14 @@ def iter_gguf_weights(
                 )
             yield name, blocks
             continue
+        if t.tensor_type.name in _FLOAT_VIEWS and len(t.shape) == 2:
+            # read where it lies, in its own type: the layer's copy widens or rounds it to the weight's
+            # dtype (gguf's float32 array first would be a 1B BF16 file's 4 GB of fresh pages)
+            tensor = _float_view(t)
+            if entry.gguf_qk_permuted and module in heads:
+                tensor = unpermute_qk(tensor, heads[module]).contiguous()
+            yield name, tensor
+            continue
         try:
             w = gguf.quants.dequantize(t.data, t.tensor_type)
         except NotImplementedError:
@@ -159,6 +170,19 @@ def iter_gguf_weights(
         if entry.gguf_qk_permuted and module in heads:
             tensor = unpermute_qk(tensor, heads[module]).contiguous()
         yield name, tensor
+
+
+_FLOAT_VIEWS = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def _float_view(t: Any) -> torch.Tensor:
+    """A float tensor of the file as a torch view of its mapped bytes, [outermost, ..., innermost]. The
+    mapping is read-only, which torch warns of once: the loaders only copy from it."""
+    raw = np.asarray(t.data).view(np.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        flat = torch.from_numpy(raw.reshape(-1))
+    return flat.view(_FLOAT_VIEWS[t.tensor_type.name]).view(tuple(int(d) for d in reversed(t.shape)))
 
 
 def _expert_stack(path: str | Path, t: Any, keep_blocks: frozenset[str]) -> list[torch.Tensor | GGUFBlocks]:

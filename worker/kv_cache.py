@@ -13,6 +13,7 @@ import torch
 from tandem.kernels.native import paged_attention as cpu_paged_attention
 from tandem.kernels.reference.kv_quant import is_q8_0, pool_width, to_pool
 from tandem.protocol.messages import KVCopies
+from tandem.worker.zero_pages import zeroed
 
 
 def host_runs(host_slots: list[int]) -> list[tuple[int, int, int]]:
@@ -26,6 +27,11 @@ def host_runs(host_slots: list[int]) -> list[tuple[int, int, int]]:
             runs.append((i, j, host_slots[i]))
             i = j
     return runs
+
+
+def _host_pool(shape: tuple[int, int, int], dtype: torch.dtype, pin: bool) -> torch.Tensor:
+    """A host-tier pool: pinned for a GPU's copies, else the mapping that costs nothing until written."""
+    return torch.zeros(shape, dtype=dtype, pin_memory=True) if pin else zeroed(shape, dtype)
 
 
 class KVCache:
@@ -58,24 +64,14 @@ class KVCache:
 
         # Zero-filled, not empty: attention pads short requests with slot 0 and masks it out, and a masked
         # score times a NaN left over in uninitialised memory would still poison the output.
-        self.k: list[torch.Tensor] = [
-            torch.zeros(shape(i), dtype=dtype, device=device) for i in range(num_layers)
-        ]
-        self.v: list[torch.Tensor] = [
-            torch.zeros(shape(i), dtype=dtype, device=device) for i in range(num_layers)
-        ]
+        self.k: list[torch.Tensor] = [zeroed(shape(i), dtype, device) for i in range(num_layers)]
+        self.v: list[torch.Tensor] = [zeroed(shape(i), dtype, device) for i in range(num_layers)]
         # Row r, column j: KV slot of token j of the request living in row r. The engine fills it.
-        self.req_to_token = torch.zeros((max_reqs, max_context), dtype=torch.int64, device=device)
+        self.req_to_token = zeroed((max_reqs, max_context), torch.int64, device)
         pin = self.device.type == "cuda"
         host_shape = (host_slots, num_kv_heads, width)
-        self.host_k = [
-            torch.zeros(host_shape, dtype=dtype, pin_memory=pin)
-            for _ in range(num_layers if host_slots else 0)
-        ]
-        self.host_v = [
-            torch.zeros(host_shape, dtype=dtype, pin_memory=pin)
-            for _ in range(num_layers if host_slots else 0)
-        ]
+        self.host_k = [_host_pool(host_shape, dtype, pin) for _ in range(num_layers if host_slots else 0)]
+        self.host_v = [_host_pool(host_shape, dtype, pin) for _ in range(num_layers if host_slots else 0)]
 
     def map_swa(self, slots: torch.Tensor, swa_slots: torch.Tensor) -> None:
         """Record where the sliding-window layers keep the KV of these full slots (the scheduler's map)."""

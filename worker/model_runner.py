@@ -74,7 +74,8 @@ class ModelRunner:
             raise ValueError(f"--kv-cache-dtype {cfg.kv_cache_dtype} with a {self.dtype} model needs "
                              "--attention-backend torch (the triton kernel takes the model's dtype or q8_0)")
         self.model = load_model(
-            cfg.model, dtype=self.dtype, device=self.device, tp_rank=rank, tp_size=cfg.tp_size, ops=self.ops
+            cfg.model, dtype=self.dtype, device=self.device, tp_rank=rank, tp_size=cfg.tp_size, ops=self.ops,
+            weight_dtype=self.weight_dtype,
         )
         self.model.pack_cpu_weights(self.weight_dtype)
         mc = self.model.config

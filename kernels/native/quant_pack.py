@@ -11,6 +11,7 @@ them, which is gguf's own dequantization of the file exactly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +19,7 @@ import torch
 
 from tandem.kernels.native import quant_repack
 
-PANEL, KBLK = 16, 32
+PANEL, KBLK = quant_repack.PANEL, 32
 # GGUF type name -> (the kernel's block kind, weights per GGUF block, bytes per GGUF block). The kinds are
 # quant_blocks.h's enum.
 GGUF_BLOCKS = {
@@ -180,18 +181,19 @@ def _not_finite(qtype: str) -> ValueError:
     return ValueError(f"{qtype} weight with an infinite or NaN scale: not repacked")
 
 
-def pack(raw: np.ndarray, qtype: str, in_features: int) -> QuantWeight:
+def pack(raw: np.ndarray | Sequence[np.ndarray], qtype: str, in_features: int) -> QuantWeight:
     """raw: a GGUF tensor's blocks as uint8 [out_features, in_features / block weights * block bytes] (gguf's
-    reader gives this shape; rows and whole blocks may be sliced off first). Raises ValueError for a type or
-    shape the kernel does not take. Repacked in C (quant_repack.c) where it builds, else by pack_reference:
-    the same bytes."""
-    kind = _check(raw, qtype, in_features)
+    reader gives this shape; rows and whole blocks may be sliced off first), or parts of one weight whose rows
+    follow each other, packed as their concatenation. Raises ValueError for a type or shape the kernel does
+    not take. Repacked in C (quant_repack.c) where it builds, else by pack_reference: the same bytes."""
+    parts = [raw] if isinstance(raw, np.ndarray) else list(raw)
+    kind = [_check(p, qtype, in_features) for p in parts][0]
     if not quant_repack.available():
-        return pack_reference(raw, qtype, in_features)
-    data = quant_repack.repack(raw, kind, in_features)
+        return pack_reference(parts[0] if len(parts) == 1 else np.concatenate(parts), qtype, in_features)
+    data = quant_repack.repack(parts, kind, in_features)
     if data is None:
         raise _not_finite(qtype)
-    return QuantWeight(data, kind, raw.shape[0], in_features)
+    return QuantWeight(data, kind, sum(p.shape[0] for p in parts), in_features)
 
 
 def pack_reference(raw: np.ndarray, qtype: str, in_features: int) -> QuantWeight:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ import torch
 from tandem.kernels.native import build as native_build
 
 SOURCE = Path(__file__).parents[1] / "csrc" / "quant_repack.c"
+PANEL = 16  # output rows per panel of quant_blocks.h's layout
 # Below this many bytes of blocks a call runs on one thread: waking the others costs more than it saves.
 PARALLEL_MIN_BYTES = 1 << 18
 
@@ -71,21 +73,32 @@ def _lib() -> ctypes.CDLL:
     return lib
 
 
-def repack(raw: np.ndarray, kind: int, in_features: int, threads: int | None = None) -> torch.Tensor | None:
-    """raw: uint8 [rows, bytes], GGUF blocks of quant_pack.GGUF_BLOCKS' `kind` -> uint8 [panels, super-blocks,
-    bytes], quant_pack's layout; None where a type gguf dequantizes as d * (q - offset) has an infinite or NaN
-    d (quant_pack.pack raises)."""
+def repack(
+    raw: np.ndarray | Sequence[np.ndarray], kind: int, in_features: int, threads: int | None = None
+) -> torch.Tensor | None:
+    """raw: uint8 [rows, bytes], GGUF blocks of quant_pack.GGUF_BLOCKS' `kind`, or parts of one weight whose
+    rows follow each other (a fused q/k or gate/up) -> uint8 [panels, super-blocks, bytes], quant_pack's
+    layout; None where a type gguf dequantizes as d * (q - offset) has an infinite or NaN d (quant_pack.pack
+    raises). Parts go straight into their panels, not through a joined copy (fresh pages cost as much as the
+    repack), where every part but the last fills whole panels."""
     lib = _lib()
-    raw = _rows(lib, raw, kind, in_features)
-    n = raw.shape[0]
-    panels, subs = -(-n // 16), int(lib.tandem_repack_sub_blocks(kind))
+    parts = [raw] if isinstance(raw, np.ndarray) else list(raw)
+    if any(p.shape[0] % PANEL for p in parts[:-1]):
+        parts = [np.concatenate(parts)]
+    parts = [_rows(lib, p, kind, in_features) for p in parts]
+    n = sum(p.shape[0] for p in parts)
+    panels, subs = -(-n // PANEL), int(lib.tandem_repack_sub_blocks(kind))
     out = torch.empty(panels, in_features // 32 // subs, int(lib.tandem_repack_super_bytes(kind)),
                       dtype=torch.uint8)
     if out.numel() == 0:
         return out
-    bad = lib.tandem_repack(raw.ctypes.data, n, raw.strides[0], kind, in_features, out.data_ptr(),
-                            _threads(raw, threads))
-    return None if bad else out
+    at = 0
+    for p in parts:
+        if p.shape[0] and lib.tandem_repack(p.ctypes.data, p.shape[0], p.strides[0], kind, in_features,
+                                             out[at].data_ptr(), _threads(p, threads)):
+            return None
+        at += p.shape[0] // PANEL
+    return out
 
 
 def dequantize_rows(

@@ -116,6 +116,18 @@ def test_threads_and_row_strides(qtype: str) -> None:
     _assert_same(pack(part, qtype, k2), pack_reference(part, qtype, k2))
 
 
+@pytest.mark.parametrize("qtype", sorted(GGUF_BLOCKS))
+@pytest.mark.parametrize("rows", [(16, 32, 5), (32, 17), (17, 16, 3), (48,), (16, 16, 16, 1)])
+def test_parts_pack_as_their_concatenation(qtype: str, rows: tuple[int, ...]) -> None:
+    """A fused weight's parts (q/k/v, gate/up) given apart: each whole-panel part written straight into its
+    panels, a part that ends mid-panel joined first; either way the bytes of the joined rows."""
+    k = _k(qtype, 2)
+    parts = [_raw(qtype, n, k, seed=i + 3) for i, n in enumerate(rows)]
+    whole = np.concatenate(parts)
+    _assert_same(pack(parts, qtype, k), pack_reference(whole, qtype, k))
+    _assert_same(pack(parts, qtype, k), pack(whole, qtype, k))
+
+
 @pytest.mark.parametrize("qtype", sorted(OFFSETS))
 @pytest.mark.parametrize("half", [np.inf, -np.inf, np.nan])
 def test_infinite_or_nan_scale_refused(qtype: str, half: float) -> None:

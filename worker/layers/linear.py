@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -79,8 +78,10 @@ class PackableLinear(nn.Module):
                 else:
                     runs.append([o])
             try:
-                raws = [(np.concatenate([parts[o].raw for o in run]), parts[run[0]].qtype) for run in runs]
-                packed = [self.forms.blocks(raw, qtype, *inputs) for raw, qtype in raws]
+                # the parts are read where they lie (the file's mapping), not joined first: a copy's fresh
+                # pages cost as much as the repack
+                packed = [self.forms.blocks([parts[o].raw for o in run], parts[run[0]].qtype, *inputs)
+                          for run in runs]
             except ValueError:
                 pass  # a type or scale the kernel does not take: dequantized below
             else:
@@ -93,7 +94,7 @@ class PackableLinear(nn.Module):
     def pack_for_cpu(self, weight_dtype: torch.dtype | None = None) -> None:
         """A float32 model's weight on CPU in the form the ops' kernels take (WeightForms.float_weight)."""
         w = self.weight
-        if not self.forms.takes_float(w):
+        if not self.forms.takes_float(w, weight_dtype):
             return
         data = w.data
         weight, self.dense, self.packed = self.forms.float_weight(data, weight_dtype)
