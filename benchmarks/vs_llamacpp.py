@@ -12,24 +12,29 @@ them (benchmarks/llama_files.py: Llama-3.2-1B's shapes by default), then for eac
 and `lscpu`:
 
     python -m tandem.benchmarks.vs_llamacpp --llama-cpp BUILD --files DIR [--types Q4_K_M Q4_0 ...]
-        [--sections decode prefill start streams]
+        [--sections decode prefill start streams] [--isa avx2|avx512|avx512-vnni|avx512-bf16]
+
+--isa measures, on this machine, what a machine of that class runs (kernels/native/cpu_caps.py): tandem's
+processes start limited to it; BUILD must then be a llama.cpp built for the same class (GGML_NATIVE=OFF and
+its GGML_AVX* / GGML_AMX_* options).
 
 Prints markdown tables (and writes them with --out). Ratios only mean something on a quiet machine."""
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from tandem.benchmarks import latency
 from tandem.benchmarks.llama_cpp import _free_port, llama_bench, llama_server
 from tandem.benchmarks.llama_files import TYPES, make_files
 from tandem.benchmarks.server_start import learn_flags, llama_command, started, tandem_command, time_to_ready
 from tandem.benchmarks.workload import random_prompts
-from tandem.kernels.native.cpu_caps import usable_cores
+from tandem.kernels.native.cpu_caps import CpuIsa, cpu_caps, isa_env, usable_cores
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.gguf_tensor_index import FLOAT_GGUF_TYPES
 
@@ -100,8 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", type=int, default=64)
     ap.add_argument("--start-repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--isa", choices=get_args(CpuIsa), default="native",
+                    help="run tandem as a machine of this class would (the engine's processes inherit it)")
     ap.add_argument("--out", type=Path, help="also write the tables here")
     args = ap.parse_args(argv)
+    os.environ.update(isa_env(args.isa))
+    cpu_caps.cache_clear()
     types = tuple(args.types)
     if "streams" in args.sections and "BF16" not in types:
         types += ("BF16",)  # llama-server's other candidate for its best file
@@ -144,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             print(lines[-1], flush=True)
         tables.append(f"{args.streams} streams, output tok/s:\n\n" + "\n".join(lines))
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    text = "\n\n".join(tables) + "\n\n```\n" + cpu + "```\n"
+    text = "\n\n".join(tables) + f"\n\n{cpu_caps().describe()}, llama.cpp {args.llama_cpp}\n\n```\n{cpu}```\n"
     print(text)
     if args.out:
         args.out.write_text(text, encoding="utf-8")

@@ -1,10 +1,11 @@
 """Compile one of kernels/csrc/*.c into a shared library on first use, and load it with ctypes.
 
 The CPU kernels are plain C (no torch headers, so each builds in about a second) compiled with the
-system's C compiler for this very CPU (`-march=native`), cached in ~/.cache/tandem/kernels (or
-$TANDEM_KERNEL_CACHE) under a hash of the source, compiler, flags and CPU. With OpenMP they run on the
-threads of the runtime torch itself loaded (the library names libgomp.so.1, which the loader resolves to
-the copy already in the process). Whether they run at all is kernels/ops.py's choice.
+system's C compiler for this very CPU (`-march=native`, or the class TANDEM_CPU_ISA names: cpu_caps.py),
+cached in ~/.cache/tandem/kernels (or $TANDEM_KERNEL_CACHE) under a hash of the source, compiler, flags
+and CPU. With OpenMP they run on the threads of the runtime torch itself loaded (the library names
+libgomp.so.1, which the loader resolves to the copy already in the process).
+Whether they run at all is kernels/ops.py's choice.
 """
 
 from __future__ import annotations
@@ -60,9 +61,10 @@ def build(source: Path, compiler: str | None = None) -> Path:
     headers = [
         h.read_bytes() for h in [*sorted(source.parent.glob("*.h")), *(source.parent / c for c in included)]
     ]
+    flags = [f"-march={cpu_caps().march}" if f == "-march=native" else f for f in FLAGS]
     key = hashlib.sha256(
         b"\0".join(
-            [source.read_bytes(), *headers, cc.encode(), " ".join(FLAGS).encode(), _this_cpu().encode()]
+            [source.read_bytes(), *headers, cc.encode(), " ".join(flags).encode(), _this_cpu().encode()]
         )
     ).hexdigest()[:16]
     out_dir = cache_dir()
@@ -77,7 +79,7 @@ def build(source: Path, compiler: str | None = None) -> Path:
         errors = []
         for extra in (OPENMP, ()):
             proc = subprocess.run(
-                [cc, *FLAGS, *extra, "-o", tmp, str(source), "-lm"],
+                [cc, *flags, *extra, "-o", tmp, str(source), "-lm"],
                 capture_output=True,
                 text=True,
                 timeout=120,
