@@ -62,7 +62,7 @@ def prefill(build: Path, path: Path, prompt_len: int, seed: int) -> tuple[float,
     prompts = random_prompts(str(path), 4, (prompt_len, prompt_len), seed)
     eng = latency.run_engine(EngineConfig(model=str(path)), prompts, 1)
     ours = prompt_len / statistics.median(eng["ttft_s"][1:])  # the first shares the warm-up's tokens
-    theirs = llama_bench(build, str(path), prompt_len, 0, usable_cores())["pp_tok_s"]
+    theirs = llama_bench(build, str(path), prompt_len, 0, usable_cores(), both_layouts=True)["pp_tok_s"]
     return theirs, ours
 
 

@@ -189,3 +189,14 @@ def test_llama_bench_killed_by_sigsegv_runs_again_without_repacking(tmp_path: Pa
                                            "sys.exit(3)\n"))
     with pytest.raises(RuntimeError, match="llama-bench failed \\(3\\)"):
         llama_bench(build, "m.gguf", 512, 0, threads=2)
+
+
+def test_both_layouts_keep_llama_cpps_faster_run(tmp_path: Path) -> None:
+    """both_layouts: llama-bench also with --repack 0, the faster run kept (here the file's layout)."""
+    build = _fake_build(tmp_path)
+    exe = find_binary(build, "llama-bench")
+    exe.write_text(exe.read_text().replace(f'"avg_ts": {FAKE_TG}',
+                                           f'"avg_ts": {FAKE_TG} * (2 if "--repack" in a else 1)'))
+    r = llama_bench(build, "m.gguf", 0, 32, threads=2, both_layouts=True)
+    assert r["tg_tok_s"] == 2 * FAKE_TG and r["repack"] is False
+    assert llama_bench(build, "m.gguf", 0, 32, threads=2)["tg_tok_s"] == FAKE_TG
