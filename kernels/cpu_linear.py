@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tandem.kernels.native.cpu_caps import cpu_caps
+
 # From this many rows a plain float32 weight goes through oneDNN (it reorders the weight per call: slow for
 # few rows).
 PLAIN_ONEDNN_MIN_ROWS = 16
@@ -42,13 +44,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor | None, packed: torch.Tensor | 
     the C kernel's few rows too: worker/layers/linear.py) through oneDNN all the same (measured above MKL's
     F.linear from 16 rows, even with the packed copy from ~512); a bf16 weight under float32 activations with
     x rounded to bf16 (oneDNN's AMX product, as llama.cpp rounds them for a BF16 weight), summed in float32
-    and returned in x's dtype; a float16 weight under float32 activations widened (exactly) for the call, so
-    the product is the float32 one; else F.linear."""
+    and returned in x's dtype, where the CPU multiplies bf16 (cpu_caps.fast_bf16); a float16 weight under
+    float32 activations, or a bf16 one on a CPU without bf16 products (emulated there, slower than float32),
+    widened (exactly) for the call, so the product is the float32 one; else F.linear."""
     if packed is not None:
         return packed_linear(x, packed, bias)
     if weight is None:
         raise RuntimeError("a linear layer without a weight (its product runs from blocks)")
-    if weight.dtype == torch.float16 and x.dtype == torch.float32:
+    if x.dtype == torch.float32 and (weight.dtype == torch.float16
+                                     or (weight.dtype == torch.bfloat16 and not cpu_caps().fast_bf16)):
         weight = weight.float()
     if weight.dtype != x.dtype:
         y = F.linear(x.to(weight.dtype), weight).to(x.dtype)

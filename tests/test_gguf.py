@@ -152,28 +152,39 @@ def test_tensor_parallel_ranks_take_their_blocks(arch: str, qtype: str, size: st
     assert torch.equal(dequantize(head.head_quant), plain_head.weight[:rows])
 
 
-def test_bf16_file_runs_as_its_bf16_checkpoint(tiny_model, gguf_file) -> None:
-    """`auto` keeps a BF16 file's weights bf16 where the CPU multiplies bf16 natively (float32 elsewhere), as
-    it keeps a float directory's: half the bytes of widening them, and the directory's tokens exactly (gguf
-    rounds float32 to bf16 to nearest even, as torch does)."""
+@pytest.mark.parametrize("fast_bf16", [True, False])
+def test_bf16_file_runs_as_its_bf16_checkpoint(tiny_model, gguf_file, monkeypatch, fast_bf16: bool) -> None:
+    """`auto` keeps a BF16 file's weights bf16 on any CPU: half the bytes of widening them. Where the CPU
+    multiplies bf16 natively the directory's are bf16 too and the tokens are the directory's exactly (gguf
+    rounds float32 to bf16 to nearest even, as torch does); elsewhere (here: this CPU taken for an AVX2 one)
+    the directory's stay float32 and the file's are widened exactly where they are multiplied (the C
+    kernel's rows, torch's per call for the 30-token prompt): the same tokens again."""
+    from tandem.kernels import cpu_linear
+    from tandem.kernels.native.cpu_caps import parse_cpuinfo
     from tandem.protocol.engine_config import EngineConfig
+    from tandem.worker import device
     from tandem.worker.device import resolve_weight_dtype
     from tandem.worker.model_runner import ModelRunner
     from tests.step_loop import generate
 
+    if not fast_bf16:
+        caps = parse_cpuinfo("model name\t: X\nflags\t\t: avx2 fma f16c\n", 2)
+        monkeypatch.setattr(device, "cpu_caps", lambda: caps)
+        monkeypatch.setattr(cpu_linear, "cpu_caps", lambda: caps)
     src = tiny_model("llama")
-    want_dtype = resolve_weight_dtype("auto", torch.device("cpu"))  # a float directory's, on this CPU
+    dir_dtype = resolve_weight_dtype("auto", torch.device("cpu"))  # a float directory's, on this CPU
+    assert (dir_dtype == torch.bfloat16) == (fast_bf16 and device.cpu_caps().fast_bf16)
     prompts = [torch.randint(3, 1000, (n,), generator=torch.Generator().manual_seed(n)).tolist()
                for n in (1, 7, 30)]
     params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)]
     outs = []
-    for model in (gguf_file("llama", "BF16"), src):
+    for model, want in ((gguf_file("llama", "BF16"), torch.bfloat16), (src, dir_dtype)):
         cfg = EngineConfig(model=str(model), device="cpu", dtype="auto", kv_cache_tokens=512)
         info = read_model_info(model)
         runner = ModelRunner(cfg, info)
-        assert runner.weight_dtype == want_dtype, (model, runner.weight_dtype)
+        assert runner.weight_dtype == want, (model, runner.weight_dtype)
         layer = runner.model.model.layers[0].self_attn.o_proj
-        assert layer.weight.dtype == want_dtype, layer.weight.dtype
+        assert layer.weight.dtype == want, layer.weight.dtype
         outs.append(generate(cfg, info, runner, prompts, params))
     assert outs[0] == outs[1]
 

@@ -41,13 +41,15 @@ def resolve_weight_dtype(name: str, device: torch.device, caps: CpuCaps | None =
     llama.cpp runs a BF16 GGUF: a decode step streams half the bytes (the C kernel widens them exactly as
     it loads them) and many rows take the hardware's bf16 products. Elsewhere bf16 matmuls are emulated and
     slower than fp32. gguf_weights: a GGUF file's type of linear weights (gguf_linear_type): a BF16 file is
-    that checkpoint already (its bf16 weights kept exactly, not widened to twice the bytes); an F16 file's
-    stay float16 on any CPU (the C kernel widens them exactly as it loads them, as llama.cpp reads them: a
-    step streams half of float32's bytes for the same products; torch widens them per call for many rows,
-    kernels/cpu_linear.py); a quantized file keeps its blocks, and an F32 file's weights stay float32."""
-    if name == "auto" and device.type == "cpu" and gguf_weights == "F16":
-        return torch.float16
-    if (name == "auto" and device.type == "cpu" and gguf_weights in (None, "BF16")
-            and (caps or cpu_caps()).fast_bf16):
+    that checkpoint already (its bf16 weights kept exactly on any CPU, not widened to twice the bytes: where
+    the CPU has no bf16 products torch widens them per call for many rows, kernels/cpu_linear.py, as the C
+    kernel does as it loads them; measured on the AVX2 class, widening at load made decode 0.90x
+    llama.cpp's); an F16 file's stay float16 on any CPU (the C kernel widens them exactly as it loads them,
+    as llama.cpp reads them: a step streams half of float32's bytes for the same products; torch widens them
+    per call for many rows, kernels/cpu_linear.py); a quantized file keeps its blocks, and an F32 file's
+    weights stay float32."""
+    if name == "auto" and device.type == "cpu" and gguf_weights in ("F16", "BF16"):
+        return torch.float16 if gguf_weights == "F16" else torch.bfloat16
+    if name == "auto" and device.type == "cpu" and gguf_weights is None and (caps or cpu_caps()).fast_bf16:
         return torch.bfloat16
     return resolve_dtype(name, device)

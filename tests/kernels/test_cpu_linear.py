@@ -7,8 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tandem.kernels import cpu_linear
 from tandem.kernels.cpu_linear import pack_weight, packable, packed_linear
 from tandem.kernels.native import quant_linear as native_linear
+from tandem.kernels.native.cpu_caps import parse_cpuinfo
 from tandem.kernels.native.quant_linear import DENSE_MAX_ROWS
 from tandem.worker.layers import ColumnParallelLinear, RowParallelLinear, VocabEmbedding
 from tests.c_kernels import needs_c_kernels
@@ -136,3 +138,17 @@ def test_ops_without_the_c_kernels_keep_float_layers_on_onednn(monkeypatch, tiny
         assert not cpu_graph_applies(EngineConfig(model="unused"), model, Pool(model).kv)
         x = torch.randint(0, 100, (5,))
         assert model.model.embed_tokens(x).dtype == torch.float32
+
+
+@pytest.mark.parametrize("fast_bf16", [True, False])
+def test_a_bf16_weight_takes_the_hardware_product_or_is_widened(monkeypatch, fast_bf16: bool) -> None:
+    """Many rows of float32 activations against a bf16 weight (a BF16 file's, kept bf16 on any CPU): where the
+    CPU multiplies bf16, x rounded to bf16 and the hardware product; elsewhere (emulated bf16 products, slower
+    than float32) the weight widened exactly for the call: the float32 product of the same weights."""
+    flags = "avx512f avx512_bf16" if fast_bf16 else "avx2 fma"
+    monkeypatch.setattr(cpu_linear, "cpu_caps", lambda: parse_cpuinfo(f"model name\t: X\nflags\t\t: {flags}\n", 2))
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(300, 64, generator=g), torch.randn(96, 64, generator=g).bfloat16()
+    y = cpu_linear.linear(x, w, None)
+    want = F.linear(x.bfloat16(), w).float() if fast_bf16 else F.linear(x, w.float())
+    assert y.dtype == torch.float32 and torch.equal(y, want)
