@@ -14,13 +14,13 @@ import threading
 
 from tandem.launch.failure_report import describe_death, describe_failure
 from tandem.launch.launcher import EngineStartError, Launcher
-from tandem.launch.serve_announcements import HTTP_PREFIX, PROCESS_PREFIX, READY_PREFIX
 from tandem.launch.stall_report import describe_stall
 from tandem.launch.stop_plan import StopPlan
 from tandem.protocol.codec import encode
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.errors import ErrorCode
 from tandem.protocol.messages import Ready
+from tandem.protocol.serve_announcements import HTTP_PREFIX, PROCESS_PREFIX, READY_PREFIX
 from tandem.protocol.serve_config import ServeConfig
 from tandem.protocol.stop_messages import Drained, DrainRequest, Stalled, WorkerFailed
 

@@ -8,7 +8,7 @@ import threading
 from collections import deque
 from pathlib import Path
 
-from tandem.launch.serve_announcements import wait_for_http
+from tandem.protocol.serve_announcements import wait_for_http
 
 
 class Served:

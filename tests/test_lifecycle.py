@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from tandem import Client, EngineDeadError, SamplingParams
-from tandem.launch.serve_announcements import PROCESS_PREFIX, READY_PREFIX
 from tandem.protocol import fault_injection
+from tandem.protocol.serve_announcements import PROCESS_PREFIX, READY_PREFIX
 from tandem.worker.heap_keeper import HeapKeeper
 
 FATAL_MARK = 993

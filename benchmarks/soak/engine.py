@@ -9,7 +9,7 @@ from collections import deque
 
 import psutil
 
-from tandem.launch.serve_announcements import wait_for_http
+from tandem.protocol.serve_announcements import wait_for_http
 
 
 class ServedEngine:

@@ -17,6 +17,7 @@ from tandem.protocol.codec import launcher_decoder
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.messages import Ready
 from tandem.protocol.model_fit import check_model_fits
+from tandem.protocol.serve_announcements import read_until_http
 
 READY_MARGIN_S = 30.0  # past the child's own startup timeout: its imports and its launcher's teardown
 _owners: dict[int, socket.socket] = {}  # engine pid -> our end of its owner socket, held while we own it
@@ -35,15 +36,35 @@ def config_to_argv(cfg: EngineConfig) -> list[str]:
 
 
 def start_engine_process(model: str, **options: object) -> tuple[subprocess.Popen, str]:
+    """The engine without HTTP (the client talks ZMQ); returns (process, ZMQ endpoint)."""
     cfg = EngineConfig.from_options(model, **options)  # unknown options fail here, in the caller
     check_model_fits(cfg)  # so does a configuration the model cannot run (ConfigError), before any spawn
+    # No HTTP server: it would also contend for the default port.
+    proc, endpoint, _ = _spawn(cfg, ["--no-http"])
+    return proc, endpoint
+
+
+def start_served_process(cfg: EngineConfig, serve_argv: list[str]) -> tuple[subprocess.Popen, str]:
+    """`tandem serve` with its HTTP server (SERVE_ARGV: its serve flags, a port among them) as a child
+    owned like the client's engines; returns (process, HTTP URL). RuntimeError with its last words when it
+    exits first."""
+    check_model_fits(cfg)
+    proc, _, url = _spawn(cfg, serve_argv)
+    return proc, url
+
+
+def _spawn(cfg: EngineConfig, serve_argv: list[str]) -> tuple[subprocess.Popen, str, str]:
     ours, theirs = socket.socketpair()
-    # The client talks ZMQ: no HTTP server (it would also contend for the default port).
-    cmd = [sys.executable, "-m", "tandem.launch.cli", "serve", *config_to_argv(cfg), "--no-http",
+    cmd = [sys.executable, "-m", "tandem.launch.cli", "serve", *config_to_argv(cfg), *serve_argv,
            "--owner-fd", str(theirs.fileno())]
+    http = "--no-http" not in serve_argv
     try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                pass_fds=(theirs.fileno(),))
+        # Its own session: a terminal's Ctrl-C goes to the whole foreground process group, and an engine
+        # there would drain and stop on it (serve does on SIGINT) where its owner only meant to interrupt
+        # itself (a reply in `tandem run`, a call at a REPL). The owner socket still stops it with us.
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE if http else subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, pass_fds=(theirs.fileno(),),
+                                start_new_session=True)
     except BaseException:
         ours.close()
         raise
@@ -69,7 +90,12 @@ def start_engine_process(model: str, **options: object) -> tuple[subprocess.Pope
         raise
     msg = launcher_decoder()(record) if record else None
     if isinstance(msg, Ready):
-        return proc, msg.info
+        url = ""
+        if http:  # serve printed its HTTP line before it wrote the record: it is in the pipe already
+            _, url = read_until_http(proc.stdout, {})  # type: ignore[arg-type]
+            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+        if url or not http:
+            return proc, msg.info, url
     stop_engine_process(proc)
     drain.join(5)  # the last words (why it failed) are still in the pipe
     raise RuntimeError(f"engine exited with code {proc.returncode} before it was ready:\n{''.join(err_tail)}")
