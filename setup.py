@@ -26,5 +26,9 @@ packages, package_dir = _packages()
 setup(
     packages=packages,
     package_dir=package_dir,
-    package_data={"tandem.launch": ["data/*.txt"], "tandem.kernels": ["csrc/*.c", "csrc/*.h"]},
+    package_data={
+        "tandem.launch": ["data/*.txt"],
+        "tandem.kernels": ["csrc/*.c", "csrc/*.h"],
+        "tandem.frontend.http": ["static/*.html"],
+    },
 )

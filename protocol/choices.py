@@ -19,6 +19,7 @@ SchedulingPolicyName = Literal["fcfs", "priority"]
 Pooling = Literal["last", "mean", "cls"]
 SpeculativeMethod = Literal["ngram"]
 ReasoningParserName = Literal["qwen3", "deepseek-r1", "auto"]
+ModelState = Literal["unloaded", "loading", "loaded", "failed"]  # a served model's engine (/v1/models)
 
 
 def literal_values(tp: Any) -> tuple[str, ...] | None:

@@ -1,5 +1,6 @@
-"""The FastAPI app: OpenAI routes (completions, chat, Responses), Anthropic's Messages API, tokenizer
-routes, health, version, metrics, and the info routes a router (sglang-router) reads from its workers."""
+"""The FastAPI app: OpenAI routes (completions, chat, Responses), Anthropic's Messages API, ollama's API,
+tokenizer routes, health, version, metrics, and the info routes a router (sglang-router) reads from its
+workers."""
 from __future__ import annotations
 
 import asyncio
@@ -14,8 +15,10 @@ from tandem.frontend.http.anthropic_messages import count_message_tokens, create
 from tandem.frontend.http.anthropic_schema import CountTokensRequest, MessagesRequest
 from tandem.frontend.http.chat import chat_prompt_ids
 from tandem.frontend.http.chat_completions import create_chat_completion
+from tandem.frontend.http.chat_page import add_chat_page
 from tandem.frontend.http.completions import create_completion
 from tandem.frontend.http.embeddings import EmbeddingRequest, create_embedding
+from tandem.frontend.http.ollama import add_ollama_routes
 from tandem.frontend.http.openapi import BODY, ENGINE, answers
 from tandem.frontend.http.responses import create_response, stored_response
 from tandem.frontend.http.responses_schema import ResponsesRequest
@@ -84,6 +87,8 @@ def create_app(st: ServerState) -> FastAPI:
     @app.post("/v1/embeddings", dependencies=authed, responses=answers(*BODY, 401, 404, *ENGINE))
     async def embeddings(body: EmbeddingRequest, request: Request) -> dict:
         return await create_embedding(st, body, request)
+
+    add_ollama_routes(app, st, authed)  # ollama's /api/chat, /api/generate, /api/embed, /api/tags, ...
 
     @app.get("/v1/models", dependencies=authed, responses=answers(401))
     async def models() -> dict:
@@ -161,4 +166,5 @@ def create_app(st: ServerState) -> FastAPI:
         return {"model_path": st.model_path, "served_model_name": st.model_name,
                 "max_model_len": st.info.max_model_len, "version": _version()}
 
+    add_chat_page(app)  # GET /: the browser chat page
     return app

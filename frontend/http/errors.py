@@ -1,7 +1,6 @@
 """Errors in the shape of the API a route belongs to, with the right status: OpenAI's
-{"error": {"message", "type", "param", "code"}}, or Anthropic's {"type": "error", "error": {"type",
-"message"}}
-on the Messages API's routes."""
+{"error": {"message", "type", "param", "code"}}, Anthropic's {"type": "error", "error": {"type",
+"message"}} on the Messages API's routes, or ollama's {"error": "message"} on its /api/ routes."""
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
@@ -25,6 +24,7 @@ _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 4
                     404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
                     429: "rate_limit_error"}
 ANTHROPIC_PREFIX = "/v1/messages"
+OLLAMA_PREFIX = "/api/"
 
 
 class APIError(Exception):
@@ -33,8 +33,12 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
     def response(self, path: str = "") -> JSONResponse:
-        body = (anthropic_error_body(self.status, self.message) if path.startswith(ANTHROPIC_PREFIX)
-                else error_body(self.status, self.message, self.param, self.code))
+        if path.startswith(ANTHROPIC_PREFIX):
+            body = anthropic_error_body(self.status, self.message)
+        elif path.startswith(OLLAMA_PREFIX):
+            body = ollama_error_body(self.message)
+        else:
+            body = error_body(self.status, self.message, self.param, self.code)
         return JSONResponse(body, status_code=self.status)
 
 
@@ -49,6 +53,10 @@ def draining(stats: EngineStats) -> APIError:
 
 def anthropic_error_body(status: int, message: str) -> dict:
     return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
+
+
+def ollama_error_body(message: str) -> dict:
+    return {"error": message}
 
 
 def from_engine(e: TandemError) -> APIError:

@@ -26,7 +26,7 @@ Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
-                              "/v1/embeddings"})
+                              "/v1/embeddings", "/api/chat", "/api/generate", "/api/embed"})
 _OVER = b"<over the limit>"  # a sentinel, compared by identity
 
 

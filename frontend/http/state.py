@@ -15,6 +15,7 @@ from tandem.frontend.http.metrics import Metrics
 from tandem.frontend.http.response_store import ResponseStore
 from tandem.frontend.reasoning_parser import ReasoningParser, opens_reasoning
 from tandem.protocol.model_info import ModelInfo
+from tandem.protocol.model_spec import bare_name
 
 PROMPT_TAIL = 32  # tokens of the prompt's end that show whether the template opened a think block
 
@@ -42,7 +43,8 @@ class ServerState:
         return t
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
+        # ollama's clients name a model with its tag (`name:latest`, the only tag here)
+        if name is not None and name != self.model_name and bare_name(name) != self.model_name:
             raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.model_name}`.",
                            "model", "model_not_found")
 
@@ -55,16 +57,16 @@ class ServerState:
         )
 
     def check_key(self, request: Request) -> None:
-        if self.api_key is not None and not _key_matches(request, self.api_key):
+        if self.api_key is not None and not key_matches(request, self.api_key):
             raise APIError(401, "Incorrect API key provided.", None, "invalid_api_key")
 
     def check_admin_key(self, request: Request) -> None:
         """Operator routes: the admin key only (the inference key is just another wrong key here)."""
-        if self.admin_api_key is None or not _key_matches(request, self.admin_api_key):
+        if self.admin_api_key is None or not key_matches(request, self.admin_api_key):
             raise APIError(401, "Incorrect admin key provided.", None, "invalid_admin_key")
 
 
-def _key_matches(request: Request, key: str) -> bool:
+def key_matches(request: Request, key: str) -> bool:
     # OpenAI's clients send a bearer token, Anthropic's an x-api-key header: the same key either way.
     auth = request.headers.get("authorization", "")
     given = auth[7:] if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
