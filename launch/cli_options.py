@@ -24,13 +24,20 @@ def _base_type(tp: Any) -> type:
     return tp
 
 
-def add_engine_flags(parser: argparse.ArgumentParser, cls: type = EngineConfig) -> None:
+def add_engine_flags(
+    parser: argparse.ArgumentParser, cls: type = EngineConfig, many_models: bool = False
+) -> None:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = _base_type(hints[f.name])
         help_ = f.metadata.get("help", "")
         default = f.default if f.default is not dataclasses.MISSING else None
-        if f.name == "model":
+        if f.name == "model" and many_models:
+            parser.add_argument(
+                "--model", action="append", help="model: a Hugging Face directory, a .gguf file or a name "
+                "tandem pull knows (pulled when absent); give it several times to serve several models"
+            )
+        elif f.name == "model":
             parser.add_argument(
                 "--model", required=True, help="model: a Hugging Face directory or a .gguf file"
             )
@@ -50,5 +57,10 @@ def add_engine_flags(parser: argparse.ArgumentParser, cls: type = EngineConfig) 
 
 def config_from_args(args: argparse.Namespace, cls: type = EngineConfig) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in vars(args).items() if k in names and v is not None})
+    given = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    if isinstance(given.get("model"), list):  # serve's --model, which may be given several times
+        if len(given["model"]) != 1:
+            raise ValueError(f"one model expected, got {len(given['model'])}")
+        given["model"] = given["model"][0]
+    return cls(**given)
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from tandem.protocol.choices import ReasoningParserName, check_choices
+from tandem.protocol.model_spec import parse_keep_alive
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,19 @@ class ServeConfig:
                 "chat template's think markers; none when it has none)"})
     response_store: int = field(default=256, metadata={
         "help": "Responses API: how many responses are kept for previous_response_id (oldest dropped first)"})
+    # Several models (--model given more than once, or --models-file): each loads on its first request.
+    models_file: str | None = field(default=None, metadata={
+        "help": "a TOML file of [[model]] tables (name, model, options, keep_alive, pinned): serve them all, "
+                "each loaded on its first request"})
+    keep_alive: str = field(default="5m", metadata={
+        "help": "with several models: how long a model stays loaded once idle (30s, 5m, 1h, seconds; "
+                "0 unloads at once, -1 never); a request's keep_alive (ollama's) overrides it"})
+    max_loaded_models: int = field(default=3, metadata={
+        "help": "with several models: how many are loaded at once; loading another unloads the least "
+                "recently used idle one"})
+    max_loaded_memory_gb: float | None = field(default=None, metadata={
+        "help": "with several models: the loaded models' weights (their size on disk) stay under this; "
+                "loading another unloads idle ones as --max-loaded-models does"})
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -57,6 +71,12 @@ class ServeConfig:
                 "must not reach the operator routes)"
             )
         check_choices(type(self), vars(self), "serve")
+        if self.max_loaded_models < 1:
+            raise ValueError(f"invalid serve option max_loaded_models={self.max_loaded_models}: must be >= 1")
+        parse_keep_alive(self.keep_alive)  # ValueError names it
+        if self.max_loaded_memory_gb is not None and not self.max_loaded_memory_gb > 0:
+            raise ValueError(f"invalid serve option max_loaded_memory_gb={self.max_loaded_memory_gb}: "
+                             "must be > 0")
         if self.response_store < 0:
             raise ValueError(f"invalid serve option response_store={self.response_store}: must be >= 0")
 
