@@ -158,6 +158,50 @@ class _Real:
         return asyncio.get_event_loop().time()
 
 
+def test_a_load_waiting_for_room_is_not_starved_by_new_requests_for_the_busy_model() -> None:
+    async def go() -> None:
+        pool, starter, _ = _pool("a b", max_loaded=1)
+        await pool.acquire("a")
+        b = asyncio.ensure_future(pool.acquire("b"))
+        await asyncio.sleep(0.05)
+        assert pool.entries["a"].draining and not b.done()
+        late_a = asyncio.ensure_future(pool.acquire("a"))  # would keep a busy forever if it joined
+        await asyncio.sleep(0.05)
+        assert not late_a.done() and pool.entries["a"].running == 1
+        pool.release("a")  # a's last request ends: a goes, b comes
+        await asyncio.wait_for(b, 2)
+        assert [e.spec.name for e in pool.loaded()] == ["b"] and not late_a.done()
+        pool.check_integrity()
+        pool.release("b")  # and then a again, for the request that waited
+        await asyncio.wait_for(late_a, 2)
+        assert [e.spec.name for e in pool.loaded()] == ["a"] and starter.starts == ["a", "b", "a"]
+        pool.release("a")
+        pool.check_integrity()
+
+    asyncio.run(go())
+
+
+def test_two_loads_waiting_for_one_place_take_it_in_turn() -> None:
+    async def go() -> None:
+        pool, starter, _ = _pool("a b c", max_loaded=1)
+        await pool.acquire("a")
+        b, c = asyncio.ensure_future(pool.acquire("b")), asyncio.ensure_future(pool.acquire("c"))
+        await asyncio.sleep(0.05)
+        pool.release("a")
+        done, _ = await asyncio.wait([b, c], timeout=2, return_when=asyncio.FIRST_COMPLETED)
+        assert len(done) == 1 and len(pool.loaded()) == 1
+        pool.check_integrity()
+        first = pool.loaded()[0].spec.name
+        pool.release(first)
+        await asyncio.wait_for(asyncio.gather(b, c), 2)
+        second = pool.loaded()[0].spec.name
+        assert {first, second} == {"b", "c"} and starter.starts == ["a", first, second]
+        pool.release(second)
+        pool.check_integrity()
+
+    asyncio.run(go())
+
+
 def test_a_failed_load_fails_every_waiter_and_the_next_request_tries_again() -> None:
     async def go() -> None:
         pool, starter, _ = _pool("a b")

@@ -34,7 +34,13 @@ from tandem.frontend.http.choices import ChoiceRun
 from tandem.frontend.http.embeddings import EmbeddingRequest, create_embedding
 from tandem.frontend.http.errors import APIError
 from tandem.frontend.http.logprobs import chat_logprobs
-from tandem.frontend.http.ollama_models import never_expires, ollama_model_entry, ollama_show, rfc3339
+from tandem.frontend.http.ollama_models import (
+    chat_template,
+    never_expires,
+    ollama_model_entry,
+    ollama_show,
+    rfc3339,
+)
 from tandem.frontend.http.ollama_schema import (
     GenerationBody,
     OllamaChatRequest,
@@ -241,10 +247,12 @@ async def ollama_chat(st: ServerState, body: OllamaChatRequest, request: Request
 
 
 def _generate_ids(st: ServerState, body: OllamaGenerateRequest) -> list[int]:
-    """The prompt: `context` (an earlier answer's conversation) then the prompt, as it is when raw, else
-    (with `system`) through the chat template."""
+    """The prompt: `context` (an earlier answer's conversation) then the prompt, as it is when raw or the
+    model has no chat template, else (with `system`) through the chat template."""
     ctx = list(body.context or [])
-    if body.raw:
+    # A model with no chat template (a base model's file) takes the prompt as it is, as ollama's default
+    # template (`{{ .Prompt }}`) gives it.
+    if body.raw or not chat_template(st.tokenizer):
         return ctx + encode_text(st.tokenizer, body.prompt, add_special_tokens=not ctx)
     msgs = [ChatMessageBody(role="system", content=body.system)] if body.system else []
     new = chat_prompt_ids(st.tokenizer, [*msgs, ChatMessageBody(role="user", content=body.prompt)], None,

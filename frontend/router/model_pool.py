@@ -54,6 +54,10 @@ class ModelEntry:
     error: str | None = None  # the last load's failure
     loads: int = 0
     size: int = 0  # bytes it holds loaded (prepare's figure; 0 unknown)
+    # Chosen to make room for another model's load: it takes no new requests (they wait to load it again
+    # after), so its running ones end and the load behind it is not starved by a stream of new ones.
+    draining: bool = False
+    has_room: bool = False  # loading, past _make_room: counts against the limits while its engine starts
     load: asyncio.Future | None = field(default=None, repr=False)
 
     @property
@@ -98,6 +102,10 @@ class ModelPool:
         if keep_alive_s is not None:
             e.keep_alive_s = keep_alive_s
         while True:
+            if e.state == "loaded" and e.draining:
+                async with self._changed:
+                    await self._changed.wait()
+                continue
             if e.state == "loaded" and e.engine is not None:
                 if e.engine.alive():
                     e.running += 1
@@ -118,7 +126,7 @@ class ModelPool:
         e.last_used = self._clock()
         if e.running == 0:
             e.idle_since = e.last_used
-            if e.keep_alive_s == 0 and not e.spec.pinned:
+            if (e.keep_alive_s == 0 or e.draining) and not e.spec.pinned:
                 self._stop_later(e)
         self._notify()
 
@@ -163,7 +171,7 @@ class ModelPool:
         return [e for e in self.entries.values() if e.state == "loaded"]
 
     def check_integrity(self) -> None:
-        held = [e for e in self.entries.values() if e.state in ("loaded", "loading")]
+        held = [e for e in self.entries.values() if self._holds(e)]
         assert len(held) <= self.max_loaded, f"{len(held)} models held, limit {self.max_loaded}"
         loaded = sum(e.size for e in held if e.state == "loaded")
         assert self.memory_budget is None or loaded <= self.memory_budget, f"{loaded} bytes loaded"
@@ -171,6 +179,8 @@ class ModelPool:
             assert e.running >= 0
             assert (e.engine is not None) == (e.state == "loaded"), e
             assert (e.load is not None) == (e.state == "loading"), e
+            assert not e.draining or e.state == "loaded", e
+            assert not e.has_room or e.state == "loading", e
 
     # -- internals ------------------------------------------------------------------------------------------
     async def _load(self, e: ModelEntry) -> None:
@@ -182,37 +192,43 @@ class ModelPool:
             await self._make_room(e)
             engine = await self._start(e.spec)
         except BaseException as exc:
-            e.state, e.load, e.error = "failed", None, _why(exc)
+            e.state, e.load, e.error, e.has_room = "failed", None, _why(exc), False
             err = exc if isinstance(exc, (NoRoom, LoadFailed)) else LoadFailed(
                 f"model {e.spec.name!r} failed to load: {e.error}")
             fut.set_exception(err)
             self._notify()
             return
-        e.engine, e.state, e.load, e.loads = engine, "loaded", None, e.loads + 1
+        e.engine, e.state, e.load, e.loads, e.has_room = engine, "loaded", None, e.loads + 1, False
         e.last_used, e.idle_since = self._clock(), self._clock()
         fut.set_result(None)
 
     async def _make_room(self, e: ModelEntry) -> None:
         """Until this load fits under max_loaded and the memory budget: stop the least recently used idle
-        unpinned engine, or wait for one to become so (bounded)."""
+        unpinned engine, or mark the least recently used busy one draining and wait for it (bounded)."""
         deadline = self._clock() + self.room_wait_s
         while True:
-            held = [x for x in self.entries.values() if x is not e and x.state in ("loaded", "loading")]
+            held = [x for x in self.entries.values() if x is not e and self._holds(x)]
             budget = self.memory_budget
             if budget is not None and e.size > budget:
                 raise NoRoom(f"model {e.spec.name!r} needs {e.size / 1e9:.2f} GB, more than the memory "
                              f"budget ({budget / 1e9:.2f} GB) holds")
             fits = budget is None or sum(x.size for x in held) + e.size <= budget
             if len(held) < self.max_loaded and fits:
+                e.has_room = True
                 return
             idle = [x for x in held if x.state == "loaded" and x.running == 0 and not x.spec.pinned]
             if idle:
                 await self._stop(min(idle, key=lambda x: x.last_used))
                 continue
+            busy = [x for x in held if x.state == "loaded" and not x.spec.pinned]
+            if busy and not any(x.draining for x in busy):
+                min(busy, key=lambda x: x.last_used).draining = True  # stops when its last request ends
             left = deadline - self._clock()
             if left <= 0:
-                busy = ", ".join(x.spec.name for x in held)
-                raise NoRoom(f"model {e.spec.name!r} cannot load: the loaded models are busy ({busy}) and "
+                for x in held:
+                    x.draining = False  # this load gives up: they serve on
+                names = ", ".join(x.spec.name for x in held)
+                raise NoRoom(f"model {e.spec.name!r} cannot load: the loaded models are busy ({names}) and "
                              "another does not fit beside them; raise --max-loaded-models or "
                              "--max-loaded-memory-gb, or retry")
             async with self._changed:
@@ -221,9 +237,13 @@ class ModelPool:
                 except asyncio.TimeoutError:
                     pass
 
+    @staticmethod
+    def _holds(e: ModelEntry) -> bool:
+        return e.state == "loaded" or (e.state == "loading" and e.has_room)
+
     def _detach(self, e: ModelEntry) -> Engine | None:
         # At once, before any await: a request arriving meanwhile must not get an engine being stopped.
-        engine, e.engine, e.state, e.idle_since = e.engine, None, "unloaded", None
+        engine, e.engine, e.state, e.idle_since, e.draining = e.engine, None, "unloaded", None, False
         return engine
 
     async def _stop(self, e: ModelEntry) -> None:
