@@ -127,6 +127,8 @@ def test_ps_chat_page_keep_alive_zero_and_the_server_stops_its_children(many, ca
     oc = ollama.Client(host=url, headers={"Authorization": f"Bearer {KEY}"})
     assert {m.model for m in oc.list().models} == {"llama-tiny:latest", "b:latest", "broken:latest"}
     assert [m.model for m in oc.ps().models] == ["b:latest"]
+    shown = oc.show("llama-tiny")  # answered without loading it (tools ask for every model listed)
+    assert shown.modelinfo["general.architecture"] and _states(url)["llama-tiny"] == "unloaded"
     whole = oc.chat(model="b", messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 6,
                                                                                       "temperature": 0})
     parts = oc.chat(model="b:latest", messages=[{"role": "user", "content": "Hi"}], stream=True,

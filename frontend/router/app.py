@@ -100,6 +100,10 @@ def create_router_app(rs: RouterState) -> FastAPI:
                 keep = parse_keep_alive(fields["keep_alive"])
             except ValueError as e:
                 raise APIError(400, str(e), "keep_alive") from None
+        if path == "/api/show" and request.method == "POST":
+            shown = await asyncio.to_thread(rs.show, rs.pool.entry(name))
+            if shown is not None:
+                return JSONResponse(shown)
         if keep == 0 and _ollama(path) and _no_prompt(path, fields):  # ollama's way to unload a model
             unloaded = await rs.pool.unload(name)
             return JSONResponse(_ollama_done(name, path, "unload" if unloaded else "load"))

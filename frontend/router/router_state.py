@@ -28,10 +28,12 @@ class RouterState:
     # a model's path on disk, or None while it is not there (nothing is pulled to list a model)
     locate: Callable[[ModelSpec], str | None]
     api_key: str | None = None
+    reasoning_parser: str | None = None  # the serve option, for /api/show's `thinking` capability
     created: int = field(default_factory=lambda: int(time.time()))
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     _infos: dict[str, tuple[str, ModelInfo] | None] = field(default_factory=dict)
     _http: aiohttp.ClientSession | None = None
+    _tokenizers: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         r, lab = self.registry, ["model_name"]
@@ -85,6 +87,25 @@ class RouterState:
         if e.error is not None and e.state != "loaded":
             out["error"] = e.error
         return out
+
+    def show(self, e: ModelEntry) -> dict[str, Any] | None:
+        """ollama's /api/show for a model on disk, without loading it (a tool lists every model so); None
+        when it is not on disk (the request then loads it, pulling it)."""
+        from tandem.frontend.http.ollama_models import chat_template, ollama_show
+        from tandem.frontend.reasoning_parser import template_style
+        from tandem.protocol.tokenizer_loader import load_tokenizer
+
+        found = self.model_info(e)
+        if found is None:
+            return None
+        path, info = found
+        tok = self._tokenizers.get(path)
+        if tok is None:
+            tok = self._tokenizers[path] = load_tokenizer(path)
+        style = self.reasoning_parser
+        if style == "auto":
+            style = template_style(chat_template(tok))
+        return ollama_show(e.spec.name, path, info, tok, style is not None)
 
     def ollama_entry(self, e: ModelEntry, loaded: bool) -> dict[str, Any]:
         from tandem.frontend.http.ollama_models import ollama_model_entry
