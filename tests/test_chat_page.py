@@ -2,7 +2,9 @@
 app, found as package data, self-contained, calling only routes the app serves; and its stream reader (the
 page's `// <sse>` block) run in node on streams the app itself wrote (cut into chunks mid-line and
 mid-character, the reasoning split out, `[DONE]`, an engine fault's error event), and on a hand-written one
-(CRLF lines, comments, a multi-line data field)."""
+(CRLF lines, comments, a multi-line data field); its markdown renderer (the `// <markdown>` block) in node
+on a stand-in DOM: elements and text nodes only, so HTML in a reply stays text and only http(s) and mailto
+links are made. tests/test_chat_browser.py runs the page in a real browser."""
 from __future__ import annotations
 
 import ast
@@ -204,10 +206,9 @@ def test_the_page_reads_the_servers_streams_in_node(app) -> None:
                                 "HTTP 500"]
 
 
-# The page's own script on a small stand-in for the DOM (elements by id, text only), with a scripted fetch:
-# each chat request's reply is a list of steps (an event's data to send, "hang" to wait for Stop, or an
-# HTTP error), and what the page sent and shows is checked.
-PAGE_HARNESS = r"""
+# A small stand-in for the DOM (elements and text nodes, text only), requestAnimationFrame as a timer, and
+# `outer(node)`: a node as HTML, its text escaped, so a test reads what the page built.
+FAKE_DOM = r"""
 class El {
   constructor(tag, id) {
     Object.assign(this, {tagName: tag, id, children: [], parent: null, className: "", _text: "", hidden: false,
@@ -240,10 +241,27 @@ class El {
   setAttribute(k, v) { this.attrs[k] = v; }
   focus() {}
 }
+function text(t) { const n = new El("#text"); n._text = String(t); return n; }
+const esc = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+function outer(n) {
+  if (n.tagName === "#text") return esc(n._text);
+  const attrs = (n.className ? ` class="${n.className}"` : "") +
+    Object.entries(n.attrs).map(([k, v]) => ` ${k}="${esc(v).replace(/"/g, "&quot;")}"`).join("");
+  if (n.tagName === "br" || n.tagName === "hr") return `<${n.tagName}${attrs}>`;
+  return `<${n.tagName}${attrs}>${esc(n._text)}${n.children.map(outer).join("")}</${n.tagName}>`;
+}
+globalThis.requestAnimationFrame = (f) => setTimeout(f, 0);
+globalThis.cancelAnimationFrame = (id) => clearTimeout(id);
+"""
+
+# The page's own script on that DOM (elements by id), with a scripted fetch: each chat request's reply is a
+# list of steps (an event's data to send, "hang" to wait for Stop, or an HTTP error), and what the page sent
+# and shows is checked.
+PAGE_HARNESS = FAKE_DOM + r"""
 const input = JSON.parse(require("fs").readFileSync(0, "utf8"));
 const byId = {};
 for (const [, tag, id] of input.html.matchAll(/<(\w+)[^>]*\bid="([^"]+)"/g)) byId[id] = new El(tag, id);
-const document = {getElementById: (id) => byId[id], createElement: (tag) => new El(tag)};
+const document = {getElementById: (id) => byId[id], createElement: (tag) => new El(tag), createTextNode: text};
 const store = {"tandem.chat.apiKey": "sk-page", "tandem.chat.system": "Be brief.", "tandem.chat.maxTokens": "7"};
 const localStorage = {getItem: (k) => (k in store ? store[k] : null), setItem: (k, v) => { store[k] = String(v); }};
 const requests = [];
@@ -276,7 +294,7 @@ const view = () => byId.log.children.filter((c) => c.classList.contains("msg")).
   const [role, reasoning, content, error, meta] = m.children;
   return {role: role.textContent, reasoning: reasoning.hidden ? null : reasoning.children[1].textContent,
           content: content.textContent, error: error.hidden ? null : error.textContent,
-          meta: meta.hidden ? null : meta.textContent};
+          meta: meta.hidden ? null : meta.textContent, html: outer(content)};
 });
 const until = async (cond) => { for (let i = 0; i < 500 && !cond(); i++) await tick(); if (!cond()) throw new Error("timed out"); };
 const page = new Function("document", "localStorage", "fetch", input.script + "\nreturn {messages: () => JSON.parse(JSON.stringify(messages)), busy: () => controller !== null};");
@@ -325,7 +343,16 @@ const page = new Function("document", "localStorage", "fetch", input.script + "\
   await until(() => !api.busy());
   out.streamError = {messages: api.messages(), view: view().slice(-1)[0], request: requests[requests.length - 1].body};
 
-  // Clear while a reply streams: a fresh conversation, which the stopped reply does not join.
+  // Markdown as it streams (an open fence is an open code block); a user's text stays text.
+  replies.push([delta("**Code**:\n```js\nlet a = '<i>'"), "hang"]);
+  byId.input.value = "**not bold** <b>x</b>";
+  byId.send.fire("click");
+  await until(() => view().length > 0 && view().slice(-1)[0].html.includes("codeblock open"));
+  out.markdown = {reply: view().slice(-1)[0].html, user: view().slice(-2)[0].html};
+  byId.stop.fire("click");
+  await until(() => !api.busy());
+
+  // New chat while a reply streams: a fresh conversation, which the stopped reply does not join.
   replies.push([delta("Lost"), "hang"]);
   byId.input.value = "one more";
   byId.send.fire("click");
@@ -382,4 +409,114 @@ def test_the_page_chats_stops_and_shows_errors_in_node() -> None:
     assert [m["content"] for m in streamed["request"]["messages"]] == [
         "Be brief.", "hello", "Hi there", "more", "Partial", "last"]
 
+    assert out["markdown"] == {
+        "reply": '<div class="content md cursor"><p><strong>Code</strong>:</p>'
+                 + _code("js", "let a = '&lt;i&gt;'", closed=False) + "</div>",
+        "user": '<div class="content">**not bold** &lt;b&gt;x&lt;/b&gt;</div>'}
     assert out["cleared"]["messages"] == [] and "Lost" not in out["cleared"]["log"]
+
+
+def _code(lang: str, text: str, closed: bool = True) -> str:
+    """A code block as the page builds it (text already escaped)."""
+    cls = "codeblock" if closed else "codeblock open"
+    code = f'<code class="language-{lang}">' if lang else "<code>"
+    return (f'<div class="{cls}"><div class="codehead"><span class="lang">{lang or "code"}</span>'
+            f'<button class="copy">Copy</button></div><pre>{code}{text}</code></pre></div>')
+
+
+def _a(href: str, label: str) -> str:
+    return f'<a href="{href}" target="_blank" rel="noopener noreferrer">{label}</a>'
+
+
+# Renders each case with the page's `// <markdown>` block into a <div>, twice (a re-render replaces what was
+# there, as the page does each frame of a streamed reply), and clicks the first code block's Copy.
+MD_HARNESS = FAKE_DOM + r"""
+const document = {createElement: (tag) => new El(tag), createTextNode: text};
+const copied = [];
+Object.defineProperty(globalThis, "navigator", {value: {clipboard: {writeText: async (t) => { copied.push(t); }}},
+                                                configurable: true});
+const cases = JSON.parse(require("fs").readFileSync(0, "utf8"));
+const out = {html: [], tags: new Set(), copied, label: null};
+for (const md of cases) {
+  const div = new El("div");
+  renderMarkdown("stale **text**", div);
+  renderMarkdown(md, div);
+  out.html.push(div.children.map(outer).join(""));
+  for (const n of div.all()) out.tags.add(n.tagName);
+}
+(async () => {
+  const div = new El("div");
+  renderMarkdown(cases[0], div);
+  const button = div.all().find((n) => n.classList.contains("copy"));
+  button.fire("click");
+  await new Promise((r) => setTimeout(r, 0));
+  out.label = button.textContent;
+  out.tags = [...out.tags];
+  process.stdout.write(JSON.stringify(out), () => process.exit(0));  // not waiting for the label's reset
+})().catch((e) => { console.error(e); process.exit(1); });
+"""
+
+
+def _markdown_block() -> str:
+    html = page_html()
+    start, end = html.index("// <markdown>"), html.index("// </markdown>")
+    return html[start:end]
+
+
+MD_CASES: list[tuple[str, str]] = [
+    # a fence with a language, HTML inside it (and outside): text, never markup
+    ('Here <b>is</b>:\n```html\n<script>alert("x")</script>\n  <b>&amp;</b>\n```\nAfter.',
+     '<p>Here &lt;b&gt;is&lt;/b&gt;:</p>'
+     + _code("html", '&lt;script&gt;alert("x")&lt;/script&gt;\n  &lt;b&gt;&amp;amp;&lt;/b&gt;')
+     + "<p>After.</p>"),
+    # a fence still streaming: an open code block, the line being written not yet a blank one
+    ("Run:\n```python\nprint(1)\nfor x in y:\n",
+     "<p>Run:</p>" + _code("python", "print(1)\nfor x in y:", closed=False)),
+    ("```", _code("", "", closed=False)),
+    ("~~~\nplain `ticks`\n~~~", _code("", "plain `ticks`")),
+    # inline code holds * and ` as they are; emphasis outside it is rendered; a lone * is a character
+    ("Use `a*b*c` and ``x ` y``, not *emphasis* or **strong**; 2 * 3 * 4, snake_case_name, \\*escaped\\*",
+     "<p>Use <code>a*b*c</code> and <code>x ` y</code>, not <em>emphasis</em> or <strong>strong</strong>; "
+     "2 * 3 * 4, snake_case_name, *escaped*</p>"),
+    ("So **bold `code **`** and ***both*** and ~~gone~~ and **unclosed",
+     "<p>So <strong>bold <code>code **</code></strong> and <strong><em>both</em></strong> and <del>gone</del>"
+     " and **unclosed</p>"),
+    # lists in lists, an ordered list's start, a list of another kind after, and text that only looks like one
+    ("1. First\n2. Second\n   - a\n   - b with **bold**\n     1. deep\n3. Third\n- other list\n\n"
+     "3.14 is not a list, nor is -5 or *this*\n\n3. three\n4. four",
+     "<ol><li>First</li><li>Second<ul><li>a</li><li>b with <strong>bold</strong><ol><li>deep</li></ol></li>"
+     "</ul></li><li>Third</li></ol><ul><li>other list</li></ul>"
+     "<p>3.14 is not a list, nor is -5 or <em>this</em></p>"
+     '<ol start="3"><li>three</li><li>four</li></ol>'),
+    ("1. Install:\n   ```sh\n   pip install x\n   ```\n2. Run\n* star\n+ plus",
+     "<ol><li>Install:" + _code("sh", "pip install x") + "</li><li>Run</li></ol>"
+     "<ul><li>star</li><li>plus</li></ul>"),  # one list, whichever bullets
+    # links: http(s) and mailto only; any other stays the text as written
+    ("[click](javascript:alert(1)) [x](JAVASCRIPT:alert(1)) [y]( javascript:void(0)) [z](data:text/html,hi) "
+     "[w](/relative) [**site**](https://example.com/a_(b) \"title\") <mailto:me@example.com> "
+     "see https://example.org/x?q=1. and <javascript:alert(1)>",
+     "<p>[click](javascript:alert(1)) [x](JAVASCRIPT:alert(1)) [y]( javascript:void(0)) "
+     "[z](data:text/html,hi) [w](/relative) " + _a("https://example.com/a_(b)", "<strong>site</strong>") + " "
+     + _a("mailto:me@example.com", "mailto:me@example.com") + " see "
+     + _a("https://example.org/x?q=1", "https://example.org/x?q=1")
+     + ". and &lt;javascript:alert(1)&gt;</p>"),
+    # headings, a rule, a quote, paragraphs and line breaks
+    ("# Title\n## Sub *it*\n###### six ##\n#hashtag\nnext line\n\n---\n> quoted **b**\n> more\n\nPara two",
+     "<h1>Title</h1><h2>Sub <em>it</em></h2><h6>six</h6><p>#hashtag<br>next line</p><hr>"
+     "<blockquote><p>quoted <strong>b</strong><br>more</p></blockquote><p>Para two</p>"),
+]
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed (the page's script runs in a browser)")
+def test_the_page_renders_markdown_as_elements_and_text_in_node() -> None:
+    cases = [md for md, _ in MD_CASES]
+    r = subprocess.run([NODE, "-e", _markdown_block() + MD_HARNESS], input=json.dumps(cases),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    for (md, want), got in zip(MD_CASES, out["html"]):
+        assert got == want, md
+    # what it builds: these elements and text, nothing that runs or loads
+    assert set(out["tags"]) <= {"div", "#text", "p", "br", "hr", "h1", "h2", "h6", "strong", "em", "del",
+                                "code", "pre", "span", "button", "ol", "ul", "li", "a", "blockquote"}, out["tags"]
+    assert out["copied"] == ['<script>alert("x")</script>\n  <b>&amp;</b>'] and out["label"] == "Copied"
