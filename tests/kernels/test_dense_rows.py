@@ -96,7 +96,8 @@ def _call(lib: ctypes.CDLL, x: torch.Tensor, w, threads: int = 1) -> torch.Tenso
 
 
 @x86_only
-@pytest.mark.parametrize("build", ["portable", "haswell"])
+# the haswell build (~9 s) in the slow tier: the fast one keeps the portable build beside this CPU's own
+@pytest.mark.parametrize("build", ["portable", pytest.param("haswell", marks=pytest.mark.slow)])
 def test_every_isa_path_gives_the_same_bits(tmp_path, build: str) -> None:
     """The portable loops (no AVX2) and the AVX2 build give this CPU's build's bits (on an AVX-512 CPU that
     build holds the 16 lanes in one register, AVX2's in two, the portable path's in an array)."""

@@ -150,6 +150,7 @@ def test_portable_build_matches_the_reference(tmp_path, monkeypatch) -> None:
 
 @needs_cc
 @x86_only
+@pytest.mark.slow  # a second build of the MoE kernel (~9 s): the fast tier tests this CPU's own build
 @pytest.mark.skipif("avx2" not in cpu_caps().flags, reason="the AVX2 build runs on an AVX2 CPU only")
 def test_the_avx2_and_avx512_float32_tiles_give_the_same_bits(tmp_path, monkeypatch) -> None:
     """-march=haswell builds the AVX2 tiles, this CPU's build the AVX-512 ones where it has them: each output

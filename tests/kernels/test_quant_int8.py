@@ -190,6 +190,7 @@ _TARGETS = {"haswell": {"avx2", "fma", "f16c"}, "alderlake": {"avx2", "fma", "f1
 
 
 @x86_only
+@pytest.mark.slow  # builds every ISA variant (~20 s on 2 cores): the fast tier tests this CPU's own build
 def test_every_simd_path_and_the_portable_loops_give_the_same_bits(tmp_path) -> None:
     builds = {"portable": portable_build(cpu_quant_linear.SOURCE, tmp_path)}
     flags = cpu_caps().flags
