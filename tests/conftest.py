@@ -71,6 +71,19 @@ def tiny_model(model_root: Path):  # a factory
     return get
 
 
+@pytest.fixture(scope="session")
+def qwen3(tiny_model) -> Path:
+    """The tiny Qwen3 the scripted HTTP tests render templates with (think markers, tool-call blocks)."""
+    return tiny_model("qwen3")
+
+
+@pytest.fixture(scope="session")
+def tok(qwen3: Path):
+    from tandem.protocol.tokenizer_loader import load_tokenizer
+
+    return load_tokenizer(qwen3)
+
+
 def check_idle_engine(client) -> None:
     """Every scenario ends here: nothing running, every request ended, no KV slot leaked."""
     import time

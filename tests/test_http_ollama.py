@@ -20,7 +20,6 @@ from tandem.frontend.http.ollama import ollama_chat_messages
 from tandem.frontend.http.ollama_models import human_number, ollama_model_entry
 from tandem.frontend.http.ollama_schema import OllamaMessage
 from tandem.protocol.final_info import FinalInfo
-from tandem.protocol.tokenizer_loader import load_tokenizer
 from tests.scripted_engine import KEY, NAME, Reply, scripted_app
 from tests.served import Served
 
@@ -33,16 +32,6 @@ TOOLS = [{"type": "function", "function": {
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 FINAL_KEYS = {"done_reason", "total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration",
               "eval_count", "eval_duration"}
-
-
-@pytest.fixture(scope="module")
-def qwen3(tiny_model):
-    return tiny_model("qwen3")
-
-
-@pytest.fixture(scope="module")
-def tok(qwen3):
-    return load_tokenizer(qwen3)
 
 
 @pytest.fixture(scope="module")

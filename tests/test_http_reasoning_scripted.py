@@ -23,11 +23,6 @@ def _cuts(text: str, how: str) -> list[str]:
     return [text[i:i + step] for i in range(0, len(text), step)]
 
 
-@pytest.fixture(scope="module")
-def qwen3(tiny_model):
-    return tiny_model("qwen3")
-
-
 def _run(coro):
     return asyncio.run(coro)
 

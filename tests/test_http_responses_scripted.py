@@ -10,7 +10,6 @@ import openai
 import pytest
 
 from tandem.protocol.errors import InvalidRequestError, RequestFailedError
-from tandem.protocol.tokenizer_loader import load_tokenizer
 from tests.scripted_engine import KEY, NAME, Reply, scripted_app, transport
 from tests.wire_schema import sse_events
 
@@ -27,16 +26,6 @@ TOOLS = [
         },
     }
 ]
-
-
-@pytest.fixture(scope="module")
-def qwen3(tiny_model):
-    return tiny_model("qwen3")
-
-
-@pytest.fixture(scope="module")
-def tok(qwen3):
-    return load_tokenizer(qwen3)
 
 
 def _pieces(text: str, step: int = 3) -> list[str]:
