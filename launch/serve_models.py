@@ -131,7 +131,8 @@ def serve_models(specs: list[ModelSpec], base: EngineConfig, scfg: ServeConfig) 
         pool = ModelPool(specs, scfg.max_loaded_models, parse_keep_alive(scfg.keep_alive), starter,
                          prepare=starter.prepare, memory_budget=None if scfg.max_loaded_memory_gb is None
                          else int(scfg.max_loaded_memory_gb * 1e9))
-        rs = RouterState(pool, Proxy(key), _version(), _on_disk, scfg.api_key, scfg.reasoning_parser)
+        rs = RouterState(pool, Proxy(key), _version(), _on_disk, scfg.api_key, scfg.reasoning_parser,
+                         scfg.admin_api_key)
         app = DoorLimits(create_router_app(rs), base.max_request_bytes, scfg.max_concurrent_requests)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                                timeout_graceful_shutdown=int(base.drain_timeout_s)))

@@ -16,6 +16,7 @@ import pytest
 from tests.served import Served
 
 KEY = "sk-many"
+ADMIN = "sk-operator"
 
 
 def _call(url: str, path: str, body: object | None = None, key: str | None = KEY) -> tuple[int, dict]:
@@ -48,7 +49,7 @@ def many(tiny_model, tmp_path_factory):
     # --served-model-name takes one model: refused with several
     assert s.proc.wait(60) != 0 and "take one model" in "".join(s.err)
     s = Served(a, "--models-file", str(f), "--max-loaded-models", "1", "--api-key", KEY,
-               "--kv-cache-tokens", "2048").ready()
+               "--admin-api-key", ADMIN, "--kv-cache-tokens", "2048").ready()
     yield s
     s.close()
 
@@ -117,7 +118,7 @@ def test_unknown_models_bad_bodies_and_keys_in_each_apis_shape(many) -> None:
     assert _call(url, "/health", key=None)[0] == 200
 
 
-def test_ps_chat_page_keep_alive_zero_and_the_server_stops_its_children(many, capsys) -> None:
+def test_ps_chat_page_keep_alive_zero_and_a_drain_stops_the_server_and_its_children(many, capsys) -> None:
     url = many.url
     status, body = _call(url, "/v1/completions", {"model": "b", "prompt": "hi", "max_tokens": 2})
     assert status == 200, body
@@ -152,6 +153,9 @@ def test_ps_chat_page_keep_alive_zero_and_the_server_stops_its_children(many, ca
     assert status == 200
     children = psutil.Process(many.proc.pid).children(recursive=True)
     assert children  # b's engine
-    assert many.close() == 0
+    assert _call(url, "/drain", {})[0] == 401  # the inference key is not the operator's
+    status, body = _call(url, "/drain", {}, key=ADMIN)
+    assert status == 202 and body["status"] == "draining"
+    assert many.proc.wait(60) == 0
     gone, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, f"outlived the server: {alive}"

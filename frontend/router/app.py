@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 from datetime import datetime, timezone
 from typing import Any
 
@@ -80,6 +82,14 @@ def create_router_app(rs: RouterState) -> FastAPI:
                                      return_exceptions=True)
         return Response(merge_pages([p for p in pages if isinstance(p, str)], rs.registry),
                         media_type=CONTENT_TYPE_LATEST)
+
+    if rs.admin_api_key is not None:
+        @app.post("/drain", dependencies=[Depends(rs.check_admin_key)], status_code=202)
+        async def drain() -> Response:
+            """As SIGTERM: new requests are refused, running ones get --drain-timeout-s, every model stops."""
+            os.kill(os.getpid(), signal.SIGTERM)
+            return JSONResponse({"status": "draining", "running": sum(
+                e.running for e in rs.pool.entries.values())}, status_code=202)
 
     add_chat_page(app)  # before the catch-all below, which would take `/` too
 

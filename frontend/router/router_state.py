@@ -29,6 +29,7 @@ class RouterState:
     locate: Callable[[ModelSpec], str | None]
     api_key: str | None = None
     reasoning_parser: str | None = None  # the serve option, for /api/show's `thinking` capability
+    admin_api_key: str | None = None  # POST /drain is served only with one
     created: int = field(default_factory=lambda: int(time.time()))
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     _infos: dict[str, tuple[str, ModelInfo] | None] = field(default_factory=dict)
@@ -45,6 +46,10 @@ class RouterState:
     def check_key(self, request: Request) -> None:
         if self.api_key is not None and not key_matches(request, self.api_key):
             raise APIError(401, "Incorrect API key provided.", None, "invalid_api_key")
+
+    def check_admin_key(self, request: Request) -> None:
+        if self.admin_api_key is None or not key_matches(request, self.admin_api_key):
+            raise APIError(401, "Incorrect admin key provided.", None, "invalid_admin_key")
 
     def http(self) -> aiohttp.ClientSession:
         if self._http is None:
