@@ -430,7 +430,11 @@ def test_tandem_run_at_a_terminal_ctrl_c_stops_a_reply_not_the_engine(tiny_model
         text = term.wait_for(">>> ", 2)
         whole = text.split(question + "\n", 1)[1].rsplit("\n\n>>> ", 1)[0]
         assert whole.strip(), text
-        term.type("\x03")  # at the empty prompt: the way out is shown
+        # At the prompt: a key first, and its echo awaited: readline is then reading (a SIGINT between its
+        # prompt and its first wait would sit until the next key, the race of every readline program)
+        term.type("x")
+        term.wait_for(">>> x")
+        term.type("\x03")  # the way out is shown, the line dropped
         term.wait_for(EXIT_HINT)
         term.wait_for(">>> ", 3)
 
