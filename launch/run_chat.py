@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import sys
 from typing import Any
 
@@ -118,4 +119,7 @@ def _chat(transport: Transport, options: ChatOptions, prompt: str, once: bool, t
         return 1 if session.failed else 130 if session.stopped else 0
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())
+    # Ctrl-C is the chat's own key (stop a reply, leave a line): Python keeps SIGINT ignored when it started
+    # so (a parent that ignored it, as the engine's own children do), which would make it do nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     return interact(session)

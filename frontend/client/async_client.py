@@ -68,6 +68,9 @@ CLOSED = "client is closed"
 SESSION_TIMEOUT_S = 600.0  # an open session's default idle timeout
 
 
+LAST_WORDS_MS = 100  # a lost engine's last messages may trail its disconnect event: waited for this long
+
+
 class AsyncClient:
     """`connect_timeout_s`: an engine must answer at `endpoint` within this many seconds of the client's
     creation, else every call raises EngineDeadError (code engine_dead.unreachable) naming the endpoint;
@@ -331,6 +334,11 @@ class AsyncClient:
         """The monitor's events, then the connect deadline: the engine lost, or never reached in time."""
         for event in ready_multipart(self._monitor):
             if self._death.is_dead(event):
+                # The monitor's event and the frontend's last words (why it stops) come on two sockets, in
+                # no set order: what it sent before it went is read first, briefly waited for.
+                with contextlib.suppress(zmq.ZMQError):
+                    if self._sock.poll(LAST_WORDS_MS):
+                        self._receive()
                 self._router.fail_all("lost the connection to the engine")
                 return
         why = self._death.unreachable()
