@@ -61,6 +61,7 @@ def test_unknown_and_abbreviated_flags_are_rejected(tiny_model) -> None:
             main(["offline", "--model", model, *extra])
 
 
+@pytest.mark.slow  # ~5 s each: the three larger benchmarks run in the slow tier (CI runs both)
 def test_multiturn_host_tier_benchmark_reports(tiny_model, tmp_path: Path) -> None:
     out = tmp_path / "multiturn.json"
     rc = main(
@@ -97,6 +98,7 @@ def test_multiturn_host_tier_benchmark_reports(tiny_model, tmp_path: Path) -> No
     _positive(r, "ttft_ratio", "throughput_ratio")
 
 
+@pytest.mark.slow
 def test_priority_benchmark_reports(tiny_model, tmp_path: Path) -> None:
     from tandem.benchmarks import priority_bench
 
@@ -173,6 +175,7 @@ def test_quant_linear_benchmark_checks_and_times_a_gguf(tiny_model, tmp_path: Pa
 
 
 @needs_cc
+@pytest.mark.slow
 def test_int8_agreement_benchmark_compares_greedy_runs(tiny_model, tmp_path: Path, capsys) -> None:
     from tandem.benchmarks import int8_agreement
     from tests.gguf_files import write_gguf
