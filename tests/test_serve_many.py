@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -149,7 +150,15 @@ def test_ps_chat_page_keep_alive_zero_and_a_drain_stops_the_server_and_its_child
     status, body = _call(url, "/api/generate", {"model": "b", "keep_alive": 0})
     assert status == 200 and body["done"] and body["done_reason"] == "unload"
     assert _states(url)["b"] == "unloaded"
-    status, _ = _call(url, "/v1/completions", {"model": "b", "prompt": "hi", "max_tokens": 2})
+    # any route takes it: keep_alive 0 on OpenAI's unloads b once its request ends
+    status, body = _call(url, "/v1/completions", {"model": "b", "prompt": "hi", "max_tokens": 2,
+                                                  "keep_alive": "0s"})
+    assert status == 200, body
+    deadline = time.monotonic() + 10
+    while _states(url)["b"] != "unloaded" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _states(url)["b"] == "unloaded"
+    status, _ = _call(url, "/v1/completions", {"model": "b", "prompt": "hi", "max_tokens": 2, "keep_alive": "5m"})
     assert status == 200
     children = psutil.Process(many.proc.pid).children(recursive=True)
     assert children  # b's engine

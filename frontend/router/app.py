@@ -117,6 +117,9 @@ def create_router_app(rs: RouterState) -> FastAPI:
         if keep == 0 and _ollama(path) and _no_prompt(path, fields):  # ollama's way to unload a model
             unloaded = await rs.pool.unload(name)
             return JSONResponse(_ollama_done(name, path, "unload" if unloaded else "load"))
+        if "keep_alive" in fields and not _ollama(path):
+            # the router's field: the other APIs' bodies are strict (an unknown key is a 400)
+            body = msgspec.json.encode({k: v for k, v in fields.items() if k != "keep_alive"})
         return await _to_engine(rs, request, body, name, keep)
 
     return app
