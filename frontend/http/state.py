@@ -57,13 +57,22 @@ class ServerState:
         )
 
     def check_key(self, request: Request) -> None:
-        if self.api_key is not None and not key_matches(request, self.api_key):
-            raise APIError(401, "Incorrect API key provided.", None, "invalid_api_key")
+        check_key(request, self.api_key)
 
     def check_admin_key(self, request: Request) -> None:
-        """Operator routes: the admin key only (the inference key is just another wrong key here)."""
-        if self.admin_api_key is None or not key_matches(request, self.admin_api_key):
-            raise APIError(401, "Incorrect admin key provided.", None, "invalid_admin_key")
+        check_admin_key(request, self.admin_api_key)
+
+
+def check_key(request: Request, key: str | None) -> None:
+    """The inference routes: KEY, when the server has one."""
+    if key is not None and not key_matches(request, key):
+        raise APIError(401, "Incorrect API key provided.", None, "invalid_api_key")
+
+
+def check_admin_key(request: Request, key: str | None) -> None:
+    """Operator routes: the admin key only (the inference key is just another wrong key here)."""
+    if key is None or not key_matches(request, key):
+        raise APIError(401, "Incorrect admin key provided.", None, "invalid_admin_key")
 
 
 def key_matches(request: Request, key: str) -> bool:

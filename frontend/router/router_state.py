@@ -12,8 +12,7 @@ import aiohttp
 from fastapi import Request
 from prometheus_client import CollectorRegistry, Gauge
 
-from tandem.frontend.http.errors import APIError
-from tandem.frontend.http.state import key_matches
+from tandem.frontend.http.state import check_admin_key, check_key
 from tandem.frontend.router.model_pool import ModelEntry, ModelPool
 from tandem.frontend.router.proxy import Proxy
 from tandem.protocol.model_info import ModelInfo, read_model_info
@@ -44,12 +43,10 @@ class RouterState:
         self._loads = Gauge("tandem:model_loads", "times the model's engine was started", lab, registry=r)
 
     def check_key(self, request: Request) -> None:
-        if self.api_key is not None and not key_matches(request, self.api_key):
-            raise APIError(401, "Incorrect API key provided.", None, "invalid_api_key")
+        check_key(request, self.api_key)
 
     def check_admin_key(self, request: Request) -> None:
-        if self.admin_api_key is None or not key_matches(request, self.admin_api_key):
-            raise APIError(401, "Incorrect admin key provided.", None, "invalid_admin_key")
+        check_admin_key(request, self.admin_api_key)
 
     def http(self) -> aiohttp.ClientSession:
         if self._http is None:
