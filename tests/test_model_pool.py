@@ -236,6 +236,7 @@ def test_a_dead_engine_is_started_again_and_a_caller_who_leaves_does_not_cancel_
         assert await pool.reap() == ["a"] and pool.entries["a"].state == "unloaded"
         await pool.acquire("a")
         assert starter.starts == ["a", "a"]
+        assert starter.engines[0].stopped  # the dead one's process reaped and its owner socket closed
         pool.release("a")
         pool.check_integrity()
 

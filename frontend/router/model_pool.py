@@ -266,8 +266,9 @@ class ModelPool:
         task.add_done_callback(self._stops.discard)
 
     def _forget(self, e: ModelEntry) -> None:
-        # Its requests still hold leases (they fail on their own and release them).
-        self._detach(e)
+        # Its requests still hold leases (they fail on their own and release them). Stopping a dead engine
+        # is its bookkeeping only: the process reaped, the owner socket closed.
+        self._stop_later(e)
         e.error = "its engine exited"
         self._notify()
 
