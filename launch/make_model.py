@@ -208,6 +208,10 @@ def make_model(arch: str, size: str, out: str | Path, seed: int = 0, num_kv_head
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose from {sorted(SIZES)}")
     out = Path(out)
+    if ARCHS[arch].vision:  # with an image encoder, image tokens and a processor
+        from tandem.launch.vision_model_maker import make_vision_model
+
+        return make_vision_model(arch, size, out, seed, num_kv_heads, tie_embeddings)
     out.mkdir(parents=True, exist_ok=True)
     sz = SIZES[size]
     tok = write_tokenizer_files(out, sz.vocab, sz.max_positions,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from transformers import (
+    Gemma3Config,
     Gemma3TextConfig,
     LlamaConfig,
     MixtralConfig,
@@ -103,6 +104,7 @@ class ArchSpec:
     rope_theta: float
     tie_embeddings: bool
     moe: bool = False
+    vision: bool = False  # a vision-language model (launch/vision_model_maker.py writes it)
 
 
 # Tied and untied archs, so the engine's weight loader sees both layouts. Qwen2's q/k/v bias, Qwen3's
@@ -120,6 +122,10 @@ ARCHS: dict[str, ArchSpec] = {
     "mixtral": ArchSpec(MixtralConfig, "MixtralForCausalLM", rope_theta=1_000_000.0, tie_embeddings=False,
                         moe=True),
     "gemma3": ArchSpec(Gemma3TextConfig, "Gemma3ForCausalLM", rope_theta=1_000_000.0, tie_embeddings=True),
+    # Gemma 3 with images: the gemma3 text model of the size, a SigLIP encoder (GEMMA3_VISION_SIZES), and an
+    # image processor and image tokens with its tokenizer
+    "gemma3_vision": ArchSpec(Gemma3Config, "Gemma3ForConditionalGeneration", rope_theta=1_000_000.0,
+                              tie_embeddings=True, vision=True),
 }
 
 
@@ -149,3 +155,34 @@ GEMMA3_SIZES = {
     "0.6b": Gemma3Spec(layers=28, window=512, pattern=6, head_dim=256, query_pre_attn_scalar=256),
 }
 NUM_EXPERTS, EXPERTS_PER_TOK = 8, 2
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """A vision-language model's image encoder (SigLIP) of a size: square images of image_size pixels cut
+    into patch_size patches, pooled into mm_tokens_per_image embeddings (a square number whose side divides
+    the patches a side)."""
+
+    image_size: int
+    patch_size: int
+    mm_tokens_per_image: int
+    hidden: int
+    layers: int
+    heads: int
+    intermediate: int
+
+
+GEMMA3_VISION_SIZES = {
+    # 4 x 4 patches pooled 2 x 2: an image is 4 tokens
+    "tiny": VisionSpec(image_size=28, patch_size=7, mm_tokens_per_image=4, hidden=32, layers=2, heads=2,
+                       intermediate=64),
+    "small": VisionSpec(image_size=56, patch_size=7, mm_tokens_per_image=16, hidden=64, layers=2, heads=4,
+                        intermediate=128),
+    "bench": VisionSpec(image_size=224, patch_size=14, mm_tokens_per_image=64, hidden=256, layers=4, heads=4,
+                        intermediate=1024),
+    # Gemma 3's own encoder (SigLIP so400m: 896 pixels, 64 x 64 patches pooled 4 x 4 into 256 tokens)
+    "1b": VisionSpec(image_size=896, patch_size=14, mm_tokens_per_image=256, hidden=1152, layers=27, heads=16,
+                     intermediate=4304),
+    "0.6b": VisionSpec(image_size=896, patch_size=14, mm_tokens_per_image=256, hidden=1152, layers=27,
+                       heads=16, intermediate=4304),
+}

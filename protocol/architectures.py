@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.protocol.errors import ModelLoadError
+from tandem.protocol.gemma3_vision import gemma3_text_config, gemma3_vision_config
 from tandem.protocol.gguf_gemma3 import gemma3_gguf_config
 
 # A decoder layer's module names, by part (gguf's tensor-name map turns each into its GGUF name).
@@ -40,6 +41,9 @@ class Architecture:
     layer_modules: tuple[str, ...]  # a decoder layer's module names (NORMS + ATTENTION + ...)
     # Layers may attend a sliding window (config layer_types / sliding_window_pattern): the engine runs them.
     sliding_layers: bool = False
+    # A prompt's images attend among their own tokens both ways (Gemma 3), not causally: a prefill chunk may
+    # not end inside an image, and the attention gives an image's tokens the whole image.
+    images_bidirectional: bool = False
     # ---- its GGUF files, as llama.cpp's converter writes them -------------------------------------------
     gguf_arch: str | None = None  # general.architecture (None: no GGUF file is read as this architecture)
     gguf_moe: bool = False  # a file of gguf_arch with expert tensors is this architecture (Mixtral's "llama")
@@ -52,6 +56,11 @@ class Architecture:
     gguf_tensor_flags: dict[str, str] = field(default_factory=dict)
     # what the metadata adds to config.json beyond the common fields: (meta(key), config, path) -> fields
     gguf_config: Callable[[Callable[..., Any], dict[str, Any], Any], dict[str, Any]] | None = None
+    # ---- a vision-language model's config.json, which nests its text model's (None: a text model's) --------
+    # the text model's fields, flat, from the whole config (ModelConfig reads them)
+    text_config: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # the image encoder's and the image placeholders' fields (ModelConfig.vision, a VisionConfig)
+    vision_config: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -114,6 +123,16 @@ ARCHITECTURES: dict[str, Architecture] = {
             gguf_arch="gemma3",
             gguf_norm_offset=1.0,
             gguf_config=gemma3_gguf_config,
+        ),
+        Architecture(  # Gemma 3 with SigLIP images (4B, 12B, 27B): the text model above, no GGUF file yet
+            "Gemma3ForConditionalGeneration",
+            "gemma3_mm:Gemma3ForConditionalGeneration",
+            "gemma3",
+            NORMS + SANDWICH_NORMS + ATTENTION + QK_NORM + MLP,
+            sliding_layers=True,
+            images_bidirectional=True,
+            text_config=gemma3_text_config,
+            vision_config=gemma3_vision_config,
         ),
     )
 }

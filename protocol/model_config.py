@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tandem.protocol.architectures import SLIDING_ARCHS  # whose sliding-window layers the engine runs
+from tandem.protocol.architectures import ARCHITECTURES, SLIDING_ARCHS
 from tandem.protocol.errors import ModelLoadError
 from tandem.protocol.gguf_metadata import gguf_metadata_dir, is_gguf
 
@@ -38,6 +38,35 @@ def read_hf_config(model: str | Path) -> dict[str, Any]:
 
 def read_model_config(model: str | Path, **arch_flags: Any) -> ModelConfig:
     return ModelConfig.from_hf(read_hf_config(model), **arch_flags)
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """A vision-language model's image encoder (a SigLIP ViT) and how an image enters the prompt: as
+    mm_tokens_per_image placeholder tokens (image_token_id), between boi and eoi tokens, whose embeddings the
+    encoder's output replaces."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_channels: int
+    image_size: int  # the encoder takes square images of image_size pixels a side
+    patch_size: int
+    hidden_act: str
+    layer_norm_eps: float
+    mm_tokens_per_image: int  # embeddings an image becomes (patches pooled to a square of them)
+    image_token_id: int
+    boi_token_id: int | None = None
+    eoi_token_id: int | None = None
+
+    @property
+    def patches_per_side(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def tokens_per_side(self) -> int:
+        return int(round(self.mm_tokens_per_image**0.5))
 
 
 @dataclass(frozen=True)
@@ -81,9 +110,16 @@ class ModelConfig:
     local_rope_scaling: dict[str, Any] = field(default_factory=dict)
     query_pre_attn_scalar: float | None = None  # attention scale = its -1/2 power (None: head_dim's)
     final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+    vision: VisionConfig | None = None  # a vision-language model's image encoder (None: text only)
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any], **arch_flags: Any) -> ModelConfig:
+        entry = ARCHITECTURES.get((hf.get("architectures") or [""])[0])
+        vision = None
+        if entry is not None and entry.vision_config is not None:
+            vision = VisionConfig(**entry.vision_config(hf))
+        if entry is not None and entry.text_config is not None:  # the rest is the nested text model's
+            hf = entry.text_config(hf)
         archs = hf.get("architectures") or []
         num_heads = hf["num_attention_heads"]
         # Some configs carry "head_dim": null; fall back to hidden / heads then.
@@ -119,6 +155,7 @@ class ModelConfig:
             local_rope_scaling=local_scaling,
             query_pre_attn_scalar=hf.get("query_pre_attn_scalar"),
             final_logit_softcapping=hf.get("final_logit_softcapping"),
+            vision=vision,
             **{**_moe_params(hf), **arch_flags},
         )
 
