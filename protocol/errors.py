@@ -22,6 +22,7 @@ class ErrorCode(str, Enum):
     TOKEN_ID = "invalid_request.token_id"
     PROMPT_TOO_LONG = "invalid_request.prompt_too_long"
     DIMENSIONS = "invalid_request.dimensions"
+    IMAGE = "invalid_request.image"  # not an image, too large or too many, or sent to a text-only model
     INVALID_GRAMMAR = "invalid_request.grammar"
     SESSION = "invalid_request.session"  # a bad open_session (capacity, timeout) or sessions unavailable
     SESSION_UNKNOWN = "invalid_request.session_unknown"

@@ -18,6 +18,7 @@ from tandem.protocol.embed_params import EmbedParams
 from tandem.protocol.engine_stats import EngineStats
 from tandem.protocol.final_info import FinalInfo, HasFinal
 from tandem.protocol.heap_sample import HeapSample
+from tandem.protocol.image_item import ImageItem
 from tandem.protocol.sampling_params import SamplingParams
 from tandem.protocol.stop_messages import Drain, Drained, DrainRequest, Stalled, WorkerFailed
 
@@ -49,6 +50,8 @@ class GenerateRequest(msgspec.Struct, tag="generate"):
     params: msgspec.Raw = msgspec.Raw(b"{}")
     priority: Priority = 0
     session_params: SessionParams | None = None
+    # With token_ids: the prompt's images, preprocessed by the client (frontend/image_prompt.py)
+    images: list[ImageItem] = []
 
 
 class EmbedRequest(msgspec.Struct, tag="embed"):
@@ -182,6 +185,7 @@ class TokenizedRequest(msgspec.Struct, tag="req"):
     priority: int = 0
     session: SessionParams | None = None
     embed: EmbedParams | None = None  # an embedding request: pooled, never sampled
+    images: list[ImageItem] = []  # checked, with their digests
 
 
 SchedulerInMsg = TokenizedRequest | AbortRequest | StatsRequest | OpenSession | CloseSession
@@ -213,6 +217,7 @@ class NewReqData(msgspec.Struct, array_like=True):
     num_cached: int  # leading tokens whose KV comes from the prefix cache: computed already
     sampling: WorkerSampling
     pool: EmbedParams | None = None  # an embedding request: its prompt's hidden states are pooled
+    images: list[ImageItem] = []  # the prompt's, for the steps that compute their tokens
 
 
 class ScheduledReq(msgspec.Struct, array_like=True):

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import msgspec
 
+from tandem.protocol.architectures import Architecture, architecture
+from tandem.protocol.errors import ModelLoadError
 from tandem.protocol.model_config import ModelConfig, metadata_dir, read_hf_config
 
 
@@ -23,6 +25,8 @@ class ModelInfo(msgspec.Struct, frozen=True):
     # Keys a sliding-window layer attends (0: the model has none): the scheduler frees, per request, the
     # sliding layers' KV of positions every such layer has left behind.
     sliding_window: int = 0
+    image_token_id: int | None = None  # a vision-language model's image placeholder; None: text only
+    images_bidirectional: bool = False  # protocol/architectures.py's
 
 
 def _as_list(x: object) -> list[int]:
@@ -54,4 +58,13 @@ def read_model_info(model: str | Path, max_model_len: int | None = None) -> Mode
         if hf.get("matryoshka_dimensions")
         else None,
         sliding_window=cfg.sliding_window,
+        image_token_id=None if cfg.vision is None else cfg.vision.image_token_id,
+        images_bidirectional=_arch(cfg.architecture).images_bidirectional,
     )
+
+
+def _arch(name: str | None) -> Architecture:
+    try:
+        return architecture(name)
+    except ModelLoadError:  # read_model_info's callers reject an unknown one themselves
+        return Architecture("?", "?", "?", ())

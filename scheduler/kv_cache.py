@@ -81,7 +81,7 @@ class KVCacheManager:
         compute), both tiers, and lock it. The host part (host_hit_length tokens) counts as computed but
         has no device slots until `load_host`. held: a session turn's KV (see `hold`), taken as it is,
         unmatched, when it fits the limit."""
-        fill = req.fill_ids
+        fill = req.key_ids
         n = len(fill) - 1 if limit is None else min(limit, len(fill) - 1)
         m = self.tree.prefix_at(held.node) if held is not None else None
         if m is None or m.length > n:
@@ -233,7 +233,7 @@ class KVCacheManager:
         aligned = req.kv_committed_len // self.page_size * self.page_size
         if aligned <= req.cache_protected_len:
             return
-        key = req.fill_ids[:aligned]
+        key = req.key_ids[:aligned]
         if len(self.tree.match_prefix(key).indices) != req.cache_protected_len:
             return  # another request cached more of this prefix meanwhile: settle at finish
         row = req.req_pool_idx
@@ -253,7 +253,7 @@ class KVCacheManager:
         to_free: list[int] = []
         if aligned > protected:
             slots = self.req_table.slots(row, 0, aligned)
-            already = self.tree.insert(req.fill_ids[:aligned], slots)
+            already = self.tree.insert(req.key_ids[:aligned], slots)
             to_free += slots[protected:already]  # computed here but cached by another request first
         else:
             aligned = protected

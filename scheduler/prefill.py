@@ -39,7 +39,10 @@ def admit_waiting(
         if room < 1 and not first:  # the load does not fit beside this step's other prefills: next step
             release_unadmitted(req, kv)
             break
-        n = min(req.num_tokens_to_compute, max(room, 1))
+        n = req.chunk_end(min(req.num_tokens_to_compute, max(room, 1)))
+        if n < 1:  # an image that must be computed whole does not fit this step
+            release_unadmitted(req, kv)
+            break
         # Device slots for the host part of the match and the tokens to compute; plus a page per running
         # request in reserve so the admitted prefill doesn't force a retraction at the very next decode.
         need = prefix.host_hit_length + kv.pages_needed(req, n) * kv.page_size
@@ -84,6 +87,7 @@ def new_req_data(req: Req) -> NewReqData:
         token_ids=req.fill_ids,
         num_prompt=len(req.origin_input_ids),
         num_cached=req.num_computed_tokens,
+        images=req.images,
         sampling=WorkerSampling(
             p.temperature, p.top_k, p.top_p, p.min_p, p.seed,
             repetition_penalty=p.repetition_penalty,

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from tandem.protocol.embed_params import EmbedParams
+from tandem.protocol.image_item import ImageItem, key_token
 from tandem.protocol.sampling_params import SamplingParams
 from tandem.protocol.time_stats import TimeStats
 from tandem.scheduler.finish import FinishReason
@@ -30,9 +31,21 @@ class Req:
         arrival: int = 0,
         priority: int = 0,
         embed: EmbedParams | None = None,
+        images: list[ImageItem] | None = None,
+        images_bidirectional: bool = False,
     ) -> None:
         self.rid = rid
         self.origin_input_ids = input_ids
+        # The prompt's images (their pixels go to the worker with the request) and, for the prefix cache,
+        # the prompt with each image's tokens replaced by its digest's key: the same image finds its KV,
+        # another image with the same placeholder tokens does not.
+        self.images = images or []
+        self.images_bidirectional = images_bidirectional
+        self.origin_key_ids = input_ids
+        if self.images:
+            self.origin_key_ids = list(input_ids)
+            for im in self.images:
+                self.origin_key_ids[im.offset : im.offset + im.length] = [key_token(im.digest)] * im.length
         self.output_ids: list[int] = []
         self.params = params
         self.eos_token_ids = eos_token_ids
@@ -87,6 +100,23 @@ class Req:
     @property
     def fill_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids
+
+    @property
+    def key_ids(self) -> list[int]:
+        """fill_ids as the prefix cache keys them (images by their digests)."""
+        return self.origin_key_ids + self.output_ids
+
+    def chunk_end(self, n: int) -> int:
+        """How many of the next n tokens a prefill step may compute: where an image's tokens attend each
+        other both ways, a step ends before the image (or, starting inside it, after it), never inside."""
+        if not self.images_bidirectional:
+            return n
+        start, end = self.num_computed_tokens, self.num_computed_tokens + n
+        for im in self.images:
+            a, b = im.offset, im.offset + im.length
+            if a < end < b:
+                return (a if a > start else b) - start
+        return n
 
     @property
     def seq_len(self) -> int:

@@ -100,6 +100,10 @@ class Scheduler:
             except SessionError as e:
                 self.outbox.append(RequestError(msg.rid, e.code, e.message))
                 return
+        if link is not None and msg.images:
+            why = "a session turn cannot take images yet: send the conversation whole"
+            self.outbox.append(RequestError(msg.rid, ErrorCode.IMAGE, why))
+            return
         n_prompt = len(ids)
         room = self.info.max_model_len - n_prompt
         if n_prompt == 0 or room < (0 if msg.embed else 1):  # an embedding needs no room for an output
@@ -122,7 +126,8 @@ class Scheduler:
             self.outbox.append(RequestError(msg.rid, ErrorCode.OVERLOADED, why))
             return
         max_new = 0 if msg.embed else min(msg.params.max_tokens or room, room)
-        req = Req(msg.rid, ids, msg.params, self.eos, max_new, self._arrivals, msg.priority, embed=msg.embed)
+        req = Req(msg.rid, ids, msg.params, self.eos, max_new, self._arrivals, msg.priority, embed=msg.embed,
+                  images=msg.images, images_bidirectional=self.info.images_bidirectional)
         req.pools_whole_prompt = msg.embed is not None and self.cfg.pooling != "last"
         self._arrivals += 1
         if link is not None:

@@ -92,7 +92,7 @@ def test_the_worker_pools_are_in_the_kv_dtype_and_sized_by_its_element(tiny_mode
     assert f16.num_host_slots == 2 * 10**6 // per_token == 2 * f32.num_host_slots, "and so the host tier"
     assert f16.model.dtype == torch.float32 and f16.ops.native == f32.ops.native  # the model is untouched
     if f16.ops.native:  # the C kernels keep running, the attention one over the half pool
-        batch = SimpleNamespace(req_pool_indices_cpu=[0], seq_lens_cpu=[3], extend_lens_cpu=[3])
+        batch = SimpleNamespace(req_pool_indices_cpu=[0], seq_lens_cpu=[3], extend_lens_cpu=[3], image_spans=None)
         assert isinstance(f16.model.attn_backend.plan(batch, f16.kv), CpuPlan)
 
 

@@ -64,6 +64,7 @@ class TorchBackend(AttentionBackend):
             kv.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens,
             seq_lens_cpu=batch.seq_lens_cpu, extend_lens_cpu=batch.extend_lens_cpu,
             req_pool_indices_cpu=batch.req_pool_indices_cpu, window=window, slot_map=slot_map,
+            image_spans=batch.image_spans,
         ), _loc(batch, slot_map))
 
     def forward(
@@ -89,7 +90,7 @@ class CpuBackend(TorchBackend):
 
     def plan(self, batch: ForwardBatch, kv: KVCache, window: int = 0, slot_map: torch.Tensor | None = None,
              ) -> TorchPlan | CpuPlan:
-        if not self.native:
+        if not self.native or batch.image_spans:  # images attended both ways: the torch path's masks
             return super().plan(batch, kv, window, slot_map)
         return CpuPlan(
             batch,
@@ -118,7 +119,9 @@ class TritonBackend(AttentionBackend):
     name = "triton"
 
     def plan(self, batch: ForwardBatch, kv: KVCache, window: int = 0, slot_map: torch.Tensor | None = None,
-             ) -> TritonPlan:
+             ) -> TritonPlan | TorchPlan:
+        if batch.image_spans:  # images attended both ways: the torch path's masks
+            return _TORCH.plan(batch, kv, window, slot_map)
         # Device tensors the kernels read and host ints for the grid: nothing is copied or read back.
         ext = batch.extend_lens
         return TritonPlan(batch, torch.cumsum(ext, 0) - ext, max(batch.extend_lens_cpu, default=0),
@@ -128,6 +131,8 @@ class TritonBackend(AttentionBackend):
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, plan: Any,
         scale: float,
     ) -> torch.Tensor:
+        if isinstance(plan, TorchPlan):
+            return _TORCH.forward(layer_id, q, k, v, kv, plan, scale)
         b = plan.batch
         _write(kv, layer_id, plan, k, v)
         return paged_attention_triton(
@@ -170,6 +175,9 @@ class TritonPlan:
     loc: torch.Tensor | None
     window: int = 0
     slot_map: torch.Tensor | None = None
+
+
+_TORCH = TorchBackend()
 
 
 def select_attention_backend(ops: Ops) -> AttentionBackend:

@@ -117,9 +117,11 @@ class CpuStepGraph:
         log.info("CPU step graph: %d nodes for decode batches up to %d", len(self.nodes), mb)
 
     def can_run(self, batch: ForwardBatch) -> bool:
-        """A pure decode batch whose every request wants its one logit row, within max_batch."""
+        """A pure decode batch (no image token) whose every request wants its one logit row, within
+        max_batch."""
         b = batch.batch_size
-        return 0 < b <= self.max_batch and batch.all_decode and batch.logits_indices.numel() == b
+        return (0 < b <= self.max_batch and batch.all_decode and batch.logits_indices.numel() == b
+                and batch.image_rows is None)  # an image's token: its encoder output is not in the graph
 
     def greedy_tokens(self, rows: int) -> torch.Tensor | None:
         """After run: the last replay's argmax of each row's logits (torch.argmax's answer; a copy), or None

@@ -96,9 +96,11 @@ class DecodeGraphs:
         return self.buckets[-1]
 
     def can_run(self, batch: ForwardBatch) -> bool:
-        """A pure decode batch whose every request wants its one logit row, within the largest bucket."""
+        """A pure decode batch (no image token) whose every request wants its one logit row, within the
+        largest bucket."""
         b = batch.batch_size
-        return 0 < b <= self.max_batch and batch.all_decode and batch.logits_indices.numel() == b
+        return (0 < b <= self.max_batch and batch.all_decode and batch.logits_indices.numel() == b
+                and batch.image_rows is None)  # an image's token: its encoder output is not in the graph
 
     def bucket(self, b: int) -> int:
         return self.buckets[bisect.bisect_left(self.buckets, b)]

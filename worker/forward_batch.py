@@ -23,6 +23,13 @@ class ForwardBatch:
     seq_lens_cpu: list[int] | None = None
     extend_lens_cpu: list[int] | None = None
     req_pool_indices_cpu: list[int] | None = None
+    # Images (worker/image_rows.py): the rows of T that take an image's encoder output instead of their
+    # token's embedding, and those outputs [len(image_rows), hidden]; None: no image token this step.
+    image_rows: torch.Tensor | None = None
+    image_embeds: torch.Tensor | None = None
+    # Per request, the [start, end) positions of images whose tokens attend each other both ways (Gemma 3)
+    # and that this step computes; None: every query is causal.
+    image_spans: list[list[tuple[int, int]]] | None = None
     # Derived once in __post_init__.
     extend_starts_cpu: list[int] = field(init=False)  # index in T of each request's first new token
     max_seq_len: int = field(init=False)
@@ -44,6 +51,13 @@ class ForwardBatch:
         self.num_tokens = t
         self.max_seq_len = max(self.seq_lens_cpu, default=0)
         self.all_decode = all(e == 1 for e in self.extend_lens_cpu)
+
+    def place_images(self, h: torch.Tensor) -> torch.Tensor:
+        """The step's token embeddings h [T, hidden] with the image rows' encoder outputs in place."""
+        if self.image_rows is not None:
+            assert self.image_embeds is not None
+            h.index_copy_(0, self.image_rows, self.image_embeds.to(h.dtype))
+        return h
 
     @property
     def batch_size(self) -> int:

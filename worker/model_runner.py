@@ -20,6 +20,7 @@ from tandem.worker.device import resolve_device, resolve_dtype, resolve_kv_dtype
 from tandem.worker.distributed import Dist, local_rank
 from tandem.worker.failed_step import FailedStep, RequestFault, describe
 from tandem.worker.host_to_device import to_device
+from tandem.worker.image_rows import EncoderCache, attach_images, model_encoder
 from tandem.worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs
 from tandem.worker.kv_cache import KVCache
 from tandem.worker.loader import load_model
@@ -103,6 +104,9 @@ class ModelRunner:
             swa_layers=frozenset(i for i in range(mc.num_hidden_layers) if mc.is_sliding(i)),
         )
         self.state = RequestState(max_reqs, self.max_context, self.device)
+        self.images = EncoderCache(model_encoder(self.model)) if hasattr(self.model, "encode_images") \
+            else None
+        self.images_bidirectional = info.images_bidirectional
         self.graphs: DecodeGraphs | CpuStepGraph | None = None
         if graphs_apply(cfg, self.ops, self.model.attn_backend):
             # After the KV pool: capture takes its memory from what the pool left.
@@ -148,6 +152,8 @@ class ModelRunner:
         batch = prepare_inputs(
             so.scheduled, st, self.kv, self.ops, plp, pool.hidden_indices if pool else None
         )
+        if self.images is not None and st.images:
+            attach_images(batch, so.scheduled, st, self.images, self.images_bidirectional)
         greedy = None  # the CPU step graph's argmax of each row's logits, when it has that node
         if pool is not None:  # the pooled tokens' hidden states follow the rows that need logits
             h = self.model.hidden_states(batch, self.kv)

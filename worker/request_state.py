@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from tandem.protocol.embed_params import EmbedParams
+from tandem.protocol.image_item import ImageItem
 from tandem.protocol.messages import NewReqData
 from tandem.worker.draft_record import DraftRecord
 from tandem.worker.host_to_device import to_device
@@ -64,6 +65,7 @@ class RequestState:
         # Embedding rows (worker/pooling.py): what each asked for, and its partial pool (float32 [hidden]).
         self.pool_params: dict[int, EmbedParams] = {}
         self.pool_acc: dict[int, torch.Tensor] = {}
+        self.images: dict[int, list[ImageItem]] = {}  # rows whose prompts hold images (worker/image_rows.py)
 
     def add(self, r: NewReqData) -> None:
         i = r.req_pool_idx
@@ -111,6 +113,8 @@ class RequestState:
             self.prompt_logprob_rows.add(i)
         if r.pool is not None:
             self.pool_params[i] = r.pool
+        if r.images:
+            self.images[i] = r.images
 
     def free(self, i: int) -> None:
         if not self.live[i]:
@@ -120,6 +124,7 @@ class RequestState:
             rows.discard(i)
         self.pool_params.pop(i, None)
         self.pool_acc.pop(i, None)
+        self.images.pop(i, None)
 
     def device_params(self, rows: torch.Tensor) -> DeviceParams:
         """The sampling parameters of `rows` (a device tensor of row indices), gathered on the device."""

@@ -37,13 +37,16 @@ from tandem.frontend.client.request_encoding import (
     build_request,
     new_rid,
     params_per_prompt,
+    split_images,
 )
 from tandem.frontend.client.router import Item, Router
 from tandem.frontend.completion import Completion, CompletionDelta, to_delta
 from tandem.frontend.embedding import Embedding
+from tandem.frontend.image_prompt import ImagePrompter
 from tandem.frontend.reasoning_parser import check_style
 from tandem.protocol.embed_params import EmbedParams
 from tandem.protocol.errors import EngineDeadError, ErrorCode, InvalidRequestError, TandemError
+from tandem.protocol.image_item import ImagePrompt
 from tandem.protocol.ipc import ready_frames, ready_multipart
 from tandem.protocol.messages import (
     MAX_SESSION_TOKENS,
@@ -83,8 +86,12 @@ class AsyncClient:
         engine: subprocess.Popen | None = None,
         reasoning_parser: str | None = None,
         connect_timeout_s: float | None = CONNECT_TIMEOUT_S,
+        model: str | None = None,
     ) -> None:
+        """model: the engine's model (a directory), to send chat messages with images: each is made
+        ready here, through its processor, off the event loop (launch() knows it)."""
         check_style(reasoning_parser, allow_auto=False)  # the client has no chat template to read `auto` from
+        self._prompter = None if model is None else ImagePrompter(model)
         self._death = DeathWatch(endpoint, connect_timeout_s)  # first: a bad bound fails before any socket
         self.endpoint = endpoint
         self.reasoning_parser = reasoning_parser
@@ -107,14 +114,14 @@ class AsyncClient:
         this process dies."""
         check_style(reasoning_parser, allow_auto=False)
         proc, endpoint = start_engine_process(model, **engine_options)
-        return cls(
-            endpoint, engine=proc, reasoning_parser=reasoning_parser, connect_timeout_s=connect_timeout_s
-        )
+        return cls(endpoint, engine=proc, reasoning_parser=reasoning_parser,
+                   connect_timeout_s=connect_timeout_s, model=model)
 
     async def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None, *,
                        priority: int = 0, session: SessionParams | None = None) -> Completion:
         """priority: lower is served first (under --scheduling-policy priority). session: continue a
         session's turn (see open_session)."""
+        prompt = await self._with_images(prompt)
         rid, items = self._submit(prompt, params, request_id, priority, session)
         comp = Completion(rid, reasoning_style=self.reasoning_parser)
         async for out in self._outputs(rid, items):
@@ -125,6 +132,7 @@ class AsyncClient:
         self, prompt: Prompt, params: Params = None, request_id: str | None = None, *, priority: int = 0,
         session: SessionParams | None = None,
     ) -> AsyncIterator[CompletionDelta]:
+        prompt = await self._with_images(prompt)
         rid, items = self._submit(prompt, params, request_id, priority, session)
         async for out in self._outputs(rid, items):
             yield to_delta(out)
@@ -246,6 +254,15 @@ class AsyncClient:
         await self.close()
 
     # ---- internals (all on the event loop's thread) ------------------------------------------------
+    async def _with_images(self, prompt: Prompt) -> Prompt:
+        split = split_images(prompt)
+        if split is None:
+            return prompt
+        if self._prompter is None:
+            raise InvalidRequestError("chat messages with images need the engine's model: "
+                                      "AsyncClient(endpoint, model=DIR) or launch()", ErrorCode.IMAGE)
+        return ImagePrompt(*await asyncio.to_thread(self._prompter.prompt, *split))
+
     def _submit(self, prompt: Prompt, params: Params, rid: str | None, priority: int = 0,
                 session: SessionParams | None = None) -> tuple[str, asyncio.Queue[Item]]:
         req = build_request(prompt, params, rid, priority, session)

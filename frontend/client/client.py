@@ -43,7 +43,9 @@ class Client:
         engine: subprocess.Popen | None = None,
         reasoning_parser: str | None = None,
         connect_timeout_s: float | None = CONNECT_TIMEOUT_S,
+        model: str | None = None,
     ) -> None:
+        """model: as AsyncClient's (chat messages with images need it)."""
         check_style(reasoning_parser, allow_auto=False)
         self.endpoint = endpoint
         self._loop = asyncio.new_event_loop()
@@ -58,7 +60,7 @@ class Client:
         # Its sockets belong to the loop.
         try:
             self._async: AsyncClient = self._run(
-                _on_loop(endpoint, engine, reasoning_parser, connect_timeout_s)
+                _on_loop(endpoint, engine, reasoning_parser, connect_timeout_s, model)
             )
         except BaseException:
             self._stop_loop()
@@ -72,9 +74,8 @@ class Client:
         `reasoning_text` from its `content`."""
         check_style(reasoning_parser, allow_auto=False)
         proc, endpoint = start_engine_process(model, **engine_options)
-        return cls(
-            endpoint, engine=proc, reasoning_parser=reasoning_parser, connect_timeout_s=connect_timeout_s
-        )
+        return cls(endpoint, engine=proc, reasoning_parser=reasoning_parser,
+                   connect_timeout_s=connect_timeout_s, model=model)
 
     def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None, *,
                  priority: int = 0, session: SessionParams | None = None) -> Completion:
@@ -184,10 +185,9 @@ class Client:
 
 
 async def _on_loop(endpoint: str, engine: subprocess.Popen | None, reasoning_parser: str | None,
-                   connect_timeout_s: float | None) -> AsyncClient:
-    return AsyncClient(
-        endpoint, engine=engine, reasoning_parser=reasoning_parser, connect_timeout_s=connect_timeout_s
-    )
+                   connect_timeout_s: float | None, model: str | None) -> AsyncClient:
+    return AsyncClient(endpoint, engine=engine, reasoning_parser=reasoning_parser,
+                       connect_timeout_s=connect_timeout_s, model=model)
 
 
 async def _shut_down(client: AsyncClient) -> None:

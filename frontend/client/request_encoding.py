@@ -9,10 +9,13 @@ import msgspec
 
 from tandem.protocol.embed_params import EmbedParams
 from tandem.protocol.errors import ErrorCode, InvalidRequestError
+from tandem.protocol.image_item import ImagePrompt
 from tandem.protocol.messages import ChatMessage, EmbedRequest, GenerateRequest, SessionParams
 from tandem.protocol.sampling_params import SamplingParams
 
-Prompt = str | Sequence[int] | Sequence[Mapping[str, str]] | Sequence[ChatMessage]
+# Chat messages may hold images as content parts ({"type": "image", "image": bytes, a path or a PIL image}):
+# the client turns them into an ImagePrompt through the model's processor (split_images, ImagePrompter).
+Prompt = str | Sequence[int] | Sequence[Mapping[str, Any]] | Sequence[ChatMessage] | ImagePrompt
 Params = SamplingParams | Mapping[str, Any] | None
 
 
@@ -39,6 +42,8 @@ def _build(prompt: Prompt, params: Params, rid: str) -> GenerateRequest:
     raw = _packed(params if params is not None else {})
     if isinstance(prompt, str):
         return GenerateRequest(rid, text=prompt, params=raw)
+    if isinstance(prompt, ImagePrompt):
+        return GenerateRequest(rid, token_ids=prompt.token_ids, params=raw, images=prompt.images)
     if not isinstance(prompt, Sequence):
         raise InvalidRequestError(
             f"prompt must be a string, token ids or chat messages, not {type(prompt).__name__}"
@@ -55,6 +60,36 @@ def _build(prompt: Prompt, params: Params, rid: str) -> GenerateRequest:
             raise InvalidRequestError(f"chat message without {e.args[0]!r}", ErrorCode.MESSAGES) from e
         return GenerateRequest(rid, messages=msgs, params=raw)
     raise InvalidRequestError("prompt list must hold only token ids or only chat messages", ErrorCode.PROMPT)
+
+
+def split_images(prompt: Prompt) -> tuple[list[dict[str, Any]], list[Any]] | None:
+    """Chat messages with content parts: (the messages as the chat template reads them, each image a
+    `{"type": "image"}` part, and the images in order); None for any other prompt."""
+    if isinstance(prompt, (str, ImagePrompt)) or not isinstance(prompt, Sequence):
+        return None
+    if not any(isinstance(m, Mapping) and isinstance(m.get("content"), list) for m in prompt):
+        return None
+    messages, images = [], []
+    for m in prompt:
+        if not isinstance(m, Mapping) or "role" not in m:
+            raise InvalidRequestError("a chat message is a mapping with a role", ErrorCode.MESSAGES)
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = []
+            for p in content:
+                kind = p.get("type") if isinstance(p, Mapping) else None
+                if kind == "text":
+                    parts.append({"type": "text", "text": str(p.get("text", ""))})
+                elif kind == "image" and p.get("image") is not None:
+                    parts.append({"type": "image"})
+                    images.append(p["image"])
+                else:
+                    raise InvalidRequestError('a content part is {"type": "text", "text": ...} or '
+                                              '{"type": "image", "image": bytes, a path or a PIL image}',
+                                              ErrorCode.MESSAGES)
+            content = parts
+        messages.append({**m, "content": content})
+    return messages, images
 
 
 def build_embed_request(input: str | Sequence[int], params: EmbedParams, rid: str | None = None,

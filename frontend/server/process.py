@@ -24,6 +24,7 @@ from tandem.frontend.server.validation import (
 from tandem.protocol.child import reporting_startup, start_child
 from tandem.protocol.codec import encode, frontend_in_decoder
 from tandem.protocol.errors import ErrorCode, InvalidRequestError
+from tandem.protocol.image_item import check_images
 from tandem.protocol.ipc import make_socket, ready_frames, ready_multipart
 from tandem.protocol.messages import (
     AbortRequest,
@@ -164,7 +165,11 @@ class Frontend:
                 params = decode_params(msg.params)
                 ids = tokenize_prompt(msg, self.tokenizer)
                 check_prompt(ids, params, self.info)
-                req = TokenizedRequest(msg.rid, ids, params, msg.priority, msg.session_params)
+                if msg.images and msg.token_ids is None:
+                    why = "images come with token_ids (frontend/image_prompt.py makes both)"
+                    raise InvalidRequestError(why, ErrorCode.IMAGE)
+                images = check_images(ids, msg.images, self.info.image_token_id)
+                req = TokenizedRequest(msg.rid, ids, params, msg.priority, msg.session_params, images=images)
         except InvalidRequestError as e:
             self.to_client(ident, RequestError(msg.rid, e.code, e.message))
             return

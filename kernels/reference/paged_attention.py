@@ -111,9 +111,12 @@ def build_attention_plan(
     decodes: bool = True,
     window: int = 0,
     slot_map: torch.Tensor | None = None,
+    image_spans: Sequence[Sequence[tuple[int, int]]] | None = None,
 ) -> AttentionPlan:
     """decodes=False: plan the multi-token requests only (the caller attends the decodes its own way).
-    window: a sliding-window layer's keys (0: all); slot_map: see the module doc."""
+    window: a sliding-window layer's keys (0: all); slot_map: see the module doc. image_spans: per request,
+    [a, b) position ranges whose queries also see every key of the range (an image Gemma 3 attends both
+    ways; the step holds all of it): keys up to b - 1, still no further back than the window."""
     seq_l = list(seq_lens_cpu) if seq_lens_cpu is not None else seq_lens.tolist()
     ext_l = list(extend_lens_cpu) if extend_lens_cpu is not None else extend_lens.tolist()
     rows = list(req_pool_indices_cpu) if req_pool_indices_cpu is not None else req_pool_indices.tolist()
@@ -126,6 +129,8 @@ def build_attention_plan(
 
     by_len: dict[int, list[int]] = {}  # new tokens -> requests attended as padded batches
     for i, e in enumerate(ext_l):
+        if image_spans and image_spans[i] and e > 1:
+            continue  # attended alone below, with its own mask
         if (e == 1 and decodes) or 1 < e <= SHORT_EXTEND and seq_l[i] > e:
             by_len.setdefault(e, []).append(i)
     for e, reqs in by_len.items():
@@ -141,18 +146,24 @@ def build_attention_plan(
         s, prefix = seq_l[i], seq_l[i] - e
         lo = max(0, prefix - window + 1) if window else 0  # the first query's first key
         mask = None
-        if prefix > 0 or (window and e > window):  # query j sits at position prefix + j
-            mask = _visible(
-                torch.arange(lo, s, device=dev)[None, :], torch.arange(prefix, s, device=dev)[:, None], window
-            )
+        spans = image_spans[i] if image_spans else ()
+        if prefix > 0 or (window and e > window) or spans:  # query j sits at position prefix + j
+            query_pos = torch.arange(prefix, s, device=dev)
+            last = query_pos.clone()  # the last key each query sees
+            for a, b in spans:
+                last[max(a, prefix) - prefix : b - prefix] = b - 1
+            key_pos = torch.arange(lo, s, device=dev)[None, :]
+            mask = _visible(key_pos, query_pos[:, None], window, last[:, None])
         slots = req_to_token[rows[i], lo:s]
         plan.extends.append(ExtendSeg(starts[i], e, slots if slot_map is None else slot_map[slots], mask))
     return plan
 
 
-def _visible(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int) -> torch.Tensor:
-    """True where a query at query_pos sees the key at key_pos (broadcast): causal, and within the window."""
-    seen = key_pos <= query_pos
+def _visible(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int, last: torch.Tensor | None = None,
+             ) -> torch.Tensor:
+    """True where a query at query_pos sees the key at key_pos (broadcast): up to `last` (default: itself,
+    causal), and within the window before it."""
+    seen = key_pos <= (query_pos if last is None else last)
     return seen if not window else seen & (key_pos > query_pos - window)
 
 

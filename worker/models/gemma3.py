@@ -131,7 +131,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         if self.rotary_local is not None:
             local_plan = backend.plan(batch, kv, cfg.sliding_window, kv.swa_map)
             local = (*self.rotary_local.cos_sin(batch.positions, batch.max_seq_len), kv, backend, local_plan)
-        h = self.model.embed_tokens(batch.input_ids).mul_(self.embed_scale)
+        h = batch.place_images(self.model.embed_tokens(batch.input_ids).mul_(self.embed_scale))
         for i, layer in enumerate(self.model.layers):
             h = layer(h, *(local if cfg.is_sliding(i) else full))
         return self.model.norm(h[batch.logits_indices])

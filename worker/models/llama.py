@@ -191,7 +191,7 @@ class LlamaForCausalLM(nn.Module):
         output of its own)."""
         plan = self.attn_backend.plan(batch, kv)
         cos, sin = self.rotary.cos_sin(batch.positions, batch.max_seq_len)
-        h = self.model.embed_tokens(batch.input_ids)
+        h = batch.place_images(self.model.embed_tokens(batch.input_ids))
         for layer in self.model.layers:
             h = layer(h, cos, sin, kv, self.attn_backend, plan)
         return self.model.norm(h[batch.logits_indices])  # per-token norm: only the rows we need
