@@ -43,12 +43,18 @@ class ServedEngine:
 def child_serve_argv(scfg: ServeConfig, name: str, key: str) -> list[str]:
     """The serve flags of one model's child: localhost, any port, the router's own key, and the options
     every model's server shares."""
-    argv = ["--host", "127.0.0.1", "--port", "0", "--api-key", key, "--served-model-name", name,
+    # `=`: a key may begin with "-", which argparse would take for a flag
+    argv = ["--host", "127.0.0.1", "--port", "0", f"--api-key={key}", "--served-model-name", name,
             "--max-concurrent-requests", str(scfg.max_concurrent_requests),
             "--response-store", str(scfg.response_store)]
     if scfg.reasoning_parser is not None:
         argv += ["--reasoning-parser", scfg.reasoning_parser]
-    return argv
+    for d in scfg.allowed_media_domains:
+        argv += ["--allowed-media-domains", d]
+    if scfg.allowed_local_media_path is not None:
+        argv += ["--allowed-local-media-path", scfg.allowed_local_media_path]
+    return argv + ["--limit-mm-per-prompt", str(scfg.limit_mm_per_prompt),
+                   "--max-image-pixels", str(scfg.max_image_pixels)]
 
 
 class EngineStarter:

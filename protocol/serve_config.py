@@ -53,6 +53,15 @@ class ServeConfig:
     max_loaded_memory_gb: float | None = field(default=None, metadata={
         "help": "with several models: the loaded models' weights (their size on disk) stay under this; "
                 "loading another unloads idle ones as --max-loaded-models does"})
+    # Images (vision-language models): where an image_url may point besides a data: URL, and how many.
+    allowed_media_domains: list[str] = field(default_factory=list, metadata={
+        "help": "image URLs over http(s) may be fetched from these hosts (none by default: data: URLs "
+                "and base64 only)"})
+    allowed_local_media_path: str | None = field(default=None, metadata={
+        "help": "image URLs may name files (file:// or a path) under this directory (none by default)"})
+    limit_mm_per_prompt: int = field(default=8, metadata={"help": "images one prompt may hold"})
+    max_image_pixels: int = field(default=40_000_000, metadata={
+        "help": "an image larger than this many pixels (decoded) is refused"})
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -77,6 +86,8 @@ class ServeConfig:
         if self.max_loaded_memory_gb is not None and not self.max_loaded_memory_gb > 0:
             raise ValueError(f"invalid serve option max_loaded_memory_gb={self.max_loaded_memory_gb}: "
                              "must be > 0")
+        if self.limit_mm_per_prompt < 0 or self.max_image_pixels < 1:
+            raise ValueError("invalid serve option: limit_mm_per_prompt must be >= 0, max_image_pixels >= 1")
         if self.response_store < 0:
             raise ValueError(f"invalid serve option response_store={self.response_store}: must be >= 0")
 

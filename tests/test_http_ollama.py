@@ -16,6 +16,7 @@ import pytest
 
 from tandem.frontend.completion import CompletionDelta
 from tandem.frontend.embedding import Embedding
+from tandem.frontend.http.chat_prompt import TEXT_ONLY
 from tandem.frontend.http.ollama import ollama_chat_messages
 from tandem.frontend.http.ollama_models import human_number, ollama_model_entry
 from tandem.frontend.http.ollama_schema import OllamaMessage
@@ -295,7 +296,7 @@ def test_errors_in_ollamas_shape(scripted) -> None:
     assert found[8] == (404, "model 'nope' not found")
     assert found[1][0] == 400 and "'bogus'" in found[1][1] and "num_ctx" in found[1][1]
     assert found[2][0] == 400 and found[2][1].startswith("options.temperature: ")
-    assert found[3] == found[4] == (400, "this server's models take text only: images are not served")
+    assert found[3] == found[4] == (400, TEXT_ONLY)
     assert found[5][0] == found[6][0] == 400 and "template" in found[5][1] and "insert" in found[6][1]
     for r, status in ((bad_json, 400), (extra, 400), (no_key, 401), (nowhere, 404)):
         assert r.status_code == status and set(r.json()) == {"error"} and r.json()["error"], r.text

@@ -168,3 +168,17 @@ def test_ps_chat_page_keep_alive_zero_and_a_drain_stops_the_server_and_its_child
     assert many.proc.wait(60) == 0
     gone, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, f"outlived the server: {alive}"
+
+
+def test_a_child_gets_the_routers_key_even_when_it_begins_with_a_dash() -> None:
+    # secrets.token_urlsafe may begin with "-": passed as a separate argument argparse took it for a flag
+    from tandem.launch.cli import _parser
+    from tandem.launch.cli_options import config_from_args
+    from tandem.launch.serve_models import child_serve_argv
+    from tandem.protocol.serve_config import ServeConfig
+
+    scfg = ServeConfig(allowed_media_domains=["a.example"], limit_mm_per_prompt=3)
+    args = _parser().parse_args(["serve", "--model", "m", *child_serve_argv(scfg, "m", "-dash-key")])
+    child = config_from_args(args, ServeConfig)
+    assert child.api_key == "-dash-key" and child.served_model_name == "m"
+    assert child.allowed_media_domains == ["a.example"] and child.limit_mm_per_prompt == 3

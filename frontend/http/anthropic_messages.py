@@ -19,21 +19,32 @@ from tandem.frontend.completion import CompletionDelta
 from tandem.frontend.http.anthropic_output import MessageBuilder
 from tandem.frontend.http.anthropic_schema import (
     CountTokensRequest,
+    ImageBlock,
     MessagesRequest,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
-from tandem.frontend.http.chat import ToolSetup, chat_prompt_ids
+from tandem.frontend.http.chat import ToolSetup
+from tandem.frontend.http.chat_prompt import chat_prompt, prompt_ids
 from tandem.frontend.http.choices import ChoiceRun
 from tandem.frontend.http.errors import APIError, anthropic_error_body
 from tandem.frontend.http.reply import ReplyParser
 from tandem.frontend.http.sampling import with_tools
-from tandem.frontend.http.schemas import ChatMessageBody, FunctionCall, FunctionDef, ToolCall
+from tandem.frontend.http.schemas import (
+    ChatMessageBody,
+    FunctionCall,
+    FunctionDef,
+    ImageURL,
+    ImageURLPart,
+    TextPart,
+    ToolCall,
+)
 from tandem.frontend.http.state import ServerState
 from tandem.frontend.http.streaming import sse, stream_response, until_disconnect
 from tandem.frontend.http.usage import Usage
+from tandem.protocol.image_item import ImagePrompt
 
 
 def _joined(content: str | list[TextBlock]) -> str:
@@ -46,10 +57,13 @@ def chat_messages(body: CountTokensRequest) -> list[ChatMessageBody]:
         if isinstance(m.content, str):
             out.append(ChatMessageBody(role=m.role, content=m.content))
             continue
-        text, calls, thinking = "", [], None
+        text, calls, thinking, parts = "", [], None, []
         for b in m.content:
             if isinstance(b, TextBlock):
                 text += b.text
+                parts.append(TextPart(type="text", text=b.text))
+            elif isinstance(b, ImageBlock):
+                parts.append(ImageURLPart(type="image_url", image_url=ImageURL(url=b.url)))
             elif isinstance(b, ToolUseBlock):
                 calls.append(
                     ToolCall(id=b.id, function=FunctionCall(name=b.name, arguments=json.dumps(b.input)))
@@ -63,8 +77,10 @@ def chat_messages(body: CountTokensRequest) -> list[ChatMessageBody]:
                                        content=f"Error: {result}" if b.is_error else result))
             elif isinstance(b, ThinkingBlock):
                 thinking = b.thinking
-        if text or calls or not m.content:
-            out.append(ChatMessageBody(role=m.role, content=text or None, tool_calls=calls or None,
+        images = any(isinstance(p, ImageURLPart) for p in parts)
+        content: str | list | None = parts if images else text or None
+        if content or calls or not m.content:
+            out.append(ChatMessageBody(role=m.role, content=content, tool_calls=calls or None,
                                    reasoning_content=thinking if m.role == "assistant" else None))
     return out
 
@@ -85,16 +101,16 @@ def _tools(body: CountTokensRequest) -> ToolSetup:
     return ToolSetup(fns, "required" if tc.type == "any" else "none", None, parallel)
 
 
-def _prompt(st: ServerState, body: CountTokensRequest, tools: ToolSetup) -> list[int]:
+async def _prompt(st: ServerState, body: CountTokensRequest, tools: ToolSetup) -> list[int] | ImagePrompt:
     kwargs = dict(body.chat_template_kwargs or {})
     if body.thinking is not None and body.thinking.type != "adaptive":
         kwargs.setdefault("enable_thinking", body.thinking.type == "enabled")
-    return chat_prompt_ids(st.tokenizer, chat_messages(body), tools.template_tools(), True, kwargs)
+    return await chat_prompt(st, chat_messages(body), tools.template_tools(), True, kwargs)
 
 
-def count_message_tokens(st: ServerState, body: CountTokensRequest) -> dict:
+async def count_message_tokens(st: ServerState, body: CountTokensRequest) -> dict:
     st.check_model(body.model)
-    return {"input_tokens": len(_prompt(st, body, _tools(body)))}
+    return {"input_tokens": len(prompt_ids(await _prompt(st, body, _tools(body))))}
 
 
 def _params(body: MessagesRequest, tools: ToolSetup) -> dict[str, Any]:
@@ -132,8 +148,9 @@ def _usage(usage: Usage) -> dict:
 async def create_message(st: ServerState, body: MessagesRequest, request: Request) -> Response:
     st.check_model(body.model)
     tools = _tools(body)
-    ids = _prompt(st, body, tools)
-    run = ChoiceRun(st.client, st.metrics, [ids], [_params(body, tools)])
+    prompt = await _prompt(st, body, tools)
+    ids = prompt_ids(prompt)
+    run = ChoiceRun(st.client, st.metrics, [prompt], [_params(body, tools)])
     reply = ReplyParser(st.reasoning_parser(ids), tools.parser())
     out = MessageBuilder()
     usage = Usage()

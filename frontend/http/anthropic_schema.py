@@ -38,6 +38,27 @@ class ToolResultBlock(Body):
     cache_control: CacheControl = None
 
 
+class ImageSource(Body):
+    type: Literal["base64", "url"]
+    media_type: str | None = None  # image/jpeg, image/png, image/gif, image/webp (Pillow reads the bytes)
+    data: str | None = None  # base64
+    url: str | None = None
+
+
+class ImageBlock(Body):
+    type: Literal["image"]
+    source: ImageSource
+    cache_control: CacheControl = None
+
+    @property
+    def url(self) -> str:
+        """As an OpenAI image_url: base64 data as a data: URL."""
+        s = self.source
+        if s.type == "url":
+            return s.url or ""
+        return f"data:{s.media_type or 'image/png'};base64,{s.data or ''}"
+
+
 class ThinkingBlock(Body):
     type: Literal["thinking"]
     thinking: str
@@ -55,7 +76,8 @@ def _block_type(v: Any) -> str | None:
 
 
 ContentBlock = Annotated[
-    Annotated[TextBlock, Tag("text")] | Annotated[ToolUseBlock, Tag("tool_use")]
+    Annotated[TextBlock, Tag("text")] | Annotated[ImageBlock, Tag("image")]
+    | Annotated[ToolUseBlock, Tag("tool_use")]
     | Annotated[ToolResultBlock, Tag("tool_result")] | Annotated[ThinkingBlock, Tag("thinking")]
     | Annotated[RedactedThinkingBlock, Tag("redacted_thinking")],
     Discriminator(_block_type),

@@ -82,7 +82,7 @@ def create_app(st: ServerState) -> FastAPI:
         "/v1/messages/count_tokens", dependencies=authed, responses=answers(*BODY, 401, 404, anthropic=True)
     )
     async def count_tokens(body: CountTokensRequest) -> dict:
-        return count_message_tokens(st, body)
+        return await count_message_tokens(st, body)
 
     @app.post("/v1/embeddings", dependencies=authed, responses=answers(*BODY, 401, 404, *ENGINE))
     async def embeddings(body: EmbeddingRequest, request: Request) -> dict:

@@ -13,7 +13,14 @@ from typing import Any, Literal
 
 from tandem.frontend import prompt_tokens
 from tandem.frontend.http.errors import APIError
-from tandem.frontend.http.schemas import ChatCompletionRequest, ChatMessageBody, FunctionDef, NamedToolChoice
+from tandem.frontend.http.schemas import (
+    ChatCompletionRequest,
+    ChatMessageBody,
+    FunctionDef,
+    ImageURLPart,
+    NamedToolChoice,
+    TextPart,
+)
 from tandem.frontend.http.tool_calls import ToolCallParser
 from tandem.protocol.errors import InvalidRequestError
 
@@ -23,11 +30,23 @@ def _text(m: ChatMessageBody) -> str:
         return ""
     if isinstance(m.content, str):
         return m.content
-    return "".join(p.text for p in m.content)
+    return "".join(p.text for p in m.content if isinstance(p, TextPart))
 
 
-def _template_message(m: ChatMessageBody) -> dict[str, Any]:
-    d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": _text(m)}
+def image_urls(messages: list[ChatMessageBody]) -> list[str]:
+    """The messages' image URLs, in order."""
+    return [p.image_url.url for m in messages if isinstance(m.content, list)
+            for p in m.content if isinstance(p, ImageURLPart)]
+
+
+def template_message(m: ChatMessageBody, with_images: bool = False) -> dict[str, Any]:
+    """A message as chat templates read it; with_images: content parts, each image `{"type": "image"}`
+    (the images go to the model's processor beside the messages, in the same order)."""
+    content: Any = _text(m)
+    if with_images and isinstance(m.content, list):
+        content = [{"type": "text", "text": p.text} if isinstance(p, TextPart) else {"type": "image"}
+                   for p in m.content]
+    d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
     for key in ("name", "tool_call_id", "reasoning_content"):
         if getattr(m, key) is not None:
             d[key] = getattr(m, key)
@@ -57,7 +76,7 @@ def chat_prompt_ids(
     """The prompt's token ids for an HTTP body's messages: prompt_tokens.render_chat (the frontend's one chat
     rendering) over the messages as the template reads them, its error in the HTTP API's shape."""
     try:
-        return prompt_tokens.render_chat(tokenizer, [_template_message(m) for m in messages], tools,
+        return prompt_tokens.render_chat(tokenizer, [template_message(m) for m in messages], tools,
                                          add_generation_prompt, template_kwargs)
     except InvalidRequestError as e:
         raise APIError(400, e.message, "messages", "invalid_messages") from e

@@ -13,7 +13,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from tandem.frontend.completion import CompletionDelta
-from tandem.frontend.http.chat import chat_prompt_ids, chat_tools
+from tandem.frontend.http.chat import chat_tools
+from tandem.frontend.http.chat_prompt import chat_prompt, prompt_ids
 from tandem.frontend.http.choices import ChoiceRun
 from tandem.frontend.http.logprobs import chat_logprobs
 from tandem.frontend.http.reply import ReplyDelta, ReplyParser
@@ -42,14 +43,13 @@ class _Choice:
 async def create_chat_completion(st: ServerState, body: ChatCompletionRequest, request: Request) -> Response:
     st.check_model(body.model)
     tools = chat_tools(body)
-    ids = chat_prompt_ids(
-        st.tokenizer, body.messages, tools.template_tools(), True, body.chat_template_kwargs
-    )
+    prompt = await chat_prompt(st, body.messages, tools.template_tools(), True, body.chat_template_kwargs)
+    ids = prompt_ids(prompt)
     params = chat_params(body)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     session = session_of(body, body.n)  # its turn's request id is the response's id
-    run = ChoiceRun(st.client, st.metrics, [ids] * body.n, per_choice(params, body.n), body.priority, session,
-                    [cid] if session else None)
+    run = ChoiceRun(st.client, st.metrics, [prompt] * body.n, per_choice(params, body.n), body.priority,
+                    session, [cid] if session else None)
     choices = [_Choice(i, ReplyParser(st.reasoning_parser(ids), tools.parser())) for i in range(body.n)]
     usage = Usage()
 

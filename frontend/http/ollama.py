@@ -10,7 +10,8 @@ NDJSON (one JSON object a line, `done: true` on the last, with the counts and na
 `stream` is true unless the request says false. Errors on /api/* are ollama's `{"error": "..."}`
 (errors.py picks the shape by path); an unknown model is a 404 `model 'x' not found`.
 
-Decisions where ollama's API asks for what tandem has not: `images` are a 400 (text-only models);
+Decisions where ollama's API asks for what tandem has not: `images` go to a vision model's processor (a
+400 for a text-only model; not with `raw` or `context`, and /api/generate gives no `context` back with them);
 `/api/generate`'s `template` (an ollama Go template) is a 400 when given (empty, as ollama's Go client
 sends it, is fine), as is `suffix` (no fill-in-the-middle here); `raw` prompts are tokenized as
 /v1/completions does (`system` ignored) and answer no `context` (as ollama's); `keep_alive` is taken and
@@ -30,6 +31,7 @@ from fastapi.responses import JSONResponse, Response
 
 from tandem.frontend.completion import CompletionDelta
 from tandem.frontend.http.chat import ToolSetup, chat_prompt_ids
+from tandem.frontend.http.chat_prompt import chat_prompt, prompt_ids
 from tandem.frontend.http.choices import ChoiceRun
 from tandem.frontend.http.embeddings import EmbeddingRequest, create_embedding
 from tandem.frontend.http.errors import APIError
@@ -50,16 +52,23 @@ from tandem.frontend.http.ollama_schema import (
     OllamaShowRequest,
     format_params,
     options_params,
-    refuse_images,
     think_kwargs,
 )
 from tandem.frontend.http.reply import ReplyParser
-from tandem.frontend.http.schemas import ChatMessageBody, FunctionCall, ToolCall
+from tandem.frontend.http.schemas import (
+    ChatMessageBody,
+    FunctionCall,
+    ImageURL,
+    ImageURLPart,
+    TextPart,
+    ToolCall,
+)
 from tandem.frontend.http.state import ServerState
 from tandem.frontend.http.streaming import stream_response, until_disconnect
 from tandem.frontend.http.tool_calls import ParsedToolCall
 from tandem.frontend.prompt_tokens import encode_text
 from tandem.protocol.final_info import FinalInfo
+from tandem.protocol.image_item import ImagePrompt
 
 NDJSON = "application/x-ndjson"
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
@@ -143,11 +152,12 @@ def _params(body: GenerationBody) -> dict[str, Any]:
     return p
 
 
-async def _respond(st: ServerState, request: Request, body: GenerationBody, ids: list[int], params: dict,
-                   reply: ReplyParser, shape: Shape, end: Callable[[list[int]], dict], t0: int) -> Response:
+async def _respond(st: ServerState, request: Request, body: GenerationBody, prompt: list[int] | ImagePrompt,
+                   params: dict, reply: ReplyParser, shape: Shape, end: Callable[[list[int]], dict], t0: int,
+                   ) -> Response:
     """Run the prompt; answer one object (stream false) or NDJSON: a piece per delta that says something,
     then the closing object (`end(output ids)` adds to it)."""
-    run = ChoiceRun(st.client, st.metrics, [ids], [params])
+    run = ChoiceRun(st.client, st.metrics, [prompt], [params])
     want_lp = "logprobs" in params
     out_ids: list[int] = []
     sent = 0  # tool calls dealt with
@@ -225,8 +235,12 @@ def ollama_chat_messages(msgs: list[OllamaMessage]) -> list[ChatMessageBody]:
             pending.remove(match)
             call_id = match.id
         tool = m.role == "tool"
+        content: Any = m.content or ""
+        if m.images:  # base64 without a data: head; the images before the text, as ollama's templates do
+            content = [ImageURLPart(type="image_url", image_url=ImageURL(url=f"data:image/png;base64,{b}"))
+                       for b in m.images] + ([TextPart(type="text", text=m.content)] if m.content else [])
         out.append(ChatMessageBody(
-            role=m.role, content=m.content or "", tool_calls=calls, name=m.tool_name if tool else None,
+            role=m.role, content=content, tool_calls=calls, name=m.tool_name if tool else None,
             tool_call_id=call_id if tool else None,
             reasoning_content=m.thinking if m.role == "assistant" else None))
     return out
@@ -235,15 +249,14 @@ def ollama_chat_messages(msgs: list[OllamaMessage]) -> list[ChatMessageBody]:
 async def ollama_chat(st: ServerState, body: OllamaChatRequest, request: Request) -> Response:
     t0 = time.perf_counter_ns()
     check_model(st, body.model)
-    refuse_images(*(m.images for m in body.messages))
     params = _params(body)
     if not body.messages:
         return _loaded(body.model, {"message": {"role": "assistant", "content": ""}})
     tools = ToolSetup([t.function for t in body.tools or []], "auto", param="tools")
-    ids = chat_prompt_ids(st.tokenizer, ollama_chat_messages(body.messages), tools.template_tools(), True,
-                          think_kwargs(body.think))
-    reply = ReplyParser(st.reasoning_parser(ids), tools.parser())
-    return await _respond(st, request, body, ids, params, reply, _chat_shape, lambda _: {}, t0)
+    prompt = await chat_prompt(st, ollama_chat_messages(body.messages), tools.template_tools(), True,
+                               think_kwargs(body.think))
+    reply = ReplyParser(st.reasoning_parser(prompt_ids(prompt)), tools.parser())
+    return await _respond(st, request, body, prompt, params, reply, _chat_shape, lambda _: {}, t0)
 
 
 def _generate_ids(st: ServerState, body: OllamaGenerateRequest) -> list[int]:
@@ -266,8 +279,9 @@ def _generate_ids(st: ServerState, body: OllamaGenerateRequest) -> list[int]:
 async def ollama_generate(st: ServerState, body: OllamaGenerateRequest, request: Request) -> Response:
     t0 = time.perf_counter_ns()
     check_model(st, body.model)
-    refuse_images(body.images)
     params = _params(body)
+    if body.images and (body.raw or body.context):
+        raise APIError(400, "images go through the chat template: not with raw or context", "images")
     if body.template:
         raise APIError(400, "`template` is not taken here: the prompt goes through the model's own chat "
                        "template (or send a formatted prompt with raw: true)", "template")
@@ -279,13 +293,22 @@ async def ollama_generate(st: ServerState, body: OllamaGenerateRequest, request:
                        f"{st.info.vocab_size})", "context")
     if not body.prompt:
         return _loaded(body.model, {"response": ""})
-    ids = _generate_ids(st, body)
+    if body.images:  # a user turn: the images, then the prompt
+        msgs = [ChatMessageBody(role="system", content=body.system)] if body.system else []
+        parts = [ImageURLPart(type="image_url", image_url=ImageURL(url=f"data:image/png;base64,{b}"))
+                 for b in body.images]
+        msgs.append(ChatMessageBody(role="user", content=[*parts, TextPart(type="text", text=body.prompt)]))
+        prompt: list[int] | ImagePrompt = await chat_prompt(st, msgs, None, True, think_kwargs(body.think))
+    else:
+        prompt = _generate_ids(st, body)
+    ids = prompt_ids(prompt)
     reply = ReplyParser(None if body.raw else st.reasoning_parser(ids), None)
 
     def end(out: list[int]) -> dict:
-        return {} if body.raw else {"context": ids + out}
+        # a context of image tokens would come back without its images: none is given
+        return {} if body.raw or body.images else {"context": ids + out}
 
-    return await _respond(st, request, body, ids, params, reply, _generate_shape, end, t0)
+    return await _respond(st, request, body, prompt, params, reply, _generate_shape, end, t0)
 
 
 async def ollama_embed(st: ServerState, body: OllamaEmbedRequest, request: Request) -> dict:

@@ -18,7 +18,6 @@ from tandem.frontend.http.errors import APIError
 from tandem.frontend.http.schemas import Body, TokenId, Tool
 from tandem.protocol.sampling_params import MAX_LOGPROBS
 
-TEXT_ONLY = "this server's models take text only: images are not served"
 Think = bool | Literal["high", "medium", "low"]
 Format = Literal["", "json"] | dict[str, Any]  # "" is ollama's Go client's "none"
 KeepAlive = str | int | float  # a duration ("5m") or seconds; ignored here
@@ -40,7 +39,7 @@ class OllamaMessage(Body):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = ""
     thinking: str | None = None  # an earlier reply's reasoning, handed to templates that show it
-    images: list[str] | None = None  # refused when not empty (TEXT_ONLY)
+    images: list[str] | None = None  # base64, for a vision-language model
     tool_calls: list[OllamaToolCall] | None = None
     tool_name: str | None = None  # a tool message: the function whose result it is
     tool_call_id: str | None = None
@@ -163,7 +162,3 @@ def think_kwargs(think: Think | None) -> dict[str, Any]:
         return {"enable_thinking": True, "reasoning_effort": think}
     return {"enable_thinking": think}
 
-
-def refuse_images(*images: list[str] | None) -> None:
-    if any(images):
-        raise APIError(400, TEXT_ONLY, "images")

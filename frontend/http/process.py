@@ -10,6 +10,8 @@ import os
 import signal
 import socket
 
+from tandem.frontend.http.image_sources import MediaPolicy
+from tandem.frontend.image_prompt import ImageLimits, ImagePrompter
 from tandem.protocol.child import reporting_startup, start_child
 from tandem.protocol.codec import encode
 from tandem.protocol.messages import Ready
@@ -52,7 +54,11 @@ def run_http(cfg_bytes: bytes, ep_bytes: bytes, serve_bytes: bytes) -> None:
         if reasoning == "auto":
             reasoning = template_style(getattr(tokenizer, "chat_template", None))
         st = ServerState(client, tokenizer, info, model, name, Metrics(name), scfg.api_key, reasoning,
-                         ResponseStore(scfg.response_store), admin_api_key=scfg.admin_api_key)
+                         ResponseStore(scfg.response_store), admin_api_key=scfg.admin_api_key,
+                         prompter=ImagePrompter(model, ImageLimits(scfg.limit_mm_per_prompt,
+                                                                   scfg.max_image_pixels)),
+                         media=MediaPolicy(tuple(d.lower() for d in scfg.allowed_media_domains),
+                                           scfg.allowed_local_media_path))
         app = DoorLimits(create_app(st), cfg.max_request_bytes, scfg.max_concurrent_requests)
         server = _server_class()(uvicorn.Config(
             app, log_level="warning", access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

@@ -15,7 +15,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from tandem.frontend.completion import CompletionDelta
-from tandem.frontend.http.chat import ToolSetup, chat_prompt_ids
+from tandem.frontend.http.chat import ToolSetup
+from tandem.frontend.http.chat_prompt import chat_prompt, prompt_ids
 from tandem.frontend.http.choices import ChoiceRun
 from tandem.frontend.http.errors import APIError
 from tandem.frontend.http.reply import ReplyParser
@@ -24,20 +25,46 @@ from tandem.frontend.http.responses_output import ResponseBuilder
 from tandem.frontend.http.responses_schema import (
     FunctionCallItem,
     FunctionCallOutputItem,
+    InputImage,
     InputText,
     MessageItem,
     NamedFunctionChoice,
     ResponsesRequest,
 )
 from tandem.frontend.http.sampling import with_tools
-from tandem.frontend.http.schemas import ChatMessageBody, FunctionCall, FunctionDef, ToolCall
+from tandem.frontend.http.schemas import (
+    ChatMessageBody,
+    FunctionCall,
+    FunctionDef,
+    ImageURL,
+    ImageURLPart,
+    TextPart,
+    ToolCall,
+)
 from tandem.frontend.http.state import ServerState
 from tandem.frontend.http.streaming import sse, stream_response, until_disconnect
 from tandem.frontend.http.usage import Usage
 
 
-def _text(content: str | list[InputText]) -> str:
-    return content if isinstance(content, str) else "".join(p.text for p in content)
+def _text(content: str | list[Any]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p.text for p in content if isinstance(p, InputText))
+
+
+def _content(content: str | list[Any]) -> str | list[Any]:
+    """A message item's content as a chat message's: its text, or its parts where it holds images."""
+    if isinstance(content, str) or not any(isinstance(p, InputImage) for p in content):
+        return _text(content)
+    parts: list[Any] = []
+    for p in content:
+        if isinstance(p, InputText):
+            parts.append(TextPart(type="text", text=p.text))
+        elif p.image_url is None:
+            raise APIError(400, "input_image needs an image_url (this server keeps no files)", "input")
+        else:
+            parts.append(ImageURLPart(type="image_url", image_url=ImageURL(url=p.image_url)))
+    return parts
 
 
 def input_messages(items: str | list[Any]) -> list[ChatMessageBody]:
@@ -47,7 +74,7 @@ def input_messages(items: str | list[Any]) -> list[ChatMessageBody]:
     out: list[ChatMessageBody] = []
     for it in items:
         if isinstance(it, MessageItem):
-            out.append(ChatMessageBody(role=it.role, content=_text(it.content)))
+            out.append(ChatMessageBody(role=it.role, content=_content(it.content)))
         elif isinstance(it, FunctionCallItem):
             call = ToolCall(id=it.call_id, function=FunctionCall(name=it.name, arguments=it.arguments))
             if out and out[-1].role == "assistant":
@@ -146,10 +173,9 @@ async def create_response(st: ServerState, body: ResponsesRequest, request: Requ
     if body.instructions is not None:
         system = [ChatMessageBody(role="system", content=body.instructions)]
     tools = _tools(body)
-    ids = chat_prompt_ids(
-        st.tokenizer, system + turn, tools.template_tools(), True, body.chat_template_kwargs
-    )
-    run = ChoiceRun(st.client, st.metrics, [ids], [_params(body, tools)], body.priority)
+    prompt = await chat_prompt(st, system + turn, tools.template_tools(), True, body.chat_template_kwargs)
+    ids = prompt_ids(prompt)
+    run = ChoiceRun(st.client, st.metrics, [prompt], [_params(body, tools)], body.priority)
     reply = ReplyParser(st.reasoning_parser(ids), tools.parser())
     out = ResponseBuilder(_head(st, body))
     usage = Usage()

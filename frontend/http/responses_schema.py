@@ -22,10 +22,20 @@ class InputText(Body):
     logprobs: list[Any] | None = None
 
 
+class InputImage(Body):
+    type: Literal["input_image"]
+    image_url: str | None = None  # a data: URL, or http(s)/file where the operator allows
+    file_id: str | None = None  # refused: this server keeps no files
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+MessagePart = Annotated[InputText | InputImage, Field(discriminator="type")]
+
+
 class MessageItem(Body):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[InputText]
+    content: str | list[MessagePart]
     id: str | None = None
     status: _STATUS | None = None
 

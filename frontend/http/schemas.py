@@ -122,6 +122,19 @@ class TextPart(Body):
     text: str
 
 
+class ImageURL(Body):
+    url: str  # data:image/...;base64,..., or http(s)/file where the operator allows (image_sources.py)
+    detail: Literal["auto", "low", "high"] | None = None  # the model's processor decides the size
+
+
+class ImageURLPart(Body):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+ContentPart = Annotated[TextPart | ImageURLPart, Field(discriminator="type")]
+
+
 class FunctionCall(Body):
     name: str
     arguments: str
@@ -135,7 +148,7 @@ class ToolCall(Body):
 
 class ChatMessageBody(Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None

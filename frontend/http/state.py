@@ -11,8 +11,10 @@ from fastapi import Request
 
 from tandem.frontend.client.async_client import AsyncClient
 from tandem.frontend.http.errors import APIError
+from tandem.frontend.http.image_sources import MediaPolicy
 from tandem.frontend.http.metrics import Metrics
 from tandem.frontend.http.response_store import ResponseStore
+from tandem.frontend.image_prompt import ImagePrompter
 from tandem.frontend.reasoning_parser import ReasoningParser, opens_reasoning
 from tandem.protocol.model_info import ModelInfo
 from tandem.protocol.model_spec import bare_name
@@ -33,6 +35,8 @@ class ServerState:
     responses: ResponseStore = field(default_factory=ResponseStore)
     created: int = field(default_factory=lambda: int(time.time()))
     admin_api_key: str | None = None  # the operator routes exist only with one (see create_app)
+    prompter: ImagePrompter | None = None  # a vision-language model's processor (frontend/image_prompt.py)
+    media: MediaPolicy = field(default_factory=MediaPolicy)  # where an image URL may point
     _texts: dict[int, str] = field(default_factory=dict)
 
     def token_text(self, tid: int) -> str:
