@@ -100,10 +100,11 @@ class Scheduler:
             except SessionError as e:
                 self.outbox.append(RequestError(msg.rid, e.code, e.message))
                 return
-        if link is not None and msg.images:
-            why = "a session turn cannot take images yet: send the conversation whole"
-            self.outbox.append(RequestError(msg.rid, ErrorCode.IMAGE, why))
-            return
+        images = msg.images
+        if link is not None and link[1] is not None:  # the turn's images, then the new prompt's after it
+            before = len(link[1].tokens)
+            images = link[1].images + [msgspec.structs.replace(im, offset=im.offset + before)
+                                       for im in images]
         n_prompt = len(ids)
         room = self.info.max_model_len - n_prompt
         if n_prompt == 0 or room < (0 if msg.embed else 1):  # an embedding needs no room for an output
@@ -127,7 +128,7 @@ class Scheduler:
             return
         max_new = 0 if msg.embed else min(msg.params.max_tokens or room, room)
         req = Req(msg.rid, ids, msg.params, self.eos, max_new, self._arrivals, msg.priority, embed=msg.embed,
-                  images=msg.images, images_bidirectional=self.info.images_bidirectional)
+                  images=images, images_bidirectional=self.info.images_bidirectional)
         req.pools_whole_prompt = msg.embed is not None and self.cfg.pooling != "last"
         self._arrivals += 1
         if link is not None:

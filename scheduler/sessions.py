@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tandem.protocol.errors import ErrorCode
+from tandem.protocol.image_item import ImageItem
 from tandem.protocol.messages import (
     MAX_SESSION_TIMEOUT_S,
     CloseSession,
@@ -53,6 +54,7 @@ class Turn:
     rid: str
     tokens: list[int]  # its full context: what a continuation of it starts from
     hold: Hold | None  # the KV of it the session holds (locked); None: let go
+    images: list[ImageItem] = field(default_factory=list)  # the context's, at their places in tokens
 
 
 @dataclass
@@ -216,7 +218,8 @@ class SessionStore:
         old = s.turns.pop(rid, None)  # a request id used again in the session: the newer turn wins
         if old is not None:
             self._let_go(old)
-        s.turns[rid] = Turn(rid, tokens, self.kv.hold(tokens[: min(computed, s.capacity)]))
+        held = self.kv.hold(req.key_ids[: min(computed, s.capacity)])  # the cache's key: images by digest
+        s.turns[rid] = Turn(rid, tokens, held, req.images)
         while len(s.turns) > MAX_TURNS:
             self._let_go(s.turns.pop(next(iter(s.turns))))
         for t in list(s.turns.values())[:-1]:  # over its capacity: the oldest turns go first

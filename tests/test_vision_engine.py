@@ -107,3 +107,42 @@ def _ids(model, images: list[Image.Image]) -> list[int]:
 
     msgs = _template_form(conversation(images, "what is it?"))
     return ImagePrompter(str(model)).prompt(msgs, images)[0]
+
+
+def test_retracted_image_requests_come_back_with_their_images(model, references) -> None:
+    """A KV pool too small for the batch: requests are retracted and prefilled again, images and all."""
+    prompts = [conversation(PICS[:k]) for k in (3, 1, 3, 0, 1, 3)]
+    sp = {"max_tokens": N, "temperature": 0, "ignore_eos": True}
+    with Client.launch(str(model), dtype="float32", kv_cache_tokens=128, prefix_cache=False) as c:
+        outs = c.generate_batch(prompts, sp, progress=False)
+        assert c.stats().retractions > 0
+        for k, out in zip((3, 1, 3, 0, 1, 3), outs, strict=True):
+            assert out.token_ids == references[k][0], k
+        check_idle_engine(c)
+
+
+@pytest.mark.slow
+def test_greedy_parity_with_two_tensor_parallel_ranks(model, references) -> None:
+    with Client.launch(str(model), dtype="float32", tp_size=2) as c:
+        _check(c, references)
+        check_idle_engine(c)
+
+
+def test_a_session_continues_a_turn_with_images_as_the_whole_conversation_runs(model) -> None:
+    from tandem.frontend.image_prompt import ImagePrompter
+    from tandem.protocol.image_item import ImagePrompt
+
+    sp = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    first = conversation([PICS[0], PICS[2]], "what is it?")
+    ids1, items1 = ImagePrompter(str(model)).prompt(_template_form(first), [PICS[0], PICS[2]])
+    follow = [7, 8, 9, 10]
+    with Client.launch(str(model), dtype="float32") as c:
+        with c.open_session(4096) as s:
+            t1 = s.generate(first, sp)
+            prefilled = c.stats().prefill_tokens
+            t2 = s.generate(follow, sp)
+            # the turn's KV held, images and all: only its last token (sampled, never computed) and the new ones
+            assert c.stats().prefill_tokens - prefilled == 1 + len(follow)
+        whole = ImagePrompt(ids1 + t1.token_ids + follow, items1)
+        assert c.generate(whole, sp).token_ids == t2.token_ids
+        check_idle_engine(c)
