@@ -45,6 +45,9 @@ class EngineConfig:
         default=None,
         metadata={"help": "prefill tokens per step, chunking long prompts; default: the step budget"},
     )
+    encoder_tokens_per_step: int = field(default=512, metadata={
+        "help": "image tokens whose encoding one step may start (an image larger runs alone): steps stay "
+                "short, so other requests are not held behind many images"})
     max_model_len: int | None = field(default=None, metadata={"help": "context limit; default: the model's"})
     page_size: int = field(
         default=1, metadata={"help": "KV page size in tokens; prefix cache keys are page-aligned"}
@@ -183,6 +186,8 @@ class EngineConfig:
             raise bad("host_kv_tokens", f"must be a multiple of page_size={self.page_size}")
         if self.session_kv_tokens is not None and self.session_kv_tokens < 0:
             raise bad("session_kv_tokens", "must be >= 0 (0: no sessions)")
+        if self.encoder_tokens_per_step < 1:
+            raise bad("encoder_tokens_per_step", "must be >= 1")
         if self.chunked_prefill_tokens is not None and self.chunked_prefill_tokens < 1:
             raise bad("chunked_prefill_tokens", "must be >= 1")
         if self.max_waiting_requests is not None and self.max_waiting_requests < 0:

@@ -28,7 +28,7 @@ def schedule_running(
         prefilling = req.is_prefilling  # draws on the prefill budget; a decode on the step's
         n = min(todo, plan.prefill_budget if prefilling else plan.budget)
         if prefilling:
-            n = req.chunk_end(n)
+            n = plan.fit_images(req, n)
         if n <= 0:
             continue
         drafts = 0 if prefilling or spec is None else min(spec.num_drafts(req), plan.budget - n)

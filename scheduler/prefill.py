@@ -39,7 +39,7 @@ def admit_waiting(
         if room < 1 and not first:  # the load does not fit beside this step's other prefills: next step
             release_unadmitted(req, kv)
             break
-        n = req.chunk_end(min(req.num_tokens_to_compute, max(room, 1)))
+        n = plan.fit_images(req, min(req.num_tokens_to_compute, max(room, 1)))
         if n < 1:  # an image that must be computed whole does not fit this step
             release_unadmitted(req, kv)
             break

@@ -175,7 +175,8 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput | None:
         budget, chunk = self.cfg.max_num_batched_tokens, self.cfg.chunked_prefill_tokens
-        plan = StepPlan(budget=budget, prefill_cap=chunk or budget, swa_of=self.kv.swa_slots)
+        plan = StepPlan(budget=budget, prefill_cap=chunk or budget, swa_of=self.kv.swa_slots,
+                        encoder_cap=self.cfg.encoder_tokens_per_step)
         schedule_running(self.running, self.waiting, self.kv, plan, self._retract, self.speculation)
         admit_waiting(self.waiting, self.running, self.kv, plan, self.cfg.max_running_requests)
         self._note_first_scheduled(plan.reqs)

@@ -19,8 +19,23 @@ class StepPlan:
 
     prefill_used: int = 0
     load_used: int = 0  # budget charged for host-tier loads (`add_load`)
+    encoder_cap: int | None = None  # image tokens whose encoding the step may start (None: any)
+    encoder_used: int = 0
     # full slots -> their slots in the sliding-window layers' own pool ([]: the model has no such pool)
     swa_of: Callable[[list[int]], list[int]] | None = None
+
+    def fit_images(self, req: Req, n: int) -> int:
+        """How many of req's next n prefill tokens fit the step's encoder budget (and never end inside an
+        image attended both ways); an image larger than the whole budget runs alone, in a step that
+        encodes nothing else."""
+        if not req.images:
+            return n
+        left = None if self.encoder_cap is None else self.encoder_cap - self.encoder_used
+        m = req.chunk_end(n, left)
+        if m == 0 and self.encoder_used == 0:  # the image it starts at is larger than the budget
+            m = req.chunk_end(n, req.encoder_tokens(1))
+        self.encoder_used += req.encoder_tokens(m)
+        return m
 
     @property
     def prefill_budget(self) -> int:

@@ -16,6 +16,7 @@ from tandem.protocol.image_item import ImageItem, check_images, image_digest, ke
 from tandem.protocol.messages import ScheduledReq
 from tandem.protocol.sampling_params import SamplingParams
 from tandem.scheduler.req import Req
+from tandem.scheduler.step_plan import StepPlan
 from tandem.worker.forward_batch import ForwardBatch
 from tandem.worker.image_rows import EncoderCache, attach_images
 from tandem.worker.request_state import RequestState
@@ -71,6 +72,24 @@ def test_the_prefix_key_tells_images_apart_and_a_chunk_never_ends_inside_an_imag
     assert r1.chunk_end(1) == 2
     causal = _req(ids, [item(2, 4, seed=1), item(8, 2, seed=2)], bidirectional=False)
     assert causal.chunk_end(3) == 3  # a causal model's chunk may end anywhere
+
+
+def test_a_step_encodes_images_within_its_budget_and_one_too_large_alone() -> None:
+    ids = [1, IMG, IMG, IMG, 2, IMG, IMG, IMG, 3, IMG, IMG, IMG, 4]
+    images = [item(1, 3, seed=1), item(5, 3, seed=2), item(9, 3, seed=3)]
+    plan = StepPlan(budget=100, prefill_cap=100, encoder_cap=6)
+    r = _req(ids, images, bidirectional=False)
+    assert plan.fit_images(r, 13) == 9 and plan.encoder_used == 6  # two images fit; the chunk stops at the third
+    other = _req(ids, images, bidirectional=False)
+    assert plan.fit_images(other, 13) == 1  # the budget is spent: only the text before its first image
+    alone = StepPlan(budget=100, prefill_cap=100, encoder_cap=2)
+    big = _req(ids, images)
+    assert alone.fit_images(big, 13) == 1 and alone.encoder_used == 0  # the text before it
+    big.num_computed_tokens = 1
+    alone = StepPlan(budget=100, prefill_cap=100, encoder_cap=2)
+    assert alone.fit_images(big, 12) == 4 and alone.encoder_used == 3  # larger than the budget: alone
+    assert alone.fit_images(_req(ids, images), 13) == 1
+    assert StepPlan(budget=100, prefill_cap=100).fit_images(_req(ids, images), 13) == 13  # no cap
 
 
 def test_the_encoder_runs_once_per_image_and_its_outputs_fill_their_rows() -> None:

@@ -72,7 +72,8 @@ def _check(c: Client, references: dict) -> None:
         np.testing.assert_allclose(got.logprobs.logprobs, lps, atol=1e-4, err_msg=f"{k} images")
 
 
-@pytest.mark.parametrize("options", [{}, {"chunked_prefill_tokens": 7, "async_scheduling": False}],
+@pytest.mark.parametrize("options", [{}, {"chunked_prefill_tokens": 7, "async_scheduling": False,
+                                      "encoder_tokens_per_step": 4}],
                          ids=["whole", "chunked-sync"])
 def test_greedy_parity_with_transformers_with_0_1_and_3_images(model, references, options) -> None:
     with Client.launch(str(model), dtype="float32", **options) as c:
