@@ -45,7 +45,7 @@ class EngineConfig:
         default=None,
         metadata={"help": "prefill tokens per step, chunking long prompts; default: the step budget"},
     )
-    encoder_tokens_per_step: int = field(default=512, metadata={
+    encoder_tokens_per_step: int = field(default=256, metadata={
         "help": "image tokens whose encoding one step may start (an image larger runs alone): steps stay "
                 "short, so other requests are not held behind many images"})
     max_model_len: int | None = field(default=None, metadata={"help": "context limit; default: the model's"})

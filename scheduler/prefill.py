@@ -26,10 +26,12 @@ HOST_LOAD_DIVISOR = 16  # host-tier tokens loaded per step-budget token (see the
 def admit_waiting(
     waiting: SchedulingPolicy, running: list[Req], kv: KVCacheManager, plan: StepPlan, max_running: int
 ) -> None:
-    """In the policy's order, stopping at the first request that does not fit (none overtakes it)."""
-    while waiting and plan.prefill_budget > 0 and len(running) < max_running:
-        req = waiting.peek()
-        assert req is not None
+    """In the policy's order, stopping at the first request that does not fit (none overtakes it), but for
+    one whose next image is past the step's encoder budget: it waits for the next step, and those behind
+    it that encode nothing now (text) go on, so many images do not hold text requests back."""
+    for req in list(waiting):
+        if plan.prefill_budget <= 0 or len(running) >= max_running:
+            break
         if not kv.assign_row(req):
             break
         prefix = kv.match_prefix(req, prefix_limit(req), req.held_prefix)
@@ -40,9 +42,9 @@ def admit_waiting(
             release_unadmitted(req, kv)
             break
         n = plan.fit_images(req, min(req.num_tokens_to_compute, max(room, 1)))
-        if n < 1:  # an image that must be computed whole does not fit this step
+        if n < 1:  # its next image does not fit the step's encoder budget
             release_unadmitted(req, kv)
-            break
+            continue
         # Device slots for the host part of the match and the tokens to compute; plus a page per running
         # request in reserve so the admitted prefill doesn't force a retraction at the very next decode.
         need = prefix.host_hit_length + kv.pages_needed(req, n) * kv.page_size
@@ -55,7 +57,7 @@ def admit_waiting(
         slots = kv.grow(req, n)
         if slots is None:
             raise RuntimeError(f"{req.rid}: KV slots vanished during admission")
-        waiting.pop()
+        waiting.remove(req)
         running.append(req)
         plan.new_reqs.append(new_req_data(req))
         req.needs_new_data = False

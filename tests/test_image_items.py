@@ -154,3 +154,30 @@ def test_a_bad_image_is_a_typed_error_before_the_model_sees_it(tiny_model) -> No
     assert [ids[i] for i in range(items[0].offset, items[0].offset + items[0].length)] == [p.image_token_id] * 4
     with pytest.raises(InvalidRequestError, match="text only"):
         ImagePrompter(str(tiny_model("llama"))).prompt(msgs, [good])
+
+
+def test_requests_behind_an_image_past_the_encoder_budget_go_on_and_everything_ends() -> None:
+    from tandem.protocol.engine_config import EngineConfig
+    from tandem.protocol.messages import TokenizedRequest
+    from tandem.protocol.model_info import ModelInfo
+    from tandem.scheduler.scheduler import Scheduler
+    from tests.fake_worker import VOCAB, FakeWorker, expected_output
+    from tests.test_scheduler_core import run
+
+    cfg = EngineConfig(model="x", max_num_batched_tokens=256, encoder_tokens_per_step=3, async_scheduling=False)
+    info = ModelInfo(vocab_size=VOCAB, max_model_len=512, eos_token_ids=[0], architecture="fake",
+                     image_token_id=IMG, images_bidirectional=True)
+    sched, worker = Scheduler(cfg, info, 4096), FakeWorker(4096)
+    prompts = {"a": [1, IMG, IMG, IMG, 2], "b": [IMG, IMG, IMG, 4], "c": [5, 6, 7]}
+    for rid, ids in prompts.items():
+        images = [item(ids.index(IMG), 3, seed=ord(rid))] if IMG in ids else []
+        sched.add_request(TokenizedRequest(rid, ids, SamplingParams(max_tokens=3, ignore_eos=True),
+                                           images=check_images(ids, images, IMG)))
+    step = sched.schedule()
+    counts = {sched.reqs[r].rid: s.num_tokens for s in step.scheduled for r in sched.reqs
+              if sched.reqs[r].req_pool_idx == s.req_pool_idx}
+    # a's image takes the step's encoder budget; b, which begins with an image, waits; c is not held back
+    assert counts == {"a": 5, "c": 3}
+    sched.commit(worker.execute(step))
+    outputs, _ = run(sched, worker, 1)
+    assert outputs == {rid: expected_output(ids, 3) for rid, ids in prompts.items()}
