@@ -83,6 +83,7 @@ def test_openai_anthropic_and_ollama_send_an_image_and_get_the_engines_answer(se
         "model": NAME, "stream": False, "options": {"temperature": 0, "num_predict": 8},
         "messages": [{"role": "user", "content": "What is it?", "images": [base64.b64encode(raw).decode()]}]})
     assert o.status_code == 200
+    assert "vision" in httpx.post(served.url + "/api/show", json={"model": NAME}).json()["capabilities"]
     local = oai.chat.completions.create(model=NAME, max_tokens=8, temperature=0,
                                         messages=[{"role": "user", "content": [
                                             {"type": "image_url", "image_url": {"url": str(served.media / "a.png")}},
