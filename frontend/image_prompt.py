@@ -20,6 +20,7 @@ import numpy as np
 from tandem.protocol.errors import ErrorCode, InvalidRequestError
 from tandem.protocol.image_item import ImageItem
 from tandem.protocol.model_config import ModelConfig, metadata_dir, read_hf_config
+from tandem.protocol.model_info import served_image_token
 
 MAX_IMAGE_PIXELS = 40_000_000  # a decoded image past this is refused (a small file can decode huge)
 MAX_IMAGES_PER_PROMPT = 8  # --limit-mm-per-prompt's default
@@ -60,8 +61,7 @@ class ImagePrompter:
 
     def __init__(self, model: str, limits: ImageLimits = ImageLimits()) -> None:
         self.model, self.limits = model, limits
-        vision = ModelConfig.from_hf(read_hf_config(model)).vision
-        self.image_token_id = None if vision is None else vision.image_token_id
+        self.image_token_id = served_image_token(ModelConfig.from_hf(read_hf_config(model)))
         self._lock = threading.Lock()
 
     @property

@@ -208,6 +208,10 @@ def make_model(arch: str, size: str, out: str | Path, seed: int = 0, num_kv_head
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose from {sorted(SIZES)}")
     out = Path(out)
+    if arch == "qwen2_5_vl":  # a dynamic-resolution image encoder, image tokens and a processor
+        from tandem.launch.qwen_vl_model_maker import make_qwen2_5_vl_model
+
+        return make_qwen2_5_vl_model(arch, size, out, seed, num_kv_heads, tie_embeddings)
     if ARCHS[arch].vision:  # with an image encoder, image tokens and a processor
         from tandem.launch.vision_model_maker import make_vision_model
 

@@ -12,6 +12,7 @@ from transformers import (
     LlamaConfig,
     MixtralConfig,
     PretrainedConfig,
+    Qwen2_5_VLConfig,
     Qwen2Config,
     Qwen2MoeConfig,
     Qwen3Config,
@@ -126,6 +127,11 @@ ARCHS: dict[str, ArchSpec] = {
     # image processor and image tokens with its tokenizer
     "gemma3_vision": ArchSpec(Gemma3Config, "Gemma3ForConditionalGeneration", rope_theta=1_000_000.0,
                               tie_embeddings=True, vision=True),
+    # Qwen2.5-VL: the qwen2 text model of the size with multimodal RoPE, a dynamic-resolution encoder
+    # (QWEN2_5_VL_VISION_SIZES), its processor and image tokens (launch/qwen_vl_model_maker.py); untied as
+    # the 7B
+    "qwen2_5_vl": ArchSpec(Qwen2_5_VLConfig, "Qwen2_5_VLForConditionalGeneration", rope_theta=1_000_000.0,
+                           tie_embeddings=False, vision=True),
 }
 
 
@@ -185,4 +191,42 @@ GEMMA3_VISION_SIZES = {
                      intermediate=4304),
     "0.6b": VisionSpec(image_size=896, patch_size=14, mm_tokens_per_image=256, hidden=1152, layers=27,
                        heads=16, intermediate=4304),
+}
+
+
+@dataclass(frozen=True)
+class DynamicVisionSpec:
+    """A dynamic-resolution image encoder (Qwen2.5-VL's) of a size: an image resized to whole blocks of
+    merge x merge patches of patch_size pixels, between min_pixels and max_pixels, each block one token;
+    most blocks attend windows of window_size pixels a side, the `fullatt` ones the whole image."""
+
+    patch_size: int
+    window_size: int
+    hidden: int
+    depth: int
+    heads: int
+    intermediate: int
+    fullatt: tuple[int, ...]
+    min_pixels: int
+    max_pixels: int
+    merge: int = 2
+    temporal_patch: int = 2
+
+
+QWEN2_5_VL_VISION_SIZES = {
+    # 7-pixel patches, 2 x 2 blocks of them a window: a 40 x 30 image is 42 x 28 pixels, 6 x 4 patches, 3 x 2
+    # tokens in two windows (one cut short); 4 to 32 tokens an image
+    "tiny": DynamicVisionSpec(patch_size=7, window_size=28, hidden=32, depth=3, heads=2, intermediate=64,
+                              fullatt=(1,), min_pixels=4 * 14 * 14, max_pixels=32 * 14 * 14),
+    "small": DynamicVisionSpec(patch_size=14, window_size=56, hidden=64, depth=4, heads=4, intermediate=128,
+                               fullatt=(1, 3), min_pixels=4 * 28 * 28, max_pixels=64 * 28 * 28),
+    "bench": DynamicVisionSpec(patch_size=14, window_size=112, hidden=256, depth=8, heads=4, intermediate=512,
+                               fullatt=(3, 7), min_pixels=4 * 28 * 28, max_pixels=256 * 28 * 28),
+    # Qwen2.5-VL's own encoder and processor (the 7B's: 1280 wide, 32 blocks, 112-pixel windows)
+    "1b": DynamicVisionSpec(patch_size=14, window_size=112, hidden=1280, depth=32, heads=16,
+                            intermediate=3420, fullatt=(7, 15, 23, 31), min_pixels=56 * 56,
+                            max_pixels=28 * 28 * 1280),
+    "0.6b": DynamicVisionSpec(patch_size=14, window_size=112, hidden=1280, depth=32, heads=16,
+                              intermediate=3420, fullatt=(7, 15, 23, 31), min_pixels=56 * 56,
+                              max_pixels=28 * 28 * 1280),
 }

@@ -47,15 +47,22 @@ IMAGE_MEAN = IMAGE_STD = [0.5, 0.5, 0.5]  # pixels to [-1, 1]
 POSITION_STD = 0.5  # the encoder's position embeddings: as large as a random image's patch embeddings
 VOCAB_ALIGN = 64  # the embedding padded past the tokenizer (its three image tokens) to a multiple of this
 VISION_SEED = 1 << 20  # the encoder's weights are drawn with seed + this (the text model's with seed)
-# make_model's template, a message's content also a list of parts: text, or an image's placeholder (the
-# processor expands it into the image's tokens)
-VISION_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
-    "{% if p['type'] in ('image', 'image_url') %}" + BOI + "{% elif p['type'] == 'text' %}{{ p['text'] }}"
-    "{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+
+
+def image_chat_template(image: str) -> str:
+    """make_model's template, a message's content also a list of parts: text, or an image's placeholder
+    `image` (the processor expands it into the image's tokens)."""
+    return (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+        "{% if p['type'] in ('image', 'image_url') %}" + image
+        + "{% elif p['type'] == 'text' %}{{ p['text'] }}"
+        "{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+
+
+VISION_CHAT_TEMPLATE = image_chat_template(BOI)
 
 
 def make_vision_model(arch: str, size: str, out: Path, seed: int = 0, num_kv_heads: int | None = None,
@@ -65,7 +72,10 @@ def make_vision_model(arch: str, size: str, out: Path, seed: int = 0, num_kv_hea
     spec, vs = ARCHS[arch], GEMMA3_VISION_SIZES[size]
     tie = spec.tie_embeddings if tie_embeddings is None else tie_embeddings
     out.mkdir(parents=True, exist_ok=True)
-    ids = _write_tokenizer(out, SIZES[size].vocab, SIZES[size].max_positions)
+    # the names Gemma3Processor reads the image tokens by (tokenizer.boi_token, .image_token, ...)
+    named = {"boi_token": BOI, "image_token": IMAGE, "eoi_token": EOI}
+    ids = write_image_tokenizer(out, SIZES[size].vocab, SIZES[size].max_positions, named,
+                                VISION_CHAT_TEMPLATE)
     vocab = -(-(max(ids.values()) + 1) // VOCAB_ALIGN) * VOCAB_ALIGN
     text = build_config("gemma3", size, vocab, ids[EOS_TOKEN], num_kv_heads, tie_embeddings=tie)
     text.architectures = None  # the top level names the model
@@ -139,11 +149,13 @@ def _vision_std(name: str, shape: torch.Size) -> tuple[float, float]:
     return 0.0, LINEAR_GAIN / math.prod(shape[1:]) ** 0.5  # linear layers and the patch conv: by fan-in
 
 
-def _write_tokenizer(out: Path, vocab_size: int, model_max_length: int) -> dict[str, int]:
-    """make_model's tokenizer with the image tokens added (special: never split from text, left out of
-    decoded replies); their ids and EOS's / IM_END's. The processor writes the tokenizer's files again."""
+def write_image_tokenizer(out: Path, vocab_size: int, model_max_length: int, named: dict[str, str],
+                          chat_template: str) -> dict[str, int]:
+    """make_model's tokenizer with the image tokens added (named: the attribute the processor reads each
+    by -> the token; special: never split from text, left out of decoded replies); their ids and EOS's /
+    IM_END's. The processor writes the tokenizer's files again."""
     tok = train_tokenizer(vocab_size)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in (BOI, IMAGE, EOI)])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in named.values()])
     (out / "tokenizer.json").write_text(tok.to_str(pretty=True), encoding="utf-8")
     tok_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -154,14 +166,13 @@ def _write_tokenizer(out: Path, vocab_size: int, model_max_length: int) -> dict[
         "add_bos_token": False,
         "add_eos_token": False,
         "additional_special_tokens": [IM_START, IM_END],
-        # the names Gemma3Processor reads the image tokens by (tokenizer.boi_token, .image_token, ...)
-        "extra_special_tokens": {"boi_token": BOI, "image_token": IMAGE, "eoi_token": EOI},
+        "extra_special_tokens": named,
         "clean_up_tokenization_spaces": False,
         "model_max_length": model_max_length,
-        "chat_template": VISION_CHAT_TEMPLATE,
+        "chat_template": chat_template,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n", encoding="utf-8")
-    ids = {t: tok.token_to_id(t) for t in (BOI, IMAGE, EOI)}
+    ids = {t: tok.token_to_id(t) for t in named.values()}
     return {**special_token_ids(tok), **ids}
 
 

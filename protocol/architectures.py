@@ -14,6 +14,7 @@ from typing import Any
 from tandem.protocol.errors import ModelLoadError
 from tandem.protocol.gemma3_vision import gemma3_text_config, gemma3_vision_config
 from tandem.protocol.gguf_gemma3 import gemma3_gguf_config
+from tandem.protocol.qwen2_5_vision import qwen2_5_vl_text_config, qwen2_5_vl_vision_config
 
 # A decoder layer's module names, by part (gguf's tensor-name map turns each into its GGUF name).
 NORMS = ("input_layernorm", "post_attention_layernorm")
@@ -133,6 +134,14 @@ ARCHITECTURES: dict[str, Architecture] = {
             images_bidirectional=True,
             text_config=gemma3_text_config,
             vision_config=gemma3_vision_config,
+        ),
+        Architecture(  # Qwen2.5-VL: Qwen2's text model (multimodal RoPE), a dynamic-resolution ViT; no GGUF
+            "Qwen2_5_VLForConditionalGeneration",
+            "qwen2_5_vl:Qwen2_5_VLForConditionalGeneration",
+            "qwen2_5_vl",
+            NORMS + ATTENTION + MLP,
+            text_config=qwen2_5_vl_text_config,
+            vision_config=qwen2_5_vl_vision_config,
         ),
     )
 }

@@ -42,9 +42,12 @@ def read_model_config(model: str | Path, **arch_flags: Any) -> ModelConfig:
 
 @dataclass(frozen=True)
 class VisionConfig:
-    """A vision-language model's image encoder (a SigLIP ViT) and how an image enters the prompt: as
-    mm_tokens_per_image placeholder tokens (image_token_id), between boi and eoi tokens, whose embeddings the
-    encoder's output replaces."""
+    """A vision-language model's image encoder and how an image enters the prompt: as placeholder tokens
+    (image_token_id), between boi and eoi tokens, whose embeddings the encoder's output replaces. Gemma 3's
+    (a SigLIP ViT): square images of image_size pixels, mm_tokens_per_image tokens each. Qwen2.5-VL's
+    (dynamic resolution, `dynamic`): image_size and mm_tokens_per_image 0, an image of any size (the
+    processor's multiple of patch_size * spatial_merge_size) cut into a [t, h, w] grid of patches, merged
+    spatial_merge_size^2 into a token: t * h * w / spatial_merge_size^2 tokens an image."""
 
     hidden_size: int
     intermediate_size: int
@@ -57,8 +60,21 @@ class VisionConfig:
     layer_norm_eps: float
     mm_tokens_per_image: int  # embeddings an image becomes (patches pooled to a square of them)
     image_token_id: int
-    boi_token_id: int | None = None
-    eoi_token_id: int | None = None
+    boi_token_id: int | None = None  # Qwen2.5-VL's vision_start_token_id
+    eoi_token_id: int | None = None  # Qwen2.5-VL's vision_end_token_id
+    # ---- dynamic resolution (Qwen2.5-VL; the defaults are Gemma 3's none) ---------------------------------
+    out_hidden_size: int = 0  # the merger's output width: the text model's hidden size
+    spatial_merge_size: int = 1  # patches merged into a token, a side
+    temporal_patch_size: int = 1  # frames a patch spans (an image's one frame repeated)
+    window_size: int = 0  # pixels a side of the windows most blocks attend within
+    fullatt_block_indexes: tuple[int, ...] = ()  # the blocks that attend the whole image
+    rope_theta: float = 10_000.0  # the encoder's 2D RoPE
+    mrope_section: tuple[int, ...] = ()  # the text RoPE's frequencies per position row (t, h, w)
+
+    @property
+    def dynamic(self) -> bool:
+        """An image's size, and so its token count, varies (its grid says both)."""
+        return self.image_size == 0
 
     @property
     def patches_per_side(self) -> int:

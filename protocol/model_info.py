@@ -58,9 +58,16 @@ def read_model_info(model: str | Path, max_model_len: int | None = None) -> Mode
         if hf.get("matryoshka_dimensions")
         else None,
         sliding_window=cfg.sliding_window,
-        image_token_id=None if cfg.vision is None else cfg.vision.image_token_id,
+        image_token_id=served_image_token(cfg),
         images_bidirectional=_arch(cfg.architecture).images_bidirectional,
     )
+
+
+def served_image_token(cfg: ModelConfig) -> int | None:
+    """The image token of a model whose images the engine serves; None: it is served text only. Images of a
+    dynamic-resolution model (Qwen2.5-VL: multimodal RoPE positions) are not wired through the engine yet."""
+    v = cfg.vision
+    return None if v is None or v.dynamic else v.image_token_id
 
 
 def _arch(name: str | None) -> Architecture:

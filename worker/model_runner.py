@@ -104,8 +104,7 @@ class ModelRunner:
             swa_layers=frozenset(i for i in range(mc.num_hidden_layers) if mc.is_sliding(i)),
         )
         self.state = RequestState(max_reqs, self.max_context, self.device)
-        self.images = EncoderCache(model_encoder(self.model)) if hasattr(self.model, "encode_images") \
-            else None
+        self.images = EncoderCache(model_encoder(self.model)) if info.image_token_id is not None else None
         self.images_bidirectional = info.images_bidirectional
         self.graphs: DecodeGraphs | CpuStepGraph | None = None
         if graphs_apply(cfg, self.ops, self.model.attn_backend):
