@@ -61,6 +61,7 @@ class ImagePrompter:
 
     def __init__(self, model: str, limits: ImageLimits = ImageLimits()) -> None:
         self.model, self.limits = model, limits
+        self.vision = ModelConfig.from_hf(read_hf_config(model)).vision
         self.image_token_id = served_image_token(ModelConfig.from_hf(read_hf_config(model)))
         self._lock = threading.Lock()
 
@@ -90,6 +91,8 @@ class ImagePrompter:
             if im.width * im.height > self.limits.pixels:
                 raise InvalidRequestError(f"an image is {im.width}x{im.height}: over the limit of "
                                           f"{self.limits.pixels} pixels", ErrorCode.IMAGE)
+        if self.vision is not None and self.vision.dynamic:
+            return self._dynamic(messages, pil, tools, add_generation_prompt, template_kwargs)
         proc = self.processor
         try:
             text = proc.apply_chat_template(list(messages), tools=tools, tokenize=False,
@@ -103,6 +106,54 @@ class ImagePrompter:
             raise InvalidRequestError(f"the images do not fit the messages: {e}", ErrorCode.IMAGE) from None
         ids = [int(t) for t in out["input_ids"][0]]
         return ids, self._items(ids, out, len(pil))
+
+    @functools.cached_property
+    def parts(self) -> tuple[Any, Any]:
+        """A dynamic-resolution model's tokenizer and image processor (its whole processor would need
+        torchvision for a video processor never used here)."""
+        from transformers import AutoImageProcessor
+
+        from tandem.protocol.tokenizer_loader import load_tokenizer
+
+        with self._lock:
+            meta = str(metadata_dir(self.model))
+            return load_tokenizer(self.model), AutoImageProcessor.from_pretrained(meta)
+
+    def _dynamic(self, messages: Sequence[Mapping[str, Any]], pil: list[Any], tools: list[dict] | None,
+                 add_generation_prompt: bool, template_kwargs: Mapping[str, Any] | None,
+                 ) -> tuple[list[int], list[ImageItem]]:
+        """Qwen2.5-VL's processor's way: each image's one placeholder in the rendered template becomes
+        grid_t * grid_h * grid_w / merge^2 of them, its pixels the image processor's rows for it."""
+        tok, images = self.parts
+        try:
+            text = tok.apply_chat_template(list(messages), tools=tools, tokenize=False,
+                                           add_generation_prompt=add_generation_prompt,
+                                           **dict(template_kwargs or {}))
+        except Exception as e:  # a template error is the request's fault
+            raise InvalidRequestError(f"chat template failed: {e}", ErrorCode.MESSAGES) from e
+        pad = tok.convert_ids_to_tokens(self.image_token_id)
+        pieces = text.split(pad)
+        if len(pieces) - 1 != len(pil):
+            raise InvalidRequestError(f"the images do not fit the messages: {len(pil)} images, "
+                                      f"{len(pieces) - 1} image places", ErrorCode.IMAGE)
+        out: dict[str, Any] = {}
+        if pil:
+            out = dict(images(images=pil, return_tensors="np"))
+            grids = [list(map(int, g)) for g in out["image_grid_thw"]]
+            merge = self.vision.spatial_merge_size  # type: ignore[union-attr]
+            text = pieces[0] + "".join(pad * (t * h * w // merge**2) + p
+                                       for (t, h, w), p in zip(grids, pieces[1:], strict=True))
+        ids = list(tok.encode(text, add_special_tokens=False))
+        if not pil:
+            return ids, []
+        items, row = [], 0
+        pixels = np.ascontiguousarray(out["pixel_values"], dtype="<f4")
+        for (a, b), grid in zip(_runs(ids, self.image_token_id), grids, strict=True):
+            n = grid[0] * grid[1] * grid[2]
+            mine = pixels[row : row + n]
+            items.append(ImageItem(a, b - a, list(mine.shape), mine.tobytes(), grid=grid))
+            row += n
+        return ids, items
 
     def _items(self, ids: list[int], out: Mapping[str, Any], n: int) -> list[ImageItem]:
         runs = _runs(ids, self.image_token_id)

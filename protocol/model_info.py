@@ -64,10 +64,8 @@ def read_model_info(model: str | Path, max_model_len: int | None = None) -> Mode
 
 
 def served_image_token(cfg: ModelConfig) -> int | None:
-    """The image token of a model whose images the engine serves; None: it is served text only. Images of a
-    dynamic-resolution model (Qwen2.5-VL: multimodal RoPE positions) are not wired through the engine yet."""
-    v = cfg.vision
-    return None if v is None or v.dynamic else v.image_token_id
+    """The image token of a model that reads images; None: text only."""
+    return None if cfg.vision is None else cfg.vision.image_token_id
 
 
 def _arch(name: str | None) -> Architecture:

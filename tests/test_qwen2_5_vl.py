@@ -240,8 +240,7 @@ def test_the_encoder_runs_its_linear_layers_through_the_ops(model_dir, images) -
 def test_the_text_model_runs_in_the_engine_as_transformers(model_dir, hf) -> None:
     cfg = EngineConfig(model=str(model_dir), dtype="float32", kv_cache_tokens=2048, max_running_requests=4)
     info = read_model_info(cfg.model)
-    # images of a dynamic-resolution model are not served yet (multimodal RoPE positions): text only
-    assert (info.architecture, info.image_token_id) == ("Qwen2_5_VLForConditionalGeneration", None)
+    assert (info.architecture, info.image_token_id) == ("Qwen2_5_VLForConditionalGeneration", 1026)
     runner = ModelRunner(cfg, info)
     assert type(runner.model) is Ours
     # transformers' reference for this model: AutoModelForCausalLM does not know Qwen2.5-VL's config

@@ -121,7 +121,7 @@ class CpuStepGraph:
         max_batch."""
         b = batch.batch_size
         return (0 < b <= self.max_batch and batch.all_decode and batch.logits_indices.numel() == b
-                and batch.image_rows is None)  # an image's token: its encoder output is not in the graph
+                and batch.image_rows is None and batch.rope_positions is None)  # images: not in the graph
 
     def greedy_tokens(self, rows: int) -> torch.Tensor | None:
         """After run: the last replay's argmax of each row's logits (torch.argmax's answer; a copy), or None

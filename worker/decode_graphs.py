@@ -100,7 +100,7 @@ class DecodeGraphs:
         largest bucket."""
         b = batch.batch_size
         return (0 < b <= self.max_batch and batch.all_decode and batch.logits_indices.numel() == b
-                and batch.image_rows is None)  # an image's token: its encoder output is not in the graph
+                and batch.image_rows is None and batch.rope_positions is None)  # images: not in the graph
 
     def bucket(self, b: int) -> int:
         return self.buckets[bisect.bisect_left(self.buckets, b)]

@@ -30,6 +30,9 @@ class ForwardBatch:
     # Per request, the [start, end) positions of images whose tokens attend each other both ways (Gemma 3)
     # and that this step computes; None: every query is causal.
     image_spans: list[list[tuple[int, int]]] | None = None
+    # Multimodal RoPE: each token's three positions (frame, row, column) where a request of the step holds
+    # images; None: `positions` are the rotary's
+    rope_positions: torch.Tensor | None = None
     # Derived once in __post_init__.
     extend_starts_cpu: list[int] = field(init=False)  # index in T of each request's first new token
     max_seq_len: int = field(init=False)

@@ -29,8 +29,12 @@ def image_pixels(item: ImageItem) -> torch.Tensor:
 
 
 def model_encoder(model: torch.nn.Module) -> Callable[[list[ImageItem]], list[torch.Tensor]]:
-    """The model's image encoder over images of one shape, batched."""
+    """The model's image encoder over images of one shape: batched, or one at a time for a
+    dynamic-resolution model (an image's grid shapes its encoding)."""
     def encode(items: list[ImageItem]) -> list[torch.Tensor]:
+        if items[0].grid:
+            return [model.encode_images(image_pixels(im).to(model.device, model.dtype), im.grid)
+                    for im in items]
         pixels = torch.stack([image_pixels(im) for im in items]).to(model.device, model.dtype)
         return list(model.encode_images(pixels))
 
@@ -104,3 +108,31 @@ def attach_images(batch: ForwardBatch, sched: Sequence[ScheduledReq], state: Req
         batch.input_ids.device)
     if bidirectional:
         batch.image_spans = spans
+
+
+def attach_rope_positions(batch: ForwardBatch, state: RequestState, model: torch.nn.Module) -> None:
+    """Multimodal RoPE (Qwen2.5-VL): batch.rope_positions [3, T] where a row of the step holds images; a
+    request's prompt positions are worked out once (worker/models/mrope.py), its later tokens run `delta`
+    behind their index."""
+    if not any(r in state.images for r in batch.req_pool_indices_cpu):  # type: ignore[union-attr]
+        return
+    from tandem.worker.models.mrope import mrope_positions
+
+    parts = []
+    for row, s, e in zip(batch.req_pool_indices_cpu, batch.seq_lens_cpu, batch.extend_lens_cpu, strict=True):  # type: ignore[arg-type]
+        start = s - e
+        table = state.rope.get(row)
+        if table is None and row in state.images:
+            n = state.num_prompt[row]
+            table = state.rope[row] = mrope_positions(
+                state.tokens[row, :n].tolist(), [im.grid for im in state.images[row]], model.image_token_id,
+                model.spatial_merge_size)
+        if table is None:
+            parts.append(torch.arange(start, s).expand(3, e))
+            continue
+        pos, delta = table
+        n = pos.shape[1]
+        lo = max(start, n)
+        after = torch.arange(lo, max(lo, s)) + delta  # past the prompt: positions run delta behind
+        parts.append(torch.cat([pos[:, start:min(s, n)], after.expand(3, after.numel())], 1))
+    batch.rope_positions = torch.cat(parts, 1).to(batch.input_ids.device)

@@ -20,7 +20,7 @@ from tandem.worker.device import resolve_device, resolve_dtype, resolve_kv_dtype
 from tandem.worker.distributed import Dist, local_rank
 from tandem.worker.failed_step import FailedStep, RequestFault, describe
 from tandem.worker.host_to_device import to_device
-from tandem.worker.image_rows import EncoderCache, attach_images, model_encoder
+from tandem.worker.image_rows import EncoderCache, attach_images, attach_rope_positions, model_encoder
 from tandem.worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs
 from tandem.worker.kv_cache import KVCache
 from tandem.worker.loader import load_model
@@ -153,6 +153,8 @@ class ModelRunner:
         )
         if self.images is not None and st.images:
             attach_images(batch, so.scheduled, st, self.images, self.images_bidirectional)
+            if hasattr(self.model, "mrope_section"):
+                attach_rope_positions(batch, st, self.model)
         greedy = None  # the CPU step graph's argmax of each row's logits, when it has that node
         if pool is not None:  # the pooled tokens' hidden states follow the rows that need logits
             h = self.model.hidden_states(batch, self.kv)

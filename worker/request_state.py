@@ -66,6 +66,7 @@ class RequestState:
         self.pool_params: dict[int, EmbedParams] = {}
         self.pool_acc: dict[int, torch.Tensor] = {}
         self.images: dict[int, list[ImageItem]] = {}  # rows whose prompts hold images (worker/image_rows.py)
+        self.rope: dict[int, tuple[torch.Tensor, int]] = {}  # their multimodal RoPE positions and delta
 
     def add(self, r: NewReqData) -> None:
         i = r.req_pool_idx
@@ -125,6 +126,7 @@ class RequestState:
         self.pool_params.pop(i, None)
         self.pool_acc.pop(i, None)
         self.images.pop(i, None)
+        self.rope.pop(i, None)
 
     def device_params(self, rows: torch.Tensor) -> DeviceParams:
         """The sampling parameters of `rows` (a device tensor of row indices), gathered on the device."""

@@ -190,11 +190,15 @@ class LlamaForCausalLM(nn.Module):
         (what a decode graph captures; its logits are computed outside, so no graph holds a vocab-wide
         output of its own)."""
         plan = self.attn_backend.plan(batch, kv)
-        cos, sin = self.rotary.cos_sin(batch.positions, batch.max_seq_len)
+        cos, sin = self.rope_tables(batch)
         h = batch.place_images(self.model.embed_tokens(batch.input_ids))
         for layer in self.model.layers:
             h = layer(h, cos, sin, kv, self.attn_backend, plan)
         return self.model.norm(h[batch.logits_indices])  # per-token norm: only the rows we need
+
+    def rope_tables(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's rotary cos/sin tables."""
+        return self.rotary.cos_sin(batch.positions, batch.max_seq_len)
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.finish_logits(self.head_logits(h))

@@ -25,7 +25,9 @@ from tandem.kernels.ops import Ops
 from tandem.protocol.errors import ModelLoadError
 from tandem.protocol.model_config import ModelConfig
 from tandem.protocol.qwen2_5_vision import qwen2_5_vl_text_config
+from tandem.worker.forward_batch import ForwardBatch
 from tandem.worker.models.llama import Qwen2ForCausalLM
+from tandem.worker.models.mrope import mrope_cos_sin
 from tandem.worker.models.qwen2_5_vision import Qwen2_5_VisionTransformer
 
 # a checkpoint's prefix -> this model's (the first that matches; names in this layout pass as they are:
@@ -81,6 +83,12 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM):
         (image_grid_thw) -> the embeddings that replace its placeholder tokens, [t*h*w / merge^2, hidden] in
         the model's dtype, in the placeholders' order (transformers' get_image_features's pooler_output)."""
         return self.visual(pixels.to(self.device), [grid])
+
+    def rope_tables(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Multimodal RoPE where the step holds a request with images (batch.rope_positions), else plain."""
+        if batch.rope_positions is None:
+            return super().rope_tables(batch)
+        return mrope_cos_sin(self.rotary, batch.rope_positions, self.mrope_section)
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         super().load_weights(_own_names(weights))
