@@ -6,6 +6,7 @@ orphaned under it (it is their subreaper) and multiprocessing's resource tracker
 """
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import shutil
@@ -23,6 +24,7 @@ from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.errors import ErrorCode
 from tandem.protocol.ipc import Endpoints, make_socket, ready_frames
 from tandem.protocol.messages import EngineStopping, Failed, LauncherMsg, Ready
+from tandem.protocol.mmproj import projector_model_dir
 from tandem.protocol.model_fit import ConfigError, check_model_fits
 from tandem.protocol.serve_config import ServeConfig
 from tandem.protocol.stop_messages import Drain
@@ -34,6 +36,8 @@ class EngineStartError(RuntimeError):
 
 class Launcher:
     def __init__(self, cfg: EngineConfig, http: ServeConfig | None = None) -> None:
+        if cfg.mmproj is not None:  # the text file and its projector, one model directory from here on
+            cfg = dataclasses.replace(cfg, model=str(projector_model_dir(cfg.model, cfg.mmproj)), mmproj=None)
         self.cfg = cfg
         self.http = http  # the HTTP server's options: node 0 runs it as one more of its processes
         self.endpoints = Endpoints.create()

@@ -25,6 +25,9 @@ from tandem.protocol.choices import (
 @dataclass(frozen=True)
 class EngineConfig:
     model: str
+    mmproj: str | None = field(default=None, metadata={
+        "help": "llama.cpp's multimodal projector GGUF for a GGUF text model (Gemma 3's): the model reads "
+                "images, as llama.cpp's and ollama's vision files do"})
     # KV pool size in tokens; None: derive from kv_memory_fraction.
     kv_cache_tokens: int | None = None
     kv_memory_fraction: float = field(default=0.1, metadata={"help": "of device memory (RAM on CPU) for KV"})

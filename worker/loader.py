@@ -4,10 +4,13 @@ kernels/native/quant_linear.py; otherwise they are dequantized while loading).""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
+import itertools
 import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,10 +19,14 @@ from torch import nn
 
 from tandem.kernels.native.quant_linear import GGUF_BLOCKS
 from tandem.kernels.ops import Ops, resolve_ops
+from tandem.protocol.architectures import gguf_architecture
 from tandem.protocol.gguf_metadata import is_gguf
+from tandem.protocol.gguf_tensor_index import gguf_tensor_index
+from tandem.protocol.mmproj import TEXT_FILE, projector_file
 from tandem.protocol.model_config import ModelConfig, read_hf_config
 from tandem.worker.gguf_weights import iter_gguf_weights
 from tandem.worker.layers.linear import PackableLinear
+from tandem.worker.mmproj_weights import iter_mmproj_weights
 from tandem.worker.models import CausalLM, get_model_class
 
 
@@ -61,6 +68,12 @@ def load_model(
         _load_linear_weights_in(m, weight_dtype)
     if is_gguf(model):
         m.load_weights(iter_gguf_weights(model, cfg, dtype, keep_blocks=quantized_types(ops)))
+    elif (proj := projector_file(model)) is not None:  # a GGUF text file and llama.cpp's projector
+        text = Path(model) / TEXT_FILE
+        arch = gguf_architecture(gguf_tensor_index(text).architecture, text).name
+        text_weights = iter_gguf_weights(text, dataclasses.replace(cfg, architecture=arch), dtype,
+                                         keep_blocks=quantized_types(ops))
+        m.load_weights(itertools.chain(text_weights, iter_mmproj_weights(proj, dtype)))
     else:
         m.load_weights(iter_weights(model))
     return m.eval()

@@ -29,7 +29,7 @@ from tandem.frontend.client.connection import (
     open_dealer,
     release,
 )
-from tandem.frontend.client.engine_process import start_engine_process, stop_engine_process
+from tandem.frontend.client.engine_process import prompt_model, start_engine_process, stop_engine_process
 from tandem.frontend.client.request_encoding import (
     Params,
     Prompt,
@@ -115,7 +115,7 @@ class AsyncClient:
         check_style(reasoning_parser, allow_auto=False)
         proc, endpoint = start_engine_process(model, **engine_options)
         return cls(endpoint, engine=proc, reasoning_parser=reasoning_parser,
-                   connect_timeout_s=connect_timeout_s, model=model)
+                   connect_timeout_s=connect_timeout_s, model=prompt_model(model, engine_options))
 
     async def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None, *,
                        priority: int = 0, session: SessionParams | None = None) -> Completion:

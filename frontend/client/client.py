@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from tandem.frontend.client.async_client import CLOSED, SESSION_TIMEOUT_S, AsyncClient
 from tandem.frontend.client.connection import CONNECT_TIMEOUT_S
-from tandem.frontend.client.engine_process import start_engine_process
+from tandem.frontend.client.engine_process import prompt_model, start_engine_process
 from tandem.frontend.client.request_encoding import Params, Prompt
 from tandem.frontend.client.session import Session
 from tandem.frontend.completion import Completion, CompletionDelta
@@ -75,7 +75,7 @@ class Client:
         check_style(reasoning_parser, allow_auto=False)
         proc, endpoint = start_engine_process(model, **engine_options)
         return cls(endpoint, engine=proc, reasoning_parser=reasoning_parser,
-                   connect_timeout_s=connect_timeout_s, model=model)
+                   connect_timeout_s=connect_timeout_s, model=prompt_model(model, engine_options))
 
     def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None, *,
                  priority: int = 0, session: SessionParams | None = None) -> Completion:

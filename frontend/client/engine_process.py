@@ -16,6 +16,7 @@ from collections import deque
 from tandem.protocol.codec import launcher_decoder
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.messages import Ready
+from tandem.protocol.mmproj import projector_model_dir
 from tandem.protocol.model_fit import check_model_fits
 from tandem.protocol.serve_announcements import read_until_http
 
@@ -113,3 +114,10 @@ def stop_engine_process(proc: subprocess.Popen, timeout_s: float = 15.0) -> int:
             proc.kill()
             proc.wait()
     return proc.returncode
+
+
+def prompt_model(model: str, engine_options: dict[str, object]) -> str:
+    """The model a client makes prompts for: with `mmproj`, the one directory the engine reads the text
+    file and its projector as."""
+    mmproj = engine_options.get("mmproj")
+    return model if mmproj is None else str(projector_model_dir(model, str(mmproj)))
