@@ -19,6 +19,7 @@ def _positive(result: dict, *fields: str) -> None:
         assert isinstance(result[f], (int, float)) and result[f] > 0, f"{f}={result.get(f)!r}"
 
 
+@pytest.mark.slow  # a whole benchmark run: the fast tier's minutes go to the engine's own tests
 def test_offline_benchmark_reports(tiny_model, tmp_path: Path) -> None:
     out = tmp_path / "offline.json"
     rc = main(["offline", "--model", str(tiny_model("llama")), "--num-requests", "4", "--input-len", "8:16",
@@ -40,6 +41,7 @@ def test_offline_benchmark_reports(tiny_model, tmp_path: Path) -> None:
     assert 0 < s["prefill_tokens"] <= r["prompt_tokens"] and s["decode_tokens"] == 4 * (8 - 1)
 
 
+@pytest.mark.slow  # a whole benchmark run: the fast tier's minutes go to the engine's own tests
 def test_latency_benchmark_reports(tiny_model, tmp_path: Path) -> None:
     out = tmp_path / "latency.json"
     rc = main(["latency", "--model", str(tiny_model("llama")), "--prompt-len", "16", "--output-len", "16",
@@ -129,6 +131,7 @@ def test_priority_benchmark_reports(tiny_model, tmp_path: Path) -> None:
     _positive(r, "high_over_low_ttft_p50")
 
 
+@pytest.mark.slow  # a whole benchmark run: the fast tier's minutes go to the engine's own tests
 def test_spec_benchmark_reports(tiny_model, tmp_path: Path) -> None:
     out = tmp_path / "spec.json"
     rc = main(["spec", "--model", str(tiny_model("llama")), "--batches", "1,2", "--output-len", "6",
@@ -494,3 +497,13 @@ def test_vs_llamacpp_row_puts_each_run_in_its_column() -> None:
     assert row("Q4_0", run, exact) == "| Q4_0 | 20.0 ± 0.5 | 30.1 | 1.50 | 0.80 | 40.0 | 2.00 |"
     assert row("BF16", run, None).endswith("| – | – |")
     assert all(line.count("|") == 8 for line in HEADER.splitlines())
+
+
+@pytest.mark.slow
+def test_vision_benchmark_reports(tiny_model, tmp_path: Path) -> None:
+    from tandem.benchmarks.vision_ttft import main
+
+    out = tmp_path / "vision.md"
+    assert main(["--model", str(tiny_model("gemma3_vision")), "--runs", "1", "--busy", "2", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "TTFT, 1 image" in text and "transformers generate" in text and "Architecture:" in text

@@ -44,6 +44,7 @@ def test_demo_shows_a_failed_stream_in_its_place(capsys: pytest.CaptureFixture[s
     assert "[stream 0: failed: engine gone]" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a whole benchmark run: the fast tier's minutes go to the engine's own tests
 def test_structured_start_benchmark_reports(tiny_model, tmp_path: Path) -> None:
     from tandem.benchmarks.structured_start import main
 
