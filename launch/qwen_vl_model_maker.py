@@ -46,6 +46,7 @@ from tandem.launch.vision_model_maker import (
     VISION_SEED,
     VOCAB_ALIGN,
     image_chat_template,
+    save_config,
     write_image_tokenizer,
 )
 
@@ -81,10 +82,7 @@ def make_qwen2_5_vl_model(arch: str, size: str, out: Path, seed: int = 0, num_kv
         tie_word_embeddings=tie,
         dtype="float32",
     )
-    config.save_pretrained(out)
-    raw = json.loads((out / "config.json").read_text(encoding="utf-8"))  # as make_model's: both spellings
-    raw.setdefault("torch_dtype", "float32")
-    (out / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    save_config(config, out)
     weights = init_weights(text, seed)  # Qwen2's names: the published checkpoints' model.* and lm_head.*
     weights.update(init_encoder_weights(config, seed + VISION_SEED))
     (out / "model.safetensors").write_bytes(save(weights, metadata={"format": "pt"}))

@@ -68,7 +68,14 @@ def write_tokenizer_files(out: Path, vocab_size: int, model_max_length: int,
     """Write tokenizer.json + tokenizer_config.json into `out`; returns the tokenizer."""
     tok = train_tokenizer(vocab_size)
     (out / "tokenizer.json").write_text(_trained_json(vocab_size, str(CORPUS_PATH)), encoding="utf-8")
-    tok_config = {
+    tok_config = tokenizer_config(model_max_length, chat_template)
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n", encoding="utf-8")
+    return tok
+
+
+def tokenizer_config(model_max_length: int, chat_template: str, **more: object) -> dict[str, object]:
+    """The tokenizer_config.json of a made model's tokenizer (more: fields beside the usual ones)."""
+    return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": None,
         "eos_token": EOS_TOKEN,
@@ -77,13 +84,12 @@ def write_tokenizer_files(out: Path, vocab_size: int, model_max_length: int,
         "add_bos_token": False,
         "add_eos_token": False,
         "additional_special_tokens": [IM_START, IM_END],
+        **more,
         # The default cleanup rewrites " ." to "." and would break exact round trips.
         "clean_up_tokenization_spaces": False,
         "model_max_length": model_max_length,
         "chat_template": chat_template,
     }
-    (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n", encoding="utf-8")
-    return tok
 
 
 def special_token_ids(tok: Tokenizer) -> dict[str, int]:

@@ -37,8 +37,8 @@ from tandem.launch.model_presets import ARCHS, GEMMA3_VISION_SIZES, SIZES, Visio
 from tandem.launch.tokenizer_maker import (
     EOS_TOKEN,
     IM_END,
-    IM_START,
     special_token_ids,
+    tokenizer_config,
     train_tokenizer,
 )
 
@@ -90,10 +90,7 @@ def make_vision_model(arch: str, size: str, out: Path, seed: int = 0, num_kv_hea
         tie_word_embeddings=tie,
         dtype="float32",
     )
-    config.save_pretrained(out)
-    raw = json.loads((out / "config.json").read_text(encoding="utf-8"))  # as make_model's: both spellings
-    raw.setdefault("torch_dtype", "float32")
-    (out / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    save_config(config, out)
     weights = {_published_name(k): v for k, v in init_weights(text, seed).items()}
     weights.update(init_vision_weights(config, seed + VISION_SEED))
     (out / "model.safetensors").write_bytes(save(weights, metadata={"format": "pt"}))
@@ -149,6 +146,15 @@ def _vision_std(name: str, shape: torch.Size) -> tuple[float, float]:
     return 0.0, LINEAR_GAIN / math.prod(shape[1:]) ** 0.5  # linear layers and the patch conv: by fan-in
 
 
+def save_config(config: object, out: Path) -> None:
+    """config.json as transformers writes it, with torch_dtype beside dtype (as make_model's: both
+    spellings)."""
+    config.save_pretrained(out)  # type: ignore[attr-defined]
+    raw = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    raw.setdefault("torch_dtype", "float32")
+    (out / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
 def write_image_tokenizer(out: Path, vocab_size: int, model_max_length: int, named: dict[str, str],
                           chat_template: str) -> dict[str, int]:
     """make_model's tokenizer with the image tokens added (named: the attribute the processor reads each
@@ -157,20 +163,7 @@ def write_image_tokenizer(out: Path, vocab_size: int, model_max_length: int, nam
     tok = train_tokenizer(vocab_size)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in named.values()])
     (out / "tokenizer.json").write_text(tok.to_str(pretty=True), encoding="utf-8")
-    tok_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": None,
-        "eos_token": EOS_TOKEN,
-        "pad_token": EOS_TOKEN,
-        "unk_token": None,
-        "add_bos_token": False,
-        "add_eos_token": False,
-        "additional_special_tokens": [IM_START, IM_END],
-        "extra_special_tokens": named,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": model_max_length,
-        "chat_template": chat_template,
-    }
+    tok_config = tokenizer_config(model_max_length, chat_template, extra_special_tokens=named)
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n", encoding="utf-8")
     ids = {t: tok.token_to_id(t) for t in named.values()}
     return {**special_token_ids(tok), **ids}

@@ -25,6 +25,7 @@ from tandem.protocol.model_config import ModelConfig, VisionConfig
 from tandem.worker.layers import ColumnParallelLinear, GemmaRMSNorm
 from tandem.worker.layers.linear import full_tensor
 from tandem.worker.models.gemma3 import Gemma3ForCausalLM
+from tandem.worker.models.registry import renamed
 from tandem.worker.models.siglip import SiglipVisionModel
 
 # a checkpoint's prefix -> this model's (the first that matches; names in this layout pass as they are)
@@ -106,11 +107,7 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
 
 
 def _own_names(weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
-    for name, tensor in weights:
-        for theirs, ours in CHECKPOINT_PREFIXES:
-            if name.startswith(theirs):
-                name = ours + name[len(theirs) :]
-                break
+    for name, tensor in renamed(weights, CHECKPOINT_PREFIXES):
         if name == PROJECTION[0]:
             name, tensor = PROJECTION[1], full_tensor(tensor).t()
         yield name, tensor

@@ -16,7 +16,7 @@ and transformers 4.52+'s): `CHECKPOINT_PREFIXES` maps the second onto the module
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -29,6 +29,7 @@ from tandem.worker.forward_batch import ForwardBatch
 from tandem.worker.models.llama import Qwen2ForCausalLM
 from tandem.worker.models.mrope import mrope_cos_sin
 from tandem.worker.models.qwen2_5_vision import Qwen2_5_VisionTransformer
+from tandem.worker.models.registry import renamed
 
 # a checkpoint's prefix -> this model's (the first that matches; names in this layout pass as they are:
 # model.*, lm_head.*, visual.*)
@@ -91,13 +92,4 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM):
         return mrope_cos_sin(self.rotary, batch.rope_positions, self.mrope_section)
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
-        super().load_weights(_own_names(weights))
-
-
-def _own_names(weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
-    for name, tensor in weights:
-        for theirs, ours in CHECKPOINT_PREFIXES:
-            if name.startswith(theirs):
-                name = ours + name[len(theirs) :]
-                break
-        yield name, tensor
+        super().load_weights(renamed(weights, CHECKPOINT_PREFIXES))

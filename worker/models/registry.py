@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from torch import nn
 
@@ -23,3 +25,16 @@ def get_model_class(name: str | None) -> type[nn.Module]:
 def model_registry() -> dict[str, type[nn.Module]]:
     """Every architecture's class, by name."""
     return {name: get_model_class(name) for name in ARCHITECTURES}
+
+
+def renamed(
+    weights: Iterable[tuple[str, Any]], prefixes: Sequence[tuple[str, str]]
+) -> Iterator[tuple[str, Any]]:
+    """A checkpoint's (name, tensor) pairs with the first matching prefix of (theirs, ours) swapped in; a
+    name with none passes as it is."""
+    for name, tensor in weights:
+        for theirs, ours in prefixes:
+            if name.startswith(theirs):
+                name = ours + name[len(theirs) :]
+                break
+        yield name, tensor
