@@ -74,7 +74,9 @@ async def tandem_figures(model: str, runs: int, dtype: str, busy: int, **options
         for r in range(runs):  # each text request arrives while `busy` image requests are being encoded
             images = [asyncio.create_task(_first_token(c, _messages(_picture(3000 + r * busy + k))))
                       for k in range(busy)]
-            await asyncio.sleep(0)
+            # their pixels are made in the client first: wait until the engine holds them all
+            while (s := await c.stats()).running + s.waiting < busy and not all(t.done() for t in images):
+                await asyncio.sleep(0.002)
             loaded.append(await _first_token(c, texts[r]))
             await asyncio.gather(*images)
     return {"one_image": one, "text_alone": alone, "text_beside_images": loaded}
