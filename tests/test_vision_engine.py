@@ -112,12 +112,18 @@ def _ids(model, images: list[Image.Image]) -> list[int]:
 
 def test_retracted_image_requests_come_back_with_their_images(model, references) -> None:
     """A KV pool too small for the batch: requests are retracted and prefilled again, images and all."""
-    prompts = [conversation(PICS[:k]) for k in (3, 1, 3, 0, 1, 3)]
+    from tandem.frontend.image_prompt import ImagePrompter
+    from tandem.protocol.image_item import ImagePrompt
+
+    prompter = ImagePrompter(str(model))
+    ks = (3, 1, 3, 0, 1, 3, 3, 1)
+    # made here first, so that all arrive at once (the client would make each as it sends it)
+    prompts = [ImagePrompt(*prompter.prompt(_template_form(conversation(PICS[:k])), PICS[:k])) for k in ks]
     sp = {"max_tokens": N, "temperature": 0, "ignore_eos": True}
     with Client.launch(str(model), dtype="float32", kv_cache_tokens=128, prefix_cache=False) as c:
         outs = c.generate_batch(prompts, sp, progress=False)
         assert c.stats().retractions > 0
-        for k, out in zip((3, 1, 3, 0, 1, 3), outs, strict=True):
+        for k, out in zip(ks, outs, strict=True):
             assert out.token_ids == references[k][0], k
         check_idle_engine(c)
 

@@ -88,3 +88,31 @@ def test_the_processor_parts_refuse_images_without_places(model) -> None:
     p = ImagePrompter(str(model))
     with pytest.raises(InvalidRequestError, match="do not fit the messages"):
         p.prompt([{"role": "user", "content": [{"type": "text", "text": "no place"}]}], [PICS[0]])
+
+
+def test_an_images_kv_comes_back_from_the_host_tier(model, references) -> None:
+    """A device pool too small to keep the first prompt's KV beside the others': it moves to the host tier,
+    keyed by the images' digests, and comes back for the same prompt (never for other pictures)."""
+    sp = {"max_tokens": N, "temperature": 0, "ignore_eos": True}
+    with Client.launch(str(model), dtype="float32", kv_cache_tokens=96, host_kv_tokens=4096,
+                       debug_integrity=True) as c:
+        assert c.generate(conversation(PICS[:3]), sp).token_ids == references[3][0]
+        others = [list(reversed(PICS)), [PICS[2]], [PICS[1], PICS[0]]]  # the same pictures, other places
+        for pics in others:
+            c.generate(conversation(pics), sp)
+        before = c.stats().host_hit_tokens
+        again = c.generate(conversation(PICS[:3]), sp)
+        assert again.token_ids == references[3][0]
+        assert c.stats().host_hit_tokens > before and again.cached_tokens > 0
+        check_idle_engine(c)
+
+
+@pytest.mark.slow
+def test_greedy_parity_with_two_tensor_parallel_ranks_and_images(model, references) -> None:
+    with Client.launch(str(model), dtype="float32", tp_size=2) as c:
+        for k, (toks, lps, _) in references.items():
+            got = c.generate(conversation(PICS[:k]), {"max_tokens": N, "temperature": 0, "ignore_eos": True,
+                                                      "logprobs": 0})
+            assert got.token_ids == toks, k
+            np.testing.assert_allclose(got.logprobs.logprobs, lps, atol=1e-4)
+        check_idle_engine(c)
