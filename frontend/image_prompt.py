@@ -61,8 +61,8 @@ class ImagePrompter:
 
     def __init__(self, model: str, limits: ImageLimits = ImageLimits()) -> None:
         self.model, self.limits = model, limits
-        self.vision = ModelConfig.from_hf(read_hf_config(model)).vision
-        self.image_token_id = served_image_token(ModelConfig.from_hf(read_hf_config(model)))
+        cfg = ModelConfig.from_hf(read_hf_config(model))
+        self.vision, self.image_token_id = cfg.vision, served_image_token(cfg)
         self._lock = threading.Lock()
 
     @property
