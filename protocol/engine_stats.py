@@ -6,7 +6,7 @@ import msgspec
 from tandem.protocol.heap_sample import HeapSample
 
 
-class EngineStats(msgspec.Struct, tag="stats", kw_only=True):  # 33 fields: by name, never by position
+class EngineStats(msgspec.Struct, tag="stats", kw_only=True):  # 34 fields: by name, never by position
     rid: str
     kv_pool_size: int
     kv_free: int
@@ -40,5 +40,6 @@ class EngineStats(msgspec.Struct, tag="stats", kw_only=True):  # 33 fields: by n
     swa_kv_pool_size: int = 0
     swa_kv_free: int = 0
     draining: str = ""  # filled in by the frontend: why the engine is draining ("" while it serves)
+    images_encoded: int = 0  # images run through the encoder (those whose KV or encoding was kept are not)
     grammar_cache_bytes: int = 0  # compiled grammars cached (bounded: scheduler/grammar.py's CACHE_BYTES)
     worker_heap: HeapSample | None = None  # the latest heap sample from rank 0 (None: none yet, or not glibc)

@@ -294,6 +294,7 @@ class ModelRunnerOutput(msgspec.Struct, tag="result"):
     # Per request row: the pooled vector of an embedding request whose prompt this step completed.
     embeddings: dict[int, bytes] | None = None
     heap: HeapSample | None = None  # every --heap-trim-period-s, on the step after it
+    images_encoded: int = 0  # images this step ran through the encoder (not found in its cache)
 
 
 class WorkerReady(msgspec.Struct, tag="worker_ready"):

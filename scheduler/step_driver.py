@@ -143,6 +143,7 @@ class StepDriver:
             schedule_s=st.schedule_s,
             worker_busy_s=st.worker_busy_s,
             worker_idle_s=st.worker_idle_s,
+            images_encoded=st.images_encoded,
             integrity=integrity,
             host_hit_tokens=kv.host_hit_tokens,
             host_kv_pool_size=kv.tree.host_size,

@@ -13,6 +13,7 @@ class StepStats:
     schedule_s: float = 0.0
     worker_busy_s: float = 0.0
     worker_idle_s: float = 0.0
+    images_encoded: int = 0  # by the worker's encoder (an image whose KV or encoding was kept is not)
     worker_heap: HeapSample | None = None  # rank 0's latest
 
     def on_schedule(self, dt: float) -> None:
@@ -22,5 +23,6 @@ class StepStats:
         self.steps += 1
         self.worker_busy_s += out.busy_s
         self.worker_idle_s += out.idle_s
+        self.images_encoded += out.images_encoded
         if out.heap is not None:
             self.worker_heap = out.heap

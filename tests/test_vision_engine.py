@@ -94,9 +94,15 @@ def test_the_same_image_reuses_its_kv_and_another_image_never_does(model) -> Non
         # everything up to the reply's last token came from the cache: the image's KV with it
         assert second.cached_tokens >= first.prompt_tokens
         assert c.stats().prefill_tokens - prefilled == second.prompt_tokens - second.cached_tokens
+        assert c.stats().images_encoded == 1  # the image's KV came back: not encoded again
+        # the same picture after other text: its KV is not a prefix, its encoding is kept
+        c.generate([{"role": "user", "content": [{"type": "text", "text": "Other words first."},
+                                                 {"type": "image", "image": PICS[0]}]}], sp)
+        assert c.stats().images_encoded == 1
         other = c.generate(conversation([PICS[1]], "what is it?"), sp)
         image_at = _ids(model, [PICS[1]]).index(IMAGE_TOKEN)
         assert other.cached_tokens <= image_at  # the same text before the image; nothing from the image on
+        assert c.stats().images_encoded == 2
         check_idle_engine(c)
 
 

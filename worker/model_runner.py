@@ -152,7 +152,9 @@ class ModelRunner:
             so.scheduled, st, self.kv, self.ops, plp, pool.hidden_indices if pool else None
         )
         if self.images is not None and st.images:
+            encoded = self.images.encoded
             attach_images(batch, so.scheduled, st, self.images, self.images_bidirectional)
+            step.images_encoded = self.images.encoded - encoded
             if hasattr(self.model, "mrope_section"):
                 attach_rope_positions(batch, st, self.model)
         greedy = None  # the CPU step graph's argmax of each row's logits, when it has that node
