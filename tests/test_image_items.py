@@ -181,3 +181,15 @@ def test_requests_behind_an_image_past_the_encoder_budget_go_on_and_everything_e
     sched.commit(worker.execute(step))
     outputs, _ = run(sched, worker, 1)
     assert outputs == {rid: expected_output(ids, 3) for rid, ids in prompts.items()}
+
+
+def test_a_projector_option_that_is_not_one_is_a_one_line_error(tiny_model, tmp_path) -> None:
+    from tandem.protocol.errors import ModelLoadError
+    from tandem.protocol.mmproj import projector_model_dir
+    from tests.gguf_files import write_gguf
+
+    text = write_gguf(tiny_model("gemma3"), tmp_path / "text.gguf", "F32")
+    with pytest.raises(ModelLoadError, match="not a Gemma 3 that reads images"):  # no image tokens
+        projector_model_dir(text, text)
+    with pytest.raises(ModelLoadError, match="no such file"):
+        projector_model_dir(text, tmp_path / "missing.gguf")

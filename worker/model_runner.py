@@ -106,6 +106,7 @@ class ModelRunner:
         self.state = RequestState(max_reqs, self.max_context, self.device)
         self.images = EncoderCache(model_encoder(self.model)) if info.image_token_id is not None else None
         self.images_bidirectional = info.images_bidirectional
+        self.mrope = hasattr(self.model, "mrope_section")  # multimodal RoPE (Qwen2.5-VL)
         self.graphs: DecodeGraphs | CpuStepGraph | None = None
         if graphs_apply(cfg, self.ops, self.model.attn_backend):
             # After the KV pool: capture takes its memory from what the pool left.
@@ -155,7 +156,7 @@ class ModelRunner:
             encoded = self.images.encoded
             attach_images(batch, so.scheduled, st, self.images, self.images_bidirectional)
             step.images_encoded = self.images.encoded - encoded
-            if hasattr(self.model, "mrope_section"):
+            if self.mrope:
                 attach_rope_positions(batch, st, self.model)
         greedy = None  # the CPU step graph's argmax of each row's logits, when it has that node
         if pool is not None:  # the pooled tokens' hidden states follow the rows that need logits
