@@ -48,9 +48,10 @@ class EngineConfig:
         default=None,
         metadata={"help": "prefill tokens per step, chunking long prompts; default: the step budget"},
     )
-    encoder_tokens_per_step: int = field(default=256, metadata={
-        "help": "image tokens whose encoding one step may start (an image larger runs alone): steps stay "
-                "short, so other requests are not held behind many images"})
+    encoder_tokens_per_step: int = field(default=128, metadata={
+        "help": "image encoding a step may carry, in image tokens through one encoder layer (an image of T "
+                "tokens costs T a layer; a layer larger runs alone): an image's encoding is spread over "
+                "steps, so other requests are not held behind it"})
     max_model_len: int | None = field(default=None, metadata={"help": "context limit; default: the model's"})
     page_size: int = field(
         default=1, metadata={"help": "KV page size in tokens; prefix cache keys are page-aligned"}

@@ -248,6 +248,15 @@ class KVCopies(msgspec.Struct, array_like=True):
     to_device_dst: list[int] = []  # device slots
 
 
+class EncodeWork(msgspec.Struct):
+    """Run `pieces` more pieces (encoder layers) of an image's encoding. The image's pixels come with the
+    first piece the scheduler sends; later ones name it by digest."""
+
+    digest: str
+    pieces: int
+    image: ImageItem | None = None
+
+
 class SchedulerOutput(msgspec.Struct, tag="step"):
     step_id: int
     # Rows freed since the previous step (their requests finished, were aborted or were retracted): the
@@ -261,6 +270,10 @@ class SchedulerOutput(msgspec.Struct, tag="step"):
     # SampleStep with the grammar bitmask arrives (it needs the previous step's tokens accepted first).
     defer_sample: bool = False
     kv_copies: KVCopies | None = None  # host KV tier traffic, run before this step's forward
+    # Image encoding, run before this step's forward (a step may carry only this); the encodings in
+    # progress of images no request needs any more are dropped first.
+    encode: list[EncodeWork] = []
+    encode_drop: list[str] = []
 
 
 class SampleStep(msgspec.Struct, tag="sample"):
@@ -295,6 +308,8 @@ class ModelRunnerOutput(msgspec.Struct, tag="result"):
     embeddings: dict[int, bytes] | None = None
     heap: HeapSample | None = None  # every --heap-trim-period-s, on the step after it
     images_encoded: int = 0  # images this step ran through the encoder (not found in its cache)
+    # digests of images whose encoding the step was asked to go on with but found kept already
+    images_kept: list[str] | None = None
 
 
 class WorkerReady(msgspec.Struct, tag="worker_ready"):

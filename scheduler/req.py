@@ -5,6 +5,7 @@ Derived values are properties, never stored twice.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tandem.protocol.embed_params import EmbedParams
@@ -106,29 +107,21 @@ class Req:
         """fill_ids as the prefix cache keys them (images by their digests)."""
         return self.origin_key_ids + self.output_ids
 
-    def chunk_end(self, n: int, encoder_left: int | None = None) -> int:
-        """How many of the next n tokens a prefill step may compute. The images that start in it are
-        encoded by it: at most encoder_left of their tokens (None: any), the chunk ends before the first
-        that does not fit. Where an image's tokens attend each other both ways, the chunk ends before the
-        image (or, starting inside it, after it), never inside."""
+    def chunk_end(self, n: int, ready: Callable[[ImageItem], bool] | None = None) -> int:
+        """How many of the next n tokens a prefill step may compute: the chunk ends before the first image
+        in it that is not `ready` (encoded: scheduler/image_encoding.py; None: all are). Where an image's
+        tokens attend each other both ways, the chunk ends before the image (or, starting inside it, after
+        it), never inside."""
         start, end = self.num_computed_tokens, self.num_computed_tokens + n
-        used = 0
         for im in self.images:
             a, b = im.offset, im.offset + im.length
             if a >= end:
                 break
-            if a >= start:
-                if encoder_left is not None and used + im.length > encoder_left:
-                    return a - start
-                used += im.length
+            if a >= start and ready is not None and not ready(im):
+                return a - start
             if self.images_bidirectional and a < end < b:
                 return (a if a > start else b) - start
         return n
-
-    def encoder_tokens(self, n: int) -> int:
-        """Image tokens whose encoding the next n tokens start."""
-        start, end = self.num_computed_tokens, self.num_computed_tokens + n
-        return sum(im.length for im in self.images if start <= im.offset < end)
 
     @property
     def seq_len(self) -> int:

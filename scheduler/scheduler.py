@@ -28,6 +28,7 @@ from tandem.scheduler.decode import schedule_running
 from tandem.scheduler.delta_assembly import DeltaAssembly
 from tandem.scheduler.embedding import EmbeddingOutbox, take_embeddings
 from tandem.scheduler.finish import FinishReason
+from tandem.scheduler.image_encoding import ImageEncoding
 from tandem.scheduler.kv_cache import KVCacheManager
 from tandem.scheduler.prefill import admit_waiting
 from tandem.scheduler.prompt_logprobs import new_prompt_logprobs
@@ -88,6 +89,8 @@ class Scheduler:
         self.sessions = SessionStore.for_engine(self.kv, cfg.session_kv_tokens, cfg.prefix_cache)
         self._next_step = 0
         self._arrivals = 0
+        self.encoding = (ImageEncoding(info.image_encoder_layers, cfg.encoder_tokens_per_step)
+                         if info.image_token_id is not None else None)
 
     # ---- requests in ------------------------------------------------------------------------
     def add_request(self, msg: TokenizedRequest) -> None:
@@ -175,18 +178,22 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput | None:
         budget, chunk = self.cfg.max_num_batched_tokens, self.cfg.chunked_prefill_tokens
+        enc = self.encoding
         plan = StepPlan(budget=budget, prefill_cap=chunk or budget, swa_of=self.kv.swa_slots,
-                        encoder_cap=self.cfg.encoder_tokens_per_step)
+                        image_ready=enc.ready if enc else None)
         schedule_running(self.running, self.waiting, self.kv, plan, self._retract, self.speculation)
         admit_waiting(self.waiting, self.running, self.kv, plan, self.cfg.max_running_requests)
+        if enc is not None:
+            plan.encode = enc.plan(self.running, self.waiting, self.cfg.max_running_requests)
         self._note_first_scheduled(plan.reqs)
-        if not plan.items:
+        if not (plan.items or plan.encode):
             self._fail_unschedulable()
             return None
         self.stats.prefill_tokens += plan.prefill_used
         self.stats.decode_tokens += sum(it.num_tokens for it in plan.items) - plan.prefill_used
         out, record = to_output(self._next_step, self.freed_rows, plan)
         out.kv_copies = self.kv.take_copies()  # host tier traffic of this step's evictions and loads
+        out.encode_drop = enc.take_drops() if enc else []
         self.freed_rows = []
         self._next_step += 1
         self.stats.steps += 1
@@ -209,6 +216,8 @@ class Scheduler:
                 self.deltas.of(req.rid).prompt_logprobs = lp
         if result.embeddings:
             take_embeddings(step, result.embeddings)
+        if result.images_kept and self.encoding:
+            self.encoding.kept(result.images_kept)
         self._take_sampled(step, result)
         self._run_on(step)
         self._flush_deltas()

@@ -4,7 +4,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tandem.protocol.messages import NewReqData, ScheduledReq, SchedulerOutput
+from tandem.protocol.image_item import ImageItem
+from tandem.protocol.messages import EncodeWork, NewReqData, ScheduledReq, SchedulerOutput
 from tandem.scheduler.req import Req
 
 
@@ -19,23 +20,16 @@ class StepPlan:
 
     prefill_used: int = 0
     load_used: int = 0  # budget charged for host-tier loads (`add_load`)
-    encoder_cap: int | None = None  # image tokens whose encoding the step may start (None: any)
-    encoder_used: int = 0
+    # images: which are encoded (None: all), and the step's encoding work (scheduler/image_encoding.py)
+    image_ready: Callable[[ImageItem], bool] | None = None
+    encode: list[EncodeWork] = field(default_factory=list)
     # full slots -> their slots in the sliding-window layers' own pool ([]: the model has no such pool)
     swa_of: Callable[[list[int]], list[int]] | None = None
 
     def fit_images(self, req: Req, n: int) -> int:
-        """How many of req's next n prefill tokens fit the step's encoder budget (and never end inside an
-        image attended both ways); an image larger than the whole budget runs alone, in a step that
-        encodes nothing else."""
-        if not req.images:
-            return n
-        left = None if self.encoder_cap is None else self.encoder_cap - self.encoder_used
-        m = req.chunk_end(n, left)
-        if m == 0 and self.encoder_used == 0:  # the image it starts at is larger than the budget
-            m = req.chunk_end(n, req.encoder_tokens(1))
-        self.encoder_used += req.encoder_tokens(m)
-        return m
+        """How many of req's next n prefill tokens the step may compute: up to its first image not yet
+        encoded (never ending inside an image attended both ways)."""
+        return req.chunk_end(n, self.image_ready) if req.images else n
 
     @property
     def prefill_budget(self) -> int:
@@ -95,7 +89,8 @@ class InflightStep:
 def to_output(step_id: int, freed_rows: list[int], plan: StepPlan) -> tuple[SchedulerOutput, InflightStep]:
     samplers = [i for i, it in enumerate(plan.items) if it.sample]
     defer = any(plan.reqs[i].grammar is not None for i in samplers)
-    out = SchedulerOutput(step_id, freed_rows, plan.new_reqs, plan.items, defer_sample=defer)
+    out = SchedulerOutput(step_id, freed_rows, plan.new_reqs, plan.items, defer_sample=defer,
+                          encode=plan.encode)
     record = InflightStep(
         step_id,
         plan.reqs,

@@ -25,8 +25,13 @@ class FakeWorker:
     proposes the toy model's own continuation, so all are accepted."""
 
     def __init__(self, num_slots: int, next_token: Callable[[int, int], int] = toy_next,
-                 drafter: Callable[[list[int], int], list[int]] = true_drafts, k: int = 0) -> None:
+                 drafter: Callable[[list[int], int], list[int]] = true_drafts, k: int = 0,
+                 encoder_layers: int = 0) -> None:
         self.next_token = next_token
+        # images: an encoding is encoder_layers pieces; a step may compute an image's tokens only after all
+        self.encoder_layers = encoder_layers
+        self.encoded: dict[str, int] = {}  # digest -> pieces run (kept once all have)
+        self.images: dict[int, list] = {}  # row -> its ImageItems
         self.tokens: dict[int, list[int]] = {}
         self.computed: dict[int, int] = {}
         self.kv: dict[int, dict[int, int]] = {}  # row -> position -> slot
@@ -44,12 +49,15 @@ class FakeWorker:
         self.steps.append(so)
         for row in so.freed_req_pool_indices:
             del self.tokens[row], self.computed[row], self.kv[row]
+            self.images.pop(row, None)
         for r in so.new_reqs:
             if r.req_pool_idx in self.tokens:
                 raise AssertionError(f"row {r.req_pool_idx} added while live")
             self.tokens[r.req_pool_idx] = list(r.token_ids)
             self.computed[r.req_pool_idx] = r.num_cached
             self.kv[r.req_pool_idx] = {}
+            self.images[r.req_pool_idx] = r.images
+        kept = self._encode(so)
         c = so.kv_copies
         if c is not None:  # device -> host first, then host -> device, before the step's compute
             for d, h in zip(c.to_host_src, c.to_host_dst, strict=True):
@@ -78,6 +86,10 @@ class FakeWorker:
                 raise AssertionError(f"row {row}: computing to {end} but only {len(toks)} known")
             # With drafts in flight the scheduler's positions run ahead of the worker's (rejected drafts
             # shift later steps down), but every position computed must have its slot.
+            unready = [im.offset for im in self.images[row] if start <= im.offset < end
+                       and self.encoded.get(im.digest, 0) < self.encoder_layers]
+            if unready:
+                raise AssertionError(f"row {row}: computes the image at {unready[0]} before it is encoded")
             missing = [pos for pos in range(start, end) if pos not in self.kv[row]]
             if missing:
                 raise AssertionError(f"row {row}: no KV slot for positions {missing}")
@@ -106,7 +118,26 @@ class FakeWorker:
             verified.append(len(drafts))
         spec = any(s.num_drafts for s in so.scheduled)
         return ModelRunnerOutput(so.step_id, sampled, num_sampled=counts if spec else None,
-                                 num_drafts=verified if spec else None)
+                                 num_drafts=verified if spec else None, images_kept=kept or None)
+
+    def _encode(self, so: SchedulerOutput) -> list[str]:
+        """The step's encoding work, as the worker's EncoderCache runs it."""
+        for d in so.encode_drop:
+            if self.encoded.get(d, 0) >= self.encoder_layers:
+                raise AssertionError(f"dropped the finished encoding {d}")
+            self.encoded.pop(d, None)
+        kept = []
+        for w in so.encode:
+            done = self.encoded.get(w.digest)
+            if done == self.encoder_layers:
+                kept.append(w.digest)
+                continue
+            if (done is None) != (w.image is not None):
+                raise AssertionError(f"encoding {w.digest}: pixels {'missing' if done is None else 'again'}")
+            if (done or 0) + w.pieces > self.encoder_layers:
+                raise AssertionError(f"encoding {w.digest}: more pieces than the encoder's layers")
+            self.encoded[w.digest] = (done or 0) + w.pieces
+        return kept
 
 
 def expected_output(prompt: list[int], n: int, stop: set[int] | None = None) -> list[int]:

@@ -29,6 +29,7 @@ from tandem.protocol.tokenizer_loader import load_tokenizer
 from tandem.worker.layers import ColumnParallelLinear, PackableLinear, QKVParallelLinear, RowParallelLinear
 from tandem.worker.loader import load_model
 from tandem.worker.model_runner import ModelRunner
+from tandem.worker.models.encoder_stages import run_pieces
 from tandem.worker.models.gemma3_mm import Gemma3ForConditionalGeneration as Ours
 from tandem.worker.models.siglip import SiglipPatchEmbedding
 from tests.reference import assert_greedy_parity, greedy
@@ -89,6 +90,23 @@ def test_encode_images_is_transformers_get_image_features(model_dir, hf, pixels,
         assert (got[0] - got[1]).abs().max() > 0.01
     model.pack_cpu_weights()  # the weights in the form the worker runs them
     torch.testing.assert_close(model.encode_images(pixels[:n]), want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_encoding_in_pieces_is_the_encoding(model_dir, hf, pixels) -> None:
+    """One piece per encoder layer (what the scheduler counts), two images' pieces interleaved as steps run
+    them: each equals transformers' encoding of it."""
+    model = load_model(str(model_dir), F32, "cpu")
+    jobs = [model.image_stages(pixels[i : i + 1]) for i in range(2)]
+    outs: list = [None, None]
+    pieces = 0
+    while any(o is None for o in outs):
+        for i, job in enumerate(jobs):
+            if outs[i] is None:
+                outs[i] = run_pieces(job, 1)
+                pieces += i == 0
+    assert pieces == read_model_info(model_dir).image_encoder_layers == 2
+    for i in range(2):
+        torch.testing.assert_close(outs[i], _reference(hf, pixels[i : i + 1]), rtol=1e-5, atol=1e-6)
 
 
 def test_every_checkpoint_layout_loads_the_same_weights(model_dir, hf, pixels, tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """The socket-free parts of images: the frontend's check of a prompt's images (and the digest it computes
-itself), the prefix cache's key for them, where a prefill chunk may end, the worker's encoder cache and which
-batch rows take which encoder output, and decoding an image (every way it can be bad)."""
+itself), the prefix cache's key for them, where a prefill chunk may end, the worker's encoder cache (an
+encoding run in pieces) and which batch rows take which encoder output, and decoding an image (every way it
+can be bad)."""
 from __future__ import annotations
 
 import io
@@ -13,12 +14,12 @@ from PIL import Image
 from tandem.frontend.image_prompt import ImageLimits, ImagePrompter, open_image
 from tandem.protocol.errors import ErrorCode, InvalidRequestError
 from tandem.protocol.image_item import ImageItem, check_images, image_digest, key_token
-from tandem.protocol.messages import ScheduledReq
+from tandem.protocol.messages import EncodeWork, ScheduledReq
 from tandem.protocol.sampling_params import SamplingParams
 from tandem.scheduler.req import Req
-from tandem.scheduler.step_plan import StepPlan
+from tandem.worker.encoder_cache import EncoderCache
 from tandem.worker.forward_batch import ForwardBatch
-from tandem.worker.image_rows import EncoderCache, attach_images
+from tandem.worker.image_rows import attach_images
 from tandem.worker.request_state import RequestState
 
 IMG = 9  # the image token in these prompts
@@ -74,32 +75,20 @@ def test_the_prefix_key_tells_images_apart_and_a_chunk_never_ends_inside_an_imag
     assert causal.chunk_end(3) == 3  # a causal model's chunk may end anywhere
 
 
-def test_a_step_encodes_images_within_its_budget_and_one_too_large_alone() -> None:
-    ids = [1, IMG, IMG, IMG, 2, IMG, IMG, IMG, 3, IMG, IMG, IMG, 4]
-    images = [item(1, 3, seed=1), item(5, 3, seed=2), item(9, 3, seed=3)]
-    plan = StepPlan(budget=100, prefill_cap=100, encoder_cap=6)
-    r = _req(ids, images, bidirectional=False)
-    assert plan.fit_images(r, 13) == 9 and plan.encoder_used == 6  # two images fit; the chunk stops at the third
-    other = _req(ids, images, bidirectional=False)
-    assert plan.fit_images(other, 13) == 1  # the budget is spent: only the text before its first image
-    alone = StepPlan(budget=100, prefill_cap=100, encoder_cap=2)
-    big = _req(ids, images)
-    assert alone.fit_images(big, 13) == 1 and alone.encoder_used == 0  # the text before it
-    big.num_computed_tokens = 1
-    alone = StepPlan(budget=100, prefill_cap=100, encoder_cap=2)
-    assert alone.fit_images(big, 12) == 4 and alone.encoder_used == 3  # larger than the budget: alone
-    assert alone.fit_images(_req(ids, images), 13) == 1
-    assert StepPlan(budget=100, prefill_cap=100).fit_images(_req(ids, images), 13) == 13  # no cap
+def _encoder(calls: list[str], pieces: int = 3):
+    """A stand-in encoder of `pieces` pieces: image -> rows offset + 0, 1, ... (calls: the images started)."""
+    def stages(im: ImageItem):
+        calls.append(im.digest)
+        for _ in range(pieces - 1):
+            yield
+        return torch.full((im.length, 2), float(im.offset)) + torch.arange(im.length)[:, None]
+
+    return stages
 
 
 def test_the_encoder_runs_once_per_image_and_its_outputs_fill_their_rows() -> None:
-    calls: list[int] = []
-
-    def encode(items: list[ImageItem]) -> list[torch.Tensor]:
-        calls.append(len(items))
-        return [torch.full((im.length, 2), float(im.offset)) + torch.arange(im.length)[:, None] for im in items]
-
-    cache = EncoderCache(encode, budget_bytes=1 << 20)
+    calls: list[str] = []
+    cache = EncoderCache(_encoder(calls), budget_bytes=1 << 20)
     st = RequestState(4, 32, torch.device("cpu"))
     a = check_images([0, IMG, IMG, IMG, 0], [item(1, 3, seed=1)], IMG)
     st.images[2] = a
@@ -110,22 +99,40 @@ def test_the_encoder_runs_once_per_image_and_its_outputs_fill_their_rows() -> No
     attach_images(batch, sched, st, cache, bidirectional=True)
     assert batch.image_rows.tolist() == [0, 1, 3, 4]
     # one encoding (both rows hold one digest), its tokens 1..2 for row 2 and 0..1 for row 3
-    assert calls == [1] and cache.encoded == 1
+    assert calls == [a[0].digest] and cache.encoded == 1
     assert batch.image_embeds[:, 0].tolist() == [2.0, 3.0, 1.0, 2.0]
     assert batch.image_spans == [[(1, 4)], [(0, 3)], []]
     attach_images(batch, sched, st, cache, bidirectional=False)
-    assert calls == [1]  # kept: not encoded again
+    assert calls == [a[0].digest]  # kept: not encoded again
+
+
+def test_an_encoding_runs_in_pieces_and_one_left_unfinished_is_finished_when_needed() -> None:
+    calls: list[str] = []
+    cache = EncoderCache(_encoder(calls, pieces=3))
+    a, b, c = (check_images([IMG, IMG], [item(0, 2, seed=s)], IMG)[0] for s in (1, 2, 3))
+    assert cache.run([EncodeWork(a.digest, 1, a), EncodeWork(b.digest, 2, b)]) == []
+    assert set(cache.partial) == {a.digest, b.digest} and cache.encoded == 0
+    assert cache.run([EncodeWork(b.digest, 1), EncodeWork(c.digest, 1)]) == []  # c: never started, no pixels
+    assert b.digest in cache.entries and cache.encoded == 1 and c.digest not in cache.partial
+    assert cache.run([EncodeWork(b.digest, 1, b)]) == [b.digest]  # kept: the scheduler may stop sending it
+    out = cache.get([a, c])  # a's rest, and all of c, now
+    assert out[a.digest][:, 0].tolist() == [0.0, 1.0] and cache.encoded == 3 and not cache.partial
+    assert calls == [a.digest, b.digest, c.digest]
+    cache.run([EncodeWork(d.digest, 1, d) for d in [check_images([IMG], [item(0, 1, seed=4)], IMG)[0]]])
+    cache.drop(list(cache.partial))
+    assert not cache.partial and cache.encoded == 3
 
 
 def test_the_encoder_cache_keeps_its_budget_least_recently_used_first() -> None:
-    cache = EncoderCache(lambda items: [torch.zeros(im.length, 256) for im in items], budget_bytes=3 * 1024)
+    calls: list[str] = []
+    cache = EncoderCache(_encoder(calls), budget_bytes=3 * 8)  # an image of 1 token: 2 floats, 8 bytes
     imgs = [check_images([IMG], [item(0, 1, seed=s)], IMG)[0] for s in range(4)]
     for im in imgs[:3]:
         cache.get([im])
     cache.get([imgs[0]])  # used again: the oldest is now imgs[1]
     cache.get([imgs[3]])
     assert list(cache.entries) == [imgs[2].digest, imgs[0].digest, imgs[3].digest]
-    assert cache.bytes <= cache.budget and cache.encoded == 4
+    assert cache.bytes <= cache.budget and cache.encoded == 4 and len(calls) == 4
 
 
 def _png(w: int, h: int) -> bytes:
@@ -154,33 +161,6 @@ def test_a_bad_image_is_a_typed_error_before_the_model_sees_it(tiny_model) -> No
     assert [ids[i] for i in range(items[0].offset, items[0].offset + items[0].length)] == [p.image_token_id] * 4
     with pytest.raises(InvalidRequestError, match="text only"):
         ImagePrompter(str(tiny_model("llama"))).prompt(msgs, [good])
-
-
-def test_requests_behind_an_image_past_the_encoder_budget_go_on_and_everything_ends() -> None:
-    from tandem.protocol.engine_config import EngineConfig
-    from tandem.protocol.messages import TokenizedRequest
-    from tandem.protocol.model_info import ModelInfo
-    from tandem.scheduler.scheduler import Scheduler
-    from tests.fake_worker import VOCAB, FakeWorker, expected_output
-    from tests.test_scheduler_core import run
-
-    cfg = EngineConfig(model="x", max_num_batched_tokens=256, encoder_tokens_per_step=3, async_scheduling=False)
-    info = ModelInfo(vocab_size=VOCAB, max_model_len=512, eos_token_ids=[0], architecture="fake",
-                     image_token_id=IMG, images_bidirectional=True)
-    sched, worker = Scheduler(cfg, info, 4096), FakeWorker(4096)
-    prompts = {"a": [1, IMG, IMG, IMG, 2], "b": [IMG, IMG, IMG, 4], "c": [5, 6, 7]}
-    for rid, ids in prompts.items():
-        images = [item(ids.index(IMG), 3, seed=ord(rid))] if IMG in ids else []
-        sched.add_request(TokenizedRequest(rid, ids, SamplingParams(max_tokens=3, ignore_eos=True),
-                                           images=check_images(ids, images, IMG)))
-    step = sched.schedule()
-    counts = {sched.reqs[r].rid: s.num_tokens for s in step.scheduled for r in sched.reqs
-              if sched.reqs[r].req_pool_idx == s.req_pool_idx}
-    # a's image takes the step's encoder budget; b, which begins with an image, waits; c is not held back
-    assert counts == {"a": 5, "c": 3}
-    sched.commit(worker.execute(step))
-    outputs, _ = run(sched, worker, 1)
-    assert outputs == {rid: expected_output(ids, 3) for rid, ids in prompts.items()}
 
 
 def test_a_projector_option_that_is_not_one_is_a_one_line_error(tiny_model, tmp_path) -> None:

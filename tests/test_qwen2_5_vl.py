@@ -31,6 +31,7 @@ from tandem.protocol.tokenizer_loader import load_tokenizer
 from tandem.worker.layers import ColumnParallelLinear, PackableLinear, RowParallelLinear
 from tandem.worker.loader import load_model
 from tandem.worker.model_runner import ModelRunner
+from tandem.worker.models.encoder_stages import run_pieces
 from tandem.worker.models.mrope import apply_mrope, mrope_cos_sin, mrope_positions
 from tandem.worker.models.qwen2_5_vision import Qwen2_5_VisionPatchProj
 from tandem.worker.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration as Ours
@@ -112,6 +113,25 @@ def test_encode_images_is_transformers_get_image_features(model_dir, hf, images)
         model.encode_images(pixels[0], [1, 4, 5])
     with pytest.raises(ValueError, match="pixel rows"):
         model.encode_images(pixels[0], [1, 6, 6])
+
+
+def test_the_encoding_in_pieces_is_the_encoding(model_dir, hf, images) -> None:
+    """One piece per encoder block (what the scheduler counts), two images of other sizes interleaved as
+    steps run them: each equals transformers' encoding of it."""
+    pixels, grids = images
+    want = _reference(hf, pixels, grids)
+    model = load_model(str(model_dir), F32, "cpu")
+    jobs = [model.image_stages(pixels[i], grids[i].tolist()) for i in range(2)]
+    outs: list = [None, None]
+    pieces = 0
+    while any(o is None for o in outs):
+        for i, job in enumerate(jobs):
+            if outs[i] is None:
+                outs[i] = run_pieces(job, 1)
+                pieces += i == 0
+    assert pieces == read_model_info(model_dir).image_encoder_layers == model.config.vision.num_hidden_layers
+    for i in range(2):
+        torch.testing.assert_close(outs[i], want[i], rtol=1e-5, atol=1e-5)
 
 
 def _prompt(cfg: Qwen2_5_VLConfig, n_images: int, seed: int) -> tuple[list[int], list[list[int]]]:

@@ -14,7 +14,7 @@ from transformers import Qwen2_5_VLForConditionalGeneration
 from tandem import Client
 from tandem.frontend.image_prompt import ImagePrompter
 from tandem.protocol.errors import InvalidRequestError
-from tandem.worker.image_rows import image_pixels
+from tandem.worker.encoder_cache import image_pixels
 from tests.conftest import check_idle_engine
 
 N = 12

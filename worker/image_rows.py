@@ -1,84 +1,22 @@
-"""A step's image tokens: which rows of the batch take an image's encoder output, and the encoder cache.
+"""A step's image tokens: which rows of the batch take an image's encoder output, and their positions.
 
 A request's images came with it (NewReqData.images). A step computes some of its tokens, [start, end) of
 its sequence; every image whose placeholder tokens overlap that range gives those rows its encoder output
-(all of an image's rows come from one encoding, so a chunk boundary inside an image changes nothing). The
-encoder runs once per image digest: its outputs are kept, least recently used first out, within a byte
-budget, so an image sent again (the next turn of a conversation, another request with the same picture)
-whose KV is no longer cached is not encoded again; one whose KV is cached is not even looked up, its tokens
-are not computed.
+(all of an image's rows come from one encoding, so a chunk boundary inside an image changes nothing), kept
+by the worker's EncoderCache; an image whose KV is cached is not even looked up, its tokens are not
+computed.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from tandem.protocol.image_item import ImageItem
 from tandem.protocol.messages import ScheduledReq
+from tandem.worker.encoder_cache import EncoderCache
 from tandem.worker.forward_batch import ForwardBatch
 from tandem.worker.request_state import RequestState
-
-DEFAULT_CACHE_BYTES = 512 << 20
-
-
-def image_pixels(item: ImageItem) -> torch.Tensor:
-    return torch.from_numpy(np.frombuffer(item.pixels, dtype="<f4").reshape(item.shape).copy())
-
-
-def model_encoder(model: torch.nn.Module) -> Callable[[list[ImageItem]], list[torch.Tensor]]:
-    """The model's image encoder over images of one shape: batched, or one at a time for a
-    dynamic-resolution model (an image's grid shapes its encoding)."""
-    def encode(items: list[ImageItem]) -> list[torch.Tensor]:
-        if items[0].grid:
-            return [model.encode_images(image_pixels(im).to(model.device, model.dtype), im.grid)
-                    for im in items]
-        pixels = torch.stack([image_pixels(im) for im in items]).to(model.device, model.dtype)
-        return list(model.encode_images(pixels))
-
-    return encode
-
-
-class EncoderCache:
-    """digest -> the image's encoder output [length, hidden]. encode(items) runs the model's encoder over
-    images of one shape and returns one tensor per image."""
-
-    def __init__(self, encode: Callable[[list[ImageItem]], list[torch.Tensor]],
-                 budget_bytes: int = DEFAULT_CACHE_BYTES) -> None:
-        self.encode, self.budget = encode, budget_bytes
-        self.entries: OrderedDict[str, torch.Tensor] = OrderedDict()
-        self.bytes = 0
-        self.encoded = 0  # images run through the encoder (a count for tests and stats)
-
-    def get(self, items: Sequence[ImageItem]) -> dict[str, torch.Tensor]:
-        """The outputs of items (by digest), encoding those not kept, those of one shape together."""
-        out: dict[str, torch.Tensor] = {}
-        todo: dict[tuple, list[ImageItem]] = {}
-        for im in items:
-            t = self.entries.get(im.digest)
-            if t is not None:
-                self.entries.move_to_end(im.digest)
-                out[im.digest] = t
-            elif im.digest not in out:
-                out[im.digest] = None  # type: ignore[assignment]
-                todo.setdefault((tuple(im.shape), tuple(im.grid)), []).append(im)
-        for group in todo.values():
-            for im, t in zip(group, self.encode(group), strict=True):
-                if t.shape[0] != im.length:
-                    raise ValueError(f"the encoder gave {t.shape[0]} tokens for an image of {im.length}")
-                out[im.digest] = t
-                self._keep(im.digest, t)
-                self.encoded += 1
-        return out
-
-    def _keep(self, digest: str, t: torch.Tensor) -> None:
-        self.entries[digest] = t
-        self.bytes += t.numel() * t.element_size()
-        while self.bytes > self.budget and len(self.entries) > 1:
-            _, old = self.entries.popitem(last=False)
-            self.bytes -= old.numel() * old.element_size()
 
 
 def attach_images(batch: ForwardBatch, sched: Sequence[ScheduledReq], state: RequestState,

@@ -18,9 +18,10 @@ from tandem.worker.cpu_step_graph import CpuStepGraph, cpu_graph_applies
 from tandem.worker.decode_graphs import MAX_GRAPH_BATCH, DecodeGraphs, graphs_apply
 from tandem.worker.device import resolve_device, resolve_dtype, resolve_kv_dtype, resolve_weight_dtype
 from tandem.worker.distributed import Dist, local_rank
+from tandem.worker.encoder_cache import EncoderCache, model_stages
 from tandem.worker.failed_step import FailedStep, RequestFault, describe
 from tandem.worker.host_to_device import to_device
-from tandem.worker.image_rows import EncoderCache, attach_images, attach_rope_positions, model_encoder
+from tandem.worker.image_rows import attach_images, attach_rope_positions
 from tandem.worker.input_prep import advance_state, plan_prompt_logprobs, prepare_inputs
 from tandem.worker.kv_cache import KVCache
 from tandem.worker.loader import load_model
@@ -104,7 +105,7 @@ class ModelRunner:
             swa_layers=frozenset(i for i in range(mc.num_hidden_layers) if mc.is_sliding(i)),
         )
         self.state = RequestState(max_reqs, self.max_context, self.device)
-        self.images = EncoderCache(model_encoder(self.model)) if info.image_token_id is not None else None
+        self.images = EncoderCache(model_stages(self.model)) if info.image_token_id is not None else None
         self.images_bidirectional = info.images_bidirectional
         self.mrope = hasattr(self.model, "mrope_section")  # multimodal RoPE (Qwen2.5-VL)
         self.graphs: DecodeGraphs | CpuStepGraph | None = None
@@ -142,6 +143,15 @@ class ModelRunner:
         if so.kv_copies is not None:
             self.kv.copy(so.kv_copies)  # before the forward, which may write the slots they free
         self._check_faults(so)
+        if self.images is not None and (so.encode or so.encode_drop):
+            encoded = self.images.encoded
+            self.images.drop(so.encode_drop)
+            step.images_kept = self.images.run(so.encode) or None
+            step.images_encoded = self.images.encoded - encoded
+        if not so.scheduled:  # a step of image encoding only
+            self.clock.finish(step, t0, start, after_idle=so.after_idle)
+            self._current = None
+            return step
         if self.cfg.spec_tokens:
             trimmed = trim_drafts(so, st, self.ops)
             if trimmed is not so:
@@ -155,7 +165,7 @@ class ModelRunner:
         if self.images is not None and st.images:
             encoded = self.images.encoded
             attach_images(batch, so.scheduled, st, self.images, self.images_bidirectional)
-            step.images_encoded = self.images.encoded - encoded
+            step.images_encoded += self.images.encoded - encoded
             if self.mrope:
                 attach_rope_positions(batch, st, self.model)
         greedy = None  # the CPU step graph's argmax of each row's logits, when it has that node

@@ -27,6 +27,7 @@ class PendingStep:
     embeddings: dict[int, torch.Tensor] | None = None  # pooled vectors by row (float32, on the device)
     busy_s: float = 0.0  # CPU path: measured at launch
     images_encoded: int = 0
+    images_kept: list[str] | None = None
     idle_s: float = 0.0
     done: torch.cuda.Event | None = None  # CUDA path: set when the copy to the host is complete
     start: torch.cuda.Event | None = None
@@ -54,6 +55,7 @@ class PendingStep:
             self.step_id, sampled, num_sampled=self.num_sampled, num_drafts=self.num_drafts,
             logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs,
             busy_s=self.busy_s, idle_s=self.idle_s, embeddings=vectors, images_encoded=self.images_encoded,
+            images_kept=self.images_kept,
         )
 
 

@@ -24,6 +24,7 @@ from tandem.protocol.gemma3_vision import gemma3_text_config
 from tandem.protocol.model_config import ModelConfig, VisionConfig
 from tandem.worker.layers import ColumnParallelLinear, GemmaRMSNorm
 from tandem.worker.layers.linear import full_tensor
+from tandem.worker.models.encoder_stages import Stages, run_stages
 from tandem.worker.models.gemma3 import Gemma3ForCausalLM
 from tandem.worker.models.registry import renamed
 from tandem.worker.models.siglip import SiglipVisionModel
@@ -99,7 +100,11 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
         """pixel_values [n, 3, image_size, image_size] (the image processor's output) -> the embeddings that
         replace each image's placeholder tokens, [n, mm_tokens_per_image, hidden] in the model's dtype
         (transformers' get_image_features(...).pooler_output)."""
-        patches = self.vision_tower(pixel_values.to(self.device))
+        return run_stages(self.image_stages(pixel_values))
+
+    def image_stages(self, pixel_values: torch.Tensor) -> Stages:
+        """encode_images in pieces, one per encoder layer (models/encoder_stages.py)."""
+        patches = yield from self.vision_tower.stages(pixel_values.to(self.device))
         return self.multi_modal_projector(patches)
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:

@@ -30,6 +30,7 @@ from tandem.kernels.ops import Ops
 from tandem.protocol.model_config import VisionConfig
 from tandem.worker.layers import ColumnParallelLinear, RMSNorm, RowParallelLinear
 from tandem.worker.layers.linear import full_tensor
+from tandem.worker.models.encoder_stages import Stages, run_stages
 
 Grid = Sequence[int]  # [t, h, w]: frames, patch rows, patch columns
 
@@ -148,6 +149,10 @@ class Qwen2_5_VisionTransformer(nn.Module):
         self.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, spatial, 2, dtype=torch.float) / spatial))
 
     def forward(self, pixels: torch.Tensor, grids: Sequence[Grid]) -> torch.Tensor:
+        return run_stages(self.stages(pixels, grids))
+
+    def stages(self, pixels: torch.Tensor, grids: Sequence[Grid]) -> Stages:
+        """The encoding in pieces, a block each (models/encoder_stages.py)."""
         grids = [tuple(int(x) for x in g) for g in grids]
         self._check(pixels, grids)
         device = self.device
@@ -170,6 +175,8 @@ class Qwen2_5_VisionTransformer(nn.Module):
         sin = torch.cat((-half.sin(), half.sin()), -1).unsqueeze(1)  # the ops' table: rotate_half's sign
         full = set(self.config.fullatt_block_indexes)
         for i, block in enumerate(self.blocks):
+            if i:
+                yield
             h = block(h, cos, sin, runs["full" if i in full else "window"])
         return self.merger(h)[torch.argsort(order)]
 

@@ -26,6 +26,7 @@ from tandem.protocol.errors import ModelLoadError
 from tandem.protocol.model_config import ModelConfig
 from tandem.protocol.qwen2_5_vision import qwen2_5_vl_text_config
 from tandem.worker.forward_batch import ForwardBatch
+from tandem.worker.models.encoder_stages import Stages, run_stages
 from tandem.worker.models.llama import Qwen2ForCausalLM
 from tandem.worker.models.mrope import mrope_cos_sin
 from tandem.worker.models.qwen2_5_vision import Qwen2_5_VisionTransformer
@@ -83,7 +84,11 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM):
         """ONE image: pixels [t*h*w, C*T*P*P] (the processor's pixel_values rows for it), grid its [t, h, w]
         (image_grid_thw) -> the embeddings that replace its placeholder tokens, [t*h*w / merge^2, hidden] in
         the model's dtype, in the placeholders' order (transformers' get_image_features's pooler_output)."""
-        return self.visual(pixels.to(self.device), [grid])
+        return run_stages(self.image_stages(pixels, grid))
+
+    def image_stages(self, pixels: torch.Tensor, grid: Sequence[int]) -> Stages:
+        """encode_images in pieces, one per encoder block (models/encoder_stages.py)."""
+        return self.visual.stages(pixels.to(self.device), [grid])
 
     def rope_tables(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Multimodal RoPE where the step holds a request with images (batch.rope_positions), else plain."""

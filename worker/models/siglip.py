@@ -22,6 +22,7 @@ from tandem.kernels.ops import Ops
 from tandem.protocol.model_config import VisionConfig
 from tandem.worker.layers import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from tandem.worker.layers.linear import full_tensor
+from tandem.worker.models.encoder_stages import Stages, run_stages
 
 # config hidden_act -> F.gelu's `approximate` (protocol/gemma3_vision.py refuses the rest)
 GELU_APPROXIMATE = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}
@@ -172,6 +173,10 @@ class SiglipVisionModel(nn.Module):
         self.post_layernorm = SiglipLayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype, device)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return run_stages(self.stages(pixels))
+
+    def stages(self, pixels: torch.Tensor) -> Stages:
+        """The encoding in pieces, a layer each (models/encoder_stages.py)."""
         cfg = self.config
         want = (cfg.num_channels, cfg.image_size, cfg.image_size)
         if pixels.dim() != 4 or tuple(pixels.shape[1:]) != want:
@@ -180,6 +185,8 @@ class SiglipVisionModel(nn.Module):
         n = pixels.shape[0]
         h = self.embeddings(pixels.to(self.dtype))
         h = h.view(n * h.shape[1], -1)  # the layers' products take rows
-        for layer in self.encoder.layers:
+        for i, layer in enumerate(self.encoder.layers):
+            if i:
+                yield
             h = layer(h, n)
         return self.post_layernorm(h).view(n, -1, cfg.hidden_size)
