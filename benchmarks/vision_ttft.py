@@ -1,6 +1,7 @@
 """Images: time to first token of a 1-image prompt against transformers' `generate` on the same checkpoint,
 and text requests' time to first token while 8 image requests are being encoded against the same requests
-with nothing else running. One run, both sides measured in it, `lscpu` printed with the figures:
+with nothing else running (and, as a control, beside 8 text requests as long as the image prompts: the same
+prefill work with nothing to encode). One run, both sides measured in it, `lscpu` printed with the figures:
 
     python -m tandem.benchmarks.vision_ttft --model DIR [--runs 5] [--dtype float32] [--out FILE]
 
@@ -70,16 +71,35 @@ async def tandem_figures(model: str, runs: int, dtype: str, busy: int, **options
         one = [await _first_token(c, _messages(_picture(2000 + i))) for i in range(runs)]
         texts = [_messages(None, f"Question {i}: what is {i} plus {i}?") for i in range(runs)]
         alone = [await _first_token(c, t) for t in texts]
-        loaded = []
-        for r in range(runs):  # each text request arrives while `busy` image requests are being encoded
-            images = [asyncio.create_task(_first_token(c, _messages(_picture(3000 + r * busy + k))))
-                      for k in range(busy)]
-            # their pixels are made in the client first: wait until the engine holds them all
-            while (s := await c.stats()).running + s.waiting < busy and not all(t.done() for t in images):
-                await asyncio.sleep(0.002)
-            loaded.append(await _first_token(c, texts[r]))
-            await asyncio.gather(*images)
-    return {"one_image": one, "text_alone": alone, "text_beside_images": loaded}
+        filler = _same_length_text(model)
+
+        async def beside(make: Any) -> list[float]:
+            out = []
+            for r in range(runs):  # each text request arrives while `busy` others are in the engine
+                others = [asyncio.create_task(_first_token(c, make(r * busy + k))) for k in range(busy)]
+                # an image's pixels are made in the client first: wait until the engine holds them all
+                while (s := await c.stats()).running + s.waiting < busy and not all(t.done() for t in others):
+                    await asyncio.sleep(0.002)
+                out.append(await _first_token(c, texts[r]))
+                await asyncio.gather(*others)
+            return out
+
+        loaded = await beside(lambda i: _messages(_picture(3000 + i)))
+        control = await beside(lambda i: _messages(None, f"{i} {filler}"))
+    return {"one_image": one, "text_alone": alone, "text_beside_images": loaded, "text_beside_texts": control}
+
+
+def _same_length_text(model: str) -> str:
+    """Text whose prompt is as many tokens as an image prompt's (the control: the same prefill work with
+    no image to encode)."""
+    from tandem.frontend.image_prompt import ImagePrompter
+
+    p = ImagePrompter(model)
+    want = len(p.prompt(_messages(_picture(0)), [_picture(0)])[0])
+    words = want
+    while len(p.prompt(_messages(None, "x " * words), [])[0]) > want and words > 1:
+        words -= 1
+    return "x " * (words - 1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{statistics.median(hf) / med['one_image']:.2f}x faster |",
         f"| text TTFT beside {args.busy} image requests | {ms(t['text_beside_images'])} | "
         f"the same alone: {ms(t['text_alone'])} | {med['text_beside_images'] / med['text_alone']:.2f}x slower |",
+        f"| text TTFT beside {args.busy} text requests of the image prompts' length | "
+        f"{ms(t['text_beside_texts'])} | the same alone | {med['text_beside_texts'] / med['text_alone']:.2f}x "
+        "slower |",
     ]
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     text = "\n".join(lines) + f"\n\n```\n{cpu}```\n"
