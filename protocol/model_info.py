@@ -27,8 +27,9 @@ class ModelInfo(msgspec.Struct, frozen=True):
     sliding_window: int = 0
     image_token_id: int | None = None  # a vision-language model's image placeholder; None: text only
     images_bidirectional: bool = False  # protocol/architectures.py's
-    # the image encoder's layers: an image's encoding is that many pieces (worker/models/encoder_stages.py)
-    image_encoder_layers: int = 0
+    # an image's encoding is this many pieces, pieces_per_layer to each encoder layer (VisionConfig's)
+    image_encoder_pieces: int = 0
+    image_pieces_per_layer: int = 1
 
 
 def _as_list(x: object) -> list[int]:
@@ -62,7 +63,8 @@ def read_model_info(model: str | Path, max_model_len: int | None = None) -> Mode
         sliding_window=cfg.sliding_window,
         image_token_id=served_image_token(cfg),
         images_bidirectional=_arch(cfg.architecture).images_bidirectional,
-        image_encoder_layers=0 if cfg.vision is None else cfg.vision.num_hidden_layers,
+        image_encoder_pieces=0 if cfg.vision is None else cfg.vision.encoder_pieces,
+        image_pieces_per_layer=1 if cfg.vision is None else cfg.vision.pieces_per_layer,
     )
 
 

@@ -1,13 +1,14 @@
 """Image encoding spread over steps, so a step never carries more than a bounded amount of it.
 
-An image's encoding is its encoder's layers, run a few a step (protocol EncodeWork; the worker keeps the
-encoding in progress). Each step advances the images that requests need, those already in progress first,
-then the running requests' in their order, then the waiting ones' that admission would take next, at most
-`budget` image tokens through one layer each (a piece of an image of T tokens costs T; a piece larger than
-the whole budget runs alone). A request's prefill stops before an image not yet ready (Req.chunk_end):
-the text before it, and every other request, goes on meanwhile. The scheduler counts the pieces it sent;
-steps run in order, so an image is ready for the step after its last piece, even before that piece's
-result is back.
+An image's encoding is its encoder's layers (a large fixed-size encoder's layers cut further, over blocks of
+patches: VisionConfig.row_blocks), run a few pieces a step (protocol EncodeWork; the worker keeps the encoding
+in progress). Each step advances the images that requests need, those already in progress first, then the
+running requests' in their order, then the waiting ones' that admission would take next, at most `budget`
+image tokens through one layer each (a piece of an image of T tokens costs T, or its share of T where a layer
+is several pieces; a piece larger than the whole budget runs alone). A request's prefill stops before an image
+not yet ready (Req.chunk_end): the text before it, and every other request, goes on meanwhile. The scheduler
+counts the pieces it sent; steps run in order, so an image is ready for the step after its last piece, even
+before that piece's result is back.
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from tandem.scheduler.req import Req
 
 
 class ImageEncoding:
-    def __init__(self, pieces: int, budget: int) -> None:
-        self.pieces, self.budget = max(pieces, 1), budget
+    def __init__(self, pieces: int, per_layer: int, budget: int) -> None:
+        self.pieces, self.per_layer, self.budget = max(pieces, 1), per_layer, budget
         self.sent: dict[str, int] = {}  # digest -> pieces sent to the worker (all of them: ready)
         self.drops: list[str] = []  # encodings in progress no request needs: for the worker to drop
 
@@ -52,14 +53,18 @@ class ImageEncoding:
         todo.sort(key=lambda im: im.digest not in self.sent)  # those in progress first (stable)
         work, left = [], self.budget
         for im in todo:
-            done = self.sent.get(im.digest, 0)
-            k = min(self.pieces - done, left // im.length if work else max(left // im.length, 1))
+            done, cost = self.sent.get(im.digest, 0), self.cost(im)
+            k = min(self.pieces - done, left // cost if work else max(left // cost, 1))
             if k < 1:
                 break
             work.append(EncodeWork(im.digest, k, im if done == 0 else None))
             self.sent[im.digest] = done + k
-            left -= k * im.length
+            left -= k * cost
         return work
+
+    def cost(self, im: ImageItem) -> int:
+        """A piece of im's encoding against the budget: its tokens through (a share of) one layer."""
+        return max(1, im.length // self.per_layer)
 
     def take_drops(self) -> list[str]:
         out, self.drops = self.drops, []

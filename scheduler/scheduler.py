@@ -89,8 +89,8 @@ class Scheduler:
         self.sessions = SessionStore.for_engine(self.kv, cfg.session_kv_tokens, cfg.prefix_cache)
         self._next_step = 0
         self._arrivals = 0
-        self.encoding = (ImageEncoding(info.image_encoder_layers, cfg.encoder_tokens_per_step)
-                         if info.image_token_id is not None else None)
+        self.encoding = None if info.image_token_id is None else ImageEncoding(
+            info.image_encoder_pieces, info.image_pieces_per_layer, cfg.encoder_tokens_per_step)
 
     # ---- requests in ------------------------------------------------------------------------
     def add_request(self, msg: TokenizedRequest) -> None:

@@ -21,6 +21,7 @@ from transformers import AutoProcessor, Gemma3Config, Gemma3ForConditionalGenera
 
 from tandem import SamplingParams
 from tandem.kernels.ops import resolve_ops
+from tandem.protocol import model_config
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.errors import ModelLoadError
 from tandem.protocol.model_config import ModelConfig, read_hf_config
@@ -92,9 +93,14 @@ def test_encode_images_is_transformers_get_image_features(model_dir, hf, pixels,
     torch.testing.assert_close(model.encode_images(pixels[:n]), want, rtol=1e-5, atol=1e-6)
 
 
-def test_the_encoding_in_pieces_is_the_encoding(model_dir, hf, pixels) -> None:
-    """One piece per encoder layer (what the scheduler counts), two images' pieces interleaved as steps run
-    them: each equals transformers' encoding of it."""
+@pytest.mark.parametrize("rows", [16, 5])
+def test_the_encoding_in_pieces_is_the_encoding(model_dir, hf, pixels, monkeypatch, rows: int) -> None:
+    """What the scheduler counts is what the encoder yields: a piece per layer (the tiny encoder's 16
+    patches), or with at most 5 patches a piece, one piece for every patch's k and v and 4 blocks of patches
+    a layer. Two images' pieces interleaved as steps run them: each equals transformers' encoding of it."""
+    monkeypatch.setattr(model_config, "ENCODER_ROWS_PER_PIECE", rows)
+    info = read_model_info(model_dir)
+    assert (info.image_encoder_pieces, info.image_pieces_per_layer) == ((2, 1) if rows == 16 else (10, 5))
     model = load_model(str(model_dir), F32, "cpu")
     jobs = [model.image_stages(pixels[i : i + 1]) for i in range(2)]
     outs: list = [None, None]
@@ -104,7 +110,7 @@ def test_the_encoding_in_pieces_is_the_encoding(model_dir, hf, pixels) -> None:
             if outs[i] is None:
                 outs[i] = run_pieces(job, 1)
                 pieces += i == 0
-    assert pieces == read_model_info(model_dir).image_encoder_layers == 2
+    assert pieces == info.image_encoder_pieces
     for i in range(2):
         torch.testing.assert_close(outs[i], _reference(hf, pixels[i : i + 1]), rtol=1e-5, atol=1e-6)
 

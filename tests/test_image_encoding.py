@@ -24,7 +24,7 @@ def _engine(budget: int, depth: int = 1, slots: int = 4096, max_running: int = 6
     cfg = EngineConfig(model="x", max_num_batched_tokens=256, encoder_tokens_per_step=budget,
                        async_scheduling=depth == 2, max_running_requests=max_running)
     info = ModelInfo(vocab_size=VOCAB, max_model_len=512, eos_token_ids=[0], architecture="fake",
-                     image_token_id=IMG, images_bidirectional=True, image_encoder_layers=LAYERS)
+                     image_token_id=IMG, images_bidirectional=True, image_encoder_pieces=LAYERS)
     return Scheduler(cfg, info, slots), FakeWorker(slots, encoder_layers=LAYERS)
 
 
@@ -53,7 +53,7 @@ def test_a_chunk_stops_before_an_image_not_yet_encoded() -> None:
 
 
 def test_pieces_go_to_encodings_in_progress_first_within_the_budget() -> None:
-    enc = ImageEncoding(LAYERS, budget=6)
+    enc = ImageEncoding(LAYERS, 1, budget=6)
     a = _req([1, IMG, IMG, IMG, 2], [item(1, 3, seed=1)])
     b = _req([IMG, IMG, IMG, 2], [item(0, 3, seed=2)])
     work = enc.plan([a], [b], max_running=8)
@@ -73,7 +73,7 @@ def test_pieces_go_to_encodings_in_progress_first_within_the_budget() -> None:
 
 
 def test_a_piece_larger_than_the_budget_runs_alone_and_unneeded_encodings_are_dropped() -> None:
-    enc = ImageEncoding(LAYERS, budget=2)
+    enc = ImageEncoding(LAYERS, 1, budget=2)
     big = _req([1, IMG, IMG, IMG, 2], [item(1, 3, seed=1)])
     small = _req([1, IMG, 2], [item(1, 1, seed=2)])
     assert [(w.pieces, w.image is not None) for w in enc.plan([big, small], [], 8)] == [(1, True)]
@@ -83,6 +83,10 @@ def test_a_piece_larger_than_the_budget_runs_alone_and_unneeded_encodings_are_dr
     assert enc.take_drops() == [big.images[0].digest] and [w.pieces for w in work] == [2]
     enc.kept([small.images[0].digest])  # the worker had it already: ready without its other pieces
     assert enc.ready(small.images[0]) and enc.plan([small], [], 8) == []
+    # a layer of 3 pieces (its k and v, two blocks of patches): a piece costs a third of the image's tokens
+    cut = ImageEncoding(2 * 3, 3, budget=2)
+    big = _req([IMG] * 6, [item(0, 6, seed=3)])
+    assert cut.cost(big.images[0]) == 2 and [w.pieces for w in cut.plan([], [big], 8)] == [1]
 
 
 @pytest.mark.parametrize("depth", [1, 2])

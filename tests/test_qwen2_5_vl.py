@@ -129,7 +129,7 @@ def test_the_encoding_in_pieces_is_the_encoding(model_dir, hf, images) -> None:
             if outs[i] is None:
                 outs[i] = run_pieces(job, 1)
                 pieces += i == 0
-    assert pieces == read_model_info(model_dir).image_encoder_layers == model.config.vision.num_hidden_layers
+    assert pieces == read_model_info(model_dir).image_encoder_pieces == model.config.vision.num_hidden_layers
     for i in range(2):
         torch.testing.assert_close(outs[i], want[i], rtol=1e-5, atol=1e-5)
 

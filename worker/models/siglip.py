@@ -111,10 +111,16 @@ class SiglipAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, n: int) -> torch.Tensor:
         """x [n * patches, hidden] of n images."""
-        h, d = self.num_heads, self.head_dim
-        q, k, v = self.qkv_proj(x).view(n, -1, 3, h, d).permute(2, 0, 3, 1, 4).unbind(0)  # [n, h, P, d] each
+        return self.attend(*self.qkv(x, n))
+
+    def qkv(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+        """q, k, v [n, heads, patches, head_dim] of x [n * patches, hidden]."""
+        return self.qkv_proj(x).view(n, -1, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Some patches' queries [n, heads, p, head_dim] over all of k, v -> their outputs [n * p, hidden]."""
         o = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
-        return self.out_proj(o.transpose(1, 2).reshape(x.shape[0], h * d))
+        return self.out_proj(o.transpose(1, 2).reshape(-1, self.num_heads * self.head_dim))
 
 
 class SiglipMLP(nn.Module):
@@ -142,8 +148,25 @@ class SiglipEncoderLayer(nn.Module):
         self.mlp = SiglipMLP(cfg, dtype, device, ops, tp_rank, tp_size)
 
     def forward(self, h: torch.Tensor, n: int) -> torch.Tensor:
-        h = h + self.self_attn(self.layer_norm1(h), n)
-        return h + self.mlp(self.layer_norm2(h))
+        return run_stages(self.stages(h, n, 1))
+
+    def stages(self, h: torch.Tensor, n: int, blocks: int) -> Stages:
+        """The layer over h [n * patches, hidden] in pieces: every patch's q, k, v, then the attention and MLP
+        of `blocks` blocks of patches, a piece each (one piece in all when blocks is 1). The same sums: a
+        patch's output depends on the other patches only through their k and v."""
+        attn = self.self_attn
+        q, k, v = attn.qkv(self.layer_norm1(h), n)
+        if blocks == 1:
+            h = h + attn.attend(q, k, v)
+            return h + self.mlp(self.layer_norm2(h))
+        patches, width = q.shape[2], h.shape[-1]
+        rows, out = h.view(n, patches, width), torch.empty_like(h).view(n, patches, width)
+        bounds = [patches * i // blocks for i in range(blocks + 1)]
+        for a, b in zip(bounds, bounds[1:]):
+            yield
+            x = rows[:, a:b].reshape(-1, width) + attn.attend(q[:, :, a:b], k, v)
+            out[:, a:b] = (x + self.mlp(self.layer_norm2(x))).view(n, b - a, width)
+        return out.view(n * patches, width)
 
 
 class SiglipEncoder(nn.Module):
@@ -176,7 +199,7 @@ class SiglipVisionModel(nn.Module):
         return run_stages(self.stages(pixels))
 
     def stages(self, pixels: torch.Tensor) -> Stages:
-        """The encoding in pieces, a layer each (models/encoder_stages.py)."""
+        """The encoding in pieces (models/encoder_stages.py): cfg.pieces_per_layer a layer."""
         cfg = self.config
         want = (cfg.num_channels, cfg.image_size, cfg.image_size)
         if pixels.dim() != 4 or tuple(pixels.shape[1:]) != want:
@@ -188,5 +211,5 @@ class SiglipVisionModel(nn.Module):
         for i, layer in enumerate(self.encoder.layers):
             if i:
                 yield
-            h = layer(h, n)
+            h = yield from layer.stages(h, n, cfg.row_blocks)
         return self.post_layernorm(h).view(n, -1, cfg.hidden_size)
