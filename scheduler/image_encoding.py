@@ -9,6 +9,9 @@ is several pieces; a piece larger than the whole budget runs alone). A request's
 not yet ready (Req.chunk_end): the text before it, and every other request, goes on meanwhile. The scheduler
 counts the pieces it sent; steps run in order, so an image is ready for the step after its last piece, even
 before that piece's result is back.
+
+A step of encoding only goes to the worker when no step is in flight (not queued behind one, as steps with
+tokens are): a request that arrives while images encode waits for one piece, not two.
 """
 from __future__ import annotations
 

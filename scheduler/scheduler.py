@@ -183,7 +183,7 @@ class Scheduler:
                         image_ready=enc.ready if enc else None)
         schedule_running(self.running, self.waiting, self.kv, plan, self._retract, self.speculation)
         admit_waiting(self.waiting, self.running, self.kv, plan, self.cfg.max_running_requests)
-        if enc is not None:
+        if enc is not None and (plan.items or not self.inflight):  # a step of encoding only is never queued
             plan.encode = enc.plan(self.running, self.waiting, self.cfg.max_running_requests)
         self._note_first_scheduled(plan.reqs)
         if not (plan.items or plan.encode):
