@@ -123,6 +123,25 @@ def test_an_encoding_runs_in_pieces_and_one_left_unfinished_is_finished_when_nee
     assert not cache.partial and cache.encoded == 3
 
 
+def test_an_encoding_that_raises_is_not_kept_half_done() -> None:
+    fail = [True]
+
+    def stages(im: ImageItem):
+        yield
+        if fail[0]:
+            raise RuntimeError("out of memory")
+        return torch.zeros(im.length, 2)
+
+    cache = EncoderCache(stages)
+    a = check_images([IMG], [item(0, 1, seed=1)], IMG)[0]
+    cache.run([EncodeWork(a.digest, 1, a)])
+    with pytest.raises(RuntimeError, match="out of memory"):
+        cache.run([EncodeWork(a.digest, 1)])
+    assert not cache.partial and not cache.entries
+    fail[0] = False
+    assert cache.get([a])[a.digest].shape == (1, 2) and cache.encoded == 1
+
+
 def test_the_encoder_cache_keeps_its_budget_least_recently_used_first() -> None:
     calls: list[str] = []
     cache = EncoderCache(_encoder(calls), budget_bytes=3 * 8)  # an image of 1 token: 2 floats, 8 bytes

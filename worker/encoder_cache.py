@@ -65,7 +65,11 @@ class EncoderCache:
                 if w.image is None:
                     continue  # its start was lost: `get` encodes it whole if a step needs it
                 job = self.partial[w.digest] = (w.image, self.start(w.image))
-            out = run_pieces(job[1], w.pieces)
+            try:
+                out = run_pieces(job[1], w.pieces)
+            except BaseException:
+                del self.partial[w.digest]  # a generator that raised is spent: `get` starts it again
+                raise
             if out is not None:
                 del self.partial[w.digest]
                 self._finish(job[0], out)
