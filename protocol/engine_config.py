@@ -48,7 +48,7 @@ class EngineConfig:
         default=None,
         metadata={"help": "prefill tokens per step, chunking long prompts; default: the step budget"},
     )
-    encoder_tokens_per_step: int = field(default=128, metadata={
+    encoder_tokens_per_step: int = field(default=32, metadata={
         "help": "image encoding a step may carry, in image tokens through one encoder layer (an image of T "
                 "tokens costs T a layer; a layer larger runs alone): an image's encoding is spread over "
                 "steps, so other requests are not held behind it"})
