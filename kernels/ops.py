@@ -23,6 +23,7 @@ from tandem.kernels.native import moe, norm_act, paged_attention, quant_bf16, qu
 from tandem.kernels.native.cpu_caps import cpu_caps
 from tandem.kernels.reference import bitmask as ref_bitmask
 from tandem.kernels.reference import input_prep as ref_input_prep
+from tandem.kernels.reference import lora as ref_lora
 from tandem.kernels.reference import moe as ref_moe
 from tandem.kernels.reference import ngram_propose as ref_ngram
 from tandem.kernels.reference import norm_act as ref_norm_act
@@ -79,6 +80,8 @@ class Ops:
     # a whole MoE layer in the C kernel (router, top-k, experts) from its packed weights: (x, w13, w2, top_k,
     # renormalize, router) -> y; only where `native`
     moe_layer: Callable[..., torch.Tensor]
+    # LoRA deltas of a step mixing adapters, added to a linear layer's output (kernels/reference/lora.py)
+    lora_add: Callable[..., torch.Tensor]
 
     def describe(self) -> str:
         device_ops = "host" if self.host_drafts else "triton"
@@ -152,6 +155,7 @@ def resolve_ops(
         moe_route=ref_moe.route_ref,
         linear=functools.partial(linear_product, int8=int8, bf16_rows=bf16_rows),
         moe_layer=_native_moe_layer if native else _no_moe_layer,
+        lora_add=ref_lora.lora_add_ref,
     )
     log.info("%s (device %s, %s)", ops.describe(), device, dtype)
     return ops

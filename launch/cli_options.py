@@ -41,6 +41,9 @@ def add_engine_flags(
             parser.add_argument(
                 "--model", required=True, help="model: a Hugging Face directory or a .gguf file"
             )
+        elif typing.get_origin(tp) is list and f.metadata.get("nargs"):  # items after one flag, or several
+            parser.add_argument(_flag(f.name), action="extend", nargs=f.metadata["nargs"],
+                                type=typing.get_args(tp)[0], help=help_)
         elif typing.get_origin(tp) is list:  # the flag given once per item
             parser.add_argument(_flag(f.name), action="append", type=typing.get_args(tp)[0], help=help_)
         elif tp is bool:

@@ -5,6 +5,7 @@ It crosses process boundaries msgspec-encoded (never pickled).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -52,6 +53,11 @@ class EngineConfig:
         "help": "image encoding a step may carry, in image tokens through one encoder layer (an image of T "
                 "tokens costs T a layer; a layer larger runs alone): an image's encoding is spread over "
                 "steps, so other requests are not held behind it"})
+    lora_modules: list[str] = field(default_factory=list, metadata={"nargs": "+", "help": (
+        "LoRA adapters to serve, name=path (a PEFT directory): a request picks one by name (--lora-modules "
+        "a=DIR b=DIR, as vLLM's)")})
+    max_loras: int = field(default=4, metadata={"help": "adapters held on the device at once"})
+    max_lora_rank: int = field(default=64, metadata={"help": "the largest adapter rank served"})
     max_model_len: int | None = field(default=None, metadata={"help": "context limit; default: the model's"})
     page_size: int = field(
         default=1, metadata={"help": "KV page size in tokens; prefix cache keys are page-aligned"}
@@ -190,6 +196,7 @@ class EngineConfig:
             raise bad("host_kv_tokens", f"must be a multiple of page_size={self.page_size}")
         if self.session_kv_tokens is not None and self.session_kv_tokens < 0:
             raise bad("session_kv_tokens", "must be >= 0 (0: no sessions)")
+        self._check_loras(bad)
         if self.encoder_tokens_per_step < 1:
             raise bad("encoder_tokens_per_step", "must be >= 1")
         if self.chunked_prefill_tokens is not None and self.chunked_prefill_tokens < 1:
@@ -223,6 +230,20 @@ class EngineConfig:
             raise bad("num_speculative_tokens", "must be >= 1")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise bad("prompt_lookup_max", f"must be >= prompt_lookup_min={self.prompt_lookup_min} >= 1")
+
+    def _check_loras(self, bad: Callable[[str, str], ValueError]) -> None:
+        from tandem.protocol.lora import LoraError, LoraModule
+
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise bad("max_loras" if self.max_loras < 1 else "max_lora_rank", "must be >= 1")
+        try:
+            names = [LoraModule.parse(m).name for m in self.lora_modules]
+        except LoraError as e:
+            raise bad("lora_modules", str(e)) from None
+        if len(set(names)) < len(names):
+            raise bad("lora_modules", "two adapters under one name")
+        if len(names) > self.max_loras:  # each is held in a device slot of its own for now (no swapping)
+            raise bad("max_loras", f"{len(names)} adapters given, {self.max_loras} device slots")
 
     @classmethod
     def from_options(cls, model: str, **options: object) -> EngineConfig:

@@ -23,6 +23,7 @@ class ErrorCode(str, Enum):
     PROMPT_TOO_LONG = "invalid_request.prompt_too_long"
     DIMENSIONS = "invalid_request.dimensions"
     IMAGE = "invalid_request.image"  # not an image, too large or too many, or sent to a text-only model
+    LORA = "invalid_request.lora"  # no adapter served under that name
     INVALID_GRAMMAR = "invalid_request.grammar"
     SESSION = "invalid_request.session"  # a bad open_session (capacity, timeout) or sessions unavailable
     SESSION_UNKNOWN = "invalid_request.session_unknown"

@@ -52,6 +52,7 @@ class GenerateRequest(msgspec.Struct, tag="generate"):
     session_params: SessionParams | None = None
     # With token_ids: the prompt's images, preprocessed by the client (frontend/image_prompt.py)
     images: list[ImageItem] = []
+    lora: str | None = None  # the LoRA adapter to run under, by its name (--lora-modules); None: the base
 
 
 class EmbedRequest(msgspec.Struct, tag="embed"):
@@ -186,6 +187,7 @@ class TokenizedRequest(msgspec.Struct, tag="req"):
     session: SessionParams | None = None
     embed: EmbedParams | None = None  # an embedding request: pooled, never sampled
     images: list[ImageItem] = []  # checked, with their digests
+    lora: str | None = None  # a served adapter's name (checked)
 
 
 SchedulerInMsg = TokenizedRequest | AbortRequest | StatsRequest | OpenSession | CloseSession
@@ -218,6 +220,7 @@ class NewReqData(msgspec.Struct, array_like=True):
     sampling: WorkerSampling
     pool: EmbedParams | None = None  # an embedding request: its prompt's hidden states are pooled
     images: list[ImageItem] = []  # the prompt's, for the steps that compute their tokens
+    lora_slot: int = -1  # the device slot of its adapter (-1: the base model)
 
 
 class ScheduledReq(msgspec.Struct, array_like=True):

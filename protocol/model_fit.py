@@ -9,6 +9,7 @@ import psutil
 
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.errors import ModelLoadError
+from tandem.protocol.lora import LoraModule, read_lora
 from tandem.protocol.model_config import ModelConfig, read_model_config
 from tandem.protocol.model_info import ModelInfo, read_model_info
 
@@ -37,6 +38,8 @@ def check_model_fits(cfg: EngineConfig) -> ModelInfo:
     _check_moe(model)
     _check_kv_dtype(cfg, model)
     _check_kv_budget(cfg, model, info.max_model_len)
+    for m in cfg.lora_modules:  # each adapter's config (its weights' shapes are checked as they load)
+        read_lora(LoraModule.parse(m), cfg.max_lora_rank)
     return info
 
 

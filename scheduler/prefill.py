@@ -90,6 +90,7 @@ def new_req_data(req: Req) -> NewReqData:
         num_prompt=len(req.origin_input_ids),
         num_cached=req.num_computed_tokens,
         images=req.images,
+        lora_slot=req.lora_slot,
         sampling=WorkerSampling(
             p.temperature, p.top_k, p.top_p, p.min_p, p.seed,
             repetition_penalty=p.repetition_penalty,

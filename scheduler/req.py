@@ -10,6 +10,7 @@ from typing import Any
 
 from tandem.protocol.embed_params import EmbedParams
 from tandem.protocol.image_item import ImageItem, key_token
+from tandem.protocol.lora import lora_key
 from tandem.protocol.sampling_params import SamplingParams
 from tandem.protocol.time_stats import TimeStats
 from tandem.scheduler.finish import FinishReason
@@ -34,6 +35,8 @@ class Req:
         embed: EmbedParams | None = None,
         images: list[ImageItem] | None = None,
         images_bidirectional: bool = False,
+        lora: str | None = None,
+        lora_slot: int = -1,
     ) -> None:
         self.rid = rid
         self.origin_input_ids = input_ids
@@ -47,6 +50,11 @@ class Req:
             self.origin_key_ids = list(input_ids)
             for im in self.images:
                 self.origin_key_ids[im.offset : im.offset + im.length] = [key_token(im.digest)] * im.length
+        # Under a LoRA adapter the first token's key names the adapter: its KV is never another's.
+        self.lora, self.lora_slot = lora, lora_slot
+        if lora is not None:
+            self.origin_key_ids = list(self.origin_key_ids)
+            self.origin_key_ids[0] = lora_key(lora, 0, self.origin_key_ids[0])
         self.output_ids: list[int] = []
         self.params = params
         self.eos_token_ids = eos_token_ids

@@ -13,6 +13,7 @@ import msgspec
 
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.errors import ErrorCode
+from tandem.protocol.lora import lora_slot
 from tandem.protocol.messages import (
     DetokRegister,
     EngineLoad,
@@ -33,6 +34,7 @@ from tandem.scheduler.kv_cache import KVCacheManager
 from tandem.scheduler.prefill import admit_waiting
 from tandem.scheduler.prompt_logprobs import new_prompt_logprobs
 from tandem.scheduler.req import Req
+from tandem.scheduler.request_checks import refusal
 from tandem.scheduler.scheduling_policy import make_policy
 from tandem.scheduler.sessions import SessionError, SessionStore
 from tandem.scheduler.spec_decode import SpecStats, Speculation
@@ -108,30 +110,16 @@ class Scheduler:
             before = len(link[1].tokens)
             images = link[1].images + [msgspec.structs.replace(im, offset=im.offset + before)
                                        for im in images]
-        n_prompt = len(ids)
-        room = self.info.max_model_len - n_prompt
-        if n_prompt == 0 or room < (0 if msg.embed else 1):  # an embedding needs no room for an output
-            self.outbox.append(
-                RequestError(msg.rid, ErrorCode.PROMPT_TOO_LONG, f"prompt has {n_prompt} tokens")
-            )
-            return
-        if n_prompt + 1 > self.kv.allocator.size:
-            self.outbox.append(
-                RequestError(
-                    msg.rid,
-                    ErrorCode.KV_CAPACITY,
-                    f"prompt of {n_prompt} tokens can never fit the KV pool of {self.kv.allocator.size}",
-                )
-            )
-            return
-        limit = self.cfg.max_waiting_requests
-        if limit is not None and len(self.waiting) + len(self.structured.compiling) >= limit:
-            why = f"{limit} requests are waiting already"
-            self.outbox.append(RequestError(msg.rid, ErrorCode.OVERLOADED, why))
+        room = self.info.max_model_len - len(ids)
+        refused = refusal(msg, ids, room, self.kv.allocator.size, self.cfg.max_waiting_requests,
+                          len(self.waiting) + len(self.structured.compiling), link[1] if link else None)
+        if refused is not None:
+            self.outbox.append(refused)
             return
         max_new = 0 if msg.embed else min(msg.params.max_tokens or room, room)
         req = Req(msg.rid, ids, msg.params, self.eos, max_new, self._arrivals, msg.priority, embed=msg.embed,
-                  images=images, images_bidirectional=self.info.images_bidirectional)
+                  images=images, images_bidirectional=self.info.images_bidirectional, lora=msg.lora,
+                  lora_slot=lora_slot(msg.lora, self.cfg.lora_modules))
         req.pools_whole_prompt = msg.embed is not None and self.cfg.pooling != "last"
         self._arrivals += 1
         if link is not None:

@@ -55,6 +55,7 @@ class Turn:
     tokens: list[int]  # its full context: what a continuation of it starts from
     hold: Hold | None  # the KV of it the session holds (locked); None: let go
     images: list[ImageItem] = field(default_factory=list)  # the context's, at their places in tokens
+    lora: str | None = None  # the adapter its KV was computed under
 
 
 @dataclass
@@ -219,7 +220,7 @@ class SessionStore:
         if old is not None:
             self._let_go(old)
         held = self.kv.hold(req.key_ids[: min(computed, s.capacity)])  # the cache's key: images by digest
-        s.turns[rid] = Turn(rid, tokens, held, req.images)
+        s.turns[rid] = Turn(rid, tokens, held, req.images, req.lora)
         while len(s.turns) > MAX_TURNS:
             self._let_go(s.turns.pop(next(iter(s.turns))))
         for t in list(s.turns.values())[:-1]:  # over its capacity: the oldest turns go first

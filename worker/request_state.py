@@ -67,6 +67,7 @@ class RequestState:
         self.pool_acc: dict[int, torch.Tensor] = {}
         self.images: dict[int, list[ImageItem]] = {}  # rows whose prompts hold images (worker/image_rows.py)
         self.rope: dict[int, tuple[torch.Tensor, int]] = {}  # their multimodal RoPE positions and delta
+        self.lora_slot: dict[int, int] = {}  # rows run under a LoRA adapter: its device slot
 
     def add(self, r: NewReqData) -> None:
         i = r.req_pool_idx
@@ -116,6 +117,8 @@ class RequestState:
             self.pool_params[i] = r.pool
         if r.images:
             self.images[i] = r.images
+        if r.lora_slot >= 0:
+            self.lora_slot[i] = r.lora_slot
 
     def free(self, i: int) -> None:
         if not self.live[i]:
@@ -126,6 +129,7 @@ class RequestState:
         self.pool_params.pop(i, None)
         self.pool_acc.pop(i, None)
         self.images.pop(i, None)
+        self.lora_slot.pop(i, None)
         self.rope.pop(i, None)
 
     def device_params(self, rows: torch.Tensor) -> DeviceParams:

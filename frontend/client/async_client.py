@@ -118,11 +118,12 @@ class AsyncClient:
                    connect_timeout_s=connect_timeout_s, model=prompt_model(model, engine_options))
 
     async def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None, *,
-                       priority: int = 0, session: SessionParams | None = None) -> Completion:
+                       priority: int = 0, session: SessionParams | None = None, lora: str | None = None,
+                       ) -> Completion:
         """priority: lower is served first (under --scheduling-policy priority). session: continue a
-        session's turn (see open_session)."""
+        session's turn (see open_session). lora: run under the LoRA adapter of that name (--lora-modules)."""
         prompt = await self._with_images(prompt)
-        rid, items = self._submit(prompt, params, request_id, priority, session)
+        rid, items = self._submit(prompt, params, request_id, priority, session, lora)
         comp = Completion(rid, reasoning_style=self.reasoning_parser)
         async for out in self._outputs(rid, items):
             comp.add(out)
@@ -130,10 +131,10 @@ class AsyncClient:
 
     async def stream(
         self, prompt: Prompt, params: Params = None, request_id: str | None = None, *, priority: int = 0,
-        session: SessionParams | None = None,
+        session: SessionParams | None = None, lora: str | None = None,
     ) -> AsyncIterator[CompletionDelta]:
         prompt = await self._with_images(prompt)
-        rid, items = self._submit(prompt, params, request_id, priority, session)
+        rid, items = self._submit(prompt, params, request_id, priority, session, lora)
         async for out in self._outputs(rid, items):
             yield to_delta(out)
 
@@ -264,8 +265,10 @@ class AsyncClient:
         return ImagePrompt(*await asyncio.to_thread(self._prompter.prompt, *split))
 
     def _submit(self, prompt: Prompt, params: Params, rid: str | None, priority: int = 0,
-                session: SessionParams | None = None) -> tuple[str, asyncio.Queue[Item]]:
+                session: SessionParams | None = None, lora: str | None = None,
+                ) -> tuple[str, asyncio.Queue[Item]]:
         req = build_request(prompt, params, rid, priority, session)
+        req.lora = lora
         return req.rid, self._open(req.rid, encode_msg(req), is_request=True)
 
     async def _query(self, rid: str, msg: StatsRequest | DrainRequest | OpenSession | CloseSession,

@@ -78,10 +78,12 @@ class Client:
                    connect_timeout_s=connect_timeout_s, model=prompt_model(model, engine_options))
 
     def generate(self, prompt: Prompt, params: Params = None, request_id: str | None = None, *,
-                 priority: int = 0, session: SessionParams | None = None) -> Completion:
+                 priority: int = 0, session: SessionParams | None = None, lora: str | None = None,
+                 ) -> Completion:
         """priority: lower is served first (under --scheduling-policy priority). session: continue a
-        session's turn (simpler through open_session())."""
-        return self._run(self._async.generate(prompt, params, request_id, priority=priority, session=session))
+        session's turn (simpler through open_session()). lora: run under that adapter (--lora-modules)."""
+        return self._run(self._async.generate(prompt, params, request_id, priority=priority, session=session,
+                                              lora=lora))
 
     def stream(
         self,
@@ -91,8 +93,9 @@ class Client:
         *,
         priority: int = 0,
         session: SessionParams | None = None,
+        lora: str | None = None,
     ) -> Iterator[CompletionDelta]:
-        deltas = self._async.stream(prompt, params, request_id, priority=priority, session=session)
+        deltas = self._async.stream(prompt, params, request_id, priority=priority, session=session, lora=lora)
         try:
             while True:
                 try:

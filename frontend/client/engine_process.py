@@ -31,6 +31,8 @@ def config_to_argv(cfg: EngineConfig) -> list[str]:
         v, flag = getattr(cfg, f.name), f.name.replace("_", "-")
         if isinstance(v, bool):
             argv.append(f"--{flag}" if v else f"--no-{flag}")
+        elif isinstance(v, list):
+            argv += [a for item in v for a in (f"--{flag}", str(item))]
         elif v is not None:
             argv += [f"--{flag}", str(v)]
     return argv

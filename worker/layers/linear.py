@@ -19,6 +19,7 @@ from tandem.worker.gguf_weights import GGUFBlocks
 
 if TYPE_CHECKING:
     from tandem.kernels.ops import Ops
+    from tandem.worker.layers.lora import LoraSlots
 
 
 def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -44,6 +45,9 @@ class PackableLinear(nn.Module):
     int8_activations: bool = False
     ops: Ops | None = None  # the worker's: its `linear` runs the product (None: a layer made alone)
     forms: WeightForms | None = None  # the form the weight takes: the ops' (kernels/weight_forms.py)
+    lora: LoraSlots | None = None  # adapters' slots, where an adapter may target the layer (layers/lora.py)
+    in_features: int
+    out_features: int  # this rank's
     # rows offset -> that part's GGUF blocks, until finish_loading packs (or dequantizes) them
     _blocks: dict[int, GGUFBlocks]
 
@@ -105,7 +109,11 @@ class PackableLinear(nn.Module):
 
     def product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         run = linear_product if self.ops is None else self.ops.linear
-        return run(x, self.quant, self.dense, self.weight, self.packed, bias)
+        y = run(x, self.quant, self.dense, self.weight, self.packed, bias)
+        lora = self.lora
+        if lora is not None and lora.ctx.groups:  # only a worker's model (which has its ops) takes adapters
+            self.ops.lora_add(y, x, lora.a, lora.b, lora.ctx.groups)
+        return y
 
 
 def _contiguous(parts: dict[int, GGUFBlocks], order: list[int]) -> list[int]:
@@ -142,6 +150,7 @@ class ColumnParallelLinear(PackableLinear):
             raise ValueError(f"output sizes {output_sizes} not divisible by tp_size={tp_size}")
         self.tp_rank, self.tp_size = tp_rank, tp_size
         sizes = [s // tp_size for s in output_sizes]
+        self.full_sizes = list(output_sizes)  # each logical output's, over all ranks
         self._init_shards(input_size, sizes, [tp_rank * n for n in sizes], bias, dtype, device)
 
     def _init_shards(
@@ -151,6 +160,7 @@ class ColumnParallelLinear(PackableLinear):
         # shard i: rows [starts[i], starts[i] + sizes[i]) of logical output i, at shard_offsets[i] here.
         self.shard_sizes, self.shard_starts = sizes, starts
         self.shard_offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        self.in_features, self.out_features = input_size, sum(sizes)
         self.weight = _param((sum(sizes), input_size), dtype, device)
         self.bias = _param((sum(sizes),), dtype, device) if bias else None
 
@@ -192,6 +202,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         kv_start = tp_rank * num_kv_heads // tp_size if replicated else tp_rank * self.num_kv_heads
         q, kv = self.num_heads * head_dim, self.num_kv_heads * head_dim
         starts = [tp_rank * q, kv_start * head_dim, kv_start * head_dim]
+        self.full_sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
         self._init_shards(input_size, [q, kv, kv], starts, bias, dtype, device)
 
 
@@ -230,6 +241,7 @@ class RowParallelLinear(PackableLinear):
         # reduce=False: the caller sums this partial output with others first (an MoE layer's shared expert)
         self.tp_rank, self.tp_size, self.reduce = tp_rank, tp_size, reduce
         self.shard_size = input_size // tp_size
+        self.in_features, self.out_features = self.shard_size, output_size
         self.weight = _param((output_size, self.shard_size), dtype, device)
         self.bias = _param((output_size,), dtype, device) if bias else None
 

@@ -1,0 +1,175 @@
+"""LoRA adapters against PEFT (transformers' model with peft's adapters, a reference that shares no code with
+the engine): the segmented product against a row-by-row twin, adapters' greedy tokens through
+`Client.launch` in one batch with the base's, the prefix cache kept apart per adapter, and every bad adapter a
+one-line error naming its field."""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+from peft import LoraConfig as PeftLoraConfig
+from peft import get_peft_model
+from transformers import AutoModelForCausalLM
+
+from tandem import AsyncClient, SamplingParams
+from tandem.kernels.ops import resolve_ops
+from tandem.kernels.reference.lora import lora_add_ref
+from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.errors import ErrorCode, InvalidRequestError
+from tandem.protocol.lora import LoraError, LoraModule, read_lora
+from tests.reference import NEAR_TIE
+
+F32 = torch.float32
+N = 8  # tokens generated per request
+
+
+def test_the_segmented_product_gives_each_row_its_own_adapters_delta() -> None:
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(7, 12, generator=g), torch.randn(7, 10, generator=g)
+    a, b = torch.randn(3, 4, 12, generator=g), torch.randn(3, 10, 4, generator=g)
+    slot_of = [0, 2, -1, 2, 0, -1, 1]
+    groups = [(s, torch.tensor([i for i, t in enumerate(slot_of) if t == s])) for s in (0, 1, 2)]
+    want = y.clone()
+    for i, s in enumerate(slot_of):  # the twin: row by row
+        if s >= 0:
+            want[i] += b[s] @ (a[s] @ x[i])
+    for impl in (lora_add_ref, resolve_ops("cpu", F32).lora_add):  # every implementation this machine has
+        torch.testing.assert_close(impl(y.clone(), x, a, b, groups), want)
+        torch.testing.assert_close(impl(y.clone(), x, a, b, [(1, None)]), y + x @ a[1].t() @ b[1].t())
+
+
+def test_a_session_turn_continues_only_under_its_own_adapter() -> None:
+    """A session's held KV is taken as it is: a turn under another adapter (or the base) is refused."""
+    from tandem.protocol.messages import TokenizedRequest
+    from tandem.scheduler.request_checks import refusal
+    from tandem.scheduler.sessions import Turn
+
+    turn = Turn("t1", [1, 2, 3], None, lora="a")
+    for lora, refused in (("a", False), ("b", True), (None, True)):
+        msg = TokenizedRequest("r", [4, 5], SamplingParams(), lora=lora)
+        err = refusal(msg, [1, 2, 3, 4, 5], 100, 1000, None, 0, turn)
+        assert (err is not None) == refused
+        if err is not None:
+            assert err.code == ErrorCode.SESSION_TURN and "one adapter" in err.message
+
+
+def _adapter(base: Path, out: Path, seed: int, r: int, targets: list[str], rslora: bool = False) -> Path:
+    """A random PEFT adapter (B not zero, as a trained one), saved as PEFT saves it."""
+    torch.manual_seed(seed)
+    hf = AutoModelForCausalLM.from_pretrained(base, dtype=F32)
+    pm = get_peft_model(hf, PeftLoraConfig(r=r, lora_alpha=2 * r, target_modules=targets, use_rslora=rslora,
+                                           init_lora_weights=False))
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_B" in name:
+                p.mul_(0.5)
+    pm.save_pretrained(out)
+    return out
+
+
+def _peft_greedy(base: Path, adapter: Path | None, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]:
+    from peft import PeftModel
+
+    hf = AutoModelForCausalLM.from_pretrained(base, dtype=F32).eval()
+    m = PeftModel.from_pretrained(hf, adapter).eval() if adapter is not None else hf
+    with torch.no_grad():
+        out = m.generate(torch.tensor([prompt]), max_new_tokens=N, do_sample=False, output_logits=True,
+                         return_dict_in_generate=True, pad_token_id=0)
+    return out.sequences[0, len(prompt):].tolist(), [lg[0] for lg in out.logits]
+
+
+def _check(got: list[int], want: tuple[list[int], list[torch.Tensor]], what: str) -> None:
+    """Equal, or equal up to a near-tie of the reference's own logits (after which the runs may part)."""
+    tokens, logits = want
+    for i, (a, b) in enumerate(zip(got, tokens, strict=True)):
+        if a != b:
+            gap = float(logits[i][b] - logits[i][a])
+            assert gap < NEAR_TIE, f"{what}: token {i} is {a}, PEFT's {b} (ahead by {gap:.4g})"
+            return
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_model, tmp_path_factory) -> tuple[Path, dict[str, Path]]:
+    base = tiny_model("llama")
+    d = tmp_path_factory.mktemp("lora")
+    return base, {
+        "all": _adapter(base, d / "all", 1, 8, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                "down_proj"]),
+        "attn": _adapter(base, d / "attn", 2, 4, ["q_proj", "v_proj"], rslora=True),
+        "mlp": _adapter(base, d / "mlp", 3, 16, ["down_proj", "up_proj"]),
+    }
+
+
+def test_adapters_and_the_base_in_one_batch_are_each_peft(adapters) -> None:
+    base, paths = adapters
+    prompts = [[1, 5, 9, 13, 2, 7], [1, 30, 31, 2], [1, 44, 3, 3, 8, 21, 60, 9]]
+    runs = [(p, name) for p in prompts for name in (None, *paths)]
+    params = SamplingParams(max_tokens=N, temperature=0, ignore_eos=True)
+
+    async def serve() -> list[list[int]]:
+        options = {"lora_modules": [f"{n}={p}" for n, p in paths.items()], "max_lora_rank": 16}
+        async with AsyncClient.launch(str(base), dtype="float32", **options) as c:
+            outs = await asyncio.gather(*(c.generate(p, params, lora=name) for p, name in runs))
+            with pytest.raises(InvalidRequestError) as e:
+                await c.generate(prompts[0], params, lora="nope")
+            assert e.value.code == ErrorCode.LORA and "served: all, attn, mlp" in str(e.value)
+            return [o.token_ids for o in outs]
+
+    got = asyncio.run(serve())
+    differ = 0
+    for (prompt, name), tokens in zip(runs, got, strict=True):
+        want = _peft_greedy(base, paths[name] if name else None, prompt)
+        _check(tokens, want, f"{name or 'base'} on {prompt}")
+        differ += name is not None and tokens != got[runs.index((prompt, None))]
+    assert differ >= 6  # the adapters change what the model says
+
+
+def test_an_adapters_kv_is_never_anothers(adapters) -> None:
+    base, paths = adapters
+    prompt = list(range(1, 40))
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+
+    async def cached() -> list[int]:
+        options = {"lora_modules": [f"{n}={p}" for n, p in paths.items()], "max_lora_rank": 16}
+        async with AsyncClient.launch(str(base), dtype="float32", **options) as c:
+            out = []
+            for name in ("all", "attn", None, "all", "attn", None):
+                out.append((await c.generate(prompt, params, lora=name)).final.cached_tokens)
+            return out
+
+    first_all, first_attn, first_base, *again = asyncio.run(cached())
+    assert first_all == first_attn == first_base == 0  # the same prompt under another adapter: no hit
+    assert min(again) >= len(prompt) - 2  # under the same one: its own KV
+
+
+def test_a_bad_adapter_is_an_error_naming_its_field(adapters, tmp_path) -> None:
+    base, paths = adapters
+    cases = [
+        (LoraModule("x", str(tmp_path / "missing")), 64, "path"),
+        (LoraModule("x", str(paths["mlp"])), 8, "r"),  # rank 16 above --max-lora-rank 8
+    ]
+    for module, max_rank, field in cases:
+        with pytest.raises(LoraError) as e:
+            read_lora(module, max_rank)
+        assert e.value.field == field
+    with pytest.raises(LoraError, match="not name=path"):
+        LoraModule.parse("no-path")
+    with pytest.raises(ValueError, match="two adapters under one name"):
+        EngineConfig(model=str(base), lora_modules=[f"a={paths['all']}", f"a={paths['mlp']}"])
+    with pytest.raises(ValueError, match="device slots"):
+        EngineConfig(model=str(base), lora_modules=[f"a={paths['all']}", f"b={paths['mlp']}"], max_loras=1)
+
+
+def test_an_adapter_for_another_model_is_refused_before_it_is_served(adapters, tiny_model) -> None:
+    from tandem.worker.layers.lora import install_slots
+    from tandem.worker.loader import load_model
+    from tandem.worker.lora_weights import load_adapter
+
+    _, paths = adapters
+    other = load_model(str(tiny_model("llama", size="small")), F32, "cpu")  # wider, more layers
+    install_slots(other, 2, 16, F32, "cpu")
+    with pytest.raises(LoraError) as e:
+        load_adapter(other, 0, read_lora(LoraModule("all", str(paths["all"])), 16))
+    assert e.value.field == "base"

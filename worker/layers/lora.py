@@ -1,0 +1,64 @@
+"""Device slots for LoRA adapters in a model's linear layers, and the step's map of token rows to slots.
+
+Every layer an adapter may target (the attention's q/k/v and o, the MLP's gate/up and down) holds `LoraSlots`:
+a [slots, parts * max_rank, in] and b [slots, out, parts * max_rank] with one adapter per slot (a fused
+layer's parts side by side, b block-diagonal over them, the adapter's scale folded into b; an empty part, or
+slot, is zeros). Its product adds each token's adapter's delta (Ops.lora_add) when the step runs adapters: the
+model runner sets the shared `LoraContext` for such a step and clears it after, so a step of the base alone
+is the base's product, untouched. Tensor parallelism splits the slots as the layer: a column-parallel layer's
+b by its rank's output rows, a row-parallel layer's a by its input columns (its partial delta is summed by
+the layer's all-reduce: x_r A_r^T B^T summed over ranks is x A^T B^T).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class LoraContext:
+    # (slot, token rows; None: all of them) of the step being run; None: the step runs no adapter
+    groups: list[tuple[int, torch.Tensor | None]] | None = None
+
+
+@dataclass
+class LoraSlots:
+    a: torch.Tensor
+    b: torch.Tensor
+    ctx: LoraContext
+    parts: list[tuple[int, int]] = field(default_factory=list)  # (offset, rows) of each part in b's rows
+    max_rank: int = 0
+
+
+# a checkpoint's projection -> (this engine's layer, its part: the fused layers' as the models stack them)
+LAYER_OF = {
+    "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2), "o_proj": ("o_proj", 0),
+    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1), "down_proj": ("down_proj", 0),
+}
+_TARGETABLE = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\.(qkv_proj|o_proj|gate_up_proj|down_proj)$")
+
+
+def lora_layers(model: torch.nn.Module) -> dict[str, Any]:
+    """The model's layers an adapter may target, by module path (the decoder's: not an encoder's, not an
+    MoE layer's experts)."""
+    from tandem.worker.layers.linear import PackableLinear
+
+    return {name: m for name, m in model.named_modules()
+            if isinstance(m, PackableLinear) and _TARGETABLE.match(name)}
+
+
+def install_slots(model: torch.nn.Module, slots: int, max_rank: int, dtype: torch.dtype, device: Any,
+                  ) -> LoraContext:
+    """Give every targetable layer `slots` empty adapter slots; the context the runner sets per step."""
+    ctx = LoraContext()
+    for layer in lora_layers(model).values():
+        parts = [(o, n) for o, n in zip(layer.shard_offsets, layer.shard_sizes, strict=True)] \
+            if hasattr(layer, "shard_offsets") else [(0, layer.out_features)]
+        r = len(parts) * max_rank
+        layer.lora = LoraSlots(torch.zeros(slots, r, layer.in_features, dtype=dtype, device=device),
+                               torch.zeros(slots, layer.out_features, r, dtype=dtype, device=device), ctx,
+                               parts, max_rank)
+    return ctx
