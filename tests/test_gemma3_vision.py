@@ -30,9 +30,9 @@ from tandem.protocol.tokenizer_loader import load_tokenizer
 from tandem.worker.layers import ColumnParallelLinear, PackableLinear, QKVParallelLinear, RowParallelLinear
 from tandem.worker.loader import load_model
 from tandem.worker.model_runner import ModelRunner
-from tandem.worker.models.encoder_stages import run_pieces
 from tandem.worker.models.gemma3_mm import Gemma3ForConditionalGeneration as Ours
 from tandem.worker.models.siglip import SiglipPatchEmbedding
+from tests.encoder_pieces import interleaved
 from tests.reference import assert_greedy_parity, greedy
 from tests.step_loop import generate
 
@@ -102,14 +102,7 @@ def test_the_encoding_in_pieces_is_the_encoding(model_dir, hf, pixels, monkeypat
     info = read_model_info(model_dir)
     assert (info.image_encoder_pieces, info.image_pieces_per_layer) == ((2, 1) if rows == 16 else (10, 5))
     model = load_model(str(model_dir), F32, "cpu")
-    jobs = [model.image_stages(pixels[i : i + 1]) for i in range(2)]
-    outs: list = [None, None]
-    pieces = 0
-    while any(o is None for o in outs):
-        for i, job in enumerate(jobs):
-            if outs[i] is None:
-                outs[i] = run_pieces(job, 1)
-                pieces += i == 0
+    outs, pieces = interleaved([model.image_stages(pixels[i : i + 1]) for i in range(2)])
     assert pieces == info.image_encoder_pieces
     for i in range(2):
         torch.testing.assert_close(outs[i], _reference(hf, pixels[i : i + 1]), rtol=1e-5, atol=1e-6)

@@ -31,11 +31,11 @@ from tandem.protocol.tokenizer_loader import load_tokenizer
 from tandem.worker.layers import ColumnParallelLinear, PackableLinear, RowParallelLinear
 from tandem.worker.loader import load_model
 from tandem.worker.model_runner import ModelRunner
-from tandem.worker.models.encoder_stages import run_pieces
 from tandem.worker.models.mrope import apply_mrope, mrope_cos_sin, mrope_positions
 from tandem.worker.models.qwen2_5_vision import Qwen2_5_VisionPatchProj
 from tandem.worker.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration as Ours
 from tests import reference
+from tests.encoder_pieces import interleaved
 from tests.reference import assert_greedy_parity, greedy
 from tests.step_loop import generate
 
@@ -121,14 +121,7 @@ def test_the_encoding_in_pieces_is_the_encoding(model_dir, hf, images) -> None:
     pixels, grids = images
     want = _reference(hf, pixels, grids)
     model = load_model(str(model_dir), F32, "cpu")
-    jobs = [model.image_stages(pixels[i], grids[i].tolist()) for i in range(2)]
-    outs: list = [None, None]
-    pieces = 0
-    while any(o is None for o in outs):
-        for i, job in enumerate(jobs):
-            if outs[i] is None:
-                outs[i] = run_pieces(job, 1)
-                pieces += i == 0
+    outs, pieces = interleaved([model.image_stages(pixels[i], grids[i].tolist()) for i in range(2)])
     assert pieces == read_model_info(model_dir).image_encoder_pieces == model.config.vision.num_hidden_layers
     for i in range(2):
         torch.testing.assert_close(outs[i], want[i], rtol=1e-5, atol=1e-5)

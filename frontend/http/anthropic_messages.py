@@ -146,11 +146,11 @@ def _usage(usage: Usage) -> dict:
 
 
 async def create_message(st: ServerState, body: MessagesRequest, request: Request) -> Response:
-    st.check_model(body.model)
+    lora = st.check_model(body.model)
     tools = _tools(body)
     prompt = await _prompt(st, body, tools)
     ids = prompt_ids(prompt)
-    run = ChoiceRun(st.client, st.metrics, [prompt], [_params(body, tools)])
+    run = ChoiceRun(st.client, st.metrics, [prompt], [_params(body, tools)], lora=lora)
     reply = ReplyParser(st.reasoning_parser(ids), tools.parser())
     out = MessageBuilder()
     usage = Usage()

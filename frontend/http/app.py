@@ -92,10 +92,12 @@ def create_app(st: ServerState) -> FastAPI:
 
     @app.get("/v1/models", dependencies=authed, responses=answers(401))
     async def models() -> dict:
+        # the base, then each LoRA adapter with the base as its parent (as vLLM lists them)
         return {"object": "list", "data": [{
-            "id": st.model_name, "object": "model", "created": st.created, "owned_by": "tandem",
-            "root": st.model_path, "parent": None, "max_model_len": st.info.max_model_len,
-        }]}
+            "id": name, "object": "model", "created": st.created, "owned_by": "tandem", "root": root,
+            "parent": parent, "max_model_len": st.info.max_model_len,
+        } for name, root, parent in [(st.model_name, st.model_path, None),
+                                     *((n, p, st.model_name) for n, p in st.loras.items())]]}
 
     @app.post("/tokenize", dependencies=authed, responses=answers(*BODY, 401, 404))
     async def tokenize(body: TokenizeRequest) -> dict:

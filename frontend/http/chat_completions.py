@@ -41,7 +41,7 @@ class _Choice:
 
 
 async def create_chat_completion(st: ServerState, body: ChatCompletionRequest, request: Request) -> Response:
-    st.check_model(body.model)
+    lora = st.check_model(body.model)
     tools = chat_tools(body)
     prompt = await chat_prompt(st, body.messages, tools.template_tools(), True, body.chat_template_kwargs)
     ids = prompt_ids(prompt)
@@ -49,7 +49,7 @@ async def create_chat_completion(st: ServerState, body: ChatCompletionRequest, r
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     session = session_of(body, body.n)  # its turn's request id is the response's id
     run = ChoiceRun(st.client, st.metrics, [prompt] * body.n, per_choice(params, body.n), body.priority,
-                    session, [cid] if session else None)
+                    session, [cid] if session else None, lora)
     choices = [_Choice(i, ReplyParser(st.reasoning_parser(ids), tools.parser())) for i in range(body.n)]
     usage = Usage()
 

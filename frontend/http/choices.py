@@ -28,13 +28,14 @@ MAX_UNREAD_OUTPUTS = 1024  # per HTTP request, all its choices together
 
 class ChoiceRun:
     """choices[i] runs prompts[i] with params[i]; iterate for (index, delta) as they arrive. rids: the engine
-    request ids (default: fresh ones); session: the session all of them continue."""
+    request ids (default: fresh ones); session: the session all of them continue; lora: the adapter they
+    run under."""
 
     def __init__(self, client: AsyncClient, metrics: Metrics, prompts: Sequence[Prompt],
                  params: Sequence[dict[str, Any]], priority: int = 0, session: SessionParams | None = None,
-                 rids: list[str] | None = None) -> None:
+                 rids: list[str] | None = None, lora: str | None = None) -> None:
         self.client, self.metrics = client, metrics
-        self.priority, self.session = priority, session
+        self.priority, self.session, self.lora = priority, session, lora
         base = uuid.uuid4().hex
         self.rids = rids or [f"{base}-{i}" for i in range(len(prompts))]
         self._unfinished = set(self.rids)
@@ -51,7 +52,7 @@ class ChoiceRun:
         unread = False  # past MAX_UNREAD_OUTPUTS: aborted, the rest dropped
         try:
             async for d in self.client.stream(prompt, params, self.rids[i], priority=self.priority,
-                                              session=self.session):
+                                              session=self.session, lora=self.lora):
                 last = self.metrics.on_delta(d, last)
                 if d.finished:
                     self._unfinished.discard(self.rids[i])

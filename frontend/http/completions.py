@@ -45,7 +45,7 @@ class _Choice:
 
 
 async def create_completion(st: ServerState, body: CompletionRequest, request: Request) -> Response:
-    st.check_model(body.model)
+    lora = st.check_model(body.model)
     texts, ids = _prompts(st, body)
     params = completion_params(body)
     n = body.n
@@ -60,6 +60,7 @@ async def create_completion(st: ServerState, body: CompletionRequest, request: R
         body.priority,
         session,
         [cid] if session else None,
+        lora,
     )
     want_lp = body.logprobs is not None
     choices: list[_Choice] = []

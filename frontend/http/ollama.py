@@ -157,7 +157,7 @@ async def _respond(st: ServerState, request: Request, body: GenerationBody, prom
                    ) -> Response:
     """Run the prompt; answer one object (stream false) or NDJSON: a piece per delta that says something,
     then the closing object (`end(output ids)` adds to it)."""
-    run = ChoiceRun(st.client, st.metrics, [prompt], [params])
+    run = ChoiceRun(st.client, st.metrics, [prompt], [params], lora=st.check_model(body.model))
     want_lp = "logprobs" in params
     out_ids: list[int] = []
     sent = 0  # tool calls dealt with

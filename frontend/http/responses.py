@@ -155,7 +155,7 @@ def _head(st: ServerState, body: ResponsesRequest) -> dict[str, Any]:
 
 
 async def create_response(st: ServerState, body: ResponsesRequest, request: Request) -> Response:
-    st.check_model(body.model)
+    lora = st.check_model(body.model)
     history: list[ChatMessageBody] = []
     if body.previous_response_id is not None:
         stored = st.responses.get(body.previous_response_id)
@@ -175,7 +175,7 @@ async def create_response(st: ServerState, body: ResponsesRequest, request: Requ
     tools = _tools(body)
     prompt = await chat_prompt(st, system + turn, tools.template_tools(), True, body.chat_template_kwargs)
     ids = prompt_ids(prompt)
-    run = ChoiceRun(st.client, st.metrics, [prompt], [_params(body, tools)], body.priority)
+    run = ChoiceRun(st.client, st.metrics, [prompt], [_params(body, tools)], body.priority, lora=lora)
     reply = ReplyParser(st.reasoning_parser(ids), tools.parser())
     out = ResponseBuilder(_head(st, body))
     usage = Usage()

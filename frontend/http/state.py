@@ -37,6 +37,7 @@ class ServerState:
     admin_api_key: str | None = None  # the operator routes exist only with one (see create_app)
     prompter: ImagePrompter | None = None  # a vision-language model's processor (frontend/image_prompt.py)
     media: MediaPolicy = field(default_factory=MediaPolicy)  # where an image URL may point
+    loras: dict[str, str] = field(default_factory=dict)  # the LoRA adapters served: name -> path
     _texts: dict[int, str] = field(default_factory=dict)
 
     def token_text(self, tid: int) -> str:
@@ -46,11 +47,17 @@ class ServerState:
             t = self._texts[tid] = self.tokenizer.decode([tid])
         return t
 
-    def check_model(self, name: str | None) -> None:
-        # ollama's clients name a model with its tag (`name:latest`, the only tag here)
-        if name is not None and name != self.model_name and bare_name(name) != self.model_name:
-            raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.model_name}`.",
-                           "model", "model_not_found")
+    def check_model(self, name: str | None) -> str | None:
+        """The LoRA adapter a request's `model` names (None: the base model, or no name); 404 for a name
+        served by neither. ollama's clients name a model with its tag (`name:latest`, the only tag here)."""
+        if name is None or name == self.model_name or bare_name(name) == self.model_name:
+            return None
+        for n in (name, bare_name(name)):
+            if n in self.loras:
+                return n
+        served = ", ".join(f"`{n}`" for n in [self.model_name, *self.loras])
+        raise APIError(404, f"The model `{name}` does not exist; this server serves {served}.", "model",
+                       "model_not_found")
 
     def reasoning_parser(self, prompt_ids: list[int]) -> ReasoningParser | None:
         """A reply's parser, told whether the prompt's end (the template's doing) opened a think block."""
