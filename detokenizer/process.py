@@ -11,6 +11,7 @@ from tandem.detokenizer.stop_holdback import StopHoldBack
 from tandem.protocol.child import reporting_startup, start_child
 from tandem.protocol.codec import detok_in_decoder, encode
 from tandem.protocol.ipc import make_socket
+from tandem.protocol.lora_messages import LoraReply
 from tandem.protocol.messages import (
     DetokRegister,
     EmbeddingBatch,
@@ -86,5 +87,5 @@ def run_detokenizer(cfg_bytes: bytes, ep_bytes: bytes) -> None:
         elif isinstance(msg, RequestError):
             detok.drop(msg.rid)
             frontend.send(encode(msg))
-        elif isinstance(msg, (EngineStats, SessionReply, EmbeddingBatch)):  # nothing to decode: passed on
+        elif isinstance(msg, (EngineStats, SessionReply, LoraReply, EmbeddingBatch)):  # passed on as they are
             frontend.send(encode(msg))

@@ -56,7 +56,10 @@ class EngineConfig:
     lora_modules: list[str] = field(default_factory=list, metadata={"nargs": "+", "help": (
         "LoRA adapters to serve, name=path (a PEFT directory): a request picks one by name (--lora-modules "
         "a=DIR b=DIR, as vLLM's)")})
-    max_loras: int = field(default=4, metadata={"help": "adapters held on the device at once"})
+    enable_lora: bool = field(default=False, metadata={
+        "help": "serve LoRA adapters loaded while serving (the load/unload calls); on with --lora-modules"})
+    max_loras: int = field(default=4, metadata={
+        "help": "adapters on the device at once (more are swapped in as requests need them)"})
     max_lora_rank: int = field(default=64, metadata={"help": "the largest adapter rank served"})
     max_model_len: int | None = field(default=None, metadata={"help": "context limit; default: the model's"})
     page_size: int = field(
@@ -242,8 +245,6 @@ class EngineConfig:
             raise bad("lora_modules", str(e)) from None
         if len(set(names)) < len(names):
             raise bad("lora_modules", "two adapters under one name")
-        if len(names) > self.max_loras:  # each is held in a device slot of its own for now (no swapping)
-            raise bad("max_loras", f"{len(names)} adapters given, {self.max_loras} device slots")
 
     @classmethod
     def from_options(cls, model: str, **options: object) -> EngineConfig:
@@ -268,6 +269,11 @@ class EngineConfig:
     def host_tier(self) -> bool:
         """A host KV tier under the prefix cache, sized either way."""
         return bool(self.host_kv_tokens) or self.host_kv_memory_gb is not None
+
+    @property
+    def lora(self) -> bool:
+        """The engine serves LoRA adapters (its layers hold --max-loras slots)."""
+        return self.enable_lora or bool(self.lora_modules)
 
     @property
     def spec_tokens(self) -> int:

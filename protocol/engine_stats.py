@@ -40,6 +40,7 @@ class EngineStats(msgspec.Struct, tag="stats", kw_only=True):  # 34 fields: by n
     swa_kv_pool_size: int = 0
     swa_kv_free: int = 0
     draining: str = ""  # filled in by the frontend: why the engine is draining ("" while it serves)
+    loras: dict[str, str] = {}  # the LoRA adapters served: name -> path (those unloading left out)
     images_encoded: int = 0  # images run through the encoder (those whose KV or encoding was kept are not)
     grammar_cache_bytes: int = 0  # compiled grammars cached (bounded: scheduler/grammar.py's CACHE_BYTES)
     worker_heap: HeapSample | None = None  # the latest heap sample from rank 0 (None: none yet, or not glibc)

@@ -23,7 +23,8 @@ class ErrorCode(str, Enum):
     PROMPT_TOO_LONG = "invalid_request.prompt_too_long"
     DIMENSIONS = "invalid_request.dimensions"
     IMAGE = "invalid_request.image"  # not an image, too large or too many, or sent to a text-only model
-    LORA = "invalid_request.lora"  # no adapter served under that name
+    LORA = "invalid_request.lora"  # no adapter served under that name, or one that cannot be served
+    LORA_CONFLICT = "invalid_request.lora_conflict"  # an adapter is served under that name already
     INVALID_GRAMMAR = "invalid_request.grammar"
     SESSION = "invalid_request.session"  # a bad open_session (capacity, timeout) or sessions unavailable
     SESSION_UNKNOWN = "invalid_request.session_unknown"
@@ -35,6 +36,8 @@ class ErrorCode(str, Enum):
     FAILED_INTERNAL = "request_failed.internal"
     OUT_OF_MEMORY = "request_failed.out_of_memory"
     KV_CAPACITY = "request_failed.kv_capacity"
+    LORA_UNLOADED = "request_failed.lora_unloaded"  # its adapter was unloaded with abort_running
+    LORA_BUSY = "request_failed.lora_busy"  # an unload that waited its bound for the adapter's requests
     GRAMMAR_REJECTED = "request_failed.grammar"
     GRAMMAR_FAILED = "request_failed.grammar_internal"
     GRAMMAR_TIMEOUT = "request_failed.grammar_timeout"

@@ -17,7 +17,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tandem.protocol.errors import ErrorCode, InvalidRequestError, ModelLoadError
+from tandem.protocol.errors import ModelLoadError
+from tandem.protocol.model_config import ModelConfig
 
 # the projections an adapter may target (PEFT's names, as every Llama-shaped checkpoint has them)
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -118,16 +119,31 @@ def lora_key(name: str, generation: int, token: int) -> int:
     return -(1 << 62) - int.from_bytes(h, "little") % (1 << 60)
 
 
-def check_lora(name: str | None, served: frozenset[str]) -> None:
-    """A request's adapter is one served (None: the base)."""
-    if name is not None and name not in served:
-        known = ", ".join(sorted(served)) or "none"
-        raise InvalidRequestError(f"no LoRA adapter {name!r} is served (served: {known})", ErrorCode.LORA)
 
+def check_lora_shapes(cfg: LoraConfig, model: ModelConfig) -> None:
+    """The adapter's weights (their shapes, from the file's header) fit the model: every one a LoRA weight of
+    a layer it has, A [r, in] and B [out, r] as its projection's. An adapter for another model (hidden size,
+    layer count, heads) is a LoraError naming `base`."""
+    from safetensors import safe_open
 
-def lora_slot(name: str | None, modules: list[str]) -> int:
-    """The device slot of the adapter `name` (-1: the base): the adapters hold the slots in their
-    --lora-modules order."""
-    if name is None:
-        return -1
-    return [LoraModule.parse(m).name for m in modules].index(name)
+    q, kv = model.num_attention_heads * model.head_dim, model.num_key_value_heads * model.head_dim
+    h, inter = model.hidden_size, model.intermediate_size
+    dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, inter),
+            "up_proj": (h, inter), "down_proj": (inter, h)}
+    try:
+        with safe_open(str(cfg.weights_file), "pt") as f:
+            shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}
+    except Exception as e:  # a file safetensors cannot read, whatever its fault
+        raise LoraError("adapter_model.safetensors", f"cannot be read: {e}") from None
+    if not shapes:
+        raise LoraError("adapter_model.safetensors", "holds no weights")
+    for name, shape in shapes.items():
+        key = weight_key(name)
+        if key is None or key[2] not in dims:
+            raise LoraError("adapter_model.safetensors", f"{name!r}: not a LoRA weight served here")
+        _, layer, target, ab = key
+        fan_in, fan_out = dims[target]
+        want = [cfg.rank, fan_in] if ab == "A" else [fan_out, cfg.rank]
+        if layer >= model.num_hidden_layers or list(shape) != want:
+            raise LoraError("base", f"{name} {list(shape)}: the model's layer {layer} of "
+                                    f"{model.num_hidden_layers} takes {want} (an adapter for another model?)")

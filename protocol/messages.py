@@ -19,7 +19,9 @@ from tandem.protocol.engine_stats import EngineStats
 from tandem.protocol.final_info import FinalInfo, HasFinal
 from tandem.protocol.heap_sample import HeapSample
 from tandem.protocol.image_item import ImageItem
+from tandem.protocol.lora_messages import LoadLora, LoraReply, LoraSlotLoad, UnloadLora
 from tandem.protocol.sampling_params import SamplingParams
+from tandem.protocol.session_messages import CloseSession, OpenSession, SessionReply
 from tandem.protocol.stop_messages import Drain, Drained, DrainRequest, Stalled, WorkerFailed
 
 # A request's priority (--scheduling-policy priority): lower is served first, as in vLLM; 0 by default.
@@ -67,30 +69,6 @@ class EmbedRequest(msgspec.Struct, tag="embed"):
 
 class AbortRequest(msgspec.Struct, tag="abort"):
     rid: str
-
-
-MAX_SESSION_TIMEOUT_S = 7 * 24 * 3600.0  # a session idle longer than a week is closed anyway
-MAX_SESSION_TOKENS = 2**31 - 1  # far past any KV pool; bounds what crosses the socket
-
-
-class OpenSession(msgspec.Struct, tag="open_session"):
-    """Open a session that holds the KV of its turns, up to capacity_tokens, until closed or idle for
-    timeout_s; answered with SessionReply (its id) or RequestError. rid names this call only."""
-
-    rid: str
-    capacity_tokens: int
-    timeout_s: float
-
-
-class CloseSession(msgspec.Struct, tag="close_session"):
-    rid: str
-    session_id: str
-
-
-class SessionReply(msgspec.Struct, tag="session"):
-    rid: str  # of the OpenSession / CloseSession call
-    session_id: str
-    opened: bool  # True: opened; False: closed
 
 
 class Logprobs(msgspec.Struct, array_like=True):
@@ -174,8 +152,9 @@ class StatsRequest(msgspec.Struct, tag="stats_request"):
 
 ClientMsg = (
     GenerateRequest | EmbedRequest | AbortRequest | StatsRequest | OpenSession | CloseSession | DrainRequest
+    | LoadLora | UnloadLora
 )
-FrontendMsg = OutputBatch | EmbeddingBatch | RequestError | EngineStats | SessionReply
+FrontendMsg = OutputBatch | EmbeddingBatch | RequestError | EngineStats | SessionReply | LoraReply
 
 
 # ---- frontend -> scheduler ------------------------------------------------------------------
@@ -190,7 +169,9 @@ class TokenizedRequest(msgspec.Struct, tag="req"):
     lora: str | None = None  # a served adapter's name (checked)
 
 
-SchedulerInMsg = TokenizedRequest | AbortRequest | StatsRequest | OpenSession | CloseSession
+SchedulerInMsg = (
+    TokenizedRequest | AbortRequest | StatsRequest | OpenSession | CloseSession | LoadLora | UnloadLora
+)
 
 
 # ---- scheduler -> worker ---------------------------------------------------------------------
@@ -277,6 +258,9 @@ class SchedulerOutput(msgspec.Struct, tag="step"):
     # progress of images no request needs any more are dropped first.
     encode: list[EncodeWork] = []
     encode_drop: list[str] = []
+    # LoRA adapters into device slots, before this step's forward; adapters (name, generation) unloaded
+    lora_loads: list[LoraSlotLoad] = []
+    lora_forget: list[tuple[str, int]] = []
 
 
 class SampleStep(msgspec.Struct, tag="sample"):
@@ -368,9 +352,12 @@ class EngineStopping(msgspec.Struct, tag="stopping"):
     code: str = "engine_dead"  # an ErrorCode of the engine_dead class
 
 
-DetokInMsg = DetokRegister | TokenBatch | EmbeddingBatch | RequestError | EngineStats | SessionReply
+DetokInMsg = (
+    DetokRegister | TokenBatch | EmbeddingBatch | RequestError | EngineStats | SessionReply | LoraReply
+)
 FrontendInMsg = (
     OutputBatch | EmbeddingBatch | RequestError | EngineStats | EngineStopping | SessionReply | Drain
+    | LoraReply
 )
 
 

@@ -34,6 +34,12 @@ def admit_waiting(
             break
         if not kv.assign_row(req):
             break
+        if req.lora is not None:  # its adapter's device slot (none to be had: it waits, others go on)
+            slot = plan.lora.acquire(req, running) if plan.lora else None
+            if slot is None:
+                release_unadmitted(req, kv)
+                continue
+            req.lora_slot = slot
         prefix = kv.match_prefix(req, prefix_limit(req), req.held_prefix)
         load = -(-prefix.host_hit_length // HOST_LOAD_DIVISOR)
         room = plan.prefill_budget - load

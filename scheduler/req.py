@@ -35,8 +35,7 @@ class Req:
         embed: EmbedParams | None = None,
         images: list[ImageItem] | None = None,
         images_bidirectional: bool = False,
-        lora: str | None = None,
-        lora_slot: int = -1,
+        lora: tuple[str, int] | None = None,
     ) -> None:
         self.rid = rid
         self.origin_input_ids = input_ids
@@ -50,11 +49,13 @@ class Req:
             self.origin_key_ids = list(input_ids)
             for im in self.images:
                 self.origin_key_ids[im.offset : im.offset + im.length] = [key_token(im.digest)] * im.length
-        # Under a LoRA adapter the first token's key names the adapter: its KV is never another's.
-        self.lora, self.lora_slot = lora, lora_slot
+        # Under a LoRA adapter (its name, and its load's generation) the first token's key names the
+        # adapter: its KV is never another's, nor a reload's. Its device slot is given at each admission.
+        self.lora = None if lora is None else lora[0]
+        self.lora_slot = -1
         if lora is not None:
             self.origin_key_ids = list(self.origin_key_ids)
-            self.origin_key_ids[0] = lora_key(lora, 0, self.origin_key_ids[0])
+            self.origin_key_ids[0] = lora_key(*lora, self.origin_key_ids[0])
         self.output_ids: list[int] = []
         self.params = params
         self.eos_token_ids = eos_token_ids

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import msgspec
 
 from tandem.protocol.engine_config import EngineConfig
-from tandem.protocol.errors import ErrorCode
-from tandem.protocol.lora import lora_slot
+from tandem.protocol.errors import ErrorCode, InvalidRequestError
 from tandem.protocol.messages import (
     DetokRegister,
     EngineLoad,
@@ -31,6 +30,8 @@ from tandem.scheduler.embedding import EmbeddingOutbox, take_embeddings
 from tandem.scheduler.finish import FinishReason
 from tandem.scheduler.image_encoding import ImageEncoding
 from tandem.scheduler.kv_cache import KVCacheManager
+from tandem.scheduler.lora_adapters import LoraAdapters, lora_of
+from tandem.scheduler.lora_calls import settle_loras
 from tandem.scheduler.prefill import admit_waiting
 from tandem.scheduler.prompt_logprobs import new_prompt_logprobs
 from tandem.scheduler.req import Req
@@ -93,6 +94,7 @@ class Scheduler:
         self._arrivals = 0
         self.encoding = None if info.image_token_id is None else ImageEncoding(
             info.image_encoder_pieces, info.image_pieces_per_layer, cfg.encoder_tokens_per_step)
+        self.lora = LoraAdapters.for_engine(cfg)  # None: the engine serves no adapters
 
     # ---- requests in ------------------------------------------------------------------------
     def add_request(self, msg: TokenizedRequest) -> None:
@@ -116,10 +118,13 @@ class Scheduler:
         if refused is not None:
             self.outbox.append(refused)
             return
+        try:
+            lora = None if msg.lora is None else lora_of(self.lora, msg.lora)
+        except InvalidRequestError as e:
+            return self.outbox.append(RequestError(msg.rid, e.code, e.message))
         max_new = 0 if msg.embed else min(msg.params.max_tokens or room, room)
         req = Req(msg.rid, ids, msg.params, self.eos, max_new, self._arrivals, msg.priority, embed=msg.embed,
-                  images=images, images_bidirectional=self.info.images_bidirectional, lora=msg.lora,
-                  lora_slot=lora_slot(msg.lora, self.cfg.lora_modules))
+                  images=images, images_bidirectional=self.info.images_bidirectional, lora=lora)
         req.pools_whole_prompt = msg.embed is not None and self.cfg.pooling != "last"
         self._arrivals += 1
         if link is not None:
@@ -152,7 +157,7 @@ class Scheduler:
             if not req.finished():
                 self.waiting.add(req)
         for req, code, message in failed:
-            self._fail(req, code, message)
+            self.fail(req, code, message)
 
     def build_sample(self, step: InflightStep) -> SampleStep:
         """The bitmask of a deferred step; every step before it has been committed. A request whose
@@ -160,7 +165,7 @@ class Scheduler:
         step.sample_sent = True
         sample, failed = self.structured.sample_step(step)
         for req, message in failed:
-            self._fail(req, ErrorCode.GRAMMAR_FAILED, message)
+            self.fail(req, ErrorCode.GRAMMAR_FAILED, message)
         self._flush_deltas()
         return sample
 
@@ -168,7 +173,7 @@ class Scheduler:
         budget, chunk = self.cfg.max_num_batched_tokens, self.cfg.chunked_prefill_tokens
         enc = self.encoding
         plan = StepPlan(budget=budget, prefill_cap=chunk or budget, swa_of=self.kv.swa_slots,
-                        image_ready=enc.ready if enc else None)
+                        image_ready=enc.ready if enc else None, lora=self.lora)
         schedule_running(self.running, self.waiting, self.kv, plan, self._retract, self.speculation)
         admit_waiting(self.waiting, self.running, self.kv, plan, self.cfg.max_running_requests)
         if enc is not None and (plan.items or not self.inflight):  # a step of encoding only is never queued
@@ -182,6 +187,8 @@ class Scheduler:
         out, record = to_output(self._next_step, self.freed_rows, plan)
         out.kv_copies = self.kv.take_copies()  # host tier traffic of this step's evictions and loads
         out.encode_drop = enc.take_drops() if enc else []
+        if self.lora is not None:
+            out.lora_loads, out.lora_forget = self.lora.take_orders()
         self.freed_rows = []
         self._next_step += 1
         self.stats.steps += 1
@@ -208,6 +215,7 @@ class Scheduler:
             self.encoding.kept(result.images_kept)
         self._take_sampled(step, result)
         self._run_on(step)
+        settle_loras(self)  # an unload waiting for its adapter's requests to end
         self._flush_deltas()
         if self.cfg.debug_integrity:
             self.check_integrity()
@@ -271,7 +279,7 @@ class Scheduler:
         blamed = set(msg.req_pool_indices)
         for req, epoch in zip(step.reqs, step.epochs):
             if epoch == req.epoch and not req.finished() and (not blamed or req.req_pool_idx in blamed):
-                self._fail(req, msg.code, msg.message)
+                self.fail(req, msg.code, msg.message)
         for s in (step, *self.inflight):
             for req, epoch in zip(s.reqs, s.epochs):
                 if epoch != req.epoch or req.finished():
@@ -286,7 +294,7 @@ class Scheduler:
             self.check_integrity()
 
     # ---- internals ------------------------------------------------------------------------------
-    def _fail(self, req: Req, code: str, message: str) -> None:
+    def fail(self, req: Req, code: str, message: str) -> None:
         """End req with an error: now if nothing of it is in flight, else when its step is committed."""
         if req.finished() or req.to_finish is not None:
             return
@@ -367,7 +375,7 @@ class Scheduler:
         if len(self.running) > 1:
             return  # retraction will make room on the next call
         why = f"request needs more KV than the pool of {self.kv.allocator.size} slots holds"
-        self._fail(victim, ErrorCode.KV_CAPACITY, why)
+        self.fail(victim, ErrorCode.KV_CAPACITY, why)
 
     def take_outbox(self) -> list[msgspec.Struct]:
         out, self.outbox = self.outbox, []

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from tandem.protocol.errors import ErrorCode
 from tandem.protocol.image_item import ImageItem
 from tandem.protocol.messages import (
-    MAX_SESSION_TIMEOUT_S,
     CloseSession,
     OpenSession,
     RequestError,
     SessionParams,
     SessionReply,
 )
+from tandem.protocol.session_messages import MAX_SESSION_TIMEOUT_S
 from tandem.scheduler.kv_cache import Hold, KVCacheManager
 from tandem.scheduler.req import Req
 from tandem.scheduler.tree_node import TreeNode

@@ -12,6 +12,7 @@ import time
 
 import msgspec
 
+from tandem.protocol.lora_messages import LoadLora, LoraReply, UnloadLora
 from tandem.protocol.messages import (
     AbortRequest,
     CloseSession,
@@ -26,6 +27,7 @@ from tandem.protocol.messages import (
     StepFailed,
     TokenizedRequest,
 )
+from tandem.scheduler.lora_calls import load_lora, settle_loras, unload_lora
 from tandem.scheduler.scheduler import Scheduler
 from tandem.scheduler.step_stats import StepStats
 
@@ -40,10 +42,11 @@ class StepDriver:
 
     # ---- in ------------------------------------------------------------------------------------
     def on_request(
-        self, msg: TokenizedRequest | AbortRequest | StatsRequest | OpenSession | CloseSession
-    ) -> EngineStats | SessionReply | RequestError | None:
-        """A frontend message; stats and session calls are answered at once (the reply goes to the
-        detokenizer)."""
+        self, msg: TokenizedRequest | AbortRequest | StatsRequest | OpenSession | CloseSession | LoadLora
+        | UnloadLora,
+    ) -> EngineStats | SessionReply | LoraReply | RequestError | None:
+        """A frontend message; stats, session and adapter calls are answered at once (the reply goes to the
+        detokenizer), but an unload that waits for its adapter's requests (its reply comes with a commit)."""
         if isinstance(msg, TokenizedRequest):
             self.sched.add_request(msg)
         elif isinstance(msg, AbortRequest):
@@ -54,6 +57,10 @@ class StepDriver:
             return self.sched.sessions.on_open(msg)
         elif isinstance(msg, CloseSession):
             return self.sched.sessions.on_close(msg)
+        elif isinstance(msg, LoadLora):
+            return load_lora(self.sched, msg)
+        elif isinstance(msg, UnloadLora):
+            return unload_lora(self.sched, msg)
         return None
 
     def on_result(self, msg: ModelRunnerOutput | StepFailed) -> list[SampleStep]:
@@ -87,6 +94,7 @@ class StepDriver:
         if self.sched.structured.compiling:
             self.sched.admit_compiled()
         self.sched.sessions.expire()
+        settle_loras(self.sched)  # an unload out of time answers even while nothing commits
         out: list[SchedulerOutput | SampleStep] = list(self._due_samples())
         while self._can_schedule():
             t0 = time.perf_counter()
@@ -144,6 +152,7 @@ class StepDriver:
             worker_busy_s=st.worker_busy_s,
             worker_idle_s=st.worker_idle_s,
             images_encoded=st.images_encoded,
+            loras=self.sched.lora.served() if self.sched.lora else {},
             integrity=integrity,
             host_hit_tokens=kv.host_hit_tokens,
             host_kv_pool_size=kv.tree.host_size,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from tandem.protocol.image_item import ImageItem
 from tandem.protocol.messages import EncodeWork, NewReqData, ScheduledReq, SchedulerOutput
+from tandem.scheduler.lora_adapters import LoraAdapters
 from tandem.scheduler.req import Req
 
 
@@ -22,6 +23,7 @@ class StepPlan:
     load_used: int = 0  # budget charged for host-tier loads (`add_load`)
     # images: which are encoded (None: all), and the step's encoding work (scheduler/image_encoding.py)
     image_ready: Callable[[ImageItem], bool] | None = None
+    lora: LoraAdapters | None = None  # the adapters' device slots, taken as requests are admitted
     encode: list[EncodeWork] = field(default_factory=list)
     # full slots -> their slots in the sliding-window layers' own pool ([]: the model has no such pool)
     swa_of: Callable[[list[int]], list[int]] | None = None

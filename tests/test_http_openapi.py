@@ -10,7 +10,7 @@ import pytest
 
 from tandem import AsyncClient, InvalidRequestError
 from tandem.protocol.errors import ErrorCode
-from tandem.protocol.messages import MAX_SESSION_TIMEOUT_S
+from tandem.protocol.session_messages import MAX_SESSION_TIMEOUT_S
 from tests.scripted_engine import KEY, NAME, Reply, scripted_app, transport
 
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -9,21 +9,40 @@ from collections.abc import Sequence
 
 import torch
 
-from tandem.protocol.lora import LoraModule, read_lora
+from tandem.protocol.lora import LoraConfig, LoraModule, read_lora
+from tandem.protocol.lora_messages import LoraSlotLoad
 from tandem.protocol.messages import ScheduledReq
 from tandem.worker.forward_batch import ForwardBatch
-from tandem.worker.layers.lora import LoraContext, install_slots
-from tandem.worker.lora_weights import load_adapter
+from tandem.worker.layers.lora import install_slots
+from tandem.worker.lora_weights import Pairs, load_adapter, read_adapter
 from tandem.worker.request_state import RequestState
 
 
-def serve_adapters(model: torch.nn.Module, modules: list[str], slots: int, max_rank: int, dtype: torch.dtype,
-                   device: torch.device) -> LoraContext:
-    """Slots in every layer an adapter may target, the --lora-modules adapters in them in order."""
-    ctx = install_slots(model, slots, max_rank, dtype, device)
-    for slot, spec in enumerate(modules):
-        load_adapter(model, slot, read_lora(LoraModule.parse(spec), max_rank))
-    return ctx
+class WorkerAdapters:
+    """The worker's side of the adapters: slots in every layer an adapter may target, filled as the
+    scheduler orders (SchedulerOutput.lora_loads), each adapter read from its file once per load and kept in
+    host memory until the scheduler says it is unloaded (lora_forget)."""
+
+    def __init__(self, model: torch.nn.Module, slots: int, max_rank: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.model, self.max_rank = model, max_rank
+        self.ctx = install_slots(model, slots, max_rank, dtype, device)
+        self.host: dict[tuple[str, int], tuple[LoraConfig, Pairs]] = {}
+
+    def set_step(self, sched: Sequence[ScheduledReq], state: RequestState, batch: ForwardBatch) -> bool:
+        """The step's adapters into every target layer's context; whether it runs any."""
+        self.ctx.groups = lora_groups(sched, state, batch)
+        return self.ctx.groups is not None
+
+    def apply(self, loads: Sequence[LoraSlotLoad], forget: Sequence[tuple[str, int]]) -> None:
+        for key in forget:
+            self.host.pop(tuple(key), None)  # type: ignore[arg-type]
+        for order in loads:
+            key = (order.name, order.generation)
+            if key not in self.host:
+                cfg = read_lora(LoraModule(order.name, order.path), self.max_rank)
+                self.host[key] = (cfg, read_adapter(cfg))
+            load_adapter(self.model, order.slot, *self.host[key])
 
 
 def lora_groups(sched: Sequence[ScheduledReq], state: RequestState, batch: ForwardBatch,

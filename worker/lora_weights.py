@@ -13,11 +13,12 @@ from safetensors import safe_open
 from tandem.protocol.lora import LoraConfig, LoraError, weight_key
 from tandem.worker.layers.lora import LAYER_OF, lora_layers
 
+Pairs = dict[tuple[str, str], dict[str, torch.Tensor]]  # (layer path, target) -> {"A": .., "B": ..}
 
-def load_adapter(model: torch.nn.Module, slot: int, cfg: LoraConfig) -> None:
-    layers = lora_layers(model)
-    writes: list[tuple[Any, int, torch.Tensor, torch.Tensor]] = []  # (layer, part, A rows, B rows) to copy
-    pairs: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
+
+def read_adapter(cfg: LoraConfig) -> Pairs:
+    """The adapter file's weights, in host memory."""
+    pairs: Pairs = {}
     with safe_open(str(cfg.weights_file), "pt") as f:
         for name in f.keys():
             key = weight_key(name)
@@ -25,7 +26,14 @@ def load_adapter(model: torch.nn.Module, slot: int, cfg: LoraConfig) -> None:
                 raise LoraError("adapter_model.safetensors", f"{name!r}: not a LoRA weight served here")
             path, _, target, ab = key
             pairs.setdefault((path, target), {})[ab] = f.get_tensor(name)
-    for (path, target), ab in sorted(pairs.items()):
+    return pairs
+
+
+def load_adapter(model: torch.nn.Module, slot: int, cfg: LoraConfig, pairs: Pairs | None = None) -> None:
+    """Fill device slot `slot` of every target layer with the adapter (pairs: its weights read already)."""
+    layers = lora_layers(model)
+    writes: list[tuple[Any, int, torch.Tensor, torch.Tensor]] = []  # (layer, part, A rows, B rows) to copy
+    for (path, target), ab in sorted((pairs if pairs is not None else read_adapter(cfg)).items()):
         if target not in LAYER_OF:
             raise LoraError("target_modules", f"{target!r}: not a projection this engine serves")
         fused, part = LAYER_OF[target]

@@ -26,7 +26,7 @@ from tandem.worker.input_prep import advance_state, plan_prompt_logprobs, prepar
 from tandem.worker.kv_cache import KVCache
 from tandem.worker.loader import load_model
 from tandem.worker.logprobs import prompt_logprobs, sampled_logprobs
-from tandem.worker.lora_step import lora_groups, serve_adapters
+from tandem.worker.lora_step import WorkerAdapters
 from tandem.worker.memory import host_pool_tokens, kv_pool_sizes
 from tandem.worker.penalties import process_logits
 from tandem.worker.pending_step import PendingStep, StepClock
@@ -81,8 +81,8 @@ class ModelRunner:
             weight_dtype=self.weight_dtype,
         )
         self.model.pack_cpu_weights(self.weight_dtype)
-        self.lora = serve_adapters(self.model, cfg.lora_modules, cfg.max_loras, cfg.max_lora_rank, self.dtype,
-                                   self.device) if cfg.lora_modules else None
+        self.adapters = WorkerAdapters(self.model, cfg.max_loras, cfg.max_lora_rank, self.dtype,
+                                       self.device) if cfg.lora else None
         mc = self.model.config
         max_reqs = cfg.max_running_requests
         self.max_context = info.max_model_len
@@ -146,6 +146,8 @@ class ModelRunner:
         if so.kv_copies is not None:
             self.kv.copy(so.kv_copies)  # before the forward, which may write the slots they free
         self._check_faults(so)
+        if self.adapters is not None and (so.lora_loads or so.lora_forget):
+            self.adapters.apply(so.lora_loads, so.lora_forget)
         if self.images is not None and (so.encode or so.encode_drop):
             encoded = self.images.encoded
             self.images.drop(so.encode_drop)
@@ -171,15 +173,14 @@ class ModelRunner:
             step.images_encoded += self.images.encoded - encoded
             if self.mrope:
                 attach_rope_positions(batch, st, self.model)
-        if self.lora is not None:
-            self.lora.groups = lora_groups(so.scheduled, st, batch)
+        lora = self.adapters is not None and self.adapters.set_step(so.scheduled, st, batch)
         greedy = None  # the CPU step graph's argmax of each row's logits, when it has that node
         if pool is not None:  # the pooled tokens' hidden states follow the rows that need logits
             h = self.model.hidden_states(batch, self.kv)
             k = h.shape[0] - len(pool.hidden_indices)
             step.embeddings = pool_hidden(pool, h[k:], st, self.cfg.pooling)
             logits = self.model.compute_logits(h[:k]) if k else h[:0].float()
-        elif self.graphs is not None and self.graphs.can_run(batch) and not (self.lora and self.lora.groups):
+        elif self.graphs is not None and self.graphs.can_run(batch) and not lora:  # graphs hold no adapter
             logits = self.graphs.run(batch)
             if isinstance(self.graphs, CpuStepGraph):
                 greedy = self.graphs.greedy_tokens(batch.batch_size)

@@ -20,6 +20,7 @@ import msgspec
 import zmq
 from tqdm import tqdm
 
+from tandem.frontend.client.adapter_calls import AdapterCalls
 from tandem.frontend.client.connection import (
     CONNECT_TIMEOUT_S,
     DeathWatch,
@@ -48,8 +49,8 @@ from tandem.protocol.embed_params import EmbedParams
 from tandem.protocol.errors import EngineDeadError, ErrorCode, InvalidRequestError, TandemError
 from tandem.protocol.image_item import ImagePrompt
 from tandem.protocol.ipc import ready_frames, ready_multipart
+from tandem.protocol.lora_messages import LoadLora, LoraReply, UnloadLora
 from tandem.protocol.messages import (
-    MAX_SESSION_TOKENS,
     AbortRequest,
     CloseSession,
     EmbeddingOutput,
@@ -60,6 +61,7 @@ from tandem.protocol.messages import (
     SessionReply,
     StatsRequest,
 )
+from tandem.protocol.session_messages import MAX_SESSION_TOKENS
 from tandem.protocol.stop_messages import DrainRequest
 
 if TYPE_CHECKING:
@@ -74,7 +76,7 @@ SESSION_TIMEOUT_S = 600.0  # an open session's default idle timeout
 LAST_WORDS_MS = 100  # a lost engine's last messages may trail its disconnect event: waited for this long
 
 
-class AsyncClient:
+class AsyncClient(AdapterCalls):
     """`connect_timeout_s`: an engine must answer at `endpoint` within this many seconds of the client's
     creation, else every call raises EngineDeadError (code engine_dead.unreachable) naming the endpoint;
     None waits as long as it takes. Once connected, the connection is the liveness signal (see README)."""
@@ -271,8 +273,8 @@ class AsyncClient:
         req.lora = lora
         return req.rid, self._open(req.rid, encode_msg(req), is_request=True)
 
-    async def _query(self, rid: str, msg: StatsRequest | DrainRequest | OpenSession | CloseSession,
-                     timeout_s: float = 30.0) -> EngineStats | SessionReply:
+    async def _query(self, rid: str, msg: StatsRequest | DrainRequest | OpenSession | CloseSession | LoadLora
+                     | UnloadLora, timeout_s: float = 30.0) -> EngineStats | SessionReply | LoraReply:
         """A call the scheduler answers at once: its reply, or its typed error raised."""
         items = self._open(rid, encode_msg(msg), is_request=False)
         try:
@@ -283,7 +285,7 @@ class AsyncClient:
             self._router.close(rid)
         if isinstance(item, TandemError):
             raise item
-        assert isinstance(item, (EngineStats, SessionReply))
+        assert isinstance(item, (EngineStats, SessionReply, LoraReply))
         return item
 
     def _open(self, rid: str, frame: bytes, is_request: bool) -> asyncio.Queue[Item]:

@@ -151,6 +151,14 @@ class Client:
     def close_session(self, session_id: str) -> None:
         self._run(self._async.close_session(session_id))
 
+    def load_lora(self, name: str, path: str) -> int:
+        """Serve the PEFT adapter at `path` as `name` (AsyncClient.load_lora): its generation."""
+        return self._run(self._async.load_lora(name, path))
+
+    def unload_lora(self, name: str, *, abort_running: bool = False, timeout_s: float = 30.0) -> None:
+        """Stop serving `name` (AsyncClient.unload_lora)."""
+        self._run(self._async.unload_lora(name, abort_running=abort_running, timeout_s=timeout_s))
+
     def abort(self, request_id: str) -> None:
         """Stop a request this client submitted; its call ends with finish_reason "abort"."""
         self._run(self._async.abort(request_id))

@@ -16,6 +16,7 @@ from tandem.protocol.errors import (
     TandemError,
     error_from_code,
 )
+from tandem.protocol.lora_messages import LoraReply
 from tandem.protocol.messages import (
     EmbeddingBatch,
     EmbeddingOutput,
@@ -29,7 +30,7 @@ from tandem.protocol.messages import (
 
 log = logging.getLogger("tandem.client")
 
-Item = RequestOutput | EmbeddingOutput | EngineStats | SessionReply | TandemError
+Item = RequestOutput | EmbeddingOutput | EngineStats | SessionReply | LoraReply | TandemError
 Sink = Callable[[Item], None]
 
 
@@ -70,7 +71,7 @@ class Router:
                 entry = self._open.pop(out.rid, None) if out.finished else self._open.get(out.rid)
                 if entry is not None:
                     entry.sink(out)
-        elif isinstance(msg, (EngineStats, SessionReply)):
+        elif isinstance(msg, (EngineStats, SessionReply, LoraReply)):
             entry = self._open.pop(msg.rid, None)
             if entry is not None:
                 entry.sink(msg)

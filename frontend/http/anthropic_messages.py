@@ -109,7 +109,7 @@ async def _prompt(st: ServerState, body: CountTokensRequest, tools: ToolSetup) -
 
 
 async def count_message_tokens(st: ServerState, body: CountTokensRequest) -> dict:
-    st.check_model(body.model)
+    await st.check_model(body.model)
     return {"input_tokens": len(prompt_ids(await _prompt(st, body, _tools(body))))}
 
 
@@ -146,7 +146,7 @@ def _usage(usage: Usage) -> dict:
 
 
 async def create_message(st: ServerState, body: MessagesRequest, request: Request) -> Response:
-    lora = st.check_model(body.model)
+    lora = await st.check_model(body.model)
     tools = _tools(body)
     prompt = await _prompt(st, body, tools)
     ids = prompt_ids(prompt)

@@ -18,6 +18,7 @@ from tandem.frontend.http.chat_completions import create_chat_completion
 from tandem.frontend.http.chat_page import add_chat_page
 from tandem.frontend.http.completions import create_completion
 from tandem.frontend.http.embeddings import EmbeddingRequest, create_embedding
+from tandem.frontend.http.lora_routes import add_lora_routes
 from tandem.frontend.http.ollama import add_ollama_routes
 from tandem.frontend.http.openapi import BODY, ENGINE, answers
 from tandem.frontend.http.responses import create_response, stored_response
@@ -92,16 +93,16 @@ def create_app(st: ServerState) -> FastAPI:
 
     @app.get("/v1/models", dependencies=authed, responses=answers(401))
     async def models() -> dict:
-        # the base, then each LoRA adapter with the base as its parent (as vLLM lists them)
+        loras = await st.loras()  # the base, then each LoRA adapter with the base as its parent (as vLLM's)
         return {"object": "list", "data": [{
             "id": name, "object": "model", "created": st.created, "owned_by": "tandem", "root": root,
             "parent": parent, "max_model_len": st.info.max_model_len,
         } for name, root, parent in [(st.model_name, st.model_path, None),
-                                     *((n, p, st.model_name) for n, p in st.loras.items())]]}
+                                     *((n, p, st.model_name) for n, p in loras.items())]]}
 
     @app.post("/tokenize", dependencies=authed, responses=answers(*BODY, 401, 404))
     async def tokenize(body: TokenizeRequest) -> dict:
-        st.check_model(body.model)
+        await st.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise errors.APIError(400, "give exactly one of prompt or messages", "prompt")
         if body.messages is not None:
@@ -113,7 +114,7 @@ def create_app(st: ServerState) -> FastAPI:
 
     @app.post("/detokenize", dependencies=authed, responses=answers(*BODY, 401, 404))
     async def detokenize(body: DetokenizeRequest) -> dict:
-        st.check_model(body.model)
+        await st.check_model(body.model)
         bad = [t for t in body.tokens if not 0 <= t < st.info.vocab_size]
         if bad:
             raise errors.APIError(
@@ -146,6 +147,8 @@ def create_app(st: ServerState) -> FastAPI:
             stats = await st.client.drain("POST /drain")
             return JSONResponse({"status": "draining", "reason": stats.draining, "running": stats.running,
                                  "waiting": stats.waiting}, status_code=202)
+
+        add_lora_routes(app, st, check_admin_key)  # POST /v1/load_lora_adapter, /v1/unload_lora_adapter
 
     @app.get("/version")
     async def version_() -> dict:

@@ -41,7 +41,7 @@ class _Choice:
 
 
 async def create_chat_completion(st: ServerState, body: ChatCompletionRequest, request: Request) -> Response:
-    lora = st.check_model(body.model)
+    lora = await st.check_model(body.model)
     tools = chat_tools(body)
     prompt = await chat_prompt(st, body.messages, tools.template_tools(), True, body.chat_template_kwargs)
     ids = prompt_ids(prompt)

@@ -45,7 +45,7 @@ class _Choice:
 
 
 async def create_completion(st: ServerState, body: CompletionRequest, request: Request) -> Response:
-    lora = st.check_model(body.model)
+    lora = await st.check_model(body.model)
     texts, ids = _prompts(st, body)
     params = completion_params(body)
     n = body.n

@@ -41,7 +41,7 @@ def _inputs(given: str | list[str] | list[int] | list[list[int]]) -> list[str] |
 
 
 async def create_embedding(st: ServerState, body: EmbeddingRequest, request: Request) -> dict:
-    if st.check_model(body.model) is not None:
+    if await st.check_model(body.model) is not None:
         raise APIError(400, "a LoRA adapter does not serve embeddings: name the base model", "model")
     inputs = _inputs(body.input)
     try:  # a client that leaves aborts what is left

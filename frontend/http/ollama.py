@@ -88,12 +88,12 @@ def _answers(*statuses: int, stream: bool = False) -> dict[int | str, dict[str, 
     return out
 
 
-def check_model(st: ServerState, name: str) -> None:
+async def check_model(st: ServerState, name: str) -> None:
     """The server's check (`NAME` or `NAME:latest`), its 404 in ollama's words."""
     if not name:
         raise APIError(400, "model is required", "model")
     try:
-        st.check_model(name)
+        await st.check_model(name)
     except APIError as e:
         if e.status != 404:
             raise
@@ -157,7 +157,7 @@ async def _respond(st: ServerState, request: Request, body: GenerationBody, prom
                    ) -> Response:
     """Run the prompt; answer one object (stream false) or NDJSON: a piece per delta that says something,
     then the closing object (`end(output ids)` adds to it)."""
-    run = ChoiceRun(st.client, st.metrics, [prompt], [params], lora=st.check_model(body.model))
+    run = ChoiceRun(st.client, st.metrics, [prompt], [params], lora=await st.check_model(body.model))
     want_lp = "logprobs" in params
     out_ids: list[int] = []
     sent = 0  # tool calls dealt with
@@ -248,7 +248,7 @@ def ollama_chat_messages(msgs: list[OllamaMessage]) -> list[ChatMessageBody]:
 
 async def ollama_chat(st: ServerState, body: OllamaChatRequest, request: Request) -> Response:
     t0 = time.perf_counter_ns()
-    check_model(st, body.model)
+    await check_model(st, body.model)
     params = _params(body)
     if not body.messages:
         return _loaded(body.model, {"message": {"role": "assistant", "content": ""}})
@@ -278,7 +278,7 @@ def _generate_ids(st: ServerState, body: OllamaGenerateRequest) -> list[int]:
 
 async def ollama_generate(st: ServerState, body: OllamaGenerateRequest, request: Request) -> Response:
     t0 = time.perf_counter_ns()
-    check_model(st, body.model)
+    await check_model(st, body.model)
     params = _params(body)
     if body.images and (body.raw or body.context):
         raise APIError(400, "images go through the chat template: not with raw or context", "images")
@@ -315,7 +315,7 @@ async def ollama_embed(st: ServerState, body: OllamaEmbedRequest, request: Reque
     """Through /v1/embeddings' path (its checks and errors). `truncate` (the default) cuts an input past
     the context length to it, as ollama does; without it such an input is the engine's 400."""
     t0 = time.perf_counter_ns()
-    check_model(st, body.model)
+    await check_model(st, body.model)
     options_params(body.options)  # checked; none of them applies to an embedding
     inputs: list[str] | list[list[int]] = [body.input] if isinstance(body.input, str) else body.input
     if not inputs:
@@ -351,7 +351,7 @@ def add_ollama_routes(app: FastAPI, st: ServerState, authed: list[Any]) -> None:
 
     @app.post("/api/show", dependencies=authed, responses=_answers(400, 401, 404, 413))
     async def api_show(body: OllamaShowRequest) -> dict:
-        check_model(st, body.model or body.name or "")
+        await check_model(st, body.model or body.name or "")
         return ollama_show(st.model_name, st.model_path, st.info, st.tokenizer, st.reasoning is not None)
 
     @app.get("/api/tags", dependencies=authed, responses=_answers(401))

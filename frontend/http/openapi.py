@@ -39,8 +39,8 @@ _EVENT = {
     },
 }
 _WHY = {400: "invalid request (the field is named)", 401: "missing or wrong key", 404: "unknown model or id",
-        413: "request body over --max-request-bytes", 500: "the engine failed the request",
-        503: "engine dead, draining or overloaded"}
+        409: "a name taken, or a resource busy", 413: "request body over --max-request-bytes",
+        500: "the engine failed the request", 503: "engine dead, draining or overloaded"}
 # A route that takes a JSON body can always answer these (the door's size limit, a body that is no JSON).
 BODY = (400, 413)
 ENGINE = (500, 503)  # a route that asks the engine

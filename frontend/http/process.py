@@ -14,7 +14,6 @@ from tandem.frontend.http.image_sources import MediaPolicy
 from tandem.frontend.image_prompt import ImageLimits, ImagePrompter
 from tandem.protocol.child import reporting_startup, start_child
 from tandem.protocol.codec import encode
-from tandem.protocol.lora import LoraModule
 from tandem.protocol.messages import Ready
 from tandem.protocol.serve_config import ServeConfig
 
@@ -59,8 +58,7 @@ def run_http(cfg_bytes: bytes, ep_bytes: bytes, serve_bytes: bytes) -> None:
                          prompter=ImagePrompter(model, ImageLimits(scfg.limit_mm_per_prompt,
                                                                    scfg.max_image_pixels)),
                          media=MediaPolicy(tuple(d.lower() for d in scfg.allowed_media_domains),
-                                           scfg.allowed_local_media_path),
-                         loras={m.name: m.path for m in map(LoraModule.parse, cfg.lora_modules)})
+                                           scfg.allowed_local_media_path))
         app = DoorLimits(create_app(st), cfg.max_request_bytes, scfg.max_concurrent_requests)
         server = _server_class()(uvicorn.Config(
             app, log_level="warning", access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

@@ -155,7 +155,7 @@ def _head(st: ServerState, body: ResponsesRequest) -> dict[str, Any]:
 
 
 async def create_response(st: ServerState, body: ResponsesRequest, request: Request) -> Response:
-    lora = st.check_model(body.model)
+    lora = await st.check_model(body.model)
     history: list[ChatMessageBody] = []
     if body.previous_response_id is not None:
         stored = st.responses.get(body.previous_response_id)

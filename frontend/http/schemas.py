@@ -10,13 +10,13 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tandem.protocol.messages import MAX_SESSION_TIMEOUT_S, MAX_SESSION_TOKENS
 from tandem.protocol.sampling_params import (
     MAX_LOGPROBS,
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
 )
+from tandem.protocol.session_messages import MAX_SESSION_TIMEOUT_S, MAX_SESSION_TOKENS
 
 # SGLang's extensions at their defaults: sent by sglang-router, meaning "not asked for".
 _UNASKED = {"no_stop_trim": False, "skip_special_tokens": True, "return_hidden_states": False,

@@ -37,7 +37,6 @@ class ServerState:
     admin_api_key: str | None = None  # the operator routes exist only with one (see create_app)
     prompter: ImagePrompter | None = None  # a vision-language model's processor (frontend/image_prompt.py)
     media: MediaPolicy = field(default_factory=MediaPolicy)  # where an image URL may point
-    loras: dict[str, str] = field(default_factory=dict)  # the LoRA adapters served: name -> path
     _texts: dict[int, str] = field(default_factory=dict)
 
     def token_text(self, tid: int) -> str:
@@ -47,17 +46,23 @@ class ServerState:
             t = self._texts[tid] = self.tokenizer.decode([tid])
         return t
 
-    def check_model(self, name: str | None) -> str | None:
+    async def check_model(self, name: str | None) -> str | None:
         """The LoRA adapter a request's `model` names (None: the base model, or no name); 404 for a name
-        served by neither. ollama's clients name a model with its tag (`name:latest`, the only tag here)."""
+        served by neither. ollama's clients name a model with its tag (`name:latest`, the only tag here).
+        The engine's adapters come and go (load_lora): it is asked which it serves."""
         if name is None or name == self.model_name or bare_name(name) == self.model_name:
             return None
+        loras = await self.loras()
         for n in (name, bare_name(name)):
-            if n in self.loras:
+            if n in loras:
                 return n
-        served = ", ".join(f"`{n}`" for n in [self.model_name, *self.loras])
+        served = ", ".join(f"`{n}`" for n in [self.model_name, *loras])
         raise APIError(404, f"The model `{name}` does not exist; this server serves {served}.", "model",
                        "model_not_found")
+
+    async def loras(self) -> dict[str, str]:
+        """The LoRA adapters the engine serves now: name -> path."""
+        return (await self.client.stats()).loras
 
     def reasoning_parser(self, prompt_ids: list[int]) -> ReasoningParser | None:
         """A reply's parser, told whether the prompt's end (the template's doing) opened a think block."""

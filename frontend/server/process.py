@@ -26,7 +26,7 @@ from tandem.protocol.codec import encode, frontend_in_decoder
 from tandem.protocol.errors import ErrorCode, InvalidRequestError
 from tandem.protocol.image_item import check_images
 from tandem.protocol.ipc import make_socket, ready_frames, ready_multipart
-from tandem.protocol.lora import LoraModule, check_lora
+from tandem.protocol.lora_messages import LoadLora, LoraReply, UnloadLora
 from tandem.protocol.messages import (
     AbortRequest,
     ClientMsg,
@@ -73,9 +73,7 @@ def run_frontend(cfg_bytes: bytes, ep_bytes: bytes) -> None:
         inbox = make_socket(ctx, zmq.PULL, ep.frontend_in, bind=True)
         scheduler = make_socket(ctx, zmq.PUSH, ep.scheduler_in, bind=False)
         launcher.send(encode(Ready("frontend", 0, ep.client)))
-    loras = frozenset(LoraModule.parse(m).name for m in cfg.lora_modules)
-    Frontend(tokenizer, info, clients, inbox, scheduler, ClientFrames(cfg.max_request_bytes), launcher,
-             loras).run()
+    Frontend(tokenizer, info, clients, inbox, scheduler, ClientFrames(cfg.max_request_bytes), launcher).run()
     clients.setsockopt(zmq.LINGER, FAREWELL_LINGER_MS)
     ctx.destroy()  # closes each socket with its own linger: the farewell errors are delivered
 
@@ -83,11 +81,10 @@ def run_frontend(cfg_bytes: bytes, ep_bytes: bytes) -> None:
 class Frontend:
     def __init__(
         self, tokenizer, info, clients: zmq.Socket, inbox: zmq.Socket, scheduler: zmq.Socket,
-        frames: ClientFrames, launcher: zmq.Socket | None = None, loras: frozenset[str] = frozenset(),
+        frames: ClientFrames, launcher: zmq.Socket | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.info = info
-        self.loras = loras  # the adapters' names (--lora-modules)
         self.clients, self.inbox, self.scheduler = clients, inbox, scheduler
         self.frames = frames
         self.owner: dict[str, bytes] = {}  # rid -> client identity
@@ -147,7 +144,7 @@ class Frontend:
             self.start_drain(msg.reason)
             self.to_launcher(msg)  # it keeps the drain's clock and ends it
             msg = StatsRequest(msg.rid)  # the answer: the stats, showing the drain
-        if isinstance(msg, (StatsRequest, OpenSession, CloseSession)):  # answered by the scheduler
+        if isinstance(msg, (StatsRequest, OpenSession, CloseSession, LoadLora, UnloadLora)):  # answered there
             self.query_owner[msg.rid] = ident
             self.scheduler.send(encode(msg))
             return
@@ -173,7 +170,6 @@ class Frontend:
                     why = "images come with token_ids (frontend/image_prompt.py makes both)"
                     raise InvalidRequestError(why, ErrorCode.IMAGE)
                 images = check_images(ids, msg.images, self.info.image_token_id)
-                check_lora(msg.lora, self.loras)
                 req = TokenizedRequest(msg.rid, ids, params, msg.priority, msg.session_params, images=images,
                                        lora=msg.lora)
         except InvalidRequestError as e:
@@ -199,7 +195,7 @@ class Frontend:
         if isinstance(msg, Drain):
             self.start_drain(msg.reason)
             return
-        if isinstance(msg, (EngineStats, SessionReply)):
+        if isinstance(msg, (EngineStats, SessionReply, LoraReply)):
             ident = self.query_owner.pop(msg.rid, None)
             if ident is not None:
                 if isinstance(msg, EngineStats):
