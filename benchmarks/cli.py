@@ -70,6 +70,17 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--concurrency", type=int, default=4, help="multi-turn: requests in flight (the users "
                      "take turns round-robin)")
 
+    lo = sub.add_parser("lora", help="streams over LoRA adapters vs the base alone (benchmarks/lora_bench.py)",
+                        allow_abbrev=False)
+    add_engine_flags(lo)
+    lo.add_argument("--num-requests", type=int, default=32, help="concurrent streams")
+    lo.add_argument("--output-len", type=int, default=64)
+    lo.add_argument("--prompt-len", type=int, default=64)
+    lo.add_argument("--adapters", type=int, default=4, help="random adapters the streams are spread over")
+    lo.add_argument("--rank", type=int, default=16)
+    lo.add_argument("--runs", type=int, default=3)
+    lo.add_argument("--out", type=Path, help="write the figures (markdown, with lscpu) here")
+
     asy = sub.add_parser(
         "async", help="async scheduling on vs off at several batch sizes", allow_abbrev=False
     )
@@ -294,6 +305,11 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--input-len: {e}") from e
         result = run_offline(cfg, args.num_requests, input_len, args.output_len, cfg.seed,
                              args.hf_batch_size, args.skip_baseline)
+    elif args.bench == "lora":
+        from tandem.benchmarks.lora_bench import run as run_lora
+
+        result = run_lora(cfg, args.adapters, args.rank, args.num_requests, args.prompt_len, args.output_len,
+                          args.runs, args.out)
     elif args.bench == "async":
         from tandem.benchmarks.async_bench import run as run_async
         from tandem.benchmarks.workload import parse_range

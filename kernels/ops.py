@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from tandem.kernels.linear_product import linear_product
-from tandem.kernels.native import moe, norm_act, paged_attention, quant_bf16, quant_linear, rotary
+from tandem.kernels.native import lora, moe, norm_act, paged_attention, quant_bf16, quant_linear, rotary
 from tandem.kernels.native.cpu_caps import cpu_caps
 from tandem.kernels.reference import bitmask as ref_bitmask
 from tandem.kernels.reference import input_prep as ref_input_prep
@@ -127,7 +127,7 @@ def resolve_ops(
     triton = forced == "1" if forced in ("0", "1") else device.type == "cuda"
     native = (
         device.type == "cpu" and dtype == torch.float32 and os.environ.get("TANDEM_NO_NATIVE") != "1"
-        and all(k.available() for k in (norm_act, rotary, paged_attention, quant_linear, moe))
+        and all(k.available() for k in (norm_act, rotary, paged_attention, quant_linear, moe, lora))
     )
     if int8_activations and not native:
         log.warning("--cpu-int8-activations ignored: it needs the C kernels (CPU, float32, a C compiler)")
@@ -155,7 +155,7 @@ def resolve_ops(
         moe_route=ref_moe.route_ref,
         linear=functools.partial(linear_product, int8=int8, bf16_rows=bf16_rows),
         moe_layer=_native_moe_layer if native else _no_moe_layer,
-        lora_add=ref_lora.lora_add_ref,
+        lora_add=lora.lora_add if native else ref_lora.lora_add_ref,
     )
     log.info("%s (device %s, %s)", ops.describe(), device, dtype)
     return ops

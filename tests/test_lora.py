@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from tandem import AsyncClient, SamplingParams
 from tandem.kernels.ops import resolve_ops
-from tandem.kernels.reference.lora import lora_add_ref
+from tandem.kernels.reference.lora import LoraRows, lora_add_ref
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.errors import ErrorCode, InvalidRequestError, RequestFailedError
 from tandem.protocol.lora import LoraError, LoraModule, read_lora
@@ -25,19 +25,28 @@ F32 = torch.float32
 N = 8  # tokens generated per request
 
 
-def test_the_segmented_product_gives_each_row_its_own_adapters_delta() -> None:
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(7, 12, generator=g), torch.randn(7, 10, generator=g)
+@pytest.mark.parametrize("rows", [7, 40])  # the C kernel splits rows over threads from 8
+def test_the_segmented_product_gives_each_row_its_own_adapters_delta(rows: int) -> None:
+    from tandem.kernels.native import lora as native_lora
+
+    assert native_lora.available(), "the LoRA C kernel did not build"
+    g = torch.Generator().manual_seed(rows)
+    x, y = torch.randn(rows, 12, generator=g), torch.randn(rows, 10, generator=g)
     a, b = torch.randn(3, 4, 12, generator=g), torch.randn(3, 10, 4, generator=g)
-    slot_of = [0, 2, -1, 2, 0, -1, 1]
-    groups = [(s, torch.tensor([i for i, t in enumerate(slot_of) if t == s])) for s in (0, 1, 2)]
+    slot_of = torch.randint(-1, 3, (rows,), generator=g)
+    mixed = LoraRows(slot_of, [(s, torch.nonzero(slot_of == s).flatten()) for s in (0, 1, 2)])
     want = y.clone()
-    for i, s in enumerate(slot_of):  # the twin: row by row
+    for i, s in enumerate(slot_of.tolist()):  # the twin: row by row
         if s >= 0:
             want[i] += b[s] @ (a[s] @ x[i])
-    for impl in (lora_add_ref, resolve_ops("cpu", F32).lora_add):  # every implementation this machine has
-        torch.testing.assert_close(impl(y.clone(), x, a, b, groups), want)
-        torch.testing.assert_close(impl(y.clone(), x, a, b, [(1, None)]), y + x @ a[1].t() @ b[1].t())
+    one = LoraRows(torch.full((rows,), 1), [(1, None)])
+    impls = (lora_add_ref, native_lora.lora_add, resolve_ops("cpu", F32).lora_add)  # each this machine has
+    for impl in impls:
+        torch.testing.assert_close(impl(y.clone(), x, a, b, mixed), want)
+        torch.testing.assert_close(impl(y.clone(), x, a, b, one), y + x @ a[1].t() @ b[1].t())
+    wide = torch.randn(rows, 30, generator=g)[:, 5:17]  # a view: rows apart by 30, the C kernel takes it
+    torch.testing.assert_close(native_lora.lora_add(y.clone(), wide, a, b, mixed),
+                               lora_add_ref(y.clone(), wide, a, b, mixed))
 
 
 def test_a_session_turn_continues_only_under_its_own_adapter() -> None:
@@ -72,7 +81,10 @@ def _adapter(base: Path, out: Path, seed: int, r: int, targets: list[str], rslor
 def _peft_greedy(base: Path, adapter: Path | None, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]:
     from peft import PeftModel
 
-    hf = AutoModelForCausalLM.from_pretrained(base, dtype=F32).eval()
+    if base.suffix == ".gguf":  # transformers' own GGUF reader: its dequantization, none of the engine's
+        hf = AutoModelForCausalLM.from_pretrained(str(base.parent), gguf_file=base.name, dtype=F32).eval()
+    else:
+        hf = AutoModelForCausalLM.from_pretrained(base, dtype=F32).eval()
     m = PeftModel.from_pretrained(hf, adapter).eval() if adapter is not None else hf
     with torch.no_grad():
         out = m.generate(torch.tensor([prompt]), max_new_tokens=N, do_sample=False, output_logits=True,
@@ -124,6 +136,48 @@ def test_adapters_and_the_base_in_one_batch_are_each_peft(adapters) -> None:
         _check(tokens, want, f"{name or 'base'} on {prompt}")
         differ += name is not None and tokens != got[runs.index((prompt, None))]
     assert differ >= 6  # the adapters change what the model says
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_other_families_with_an_adapter_are_peft(arch: str, tiny_model, tmp_path) -> None:
+    """Qwen3 (q/k norms) and Gemma 3 (its own norms, GELU, sliding layers): an adapter on every target and
+    the base, in one batch, each equal to PEFT's."""
+    base = tiny_model(arch)
+    path = _adapter(base, tmp_path / "a", 5, 8, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                "up_proj", "down_proj"])
+    prompts = [[2, 5, 9, 13, 7], [2, 30, 31, 44, 8, 21]]
+    runs = [(p, name) for p in prompts for name in (None, "a")]
+    params = SamplingParams(max_tokens=N, temperature=0, ignore_eos=True)
+
+    async def serve() -> list[list[int]]:
+        async with AsyncClient.launch(str(base), dtype="float32", lora_modules=[f"a={path}"]) as c:
+            return [o.token_ids for o in await asyncio.gather(*(c.generate(p, params, lora=n) for p, n in runs))]
+
+    for (prompt, name), tokens in zip(runs, asyncio.run(serve()), strict=True):
+        _check(tokens, _peft_greedy(base, path if name else None, prompt), f"{arch} {name or 'base'}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_a_gguf_base_with_an_adapter_is_its_dequantized_model_with_it(qtype: str, adapters, tmp_path) -> None:
+    """The adapter on a quantized file's weights (the C kernel's product from blocks, the adapter's beside
+    it) against PEFT on transformers' dequantization of the same file."""
+    from tests.gguf_files import write_gguf
+
+    base, paths = adapters
+    gguf = write_gguf(base, tmp_path / f"base-{qtype}.gguf", qtype)
+    prompts = [[1, 5, 9, 13, 2, 7], [1, 30, 31, 2]]
+    runs = [(p, name) for p in prompts for name in (None, "all")]
+    params = SamplingParams(max_tokens=N, temperature=0, ignore_eos=True)
+
+    async def serve() -> list[list[int]]:
+        async with AsyncClient.launch(str(gguf), dtype="float32", cpu_int8_activations=False,
+                                      lora_modules=[f"all={paths['all']}"], max_lora_rank=16) as c:
+            return [o.token_ids for o in await asyncio.gather(*(c.generate(p, params, lora=n) for p, n in runs))]
+
+    for (prompt, name), tokens in zip(runs, asyncio.run(serve()), strict=True):
+        _check(tokens, _peft_greedy(gguf, paths["all"] if name else None, prompt), f"{qtype} {name or 'base'}")
 
 
 def test_an_adapters_kv_is_never_anothers(adapters) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
+from tandem.kernels.reference.lora import LoraRows
 from tandem.protocol.lora import LoraConfig, LoraModule, read_lora
 from tandem.protocol.lora_messages import LoraSlotLoad
 from tandem.protocol.messages import ScheduledReq
@@ -45,19 +46,20 @@ class WorkerAdapters:
             load_adapter(self.model, order.slot, *self.host[key])
 
 
-def lora_groups(sched: Sequence[ScheduledReq], state: RequestState, batch: ForwardBatch,
-                ) -> list[tuple[int, torch.Tensor | None]] | None:
-    """(slot, token rows; None: all) of the step's adapters; None: the step runs the base alone."""
+def lora_groups(sched: Sequence[ScheduledReq], state: RequestState, batch: ForwardBatch) -> LoraRows | None:
+    """The step's token rows by adapter; None: the step runs the base alone."""
     if not state.lora_slot:
         return None
     slots = [state.lora_slot.get(s.req_pool_idx, -1) for s in sched]
     if max(slots) < 0:
         return None
-    if min(slots) == max(slots):
-        return [(slots[0], None)]
-    rows: dict[int, list[int]] = {}
-    for slot, start, n in zip(slots, batch.extend_starts_cpu, batch.extend_lens_cpu, strict=True):  # type: ignore[arg-type]
-        if slot >= 0:
-            rows.setdefault(slot, []).extend(range(start, start + n))
     device = batch.input_ids.device
-    return [(slot, torch.tensor(r, dtype=torch.int64, device=device)) for slot, r in rows.items()]
+    per_row = [slot for slot, n in zip(slots, batch.extend_lens_cpu, strict=True) for _ in range(n)]  # type: ignore[arg-type]
+    of_row = torch.tensor(per_row, dtype=torch.int64, device=device)
+    if min(slots) == max(slots):
+        return LoraRows(of_row, [(slots[0], None)])
+    rows: dict[int, list[int]] = {}
+    for t, slot in enumerate(per_row):
+        if slot >= 0:
+            rows.setdefault(slot, []).append(t)
+    return LoraRows(of_row, [(s, torch.tensor(r, dtype=torch.int64, device=device)) for s, r in rows.items()])

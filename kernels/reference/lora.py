@@ -1,20 +1,31 @@
 """LoRA deltas of a batch that mixes adapters (S-LoRA/Punica's segmented product), in plain torch.
 
-`y[rows] += (x[rows] @ a[slot].T) @ b[slot].T` for each (slot, rows) of the step: the rows of the tokens whose
+`y[rows] += (x[rows] @ a[slot].T) @ b[slot].T` for each adapter slot of the step: the rows of the tokens whose
 request runs the adapter in that device slot. a [slots, R, in], b [slots, out, R] hold every slot's weights
 (a fused layer's parts side by side in R, b block-diagonal over them; the adapter's scale folded into b).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 
+@dataclass
+class LoraRows:
+    """A step's token rows by adapter: slot_of_row [T] int64 (-1: the base), the C kernel's; groups, torch's:
+    (slot, its rows; None: every row)."""
+
+    slot_of_row: torch.Tensor
+    groups: list[tuple[int, torch.Tensor | None]] = field(default_factory=list)
+
+
 def lora_add_ref(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                 groups: list[tuple[int, torch.Tensor | None]]) -> torch.Tensor:
-    """groups: (slot, row indices; None: every row) -> y, updated in place."""
-    for slot, rows in groups:
-        if rows is None:
+                 rows: LoraRows) -> torch.Tensor:
+    """y, updated in place."""
+    for slot, idx in rows.groups:
+        if idx is None:
             y.add_((x @ a[slot].t()) @ b[slot].t())
         else:
-            y.index_add_(0, rows, (x.index_select(0, rows) @ a[slot].t()) @ b[slot].t())
+            y.index_add_(0, idx, (x.index_select(0, idx) @ a[slot].t()) @ b[slot].t())
     return y

@@ -20,8 +20,8 @@ import torch
 
 @dataclass
 class LoraContext:
-    # (slot, token rows; None: all of them) of the step being run; None: the step runs no adapter
-    groups: list[tuple[int, torch.Tensor | None]] | None = None
+    # the step's token rows by adapter (kernels/reference/lora.py's LoraRows); None: it runs no adapter
+    groups: Any = None
 
 
 @dataclass
