@@ -215,7 +215,8 @@ class Scheduler:
             self.encoding.kept(result.images_kept)
         self._take_sampled(step, result)
         self._run_on(step)
-        settle_loras(self)  # an unload waiting for its adapter's requests to end
+        if self.lora is not None and self.lora.unloading:  # an unload waiting for its adapter's requests
+            settle_loras(self)
         self._flush_deltas()
         if self.cfg.debug_integrity:
             self.check_integrity()
