@@ -54,8 +54,18 @@ class ScriptedEngine:
     def script(self, *replies: Reply | list[str]) -> None:
         self.replies.extend(r if isinstance(r, Reply) else Reply(r) for r in replies)
 
+    loras: list[str | None] = field(default_factory=list)  # the adapter each request named (None: the base)
+    served_loras: dict[str, str] = field(default_factory=dict)  # what stats() says is served: name -> path
+
+    async def stats(self) -> Any:
+        """The engine's answer to the HTTP server's question which adapters it serves."""
+        from types import SimpleNamespace
+
+        return SimpleNamespace(loras=dict(self.served_loras))
+
     async def stream(self, prompt: Any, params: dict[str, Any], rid: str, priority: int = 0,
-                     session: Any = None) -> AsyncIterator[CompletionDelta]:
+                     session: Any = None, lora: str | None = None) -> AsyncIterator[CompletionDelta]:
+        self.loras.append(lora)
         self.prompts.append(list(prompt))
         self.params.append(dict(params))
         self.priorities.append(priority)

@@ -32,21 +32,25 @@ def test_the_segmented_product_gives_each_row_its_own_adapters_delta(rows: int) 
     assert native_lora.available(), "the LoRA C kernel did not build"
     g = torch.Generator().manual_seed(rows)
     x, y = torch.randn(rows, 12, generator=g), torch.randn(rows, 10, generator=g)
-    a, b = torch.randn(3, 4, 12, generator=g), torch.randn(3, 10, 4, generator=g)
+    # a fused layer of two parts (columns 0..6 and 6..10), rank 2 each: b block-diagonal over them
+    a, b = torch.randn(3, 4, 12, generator=g), torch.randn(3, 4, 10, generator=g)
+    b[:, :2, 6:] = 0
+    b[:, 2:, :6] = 0
+    cols = torch.tensor([0, 6, 10])
     slot_of = torch.randint(-1, 3, (rows,), generator=g)
     mixed = LoraRows(slot_of, [(s, torch.nonzero(slot_of == s).flatten()) for s in (0, 1, 2)])
     want = y.clone()
     for i, s in enumerate(slot_of.tolist()):  # the twin: row by row
         if s >= 0:
-            want[i] += b[s] @ (a[s] @ x[i])
+            want[i] += (a[s] @ x[i]) @ b[s]
     one = LoraRows(torch.full((rows,), 1), [(1, None)])
     impls = (lora_add_ref, native_lora.lora_add, resolve_ops("cpu", F32).lora_add)  # each this machine has
     for impl in impls:
-        torch.testing.assert_close(impl(y.clone(), x, a, b, mixed), want)
-        torch.testing.assert_close(impl(y.clone(), x, a, b, one), y + x @ a[1].t() @ b[1].t())
+        torch.testing.assert_close(impl(y.clone(), x, a, b, mixed, cols), want)
+        torch.testing.assert_close(impl(y.clone(), x, a, b, one, cols), y + x @ a[1].t() @ b[1])
     wide = torch.randn(rows, 30, generator=g)[:, 5:17]  # a view: rows apart by 30, the C kernel takes it
-    torch.testing.assert_close(native_lora.lora_add(y.clone(), wide, a, b, mixed),
-                               lora_add_ref(y.clone(), wide, a, b, mixed))
+    torch.testing.assert_close(native_lora.lora_add(y.clone(), wide, a, b, mixed, cols),
+                               lora_add_ref(y.clone(), wide, a, b, mixed, cols))
 
 
 def test_a_session_turn_continues_only_under_its_own_adapter() -> None:
@@ -282,3 +286,37 @@ def test_an_adapter_for_another_model_is_refused_before_it_is_served(adapters, t
     with pytest.raises(LoraError) as e:
         load_adapter(other, 0, read_lora(LoraModule("all", str(paths["all"])), 16))
     assert e.value.field == "base"
+
+
+def test_the_step_graph_replays_a_decode_step_mixing_adapters_as_eager(adapters) -> None:
+    """Each target layer's LoRA node (its rows' slots the replay's input): the replayed logits equal the eager
+    step's bit for bit, adapters mixed in the batch and the base's rows (-1) untouched; a base step after it
+    replays with no adapter."""
+    from tandem.protocol.lora_messages import LoraSlotLoad
+    from tandem.worker.cpu_step_graph import CpuStepGraph
+    from tandem.worker.loader import load_model
+    from tandem.worker.lora_step import WorkerAdapters
+    from tests.kernels.test_cpu_step_graph import _kv, _prefilled
+    from tests.kv_pool import Pool
+
+    base, paths = adapters
+    model = load_model(str(base), F32, "cpu", ops=resolve_ops("cpu", F32))
+    model.pack_cpu_weights()
+    served = WorkerAdapters(model, 3, 16, F32, torch.device("cpu"))
+    served.apply([LoraSlotLoad(i, n, 1, str(p)) for i, (n, p) in enumerate(paths.items())], [])
+    pool = Pool(model, num_slots=600, max_reqs=16)
+    graph = CpuStepGraph(model, pool.kv, max_batch=8, max_context=128)
+    lens = [3, 9, 14, 20, 6]
+    seqs, rows = _prefilled(model, pool, lens, seed=5, extra=4)
+    for slots in ([0, -1, 2, 1, 0], [-1] * 5, [1] * 5):
+        batch = pool.batch([(rows[i], [seqs[i][lens[i]]], lens[i] + 1) for i in range(5)])
+        of_row = torch.tensor(slots)
+        served.ctx.groups = None if max(slots) < 0 else LoraRows(
+            of_row, [(s, torch.nonzero(of_row == s).flatten()) for s in set(slots) if s >= 0])
+        before = _kv(pool)
+        eager = model.forward(batch, pool.kv)
+        for t, b in zip(pool.kv.k + pool.kv.v, before, strict=True):
+            t.copy_(b)
+        assert torch.equal(graph.run(batch), eager), slots
+    served.ctx.groups = None
+    assert graph.num_runs == 3

@@ -50,7 +50,7 @@ def load_adapter(model: torch.nn.Module, slot: int, cfg: LoraConfig, pairs: Pair
         s = layer.lora
         r0, (o, n) = part * s.max_rank, s.parts[part]
         s.a[slot, r0 : r0 + cfg.rank].copy_(a)
-        s.b[slot, o : o + n, r0 : r0 + cfg.rank].copy_(b * cfg.scale)
+        s.b[slot, r0 : r0 + cfg.rank, o : o + n].copy_((b * cfg.scale).t())
 
 
 def _rank_part(layer: Any, part: int, a: torch.Tensor, b: torch.Tensor, cfg: LoraConfig, path: str,

@@ -180,7 +180,8 @@ class ModelRunner:
             k = h.shape[0] - len(pool.hidden_indices)
             step.embeddings = pool_hidden(pool, h[k:], st, self.cfg.pooling)
             logits = self.model.compute_logits(h[:k]) if k else h[:0].float()
-        elif self.graphs is not None and self.graphs.can_run(batch) and not lora:  # graphs hold no adapter
+        elif self.graphs is not None and self.graphs.can_run(batch) and (isinstance(self.graphs, CpuStepGraph)
+                                                                          or not lora):  # CUDA's: no adapter
             logits = self.graphs.run(batch)
             if isinstance(self.graphs, CpuStepGraph):
                 greedy = self.graphs.greedy_tokens(batch.batch_size)

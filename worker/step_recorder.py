@@ -53,7 +53,7 @@ class StepRecorder:
 
     # Ops fields -> the method recording them; a field not here refuses (as does removing one: the tests do).
     RECORDERS = {"add_rms_norm": "add_rms_norm", "silu_mul": "silu_mul", "gelu_mul": "gelu_mul",
-                 "rotary": "rotary", "linear": "linear", "moe_layer": "moe_layer"}
+                 "rotary": "rotary", "linear": "linear", "moe_layer": "moe_layer", "lora_add": "lora_add"}
 
     def __init__(self, kv: KVCache, batch: ForwardBatch, swa_slots: torch.Tensor, max_context: int,
                  threads: int) -> None:
@@ -203,6 +203,17 @@ class StepRecorder:
                 quantize_part=ep["quantize_q8"] if int8 else 0, q8_part=ep["quant_linear_q8"] if int8 else 0,
                 q8=q8))
             col += part.out_features
+        return y
+
+    def lora_add(self, y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: Any,
+                 cols: torch.Tensor) -> torch.Tensor:
+        """Each row's adapter's delta into y; the rows' slots (rows.slot_of_row) are the replay's input."""
+        whole = a.is_contiguous() and b.is_contiguous()
+        if not (_rows(x) and _rows(y) and a.dtype == b.dtype == F32 and whole):
+            raise Unrecordable("a LoRA delta of a layout the C kernel does not take")
+        self.nodes.append(Node(sg.LORA, y=y, ldy=y.stride(0), x=x, ldx=x.stride(0), slots=rows.slot_of_row,
+                               a=a, b=b, r=a.shape[1], k=a.shape[2], n=b.shape[2], cols=cols,
+                               parts=cols.shape[0] - 1))
         return y
 
     def moe_layer(self, x: torch.Tensor, w13: Any, w2: Any, top_k: int, renormalize: bool,

@@ -19,13 +19,14 @@ from pathlib import Path
 
 import torch
 
-from tandem.kernels.native import argmax, moe, norm_act, paged_attention, quant_linear, rotary
+from tandem.kernels.native import argmax, lora, moe, norm_act, paged_attention, quant_linear, rotary
 from tandem.kernels.native import build as native_build
 
 SOURCE = Path(__file__).parents[1] / "csrc" / "step_graph.c"
 NODE_ARGS = 24  # as in the .c file: each node is its kind then NODE_ARGS int64 arguments
 # Node kinds (the .c file's enum).
-EMBED, NORM, HEAD_NORM, QLINEAR, ROTARY, KV_WRITE, ATTENTION, SILU_MUL, MOE, GELU_MUL, ARGMAX, ADD = range(12)
+(EMBED, NORM, HEAD_NORM, QLINEAR, ROTARY, KV_WRITE, ATTENTION, SILU_MUL, MOE, GELU_MUL, ARGMAX, ADD,
+ LORA) = range(13)
 # Each kind's arguments in the .c file's order: `name*` a pointer (a tensor, a Ptr, or None for 0), `name:f` a
 # float32, `@entry` the address of that kernel entry (filled in), else an int64.
 _ACT = ("gate_up*", "ldg", "n", "out*", "ldo")
@@ -100,6 +101,7 @@ ARGS: dict[int, tuple[str, ...]] = {
     GELU_MUL: ("@gelu_mul", *_ACT),
     ARGMAX: ("@argmax", "logits*", "ld", "vocab", "out*"),
     ADD: ("x*", "ldx", "delta*", "ldd", "n"),
+    LORA: ("@lora_add", "y*", "ldy", "x*", "ldx", "slots*", "a*", "b*", "r", "k", "n", "cols*", "parts"),
 }
 # Each kind's argument names, without their marks.
 NAMES = {k: tuple(a.lstrip("@").rstrip("*").removesuffix(":f") for a in spec) for k, spec in ARGS.items()}
@@ -175,7 +177,7 @@ def _library() -> ctypes.CDLL | None:
 
 def available() -> bool:
     return _library() is not None and all(
-        m.available() for m in (norm_act, paged_attention, quant_linear, rotary, moe, argmax))
+        m.available() for m in (norm_act, paged_attention, quant_linear, rotary, moe, argmax, lora))
 
 
 # Kernel name -> (its binding module, the C entry point a node calls): the part of the kernel the eager path
@@ -191,6 +193,7 @@ ENTRIES = {
     "paged_attention": (paged_attention, "tandem_paged_decode_part"),
     "moe": (moe, "tandem_moe_f32"),  # a whole call, between the replayer's regions
     "argmax": (argmax, "tandem_argmax_part"),
+    "lora_add": (lora, "tandem_lora_add_part"),
 }
 
 

@@ -1,8 +1,9 @@
 """LoRA deltas of a batch that mixes adapters (S-LoRA/Punica's segmented product), in plain torch.
 
-`y[rows] += (x[rows] @ a[slot].T) @ b[slot].T` for each adapter slot of the step: the rows of the tokens whose
-request runs the adapter in that device slot. a [slots, R, in], b [slots, out, R] hold every slot's weights
-(a fused layer's parts side by side in R, b block-diagonal over them; the adapter's scale folded into b).
+`y[rows] += (x[rows] @ a[slot].T) @ b[slot]` for each adapter slot of the step: the rows of the tokens whose
+request runs the adapter in that device slot. a [slots, R, in], b [slots, R, out] hold every slot's weights
+(PEFT's lora_A and lora_B transposed; a fused layer's parts side by side in R, b block-diagonal over them;
+the adapter's scale folded into b).
 """
 from __future__ import annotations
 
@@ -20,12 +21,13 @@ class LoraRows:
     groups: list[tuple[int, torch.Tensor | None]] = field(default_factory=list)
 
 
-def lora_add_ref(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                 rows: LoraRows) -> torch.Tensor:
-    """y, updated in place."""
+def lora_add_ref(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: LoraRows,
+                 cols: torch.Tensor) -> torch.Tensor:
+    """y, updated in place. cols [parts + 1]: the parts' column bounds in y (the C kernel reads only the
+    blocks of b they bound; the products here take the zeros between)."""
     for slot, idx in rows.groups:
         if idx is None:
-            y.add_((x @ a[slot].t()) @ b[slot].t())
+            y.add_((x @ a[slot].t()) @ b[slot])
         else:
-            y.index_add_(0, idx, (x.index_select(0, idx) @ a[slot].t()) @ b[slot].t())
+            y.index_add_(0, idx, (x.index_select(0, idx) @ a[slot].t()) @ b[slot])
     return y

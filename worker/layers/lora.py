@@ -1,7 +1,7 @@
 """Device slots for LoRA adapters in a model's linear layers, and the step's map of token rows to slots.
 
 Every layer an adapter may target (the attention's q/k/v and o, the MLP's gate/up and down) holds `LoraSlots`:
-a [slots, parts * max_rank, in] and b [slots, out, parts * max_rank] with one adapter per slot (a fused
+a [slots, parts * max_rank, in] and b [slots, parts * max_rank, out] with one adapter per slot (a fused
 layer's parts side by side, b block-diagonal over them, the adapter's scale folded into b; an empty part, or
 slot, is zeros). Its product adds each token's adapter's delta (Ops.lora_add) when the step runs adapters: the
 model runner sets the shared `LoraContext` for such a step and clears it after, so a step of the base alone
@@ -29,8 +29,9 @@ class LoraSlots:
     a: torch.Tensor
     b: torch.Tensor
     ctx: LoraContext
-    parts: list[tuple[int, int]] = field(default_factory=list)  # (offset, rows) of each part in b's rows
+    parts: list[tuple[int, int]] = field(default_factory=list)  # (offset, width) of each part in y's columns
     max_rank: int = 0
+    cols: torch.Tensor | None = None  # int64 [parts + 1]: the parts' column bounds (the C kernel's)
 
 
 # a checkpoint's projection -> (this engine's layer, its part: the fused layers' as the models stack them)
@@ -58,7 +59,8 @@ def install_slots(model: torch.nn.Module, slots: int, max_rank: int, dtype: torc
         parts = [(o, n) for o, n in zip(layer.shard_offsets, layer.shard_sizes, strict=True)] \
             if hasattr(layer, "shard_offsets") else [(0, layer.out_features)]
         r = len(parts) * max_rank
+        cols = torch.tensor([o for o, _ in parts] + [parts[-1][0] + parts[-1][1]], dtype=torch.int64)
         layer.lora = LoraSlots(torch.zeros(slots, r, layer.in_features, dtype=dtype, device=device),
-                               torch.zeros(slots, layer.out_features, r, dtype=dtype, device=device), ctx,
-                               parts, max_rank)
+                               torch.zeros(slots, r, layer.out_features, dtype=dtype, device=device), ctx,
+                               parts, max_rank, cols.to(device))
     return ctx
