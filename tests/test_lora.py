@@ -320,3 +320,25 @@ def test_the_step_graph_replays_a_decode_step_mixing_adapters_as_eager(adapters)
         assert torch.equal(graph.run(batch), eager), slots
     served.ctx.groups = None
     assert graph.num_runs == 3
+
+
+@pytest.mark.slow
+def test_speculative_decoding_and_structured_output_run_under_an_adapter(adapters) -> None:
+    """n-gram drafts verified under the adapter (the draft rows take its delta) give the tokens greedy
+    decoding gives without them; a JSON grammar constrains an adapter's output as the base's."""
+    base, paths = adapters
+    prompt = [1, 5, 9, 13, 5, 9, 13, 5, 9, 13, 2]  # repetitive: the n-gram proposer has drafts to offer
+    greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    options = {"lora_modules": [f"all={paths['all']}"], "max_lora_rank": 16}
+
+    async def run(spec: bool) -> tuple[list[int], str]:
+        extra = {"speculative_method": "ngram", "num_speculative_tokens": 4} if spec else {}
+        async with AsyncClient.launch(str(base), dtype="float32", **options, **extra) as c:
+            plain = (await c.generate(prompt, greedy, lora="all")).token_ids
+            js = await c.generate("Answer:", SamplingParams(max_tokens=32, temperature=0, json_object=True),
+                                  lora="all")
+            return plain, js.text
+
+    off, on = asyncio.run(run(False)), asyncio.run(run(True))
+    assert on == off
+    _check(off[0][:N], _peft_greedy(base, paths["all"], prompt), "greedy under the adapter")
