@@ -21,17 +21,14 @@ import torch
 from safetensors.torch import save_file
 
 from tandem.protocol.engine_config import EngineConfig
-from tandem.protocol.lora import TARGETS
+from tandem.protocol.lora import TARGETS, target_dims
 from tandem.protocol.model_config import read_model_config
 
 
 def write_adapter(model: str, out: Path, rank: int, seed: int) -> Path:
     """A random adapter of `rank` for `model` in PEFT's files (B not zero, as a trained one's)."""
     cfg = read_model_config(model)
-    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-    h, inter = cfg.hidden_size, cfg.intermediate_size
-    dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, inter),
-            "up_proj": (h, inter), "down_proj": (inter, h)}
+    dims = target_dims(cfg)
     g = torch.Generator().manual_seed(seed)
     weights = {}
     for layer in range(cfg.num_hidden_layers):

@@ -120,16 +120,21 @@ def lora_key(name: str, generation: int, token: int) -> int:
 
 
 
+def target_dims(model: ModelConfig) -> dict[str, tuple[int, int]]:
+    """Each target projection's (in, out) features in the model (A is [r, in], B [out, r])."""
+    q, kv = model.num_attention_heads * model.head_dim, model.num_key_value_heads * model.head_dim
+    h, inter = model.hidden_size, model.intermediate_size
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, inter),
+            "up_proj": (h, inter), "down_proj": (inter, h)}
+
+
 def check_lora_shapes(cfg: LoraConfig, model: ModelConfig) -> None:
     """The adapter's weights (their shapes, from the file's header) fit the model: every one a LoRA weight of
     a layer it has, A [r, in] and B [out, r] as its projection's. An adapter for another model (hidden size,
     layer count, heads) is a LoraError naming `base`."""
     from safetensors import safe_open
 
-    q, kv = model.num_attention_heads * model.head_dim, model.num_key_value_heads * model.head_dim
-    h, inter = model.hidden_size, model.intermediate_size
-    dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, inter),
-            "up_proj": (h, inter), "down_proj": (inter, h)}
+    dims = target_dims(model)
     try:
         with safe_open(str(cfg.weights_file), "pt") as f:
             shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}
