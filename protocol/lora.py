@@ -59,16 +59,22 @@ class LoraConfig:
     rank: int
     scale: float
     targets: tuple[str, ...]  # of TARGETS, those its weights hold
+    # a llama.cpp GGUF adapter file's general.architecture (protocol/lora_gguf.py); None: a PEFT directory
+    gguf_arch: str | None = None
 
     @property
     def weights_file(self) -> Path:
-        return self.path / "adapter_model.safetensors"
+        return self.path if self.gguf_arch else self.path / "adapter_model.safetensors"
 
 
 def read_lora(module: LoraModule, max_rank: int) -> LoraConfig:
     """The adapter's config, checked against what the engine runs (its weights' shapes are checked against the
-    model's when they load: worker/lora_weights.py)."""
+    model's when they load: worker/lora_weights.py). A path to a GGUF file is llama.cpp's format."""
+    from tandem.protocol.lora_gguf import is_gguf_file, read_gguf_lora  # it builds on this file's types
+
     path = Path(module.path).expanduser()
+    if is_gguf_file(path):
+        return read_gguf_lora(module, path, max_rank)
     cfg_file = path / "adapter_config.json"
     if not cfg_file.is_file():
         raise LoraError("path", f"{module.path}: no adapter_config.json there")
@@ -134,12 +140,22 @@ def check_lora_shapes(cfg: LoraConfig, model: ModelConfig) -> None:
     layer count, heads) is a LoraError naming `base`."""
     from safetensors import safe_open
 
+    from tandem.protocol.architectures import architecture
+    from tandem.protocol.lora_gguf import gguf_lora_shapes
+
     dims = target_dims(model)
-    try:
-        with safe_open(str(cfg.weights_file), "pt") as f:
-            shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}
-    except Exception as e:  # a file safetensors cannot read, whatever its fault
-        raise LoraError("adapter_model.safetensors", f"cannot be read: {e}") from None
+    if cfg.gguf_arch:
+        base = architecture(model.architecture).gguf_arch
+        if cfg.gguf_arch != base:
+            raise LoraError("base", f"an adapter for a {cfg.gguf_arch!r} model; this model's GGUF "
+                                    f"architecture is {base!r}")
+        shapes = gguf_lora_shapes(cfg)
+    else:
+        try:
+            with safe_open(str(cfg.weights_file), "pt") as f:
+                shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}
+        except Exception as e:  # a file safetensors cannot read, whatever its fault
+            raise LoraError("adapter_model.safetensors", f"cannot be read: {e}") from None
     if not shapes:
         raise LoraError("adapter_model.safetensors", "holds no weights")
     for name, shape in shapes.items():

@@ -42,7 +42,7 @@ class WorkerAdapters:
             key = (order.name, order.generation)
             if key not in self.host:
                 cfg = read_lora(LoraModule(order.name, order.path), self.max_rank)
-                self.host[key] = (cfg, read_adapter(cfg))
+                self.host[key] = (cfg, read_adapter(cfg, self.model.config))
             load_adapter(self.model, order.slot, *self.host[key])
 
 

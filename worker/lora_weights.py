@@ -5,35 +5,54 @@ count, heads) is a LoraError naming the weight, and the slot is left as it was.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from safetensors import safe_open
 
+from tandem.protocol.architectures import architecture
 from tandem.protocol.lora import LoraConfig, LoraError, weight_key
+from tandem.protocol.lora_gguf import gguf_lora_tensors
+from tandem.protocol.model_config import ModelConfig
+from tandem.worker.gguf_weights import unpermute_qk
 from tandem.worker.layers.lora import LAYER_OF, lora_layers
 
 Pairs = dict[tuple[str, str], dict[str, torch.Tensor]]  # (layer path, target) -> {"A": .., "B": ..}
 
 
-def read_adapter(cfg: LoraConfig) -> Pairs:
-    """The adapter file's weights, in host memory."""
+def read_adapter(cfg: LoraConfig, model: ModelConfig) -> Pairs:
+    """The adapter file's weights, in host memory, in PEFT's form (a GGUF adapter's llama q/k lora_B rows put
+    back in HF's order, as its base's weights are)."""
     pairs: Pairs = {}
+    heads = {"q_proj": model.num_attention_heads, "k_proj": model.num_key_value_heads}
+    permuted = cfg.gguf_arch is not None and architecture(model.architecture).gguf_qk_permuted
+    for name, w in _weights(cfg):
+        key = weight_key(name)
+        if key is None:
+            raise LoraError("adapter_model.safetensors", f"{name!r}: not a LoRA weight served here")
+        path, _, target, ab = key
+        if permuted and ab == "B" and target in heads:
+            w = unpermute_qk(w, heads[target])
+        pairs.setdefault((path, target), {})[ab] = w
+    return pairs
+
+
+def _weights(cfg: LoraConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    if cfg.gguf_arch:
+        yield from gguf_lora_tensors(cfg)
+        return
     with safe_open(str(cfg.weights_file), "pt") as f:
         for name in f.keys():
-            key = weight_key(name)
-            if key is None:
-                raise LoraError("adapter_model.safetensors", f"{name!r}: not a LoRA weight served here")
-            path, _, target, ab = key
-            pairs.setdefault((path, target), {})[ab] = f.get_tensor(name)
-    return pairs
+            yield name, f.get_tensor(name)
 
 
 def load_adapter(model: torch.nn.Module, slot: int, cfg: LoraConfig, pairs: Pairs | None = None) -> None:
     """Fill device slot `slot` of every target layer with the adapter (pairs: its weights read already)."""
     layers = lora_layers(model)
     writes: list[tuple[Any, int, torch.Tensor, torch.Tensor]] = []  # (layer, part, A rows, B rows) to copy
-    for (path, target), ab in sorted((pairs if pairs is not None else read_adapter(cfg)).items()):
+    pairs = pairs if pairs is not None else read_adapter(cfg, model.config)
+    for (path, target), ab in sorted(pairs.items()):
         if target not in LAYER_OF:
             raise LoraError("target_modules", f"{target!r}: not a projection this engine serves")
         fused, part = LAYER_OF[target]
