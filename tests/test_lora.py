@@ -5,6 +5,7 @@ one-line error naming its field."""
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -182,6 +183,22 @@ def test_a_gguf_base_with_an_adapter_is_its_dequantized_model_with_it(qtype: str
 
     for (prompt, name), tokens in zip(runs, asyncio.run(serve()), strict=True):
         _check(tokens, _peft_greedy(gguf, paths["all"] if name else None, prompt), f"{qtype} {name or 'base'}")
+
+
+@pytest.mark.slow
+def test_tensor_parallel_adapters_are_peft(adapters, launch_client) -> None:
+    """TP=2 (gloo): each rank holds its part of every adapter as of its layer (a column-parallel layer's rows
+    of B, a row-parallel layer's columns of A, whose partial deltas the layer's all-reduce sums); adapters
+    and the base in one batch, each equal to PEFT's."""
+    base, paths = adapters
+    prompts = [[1, 5, 9, 13, 2, 7], [1, 44, 3, 3, 8, 21, 60, 9]]
+    runs = [(p, name) for p in prompts for name in (None, *paths)]
+    c = launch_client(base, tp_size=2, lora_modules=[f"{n}={p}" for n, p in paths.items()], max_lora_rank=16)
+    params = SamplingParams(max_tokens=N, temperature=0, ignore_eos=True)
+    with ThreadPoolExecutor(len(runs)) as pool:  # all at once: one batch
+        got = list(pool.map(lambda run: c.generate(run[0], params, lora=run[1]).token_ids, runs))
+    for (prompt, name), tokens in zip(runs, got, strict=True):
+        _check(tokens, _peft_greedy(base, paths[name] if name else None, prompt), f"TP=2 {name or 'base'}")
 
 
 def test_an_adapters_kv_is_never_anothers(adapters) -> None:
