@@ -31,6 +31,7 @@ from tandem.kernels.reference import rotary as ref_rotary
 from tandem.kernels.reference import scatter_2d as ref_scatter
 from tandem.kernels.triton import bitmask as tri_bitmask
 from tandem.kernels.triton import input_prep as tri_input_prep
+from tandem.kernels.triton import lora as tri_lora
 from tandem.kernels.triton import moe as tri_moe
 from tandem.kernels.triton import ngram_propose as tri_ngram
 from tandem.kernels.triton import scatter_2d as tri_scatter
@@ -155,7 +156,7 @@ def resolve_ops(
         moe_route=ref_moe.route_ref,
         linear=functools.partial(linear_product, int8=int8, bf16_rows=bf16_rows),
         moe_layer=_native_moe_layer if native else _no_moe_layer,
-        lora_add=lora.lora_add if native else ref_lora.lora_add_ref,
+        lora_add=tri_lora.lora_add_triton if triton else lora.lora_add if native else ref_lora.lora_add_ref,
     )
     log.info("%s (device %s, %s)", ops.describe(), device, dtype)
     return ops

@@ -11,9 +11,11 @@ class Pool:
     """Test-side stand-in for the engine: hands out random non-contiguous slots and request rows."""
 
     def __init__(self, model, num_slots: int = 400, max_reqs: int = 16, seed: int = 0,
-                 kv_dtype: torch.dtype | None = None, swa: bool = False, max_context: int = 128) -> None:
+                 kv_dtype: torch.dtype | None = None, swa: bool = False, max_context: int = 128,
+                 device: torch.device | str = "cpu") -> None:
         """swa: the model's sliding-window layers get a pool of their own, each slot mapped to a random
         one."""
+        self.device = torch.device(device)
         cfg = model.config
         sliding = (
             frozenset(i for i in range(cfg.num_hidden_layers) if cfg.is_sliding(i)) if swa else frozenset()
@@ -24,7 +26,7 @@ class Pool:
             cfg.num_key_value_heads,
             cfg.head_dim,
             kv_dtype or model.dtype,
-            "cpu",
+            self.device,
             max_reqs=max_reqs,
             max_context=max_context,
             swa_slots=num_slots if swa else 0,
@@ -53,4 +55,4 @@ class Pool:
             seq_lens.append(seq_len)
             ext.append(len(toks))
         logits_idx = list(range(len(ids))) if all_logits else None
-        return ForwardBatch.from_lists(ids, locs, rows, seq_lens, ext, logits_idx)
+        return ForwardBatch.from_lists(ids, locs, rows, seq_lens, ext, logits_idx, device=self.device)

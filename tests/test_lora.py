@@ -1,6 +1,6 @@
 """LoRA adapters against PEFT (transformers' model with peft's adapters, a reference that shares no code with
-the engine): the segmented product against a row-by-row twin, adapters' greedy tokens through
-`Client.launch` in one batch with the base's, the prefix cache kept apart per adapter, and every bad adapter a
+the engine): adapters' greedy tokens through `Client.launch` in one batch with the base's (the kernels:
+tests/kernels/test_lora_add.py), the prefix cache kept apart per adapter, and every bad adapter a
 one-line error naming its field."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from tandem import AsyncClient, SamplingParams
 from tandem.kernels.ops import resolve_ops
-from tandem.kernels.reference.lora import LoraRows, lora_add_ref
+from tandem.kernels.reference.lora import LoraRows
 from tandem.protocol.engine_config import EngineConfig
 from tandem.protocol.errors import ErrorCode, InvalidRequestError, RequestFailedError
 from tandem.protocol.lora import LoraError, LoraModule, read_lora
@@ -24,34 +24,6 @@ from tests.reference import NEAR_TIE
 
 F32 = torch.float32
 N = 8  # tokens generated per request
-
-
-@pytest.mark.parametrize("rows", [7, 40])  # the C kernel splits rows over threads from 8
-def test_the_segmented_product_gives_each_row_its_own_adapters_delta(rows: int) -> None:
-    from tandem.kernels.native import lora as native_lora
-
-    assert native_lora.available(), "the LoRA C kernel did not build"
-    g = torch.Generator().manual_seed(rows)
-    x, y = torch.randn(rows, 12, generator=g), torch.randn(rows, 10, generator=g)
-    # a fused layer of two parts (columns 0..6 and 6..10), rank 2 each: b block-diagonal over them
-    a, b = torch.randn(3, 4, 12, generator=g), torch.randn(3, 4, 10, generator=g)
-    b[:, :2, 6:] = 0
-    b[:, 2:, :6] = 0
-    cols = torch.tensor([0, 6, 10])
-    slot_of = torch.randint(-1, 3, (rows,), generator=g)
-    mixed = LoraRows(slot_of, [(s, torch.nonzero(slot_of == s).flatten()) for s in (0, 1, 2)])
-    want = y.clone()
-    for i, s in enumerate(slot_of.tolist()):  # the twin: row by row
-        if s >= 0:
-            want[i] += (a[s] @ x[i]) @ b[s]
-    one = LoraRows(torch.full((rows,), 1), [(1, None)])
-    impls = (lora_add_ref, native_lora.lora_add, resolve_ops("cpu", F32).lora_add)  # each this machine has
-    for impl in impls:
-        torch.testing.assert_close(impl(y.clone(), x, a, b, mixed, cols), want)
-        torch.testing.assert_close(impl(y.clone(), x, a, b, one, cols), y + x @ a[1].t() @ b[1])
-    wide = torch.randn(rows, 30, generator=g)[:, 5:17]  # a view: rows apart by 30, the C kernel takes it
-    torch.testing.assert_close(native_lora.lora_add(y.clone(), wide, a, b, mixed, cols),
-                               lora_add_ref(y.clone(), wide, a, b, mixed, cols))
 
 
 def test_a_session_turn_continues_only_under_its_own_adapter() -> None:

@@ -13,7 +13,10 @@ and mixed steps, drafts to verify, prompt logprobs, and batches past the largest
 
 What the captured forward may do: only device work whose shapes are fixed by the bucket. The Triton
 attention backend launches its decode kernel over the bucket's rows and reads the lengths from the device;
-the rotary table is grown to the context length before capture, so no step grows it inside a graph.
+the rotary table is grown to the context length before capture, so no step grows it inside a graph. A model
+that takes LoRA adapters captures each target layer's LoRA product over a static buffer of the rows' slots
+(-1: the base, padding rows included), written per step like the other inputs: a step mixing adapters
+replays as a base step does (kernels/triton/lora.py reads each row's slot on the device).
 
 `capture=False` runs the same padded static batch eagerly, on any device: the CPU tests drive it to check a
 padded step against the eager one, and the GPU tests check the captured graphs against both.
@@ -22,15 +25,19 @@ padded step against the eager one, and the GPU tests check the captured graphs a
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
+from collections.abc import Iterator
 
 import torch
 
 from tandem.kernels.ops import Ops
+from tandem.kernels.reference.lora import LoraRows
 from tandem.protocol.engine_config import EngineConfig
 from tandem.worker.attention_backend import AttentionBackend, TritonBackend
 from tandem.worker.forward_batch import ForwardBatch
 from tandem.worker.kv_cache import KVCache
+from tandem.worker.layers.lora import lora_layers
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +93,9 @@ class DecodeGraphs:
         self.num_runs = 0  # decode steps run through here (the tests check that they were)
         self._dirty = 0  # rows [0, _dirty) of the buffers may hold an earlier step's real values
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # size -> graph, its hidden
+        # LoRA adapters: the rows' device slots (-1: the base); None: the model takes none
+        self.lora = next((m.lora.ctx for m in lora_layers(model).values() if m.lora is not None), None)
+        self.lora_slots = torch.full((n,), -1, **i64)
         for rotary in model.rotaries():
             rotary.reserve(max_context)  # never grown inside a captured forward
         if capture:
@@ -119,6 +129,11 @@ class DecodeGraphs:
                 buf[b : min(self._dirty, size)].fill_(pad)
         if self._dirty <= size:  # else rows past the bucket keep old values, which its graph never reads
             self._dirty = b
+        if self.lora is not None:  # the step's adapters (the model runner set them), else the base's -1
+            rows = self.lora.groups
+            self.lora_slots[:size].fill_(-1)
+            if rows is not None:
+                self.lora_slots[:b].copy_(rows.slot_of_row, non_blocking=True)
         if self.capture:
             graph, hidden = self._graphs[size]
             graph.replay()
@@ -129,8 +144,21 @@ class DecodeGraphs:
                 seq_lens=list(batch.seq_lens_cpu) + [1] * pad,
                 rows=list(batch.req_pool_indices_cpu) + [0] * pad,
             )
-            hidden = self.model.hidden_states(static, self.kv)
+            with self._lora_slots(size):
+                hidden = self.model.hidden_states(static, self.kv)
         return self.model.compute_logits(hidden[:b])
+
+    @contextlib.contextmanager
+    def _lora_slots(self, size: int) -> Iterator[None]:
+        """The target layers run over the slot buffer's first `size` rows (as captured), then as they were."""
+        if self.lora is None:
+            yield
+            return
+        step, self.lora.groups = self.lora.groups, LoraRows(self.lora_slots[:size])
+        try:
+            yield
+        finally:
+            self.lora.groups = step
 
     def _static_batch(self, size: int, seq_lens: list[int], rows: list[int]) -> ForwardBatch:
         """The buffers' first `size` rows as a batch. The host lists matter only eagerly (and for the
@@ -157,11 +185,11 @@ class DecodeGraphs:
             batch = self._static_batch(size, seq_lens=[1] * size, rows=[0] * size)
             # One eager run first, off the capture: Triton compiles its kernels, cuBLAS picks its plans.
             side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
+            with torch.cuda.stream(side), self._lora_slots(size):
                 self.model.hidden_states(batch, self.kv)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool), self._lora_slots(size):
                 hidden = self.model.hidden_states(batch, self.kv)
             pool = graph.pool()
             self._graphs[size] = (graph, hidden)

@@ -30,10 +30,9 @@ class WorkerAdapters:
         self.ctx = install_slots(model, slots, max_rank, dtype, device)
         self.host: dict[tuple[str, int], tuple[LoraConfig, Pairs]] = {}
 
-    def set_step(self, sched: Sequence[ScheduledReq], state: RequestState, batch: ForwardBatch) -> bool:
-        """The step's adapters into every target layer's context; whether it runs any."""
+    def set_step(self, sched: Sequence[ScheduledReq], state: RequestState, batch: ForwardBatch) -> None:
+        """The step's adapters into every target layer's context."""
         self.ctx.groups = lora_groups(sched, state, batch)
-        return self.ctx.groups is not None
 
     def apply(self, loads: Sequence[LoraSlotLoad], forget: Sequence[tuple[str, int]]) -> None:
         for key in forget:

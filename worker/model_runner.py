@@ -173,15 +173,15 @@ class ModelRunner:
             step.images_encoded += self.images.encoded - encoded
             if self.mrope:
                 attach_rope_positions(batch, st, self.model)
-        lora = self.adapters is not None and self.adapters.set_step(so.scheduled, st, batch)
+        if self.adapters is not None:
+            self.adapters.set_step(so.scheduled, st, batch)
         greedy = None  # the CPU step graph's argmax of each row's logits, when it has that node
         if pool is not None:  # the pooled tokens' hidden states follow the rows that need logits
             h = self.model.hidden_states(batch, self.kv)
             k = h.shape[0] - len(pool.hidden_indices)
             step.embeddings = pool_hidden(pool, h[k:], st, self.cfg.pooling)
             logits = self.model.compute_logits(h[:k]) if k else h[:0].float()
-        elif self.graphs is not None and self.graphs.can_run(batch) and (isinstance(self.graphs, CpuStepGraph)
-                                                                          or not lora):  # CUDA's: no adapter
+        elif self.graphs is not None and self.graphs.can_run(batch):
             logits = self.graphs.run(batch)
             if isinstance(self.graphs, CpuStepGraph):
                 greedy = self.graphs.greedy_tokens(batch.batch_size)

@@ -14,8 +14,9 @@ import torch
 
 @dataclass
 class LoraRows:
-    """A step's token rows by adapter: slot_of_row [T] int64 (-1: the base), the C kernel's; groups, torch's:
-    (slot, its rows; None: every row)."""
+    """A step's token rows by adapter: slot_of_row [T] int64 (-1: the base), the C and Triton kernels';
+    groups, torch's: (slot, its rows; None: every row). No groups: a recorded graph's rows, whose slots only
+    the device knows (the torch twin then runs every slot's product on every row, keeping each row's own)."""
 
     slot_of_row: torch.Tensor
     groups: list[tuple[int, torch.Tensor | None]] = field(default_factory=list)
@@ -25,6 +26,13 @@ def lora_add_ref(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Ten
                  cols: torch.Tensor) -> torch.Tensor:
     """y, updated in place. cols [parts + 1]: the parts' column bounds in y (the C kernel reads only the
     blocks of b they bound; the products here take the zeros between)."""
+    if not rows.groups:
+        slot_of = rows.slot_of_row
+        t = slot_of.numel()
+        for slot in range(a.shape[0]):
+            keep = (slot_of == slot).unsqueeze(1).to(y.dtype)
+            y[:t].add_(((x[:t] @ a[slot].t()) @ b[slot]) * keep)
+        return y
     for slot, idx in rows.groups:
         if idx is None:
             y.add_((x @ a[slot].t()) @ b[slot])

@@ -332,3 +332,55 @@ def test_step_launch_never_waits_for_the_device(tiny_model) -> None:
         sched.take_outbox()
     assert launched >= 5
     assert runner.graphs is not None and runner.graphs.num_runs >= 3  # decode steps replayed graphs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_lora_add_equals_reference_on_cuda(dtype: torch.dtype) -> None:
+    from tandem.kernels.reference.lora import LoraRows, lora_add_ref
+    from tandem.kernels.triton.lora import lora_add_triton
+    from tests.kernels.test_lora_add import grouped
+
+    g = torch.Generator().manual_seed(0)
+    dev = torch.device("cuda")
+    for rows, k, n, r in ((1, 2048, 6144, 192), (37, 2048, 2048, 64), (300, 8192, 2048, 64)):
+        x, y = torch.randn(rows, k, generator=g), torch.randn(rows, n, generator=g)
+        a, b = torch.randn(4, r, k, generator=g) / k**0.5, torch.randn(4, r, n, generator=g) / r**0.5
+        slot_of = torch.randint(-1, 4, (rows,), generator=g)
+        args = [t.to(dev, dtype) for t in (x, a, b)]
+        want = lora_add_ref(y.to(dev, dtype), *args, grouped(slot_of.to(dev)), torch.tensor([0, n], device=dev))
+        got = lora_add_triton(y.to(dev, dtype), *args, LoraRows(slot_of.to(dev)), torch.tensor([0, n], device=dev))
+        tol = 1e-3 if dtype == torch.float32 else 5e-2
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+def test_captured_decode_graphs_run_a_step_mixing_adapters_as_eager(tiny_model) -> None:
+    """The captured twin of tests/kernels/test_lora_add.py's padded static batch: each target layer's LoRA
+    launches replay over the graph's static slot buffer."""
+    from tandem.kernels.ops import resolve_ops
+    from tandem.worker.decode_graphs import DecodeGraphs
+    from tandem.worker.layers.lora import install_slots
+    from tandem.worker.loader import load_model
+    from tests.kernels.test_lora_add import _filled, grouped
+    from tests.kv_pool import Pool
+
+    dev = torch.device("cuda")
+    model = load_model(tiny_model("llama"), torch.float32, dev, ops=resolve_ops(dev, torch.float32))
+    ctx = install_slots(model, 3, 8, torch.float32, dev)
+    _filled(model, 3, 4, seed=1)
+    pool = Pool(model, num_slots=600, max_reqs=16, device=dev)
+    pool.free_slots.remove(0)
+    graphs = DecodeGraphs(model, pool.kv, max_batch=8, max_context=128, capture=True)
+    g = torch.Generator().manual_seed(5)
+    lens = [3, 9, 14, 20, 6]
+    seqs = [torch.randint(0, 500, (n + 4,), generator=g).tolist() for n in lens]
+    rows = [pool.add(len(s)) for s in seqs]
+    model.forward(pool.batch([(r, s[:n], n) for r, s, n in zip(rows, seqs, lens, strict=True)]), pool.kv)
+    for size, slots in ((5, [0, -1, 2, 1, 0]), (3, [2, 2, 2]), (5, [-1] * 5)):
+        batch = pool.batch([(rows[i], [seqs[i][lens[i]]], lens[i] + 1) for i in range(size)])
+        ctx.groups = None if max(slots) < 0 else grouped(torch.tensor(slots, device=dev))
+        before = [t.clone() for t in pool.kv.k + pool.kv.v]
+        eager = model.forward(batch, pool.kv)
+        for t, old in zip(pool.kv.k + pool.kv.v, before, strict=True):
+            t.copy_(old)
+        torch.testing.assert_close(graphs.run(batch), eager, atol=1e-4, rtol=0)
+        ctx.groups = None
