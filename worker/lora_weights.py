@@ -65,6 +65,7 @@ def load_adapter(model: torch.nn.Module, slot: int, cfg: LoraConfig, pairs: Pair
     for layer in layers.values():  # the slot's previous adapter is gone where this one does not write
         layer.lora.a[slot].zero_()
         layer.lora.b[slot].zero_()
+        layer.lora.ranks[slot] = cfg.rank if any(w[0] is layer for w in writes) else 0
     for layer, part, a, b in writes:
         s = layer.lora
         r0, (o, n) = part * s.max_rank, s.parts[part]

@@ -206,14 +206,14 @@ class StepRecorder:
         return y
 
     def lora_add(self, y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: Any,
-                 cols: torch.Tensor) -> torch.Tensor:
+                 cols: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor:
         """Each row's adapter's delta into y; the rows' slots (rows.slot_of_row) are the replay's input."""
         whole = a.is_contiguous() and b.is_contiguous()
         if not (_rows(x) and _rows(y) and a.dtype == b.dtype == F32 and whole):
             raise Unrecordable("a LoRA delta of a layout the C kernel does not take")
         self.nodes.append(Node(sg.LORA, y=y, ldy=y.stride(0), x=x, ldx=x.stride(0), slots=rows.slot_of_row,
                                a=a, b=b, r=a.shape[1], k=a.shape[2], n=b.shape[2], cols=cols,
-                               parts=cols.shape[0] - 1))
+                               parts=cols.shape[0] - 1, ranks=ranks))
         return y
 
     def moe_layer(self, x: torch.Tensor, w13: Any, w2: Any, top_k: int, renormalize: bool,

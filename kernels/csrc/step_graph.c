@@ -43,8 +43,8 @@ enum {
     GELU_MUL = 9,  /* as SILU_MUL, GELU (tanh form) */
     ARGMAX = 10,   /* part, logits, ld, vocab, out (int64): greedy sampling's tokens (argmax.c) */
     ADD = 11,      /* x, ldx, delta, ldd, n: x += delta (a residual add no norm takes in; torch's add_ bits) */
-    LORA = 12,     /* part, y, ldy, x, ldx, slots (int64, -1: none), a, b, r, k, n, cols, parts: each row's
-                      adapter's delta added to a linear layer's [rows, n] output from its [rows, k] input */
+    LORA = 12,     /* part, y, ldy, x, ldx, slots (int64, -1: none), a, b, r, k, n, cols, parts, ranks: each
+                      row's adapter's delta added to a linear layer's [rows, n] output from its [rows, k] input */
 };
 
 /* Elementwise nodes under this many elements run on one thread (norm_act.c's and rotary.c's rule). */
@@ -65,7 +65,8 @@ typedef int (*attention_part)(const float *, int64_t, int64_t, const void *, con
 typedef void (*act_part)(const float *, int64_t, int64_t, int64_t, float *, int64_t, int64_t, int64_t);
 typedef void (*argmax_part)(const float *, int64_t, int64_t, int64_t, int64_t *, int64_t, int64_t);
 typedef void (*lora_part)(float *, int64_t, const float *, int64_t, int64_t, const int64_t *, const float *,
-                          const float *, int64_t, int64_t, int64_t, const int64_t *, int64_t, int64_t, int64_t);
+                          const float *, int64_t, int64_t, int64_t, const int64_t *, int64_t, const int64_t *,
+                          int64_t, int64_t);
 typedef int64_t (*moe_fn)(const float *, int64_t, int64_t, int64_t, const float *, int64_t, int64_t, int64_t,
                           int64_t *, float *, const void *, int64_t, int64_t, const void *, int64_t, int64_t, float *,
                           int64_t, int64_t);
@@ -220,7 +221,7 @@ static int64_t run_node(const int64_t *node, int64_t rows, int64_t t, int64_t nt
         if (t < (rows >= 8 ? nt : 1))
             P(0, lora_part)(P(1, float *), a[2], P(3, const float *), a[4], rows, P(5, const int64_t *),
                             P(6, const float *), P(7, const float *), a[8], a[9], a[10], P(11, const int64_t *),
-                            a[12], t, rows >= 8 ? nt : 1);
+                            a[12], P(13, const int64_t *), t, rows >= 8 ? nt : 1);
         return 0;
     default: return 1;
     }

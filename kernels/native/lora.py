@@ -23,7 +23,7 @@ def _library() -> ctypes.CDLL | None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.tandem_lora_add_f32.restype = None
-    lib.tandem_lora_add_f32.argtypes = [ptr, i64, ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64, ptr, i64]
+    lib.tandem_lora_add_f32.argtypes = [ptr, i64, ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64, ptr, i64, ptr]
     return lib
 
 
@@ -32,16 +32,16 @@ def available() -> bool:
 
 
 def lora_add(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: LoraRows,
-             cols: torch.Tensor) -> torch.Tensor:
+             cols: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor:
     """As lora_add_ref, in one C call where it takes the tensors (float32 CPU, contiguous rows and weights);
     else the reference."""
     lib = _library()
     if (lib is None or not all(t.dtype == torch.float32 and t.device.type == "cpu" for t in (y, x, a, b))
             or y.dim() != 2 or x.dim() != 2 or y.stride(1) != 1 or x.stride(1) != 1
             or not (a.is_contiguous() and b.is_contiguous())):
-        return lora_add_ref(y, x, a, b, rows, cols)
+        return lora_add_ref(y, x, a, b, rows, cols, ranks)
     slots = rows.slot_of_row
     lib.tandem_lora_add_f32(y.data_ptr(), y.stride(0), x.data_ptr(), x.stride(0), y.shape[0],
                             slots.data_ptr(), a.data_ptr(), b.data_ptr(), a.shape[1], a.shape[2], b.shape[2],
-                            cols.data_ptr(), cols.shape[0] - 1)
+                            cols.data_ptr(), cols.shape[0] - 1, ranks.data_ptr())
     return y

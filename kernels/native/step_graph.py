@@ -101,7 +101,8 @@ ARGS: dict[int, tuple[str, ...]] = {
     GELU_MUL: ("@gelu_mul", *_ACT),
     ARGMAX: ("@argmax", "logits*", "ld", "vocab", "out*"),
     ADD: ("x*", "ldx", "delta*", "ldd", "n"),
-    LORA: ("@lora_add", "y*", "ldy", "x*", "ldx", "slots*", "a*", "b*", "r", "k", "n", "cols*", "parts"),
+    LORA: ("@lora_add", "y*", "ldy", "x*", "ldx", "slots*", "a*", "b*", "r", "k", "n", "cols*", "parts",
+           "ranks*"),
 }
 # Each kind's argument names, without their marks.
 NAMES = {k: tuple(a.lstrip("@").rstrip("*").removesuffix(":f") for a in spec) for k, spec in ARGS.items()}

@@ -23,9 +23,10 @@ class LoraRows:
 
 
 def lora_add_ref(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: LoraRows,
-                 cols: torch.Tensor) -> torch.Tensor:
-    """y, updated in place. cols [parts + 1]: the parts' column bounds in y (the C kernel reads only the
-    blocks of b they bound; the products here take the zeros between)."""
+                 cols: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor:
+    """y, updated in place. cols [parts + 1]: the parts' column bounds in y; ranks [slots]: the rows of each
+    part a slot's adapter fills (the kernels read only those rows and the blocks of b the bounds give; the
+    products here take the zeros around them)."""
     if not rows.groups:
         slot_of = rows.slot_of_row
         t = slot_of.numel()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tandem.kernels.native import build as native_build
 from tandem.kernels.native import lora as native_lora
 from tandem.kernels.ops import Ops, resolve_ops
 from tandem.kernels.reference.lora import LoraRows, lora_add_ref
@@ -15,6 +16,7 @@ from tandem.worker.decode_graphs import DecodeGraphs
 from tandem.worker.layers.lora import install_slots, lora_layers
 from tandem.worker.loader import load_model
 from tests.kernels.ops_variants import cpu_triton, ops_params, ops_variants, triton_runs
+from tests.kernels.portable_build import march_build, portable_build, x86_only
 from tests.kv_pool import Pool
 
 F32 = torch.float32
@@ -44,24 +46,60 @@ def test_every_implementation_gives_each_row_its_own_adapters_delta(rows: int) -
     assert native_lora.available(), "the LoRA C kernel did not build"
     g = torch.Generator().manual_seed(rows)
     x, y = torch.randn(rows, 72, generator=g), torch.randn(rows, 70, generator=g)
-    # a fused layer of two parts (columns 0..46 and 46..70), rank 2 each: b block-diagonal over them
-    a, b = torch.randn(3, 4, 72, generator=g), torch.randn(3, 4, 70, generator=g)
-    b[:, :2, 46:] = 0
-    b[:, 2:, :46] = 0
+    # a fused layer of two parts (columns 0..46 and 46..70), room for rank 4 each (rows 0..4 and 4..8 of a
+    # and b), the slots' adapters of ranks 4, 2 and 3: b block-diagonal over the parts, zeros past the ranks
+    a, b = torch.randn(3, 8, 72, generator=g), torch.randn(3, 8, 70, generator=g)
+    b[:, :4, 46:] = 0
+    b[:, 4:, :46] = 0
+    ranks = torch.tensor([4, 2, 3])
+    unused = torch.zeros(3, 8, dtype=torch.bool)
+    for s, rank in enumerate(ranks.tolist()):
+        unused[s, rank:4] = unused[s, 4 + rank:] = True
+    a[unused], b[unused] = 0.0, 0.0
     cols = torch.tensor([0, 46, 70])
     slot_of = torch.randint(-1, 3, (rows,), generator=g)
     impls = [lora_add_ref, native_lora.lora_add] + [o.lora_add for o in ops_variants()]
-    if triton_runs(torch.device("cpu")):
-        impls.append(lora_add_triton)
+    kernels = [native_lora.lora_add] + ([lora_add_triton] if triton_runs(torch.device("cpu")) else [])
     wide = torch.randn(rows, 90, generator=g)[:, 5:77]  # a view: rows apart by 90
-    for impl in impls:
+    want = twin(y, x, a, b, slot_of)
+    for impl in impls + kernels:
         for rows_given in (grouped(slot_of), LoraRows(slot_of)):  # by groups, and by slots alone (a graph's)
-            if impl is lora_add_triton or impl is native_lora.lora_add or rows_given.groups:
-                close(impl(y.clone(), x, a, b, rows_given, cols), twin(y, x, a, b, slot_of))
+            if impl in kernels or rows_given.groups:
+                close(impl(y.clone(), x, a, b, rows_given, cols, ranks), want)
         one = torch.full((rows,), 1)
-        close(impl(y.clone(), x, a, b, LoraRows(one, [(1, None)]), cols), y + x @ a[1].t() @ b[1])
-        close(impl(y.clone(), wide, a, b, grouped(slot_of), cols), twin(y, wide.contiguous(), a, b, slot_of))
-    close(lora_add_ref(y.clone(), x, a, b, LoraRows(slot_of), cols), twin(y, x, a, b, slot_of))
+        close(impl(y.clone(), x, a, b, LoraRows(one, [(1, None)]), cols, ranks), y + x @ a[1].t() @ b[1])
+        close(impl(y.clone(), wide, a, b, grouped(slot_of), cols, ranks),
+              twin(y, wide.contiguous(), a, b, slot_of))
+    close(lora_add_ref(y.clone(), x, a, b, LoraRows(slot_of), cols, ranks), want)
+    # the kernels read no row past a slot's rank: garbage there changes nothing
+    a[unused], b[unused] = float("nan"), float("nan")
+    for impl in kernels:
+        close(impl(y.clone(), x, a, b, LoraRows(slot_of), cols, ranks), want)
+    # and any thread count gives the same bits (the C kernel's rows split over threads)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one_thread = native_lora.lora_add(y.clone(), x, a, b, LoraRows(slot_of), cols, ranks)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one_thread, native_lora.lora_add(y.clone(), x, a, b, LoraRows(slot_of), cols, ranks))
+
+
+@x86_only
+@pytest.mark.parametrize("build", ["portable", "haswell"])  # no AVX at all, and AVX2 without AVX-512
+def test_other_builds_give_the_same_deltas(build: str, tmp_path, monkeypatch) -> None:
+    lib = portable_build(native_lora.SOURCE, tmp_path) if build == "portable" else march_build(
+        native_lora.SOURCE, tmp_path, build)
+    monkeypatch.setattr(native_build, "load", lambda source, what: lib)
+    native_lora._library.cache_clear()
+    try:
+        g = torch.Generator().manual_seed(9)
+        x, y = torch.randn(21, 100, generator=g), torch.randn(21, 150, generator=g)
+        a, b = torch.randn(2, 4, 100, generator=g), torch.randn(2, 4, 150, generator=g)
+        slot_of, ranks, cols = torch.randint(-1, 2, (21,), generator=g), torch.tensor([4, 4]), torch.tensor([0, 150])
+        close(native_lora.lora_add(y.clone(), x, a, b, LoraRows(slot_of), cols, ranks), twin(y, x, a, b, slot_of))
+    finally:
+        native_lora._library.cache_clear()
 
 
 def _filled(model: torch.nn.Module, slots: int, rank: int, seed: int) -> None:
@@ -69,6 +107,7 @@ def _filled(model: torch.nn.Module, slots: int, rank: int, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     for layer in lora_layers(model).values():
         s = layer.lora
+        s.ranks.fill_(rank)
         for p, (o, n) in enumerate(s.parts):
             r0 = p * s.max_rank
             s.a[:, r0 : r0 + rank] = torch.randn(slots, rank, s.a.shape[2], generator=g) / s.a.shape[2] ** 0.5

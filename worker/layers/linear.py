@@ -112,7 +112,7 @@ class PackableLinear(nn.Module):
         y = run(x, self.quant, self.dense, self.weight, self.packed, bias)
         lora = self.lora
         if lora is not None and lora.ctx.groups:  # only a worker's model (which has its ops) takes adapters
-            self.ops.lora_add(y, x, lora.a, lora.b, lora.ctx.groups, lora.cols)
+            self.ops.lora_add(y, x, lora.a, lora.b, lora.ctx.groups, lora.cols, lora.ranks)
         return y
 
 

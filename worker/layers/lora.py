@@ -32,6 +32,7 @@ class LoraSlots:
     parts: list[tuple[int, int]] = field(default_factory=list)  # (offset, width) of each part in y's columns
     max_rank: int = 0
     cols: torch.Tensor | None = None  # int64 [parts + 1]: the parts' column bounds (the C kernel's)
+    ranks: torch.Tensor | None = None  # int64 [slots]: each part's rows the slot's adapter fills (0: none)
 
 
 # a checkpoint's projection -> (this engine's layer, its part: the fused layers' as the models stack them)
@@ -62,5 +63,6 @@ def install_slots(model: torch.nn.Module, slots: int, max_rank: int, dtype: torc
         cols = torch.tensor([o for o, _ in parts] + [parts[-1][0] + parts[-1][1]], dtype=torch.int64)
         layer.lora = LoraSlots(torch.zeros(slots, r, layer.in_features, dtype=dtype, device=device),
                                torch.zeros(slots, r, layer.out_features, dtype=dtype, device=device), ctx,
-                               parts, max_rank, cols.to(device))
+                               parts, max_rank, cols.to(device),
+                               torch.zeros(slots, dtype=torch.int64, device=device))
     return ctx
