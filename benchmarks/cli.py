@@ -80,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     lo.add_argument("--rank", type=int, default=16)
     lo.add_argument("--runs", type=int, default=3)
     lo.add_argument("--out", type=Path, help="write the figures (markdown, with lscpu) here")
+    lo.add_argument("--json", type=Path, help="also write the results here")
 
     asy = sub.add_parser(
         "async", help="async scheduling on vs off at several batch sizes", allow_abbrev=False

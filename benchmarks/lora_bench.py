@@ -75,10 +75,13 @@ async def _run(cfg: EngineConfig, adapters: int, rank: int, streams: int, prompt
     options = {f: getattr(cfg, f) for f in ("dtype", "max_running_requests", "max_num_batched_tokens")}
     names = [f"adapter-{i}" for i in range(adapters)]
     g = torch.Generator().manual_seed(cfg.seed)
-    prompts = [torch.randint(10, 5000, (prompt_len,), generator=g).tolist() for _ in range(streams)]
+    top = min(5000, read_model_config(cfg.model).vocab_size)
+    prompts = [torch.randint(10, top, (prompt_len,), generator=g).tolist() for _ in range(streams)]
     spread: list[str | None] = [names[i % adapters] for i in range(streams)]
     res: dict[str, list[float]] = {"base": [], "adapters": [], "decode_base": [], "decode_adapter": []}
-    async with AsyncClient.launch(cfg.model, enable_lora=True, max_loras=adapters, max_lora_rank=rank,
+    # the slots as wide as --max-lora-rank says (64 unless told): an adapter of a lower rank in a wider slot
+    async with AsyncClient.launch(cfg.model, enable_lora=True, max_loras=adapters,
+                                  max_lora_rank=max(rank, cfg.max_lora_rank),
                                   **options) as c:
         for i, n in enumerate(names):
             await c.load_lora(n, str(write_adapter(cfg.model, tmp / n, rank, seed=i)))
@@ -100,8 +103,8 @@ def run(cfg: EngineConfig, adapters: int, rank: int, streams: int, prompt_len: i
         r = asyncio.run(_run(cfg, adapters, rank, streams, prompt_len, output_len, runs, Path(tmp)))
     m = r["median"]
     lines = [
-        f"model {cfg.model}, {adapters} adapters of rank {rank}, prompts of {prompt_len}, {output_len} tokens "
-        f"out, median of {runs}",
+        f"model {cfg.model}, {adapters} adapters of rank {rank} (--max-lora-rank "
+        f"{max(rank, cfg.max_lora_rank)}), prompts of {prompt_len}, {output_len} tokens out, median of {runs}",
         "",
         "| figure | with adapters | base alone | ratio |",
         "|---|---|---|---|",

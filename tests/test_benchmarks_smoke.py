@@ -132,6 +132,20 @@ def test_priority_benchmark_reports(tiny_model, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # a whole benchmark run: the fast tier's minutes go to the engine's own tests
+def test_lora_benchmark_reports(tiny_model, tmp_path: Path) -> None:
+    out, md = tmp_path / "lora.json", tmp_path / "lora.md"
+    rc = main(["lora", "--model", str(tiny_model("llama")), "--adapters", "2", "--rank", "4", "--num-requests",
+               "4", "--output-len", "6", "--prompt-len", "8", "--runs", "2", "--out", str(md), "--json", str(out)])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert {k: len(v) for k, v in r["runs"].items()} == dict.fromkeys(
+        ("base", "adapters", "decode_base", "decode_adapter"), 2)
+    assert min(min(v) for v in r["runs"].values()) > 0
+    assert r["streams_ratio"] == r["median"]["adapters"] / r["median"]["base"]
+    assert "Architecture" in md.read_text()  # lscpu beside the figures
+
+
+@pytest.mark.slow  # a whole benchmark run: the fast tier's minutes go to the engine's own tests
 def test_spec_benchmark_reports(tiny_model, tmp_path: Path) -> None:
     out = tmp_path / "spec.json"
     rc = main(["spec", "--model", str(tiny_model("llama")), "--batches", "1,2", "--output-len", "6",

@@ -211,9 +211,11 @@ class StepRecorder:
         whole = a.is_contiguous() and b.is_contiguous()
         if not (_rows(x) and _rows(y) and a.dtype == b.dtype == F32 and whole):
             raise Unrecordable("a LoRA delta of a layout the C kernel does not take")
-        self.nodes.append(Node(sg.LORA, y=y, ldy=y.stride(0), x=x, ldx=x.stride(0), slots=rows.slot_of_row,
-                               a=a, b=b, r=a.shape[1], k=a.shape[2], n=b.shape[2], cols=cols,
-                               parts=cols.shape[0] - 1, ranks=ranks))
+        tmp = self.scratch("lora_tmp", 4 * y.shape[0] * a.shape[1])  # x A^T between the two phases' nodes
+        for phase in (0, 1):
+            self.nodes.append(Node(sg.LORA, y=y, ldy=y.stride(0), x=x, ldx=x.stride(0),
+                                   slots=rows.slot_of_row, a=a, b=b, r=a.shape[1], k=a.shape[2], n=b.shape[2],
+                                   cols=cols, parts=cols.shape[0] - 1, ranks=ranks, tmp=tmp, phase=phase))
         return y
 
     def moe_layer(self, x: torch.Tensor, w13: Any, w2: Any, top_k: int, renormalize: bool,

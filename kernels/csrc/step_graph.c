@@ -43,8 +43,9 @@ enum {
     GELU_MUL = 9,  /* as SILU_MUL, GELU (tanh form) */
     ARGMAX = 10,   /* part, logits, ld, vocab, out (int64): greedy sampling's tokens (argmax.c) */
     ADD = 11,      /* x, ldx, delta, ldd, n: x += delta (a residual add no norm takes in; torch's add_ bits) */
-    LORA = 12,     /* part, y, ldy, x, ldx, slots (int64, -1: none), a, b, r, k, n, cols, parts, ranks: each
-                      row's adapter's delta added to a linear layer's [rows, n] output from its [rows, k] input */
+    LORA = 12,     /* part, y, ldy, x, ldx, slots (int64, -1: none), a, b, r, k, n, cols, parts, ranks, tmp,
+                      phase: each row's adapter's delta added to a linear layer's [rows, n] output from its
+                      [rows, k] input, in two nodes (phase 0 fills tmp, phase 1 reads it: lora.c) */
 };
 
 /* Elementwise nodes under this many elements run on one thread (norm_act.c's and rotary.c's rule). */
@@ -66,7 +67,7 @@ typedef void (*act_part)(const float *, int64_t, int64_t, int64_t, float *, int6
 typedef void (*argmax_part)(const float *, int64_t, int64_t, int64_t, int64_t *, int64_t, int64_t);
 typedef void (*lora_part)(float *, int64_t, const float *, int64_t, int64_t, const int64_t *, const float *,
                           const float *, int64_t, int64_t, int64_t, const int64_t *, int64_t, const int64_t *,
-                          int64_t, int64_t);
+                          float *, int64_t, int64_t, int64_t);
 typedef int64_t (*moe_fn)(const float *, int64_t, int64_t, int64_t, const float *, int64_t, int64_t, int64_t,
                           int64_t *, float *, const void *, int64_t, int64_t, const void *, int64_t, int64_t, float *,
                           int64_t, int64_t);
@@ -217,11 +218,10 @@ static int64_t run_node(const int64_t *node, int64_t rows, int64_t t, int64_t nt
     case GELU_MUL: act_mul(a, rows, t, nt); return 0; /* the part: the activation's */
     case ADD: add(a, rows, t, nt); return 0;
     case ARGMAX: P(0, argmax_part)(P(1, const float *), rows, a[3], a[2], P(4, int64_t *), t, nt); return 0;
-    case LORA: /* a few dot products a row: rows over the team only when many */
-        if (t < (rows >= 8 ? nt : 1))
-            P(0, lora_part)(P(1, float *), a[2], P(3, const float *), a[4], rows, P(5, const int64_t *),
-                            P(6, const float *), P(7, const float *), a[8], a[9], a[10], P(11, const int64_t *),
-                            a[12], P(13, const int64_t *), t, rows >= 8 ? nt : 1);
+    case LORA: /* the phase's items split over the team, however few the rows */
+        P(0, lora_part)(P(1, float *), a[2], P(3, const float *), a[4], rows, P(5, const int64_t *),
+                        P(6, const float *), P(7, const float *), a[8], a[9], a[10], P(11, const int64_t *), a[12],
+                        P(13, const int64_t *), P(14, float *), a[15], t, nt);
         return 0;
     default: return 1;
     }

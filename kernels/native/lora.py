@@ -23,7 +23,8 @@ def _library() -> ctypes.CDLL | None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.tandem_lora_add_f32.restype = None
-    lib.tandem_lora_add_f32.argtypes = [ptr, i64, ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64, ptr, i64, ptr]
+    lib.tandem_lora_add_f32.argtypes = [ptr, i64, ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64, ptr, i64, ptr,
+                                        ptr]
     return lib
 
 
@@ -41,7 +42,8 @@ def lora_add(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
             or not (a.is_contiguous() and b.is_contiguous())):
         return lora_add_ref(y, x, a, b, rows, cols, ranks)
     slots = rows.slot_of_row
+    tmp = torch.empty(y.shape[0], a.shape[1])  # each row's x A^T, between the kernel's two phases
     lib.tandem_lora_add_f32(y.data_ptr(), y.stride(0), x.data_ptr(), x.stride(0), y.shape[0],
                             slots.data_ptr(), a.data_ptr(), b.data_ptr(), a.shape[1], a.shape[2], b.shape[2],
-                            cols.data_ptr(), cols.shape[0] - 1, ranks.data_ptr())
+                            cols.data_ptr(), cols.shape[0] - 1, ranks.data_ptr(), tmp.data_ptr())
     return y

@@ -102,7 +102,7 @@ ARGS: dict[int, tuple[str, ...]] = {
     ARGMAX: ("@argmax", "logits*", "ld", "vocab", "out*"),
     ADD: ("x*", "ldx", "delta*", "ldd", "n"),
     LORA: ("@lora_add", "y*", "ldy", "x*", "ldx", "slots*", "a*", "b*", "r", "k", "n", "cols*", "parts",
-           "ranks*"),
+           "ranks*", "tmp*", "phase"),
 }
 # Each kind's argument names, without their marks.
 NAMES = {k: tuple(a.lstrip("@").rstrip("*").removesuffix(":f") for a in spec) for k, spec in ARGS.items()}
