@@ -54,8 +54,8 @@ class EngineConfig:
                 "tokens costs T a layer; a layer larger runs alone): an image's encoding is spread over "
                 "steps, so other requests are not held behind it"})
     lora_modules: list[str] = field(default_factory=list, metadata={"nargs": "+", "help": (
-        "LoRA adapters to serve, name=path (a PEFT directory): a request picks one by name (--lora-modules "
-        "a=DIR b=DIR, as vLLM's)")})
+        "LoRA adapters to serve, name=path (a PEFT directory, or llama.cpp's LoRA .gguf file): a request "
+        "picks one by name (--lora-modules a=DIR b=FILE.gguf, as vLLM's)")})
     enable_lora: bool = field(default=False, metadata={
         "help": "serve LoRA adapters loaded while serving (the load/unload calls); on with --lora-modules"})
     max_loras: int = field(default=4, metadata={

@@ -13,7 +13,8 @@ class AdapterCalls:
     _query: Any  # AsyncClient's: a call the scheduler answers, its reply or its typed error raised
 
     async def load_lora(self, name: str, path: str) -> int:
-        """Serve the PEFT adapter directory at `path` (on the engine's machine) as `name`; requests pick it
+        """Serve the PEFT adapter directory or llama.cpp LoRA file at `path` (on the engine's machine) as
+        `name`; requests pick it
         with lora=name. Returns its generation (a reload under the same name is a new one, its KV its own).
         InvalidRequestError: the adapter cannot be served (code invalid_request.lora, its field named) or the
         name is taken (invalid_request.lora_conflict); the engine serves on either way."""

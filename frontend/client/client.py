@@ -152,7 +152,8 @@ class Client:
         self._run(self._async.close_session(session_id))
 
     def load_lora(self, name: str, path: str) -> int:
-        """Serve the PEFT adapter at `path` as `name` (AsyncClient.load_lora): its generation."""
+        """Serve the adapter at `path` (PEFT directory or GGUF file) as `name` (AsyncClient.load_lora): its
+        generation."""
         return self._run(self._async.load_lora(name, path))
 
     def unload_lora(self, name: str, *, abort_running: bool = False, timeout_s: float = 30.0) -> None:
