@@ -14,7 +14,8 @@ class AdapterCalls:
 
     async def load_lora(self, name: str, path: str) -> int:
         """Serve the PEFT adapter directory or llama.cpp LoRA file at `path` (on the engine's machine) as
-        `name`; requests pick it with lora=name. Returns its generation (a reload under the same name is a new one, its KV its own).
+        `name`; requests pick it with lora=name. Returns its generation (a reload under the same name is a
+        new one, its KV its own).
         InvalidRequestError: the adapter cannot be served (code invalid_request.lora, its field named) or the
         name is taken (invalid_request.lora_conflict); the engine serves on either way."""
         rid = new_rid()

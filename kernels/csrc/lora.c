@@ -63,39 +63,31 @@ static void shrink(const float *x, int64_t xs, const int64_t *order, int64_t m, 
 
 #define OUT_BLOCK 64
 
-/* The columns [o, o + w) of the four rows (w <= OUT_BLOCK; a whole block's loops have constant bounds, so
- * its sums stay in registers). */
-static inline __attribute__((always_inline)) void expand_block(float *yq[4], const float *tq[4], const float *bo,
-                                                               int64_t out, int64_t o, int64_t k0, int64_t k1,
-                                                               int64_t w, int64_t m) {
-    float acc[4][OUT_BLOCK] = {{0.0f}};
-    if (w == OUT_BLOCK) {
-        for (int64_t k = k0; k < k1; k++) {
-            const float *restrict bk = bo + k * out;
-            const float c0 = tq[0][k], c1 = tq[1][k], c2 = tq[2][k], c3 = tq[3][k];
+/* acc[q][0..w) += sum over k0..k1 of tq[q][k] bo[k * out + 0..w) (inlined with w a constant where it is one,
+ * so a whole block's sums stay in registers). */
+static inline __attribute__((always_inline)) void accumulate(float acc[4][OUT_BLOCK], const float *tq[4],
+                                                             const float *bo, int64_t out, int64_t k0, int64_t k1,
+                                                             int64_t w) {
+    for (int64_t k = k0; k < k1; k++) {
+        const float *restrict bk = bo + k * out;
+        const float c0 = tq[0][k], c1 = tq[1][k], c2 = tq[2][k], c3 = tq[3][k];
 #pragma omp simd
-            for (int64_t i = 0; i < OUT_BLOCK; i++) {
-                const float v = bk[i];
-                acc[0][i] += c0 * v;
-                acc[1][i] += c1 * v;
-                acc[2][i] += c2 * v;
-                acc[3][i] += c3 * v;
-            }
-        }
-    } else {
-        for (int64_t k = k0; k < k1; k++) {
-            const float *restrict bk = bo + k * out;
-            const float c0 = tq[0][k], c1 = tq[1][k], c2 = tq[2][k], c3 = tq[3][k];
-#pragma omp simd
-            for (int64_t i = 0; i < w; i++) {
-                const float v = bk[i];
-                acc[0][i] += c0 * v;
-                acc[1][i] += c1 * v;
-                acc[2][i] += c2 * v;
-                acc[3][i] += c3 * v;
-            }
+        for (int64_t i = 0; i < w; i++) {
+            const float v = bk[i];
+            acc[0][i] += c0 * v;
+            acc[1][i] += c1 * v;
+            acc[2][i] += c2 * v;
+            acc[3][i] += c3 * v;
         }
     }
+}
+
+/* The columns [o, o + w) of the block's m rows (w <= OUT_BLOCK). */
+static void expand_block(float *yq[4], const float *tq[4], const float *bo, int64_t out, int64_t o, int64_t k0,
+                         int64_t k1, int64_t w, int64_t m) {
+    float acc[4][OUT_BLOCK] = {{0.0f}};
+    if (w == OUT_BLOCK) accumulate(acc, tq, bo, out, k0, k1, OUT_BLOCK);
+    else accumulate(acc, tq, bo, out, k0, k1, w);
     for (int64_t q = 0; q < m; q++) { /* the rows past the block's m were sums of a copy, dropped */
         float *restrict yo = yq[q] + o;
 #pragma omp simd

@@ -357,30 +357,10 @@ def test_captured_decode_graphs_run_a_step_mixing_adapters_as_eager(tiny_model) 
     """The captured twin of tests/kernels/test_lora_add.py's padded static batch: each target layer's LoRA
     launches replay over the graph's static slot buffer."""
     from tandem.kernels.ops import resolve_ops
-    from tandem.worker.decode_graphs import DecodeGraphs
-    from tandem.worker.layers.lora import install_slots
     from tandem.worker.loader import load_model
-    from tests.kernels.test_lora_add import _filled, grouped
-    from tests.kv_pool import Pool
+    from tests.kernels.test_lora_add import replay_steps_as_eager
 
     dev = torch.device("cuda")
-    model = load_model(tiny_model("llama"), torch.float32, dev, ops=resolve_ops(dev, torch.float32))
-    ctx = install_slots(model, 3, 8, torch.float32, dev)
-    _filled(model, 3, 4, seed=1)
-    pool = Pool(model, num_slots=600, max_reqs=16, device=dev)
-    pool.free_slots.remove(0)
-    graphs = DecodeGraphs(model, pool.kv, max_batch=8, max_context=128, capture=True)
-    g = torch.Generator().manual_seed(5)
-    lens = [3, 9, 14, 20, 6]
-    seqs = [torch.randint(0, 500, (n + 4,), generator=g).tolist() for n in lens]
-    rows = [pool.add(len(s)) for s in seqs]
-    model.forward(pool.batch([(r, s[:n], n) for r, s, n in zip(rows, seqs, lens, strict=True)]), pool.kv)
-    for size, slots in ((5, [0, -1, 2, 1, 0]), (3, [2, 2, 2]), (5, [-1] * 5)):
-        batch = pool.batch([(rows[i], [seqs[i][lens[i]]], lens[i] + 1) for i in range(size)])
-        ctx.groups = None if max(slots) < 0 else grouped(torch.tensor(slots, device=dev))
-        before = [t.clone() for t in pool.kv.k + pool.kv.v]
-        eager = model.forward(batch, pool.kv)
-        for t, old in zip(pool.kv.k + pool.kv.v, before, strict=True):
-            t.copy_(old)
-        torch.testing.assert_close(graphs.run(batch), eager, atol=1e-4, rtol=0)
-        ctx.groups = None
+    ops = resolve_ops(dev, torch.float32)
+    model = load_model(tiny_model("llama"), torch.float32, dev, ops=ops)
+    replay_steps_as_eager(model, dev, capture=True, atol=1e-4)

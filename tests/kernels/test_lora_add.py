@@ -114,17 +114,15 @@ def _filled(model: torch.nn.Module, slots: int, rank: int, seed: int) -> None:
             s.b[:, r0 : r0 + rank, o : o + n] = torch.randn(slots, rank, n, generator=g) * 0.3
 
 
-@pytest.mark.parametrize("ops", ops_params() + [pytest.param("triton-attention", marks=cpu_triton)])
-def test_decode_graphs_replay_a_step_mixing_adapters_as_eager(tiny_model, ops: Ops | str) -> None:
-    """Every Ops here (its lora_add: C, torch, Triton interpreted), and the Triton attention backend."""
-    if isinstance(ops, str):
-        ops = resolve_ops("cpu", F32, "triton")
-    model = load_model(tiny_model("llama"), F32, "cpu", ops=ops)
-    ctx = install_slots(model, 3, 8, F32, "cpu")
+def replay_steps_as_eager(model: torch.nn.Module, device: torch.device, capture: bool,
+                          atol: float) -> dict[tuple[int, ...], torch.Tensor]:
+    """Decode steps mixing adapters (and the base alone) through DecodeGraphs against model.forward: the
+    eager logits of each step's slots."""
+    ctx = install_slots(model, 3, 8, F32, device)
     _filled(model, 3, 4, seed=1)
-    pool = Pool(model, num_slots=600, max_reqs=16)
+    pool = Pool(model, num_slots=600, max_reqs=16, device=device)
     pool.free_slots.remove(0)  # the padding slot
-    graphs = DecodeGraphs(model, pool.kv, max_batch=8, max_context=128, capture=False)
+    graphs = DecodeGraphs(model, pool.kv, max_batch=8, max_context=128, capture=capture)
     g = torch.Generator().manual_seed(5)
     lens = [3, 9, 14, 20, 6]
     seqs = [torch.randint(0, 500, (n + 4,), generator=g).tolist() for n in lens]
@@ -133,16 +131,25 @@ def test_decode_graphs_replay_a_step_mixing_adapters_as_eager(tiny_model, ops: O
     eager_of = {}
     for size, slots in ((5, [0, -1, 2, 1, 0]), (3, [2, 2, 2]), (5, [-1] * 5)):
         batch = pool.batch([(rows[i], [seqs[i][lens[i]]], lens[i] + 1) for i in range(size)])
-        of_row = torch.tensor(slots)
-        ctx.groups = None if max(slots) < 0 else grouped(of_row)
+        ctx.groups = None if max(slots) < 0 else grouped(torch.tensor(slots, device=device))
         before = [t.clone() for t in pool.kv.k + pool.kv.v]
         eager = model.forward(batch, pool.kv)
         for t, old in zip(pool.kv.k + pool.kv.v, before, strict=True):
             t.copy_(old)
-        torch.testing.assert_close(graphs.run(batch), eager, atol=1e-5, rtol=0)
+        torch.testing.assert_close(graphs.run(batch), eager, atol=atol, rtol=0)
         assert graphs.lora_slots[size:graphs.bucket(size)].eq(-1).all()  # padding rows run the base
         eager_of[tuple(slots)] = eager
-    ctx.groups = None
+        ctx.groups = None
+    return eager_of
+
+
+@pytest.mark.parametrize("ops", ops_params() + [pytest.param("triton-attention", marks=cpu_triton)])
+def test_decode_graphs_replay_a_step_mixing_adapters_as_eager(tiny_model, ops: Ops | str) -> None:
+    """Every Ops here (its lora_add: C, torch, Triton interpreted), and the Triton attention backend."""
+    if isinstance(ops, str):
+        ops = resolve_ops("cpu", F32, "triton")
+    model = load_model(tiny_model("llama"), F32, "cpu", ops=ops)
+    eager_of = replay_steps_as_eager(model, torch.device("cpu"), capture=False, atol=1e-5)
     mixed, base = eager_of[(0, -1, 2, 1, 0)], eager_of[(-1,) * 5]  # the same tokens at the same positions
     assert torch.equal(mixed[1], base[1])  # the base's row in a mixed step is the base's
     assert all((mixed[i] - base[i]).abs().max() > 1e-3 for i in (0, 2, 3, 4))  # the adapters' rows are not
