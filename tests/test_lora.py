@@ -5,6 +5,7 @@ one-line error naming its field."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -55,14 +56,19 @@ def _adapter(base: Path, out: Path, seed: int, r: int, targets: list[str], rslor
     return out
 
 
-def _peft_greedy(base: Path, adapter: Path | None, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]:
+@functools.lru_cache(maxsize=8)
+def _peft_model(base: Path, adapter: Path | None) -> torch.nn.Module:
     from peft import PeftModel
 
     if base.suffix == ".gguf":  # transformers' own GGUF reader: its dequantization, none of the engine's
         hf = AutoModelForCausalLM.from_pretrained(str(base.parent), gguf_file=base.name, dtype=F32).eval()
     else:
         hf = AutoModelForCausalLM.from_pretrained(base, dtype=F32).eval()
-    m = PeftModel.from_pretrained(hf, adapter).eval() if adapter is not None else hf
+    return PeftModel.from_pretrained(hf, adapter).eval() if adapter is not None else hf
+
+
+def _peft_greedy(base: Path, adapter: Path | None, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]:
+    m = _peft_model(base, adapter)  # loaded once per base and adapter
     with torch.no_grad():
         out = m.generate(torch.tensor([prompt]), max_new_tokens=N, do_sample=False, output_logits=True,
                          return_dict_in_generate=True, pad_token_id=0)
@@ -212,6 +218,7 @@ def test_a_bad_adapter_is_an_error_naming_its_field(adapters, tmp_path) -> None:
     assert EngineConfig(model=str(base), lora_modules=[f"a={paths['all']}", f"b={paths['mlp']}"], max_loras=1)
 
 
+@pytest.mark.slow  # a whole serving scenario (~5 s): the fast tier keeps under its 10 minutes
 def test_load_serve_unload_and_reload_under_traffic_nothing_lost(adapters, tiny_model, tmp_path) -> None:
     """Four adapters through two device slots (swapped in as requests need them), loaded and unloaded while
     requests run: each request gets the tokens it gets alone, a reload never meets its predecessor's KV, an
