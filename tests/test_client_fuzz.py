@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import msgspec
+import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -91,6 +92,7 @@ def _fuzz_batches() -> list[list[list[bytes]]]:
     return batches
 
 
+@pytest.mark.slow  # ~9 s: the fast tier (`make test`) keeps under its 10 minutes
 def test_fuzzed_client_socket_never_disturbs_valid_requests(tiny_model) -> None:
     model = tiny_model("llama")
     batches = _fuzz_batches()

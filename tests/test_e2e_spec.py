@@ -77,6 +77,7 @@ def test_greedy_equals_off_on_the_parity_prompts(engines, mode: str) -> None:
     check_idle_engine(on)
 
 
+@pytest.mark.slow  # ~9 s: the fast tier (`make test`) keeps under its 10 minutes
 def test_runs_end_inside_accepted_spans_like_off(engines) -> None:
     off, on = engines("loopy", "off"), engines("loopy", "async")
     rng = random.Random(3)

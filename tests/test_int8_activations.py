@@ -124,6 +124,7 @@ def test_an_engine_with_int8_activations_stays_close_to_the_float_path(gguf_file
     assert agree >= 6
 
 
+@pytest.mark.slow  # ~8 s: the fast tier (`make test`) keeps under its 10 minutes
 @needs_cc
 def test_prefill_steps_take_the_bf16_product_close_to_the_float_path(gguf_file, launch_client) -> None:
     """From Ops.bf16_block_rows rows (where the CPU multiplies bf16 natively) a quantized file's products on

@@ -55,6 +55,7 @@ def many(tiny_model, tmp_path_factory):
     s.close()
 
 
+@pytest.mark.slow  # ~9 s: the fast tier (`make test`) keeps under its 10 minutes
 def test_routes_by_model_loads_once_evicts_and_isolates_failures(many) -> None:
     url, name_a = many.url, "llama-tiny"  # the directory's own name
     assert _states(url) == {name_a: "unloaded", "b": "unloaded", "broken": "unloaded"}
@@ -119,6 +120,7 @@ def test_unknown_models_bad_bodies_and_keys_in_each_apis_shape(many) -> None:
     assert _call(url, "/health", key=None)[0] == 200
 
 
+@pytest.mark.slow  # ~10 s: the fast tier (`make test`) keeps under its 10 minutes
 def test_ps_chat_page_keep_alive_zero_and_a_drain_stops_the_server_and_its_children(many, capsys) -> None:
     url = many.url
     status, body = _call(url, "/v1/completions", {"model": "b", "prompt": "hi", "max_tokens": 2})

@@ -8,6 +8,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from tandem import Client, EngineDeadError, SamplingParams
 from tandem.protocol.errors import ErrorCode
 from tests.test_lifecycle import _children, _serve, assert_left_last, start_long_stream
@@ -50,6 +52,7 @@ def test_a_stopped_worker_is_found_within_the_step_timeout(tiny_model) -> None:
     _stop_rank_mid_request(tiny_model("llama"), "tandem-worker0")
 
 
+@pytest.mark.slow  # ~6 s: the fast tier (`make test`) keeps under its 10 minutes
 def test_a_tp_rank_stopped_mid_collective_is_named(tiny_model) -> None:
     # Rank 0 waits in an all-reduce for its stopped peer: the step never comes back either way.
     _stop_rank_mid_request(tiny_model("llama"), "tandem-worker1", "--tp-size", "2")
