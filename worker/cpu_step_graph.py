@@ -25,9 +25,7 @@ it off.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 
 import torch
 
@@ -35,13 +33,13 @@ from tandem.kernels.native import quant_linear
 from tandem.kernels.native import step_graph as sg
 from tandem.kernels.native.paged_attention import KV_TYPES
 from tandem.kernels.native.step_graph import Node
-from tandem.kernels.reference.lora import LoraRows
 from tandem.protocol.engine_config import EngineConfig
 from tandem.worker.attention_backend import CpuBackend
 from tandem.worker.forward_batch import ForwardBatch
 from tandem.worker.kv_cache import KVCache
 from tandem.worker.layers.linear import PackableLinear
-from tandem.worker.layers.lora import lora_layers
+from tandem.worker.layers.lora import lora_context
+from tandem.worker.lora_step import rows_from
 from tandem.worker.step_recorder import StepRecorder, Unrecordable
 
 log = logging.getLogger(__name__)
@@ -92,7 +90,7 @@ class CpuStepGraph:
         )
         self.swa_slots = torch.zeros(mb, **i64)  # the step's slots in the sliding layers' own pool
         # LoRA adapters: each row's device slot (-1: the base), written per replay; None: the model takes none
-        self.lora = next((m.lora.ctx for m in lora_layers(model).values() if m.lora is not None), None)
+        self.lora = lora_context(model)
         self.lora_slots = torch.full((mb,), -1, **i64)
         self._inputs = {"input_ids": self.ids, "positions": self.positions, "out_cache_loc": self.slots,
                         "req_pool_indices": self.rows, "seq_lens": self.lens}
@@ -105,7 +103,7 @@ class CpuStepGraph:
         rec = StepRecorder(kv, batch, self.swa_slots, max_context, self.threads)
         # [mb, vocab] when the LM head is a node; else compute_logits runs after the replay
         self.logits: torch.Tensor | None = None
-        with rec.recording(model), self._lora_recorded():
+        with rec.recording(model), rows_from(self.lora, self.lora_slots):  # LoRA nodes read these slots
             self.final = model.hidden_states(batch, kv)
             recorded = len(rec.nodes)
             try:
@@ -122,18 +120,6 @@ class CpuStepGraph:
         outputs = [t for t in (self.final, self.logits, self.greedy) if t is not None]
         self.nodes, self._keep = rec.finish(outputs)
         log.info("CPU step graph: %d nodes for decode batches up to %d", len(self.nodes), mb)
-
-    @contextlib.contextmanager
-    def _lora_recorded(self) -> Iterator[None]:
-        """Every layer an adapter may target records its LoRA node (its rows' slots: self.lora_slots)."""
-        if self.lora is None:
-            yield
-            return
-        self.lora.groups = LoraRows(self.lora_slots)
-        try:
-            yield
-        finally:
-            self.lora.groups = None
 
     def can_run(self, batch: ForwardBatch) -> bool:
         """A pure decode batch (no image token) whose every request wants its one logit row, within

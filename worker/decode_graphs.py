@@ -25,19 +25,17 @@ padded step against the eager one, and the GPU tests check the captured graphs a
 from __future__ import annotations
 
 import bisect
-import contextlib
 import logging
-from collections.abc import Iterator
 
 import torch
 
 from tandem.kernels.ops import Ops
-from tandem.kernels.reference.lora import LoraRows
 from tandem.protocol.engine_config import EngineConfig
 from tandem.worker.attention_backend import AttentionBackend, TritonBackend
 from tandem.worker.forward_batch import ForwardBatch
 from tandem.worker.kv_cache import KVCache
-from tandem.worker.layers.lora import lora_layers
+from tandem.worker.layers.lora import lora_context
+from tandem.worker.lora_step import rows_from
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +92,7 @@ class DecodeGraphs:
         self._dirty = 0  # rows [0, _dirty) of the buffers may hold an earlier step's real values
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # size -> graph, its hidden
         # LoRA adapters: the rows' device slots (-1: the base); None: the model takes none
-        self.lora = next((m.lora.ctx for m in lora_layers(model).values() if m.lora is not None), None)
+        self.lora = lora_context(model)
         self.lora_slots = torch.full((n,), -1, **i64)
         for rotary in model.rotaries():
             rotary.reserve(max_context)  # never grown inside a captured forward
@@ -144,21 +142,9 @@ class DecodeGraphs:
                 seq_lens=list(batch.seq_lens_cpu) + [1] * pad,
                 rows=list(batch.req_pool_indices_cpu) + [0] * pad,
             )
-            with self._lora_slots(size):
+            with rows_from(self.lora, self.lora_slots[:size]):
                 hidden = self.model.hidden_states(static, self.kv)
         return self.model.compute_logits(hidden[:b])
-
-    @contextlib.contextmanager
-    def _lora_slots(self, size: int) -> Iterator[None]:
-        """The target layers run over the slot buffer's first `size` rows (as captured), then as they were."""
-        if self.lora is None:
-            yield
-            return
-        step, self.lora.groups = self.lora.groups, LoraRows(self.lora_slots[:size])
-        try:
-            yield
-        finally:
-            self.lora.groups = step
 
     def _static_batch(self, size: int, seq_lens: list[int], rows: list[int]) -> ForwardBatch:
         """The buffers' first `size` rows as a batch. The host lists matter only eagerly (and for the
@@ -185,11 +171,11 @@ class DecodeGraphs:
             batch = self._static_batch(size, seq_lens=[1] * size, rows=[0] * size)
             # One eager run first, off the capture: Triton compiles its kernels, cuBLAS picks its plans.
             side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side), self._lora_slots(size):
+            with torch.cuda.stream(side), rows_from(self.lora, self.lora_slots[:size]):
                 self.model.hidden_states(batch, self.kv)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool), self._lora_slots(size):
+            with torch.cuda.graph(graph, pool=pool), rows_from(self.lora, self.lora_slots[:size]):
                 hidden = self.model.hidden_states(batch, self.kv)
             pool = graph.pool()
             self._graphs[size] = (graph, hidden)

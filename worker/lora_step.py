@@ -5,7 +5,8 @@ run the base sets none, so its products are the base's alone (and the step may r
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -14,7 +15,7 @@ from tandem.protocol.lora import LoraConfig, LoraModule, read_lora
 from tandem.protocol.lora_messages import LoraSlotLoad
 from tandem.protocol.messages import ScheduledReq
 from tandem.worker.forward_batch import ForwardBatch
-from tandem.worker.layers.lora import install_slots
+from tandem.worker.layers.lora import LoraContext, install_slots
 from tandem.worker.lora_weights import Pairs, load_adapter, read_adapter
 from tandem.worker.request_state import RequestState
 
@@ -43,6 +44,20 @@ class WorkerAdapters:
                 cfg = read_lora(LoraModule(order.name, order.path), self.max_rank)
                 self.host[key] = (cfg, read_adapter(cfg, self.model.config))
             load_adapter(self.model, order.slot, *self.host[key])
+
+
+@contextlib.contextmanager
+def rows_from(ctx: LoraContext | None, slot_of_row: torch.Tensor) -> Iterator[None]:
+    """The target layers run each row under the adapter of its slot in `slot_of_row` (a recorded graph's
+    input buffer; -1: the base), then as they did before. ctx None: a model that takes no adapters."""
+    if ctx is None:
+        yield
+        return
+    before, ctx.groups = ctx.groups, LoraRows(slot_of_row)
+    try:
+        yield
+    finally:
+        ctx.groups = before
 
 
 def lora_groups(sched: Sequence[ScheduledReq], state: RequestState, batch: ForwardBatch) -> LoraRows | None:

@@ -52,6 +52,11 @@ def lora_layers(model: torch.nn.Module) -> dict[str, Any]:
             if isinstance(m, PackableLinear) and _TARGETABLE.match(name)}
 
 
+def lora_context(model: torch.nn.Module) -> LoraContext | None:
+    """The context the model's target layers share; None: the model takes no adapters."""
+    return next((m.lora.ctx for m in lora_layers(model).values() if m.lora is not None), None)
+
+
 def install_slots(model: torch.nn.Module, slots: int, max_rank: int, dtype: torch.dtype, device: Any,
                   ) -> LoraContext:
     """Give every targetable layer `slots` empty adapter slots; the context the runner sets per step."""
