@@ -81,6 +81,8 @@ def _parser() -> argparse.ArgumentParser:
     lo.add_argument("--runs", type=int, default=3)
     lo.add_argument("--out", type=Path, help="write the figures (markdown, with lscpu) here")
     lo.add_argument("--json", type=Path, help="also write the results here")
+    lo.add_argument("--llama-cpp", type=Path, help="a llama.cpp build: also its llama-server's one-stream "
+                    "decode with the first adapter and without, on the same .gguf")
 
     asy = sub.add_parser(
         "async", help="async scheduling on vs off at several batch sizes", allow_abbrev=False
@@ -310,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         from tandem.benchmarks.lora_bench import run as run_lora
 
         result = run_lora(cfg, args.adapters, args.rank, args.num_requests, args.prompt_len, args.output_len,
-                          args.runs, args.out)
+                          args.runs, args.out, args.llama_cpp)
     elif args.bench == "async":
         from tandem.benchmarks.async_bench import run as run_async
         from tandem.benchmarks.workload import parse_range

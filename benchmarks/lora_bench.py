@@ -20,7 +20,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from tandem.kernels.native.cpu_caps import usable_cores
 from tandem.protocol.engine_config import EngineConfig
+from tandem.protocol.gguf_metadata import is_gguf
 from tandem.protocol.lora import TARGETS, target_dims
 from tandem.protocol.model_config import read_model_config
 
@@ -94,13 +96,23 @@ async def _run(cfg: EngineConfig, adapters: int, rank: int, streams: int, prompt
             res["decode_adapter"].append(await _decode(c, prompts[0], names[0], output_len))
     med = {k: statistics.median(v) for k, v in res.items()}
     return {"runs": res, "median": med, "streams_ratio": med["adapters"] / med["base"],
-            "decode_ratio": med["decode_adapter"] / med["decode_base"]}
+            "decode_ratio": med["decode_adapter"] / med["decode_base"], "prompt": prompts[0]}
 
 
 def run(cfg: EngineConfig, adapters: int, rank: int, streams: int, prompt_len: int, output_len: int, runs: int,
-        out: Path | None = None) -> dict[str, Any]:
+        out: Path | None = None, llama_cpp: Path | None = None) -> dict[str, Any]:
+    """llama_cpp: a llama.cpp build, for its server's figures with the first adapter on the same .gguf
+    (benchmarks/lora_llama_cpp.py), run after tandem's engine has stopped."""
+    if llama_cpp is not None and not is_gguf(cfg.model):
+        raise SystemExit("--llama-cpp needs a .gguf --model (llama.cpp runs the same file)")
     with tempfile.TemporaryDirectory() as tmp:
         r = asyncio.run(_run(cfg, adapters, rank, streams, prompt_len, output_len, runs, Path(tmp)))
+        prompt = r.pop("prompt")
+        if llama_cpp is not None:
+            from tandem.benchmarks.lora_llama_cpp import llama_cpp_decode
+
+            r["llama_cpp"] = llama_cpp_decode(llama_cpp, cfg.model, Path(tmp) / "adapter-0", prompt, output_len,
+                                              runs, cfg.torch_threads or usable_cores(), Path(tmp))
     m = r["median"]
     lines = [
         f"model {cfg.model}, {adapters} adapters of rank {rank} (--max-lora-rank "
@@ -113,6 +125,15 @@ def run(cfg: EngineConfig, adapters: int, rank: int, streams: int, prompt_len: i
         f"| 1 stream, decode tok/s (one adapter) | {m['decode_adapter']:.1f} | {m['decode_base']:.1f} | "
         f"{r['decode_ratio']:.2f} |",
     ]
+    if "llama_cpp" in r:
+        lm = r["llama_cpp"]["median"]
+        lines += [
+            f"| 1 stream, llama.cpp's llama-server on the same file (the first adapter, its own converter) | "
+            f"{lm['decode_adapter']:.1f} | {lm['decode_base']:.1f} | {r['llama_cpp']['decode_ratio']:.2f} |",
+            "",
+            f"tandem / llama.cpp, 1 stream decode: with the adapter {m['decode_adapter'] / lm['decode_adapter']:.2f}x,"
+            f" the base {m['decode_base'] / lm['decode_base']:.2f}x",
+        ]
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     text = "\n".join(lines) + f"\n\n```\n{cpu}```\n"
     print(text)

@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tandem import AsyncClient, SamplingParams
+from tandem.protocol.errors import ErrorCode, InvalidRequestError
 from tandem.protocol.lora import LoraError, LoraModule, check_lora_shapes, read_lora
 from tandem.protocol.model_config import read_model_config
 from tests.test_lora import N, _adapter, _check, _peft_greedy
@@ -48,6 +49,9 @@ def test_a_llamacpp_lora_file_on_a_gguf_base_is_peft(arch: str, outtype: str, qt
     async def serve() -> list[list[int]]:
         async with AsyncClient.launch(str(gguf), dtype="float32", cpu_int8_activations=False,
                                       enable_lora=True) as c:
+            with pytest.raises(InvalidRequestError, match="adapter.type") as e:  # a model file, not an adapter
+                await c.load_lora("a", str(gguf))
+            assert e.value.code == ErrorCode.LORA
             assert await c.load_lora("a", str(lora)) == 1  # at run time, as --lora-modules a=FILE at start
             return [o.token_ids for o in await asyncio.gather(*(c.generate(p, params, lora=n) for p, n in runs))]
 
